@@ -1,0 +1,88 @@
+"""The backend interface: render a JobSpec to a script, submit it, ask about it, cancel it."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from launcher_scripts.jobspec import Command, JobSpec
+
+TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
+
+
+@dataclass
+class JobRecord:
+    """What the run manifest keeps about one submitted job."""
+
+    name: str
+    stage: str
+    backend: str
+    script: str
+    log: str
+    state: str = "PENDING"
+    job_ids: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    start: str | None = None
+    end: str | None = None
+    pid: int | None = None  # the local backend's process group
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> JobRecord:
+        return cls(**data)
+
+
+class Backend(Protocol):
+    name: str
+    # True when submit() returns only after the job ended, so the pipeline can stop at a failure.
+    synchronous: bool
+
+    def render(self, job: JobSpec) -> str:
+        """The script text. Deterministic: the same JobSpec gives the same bytes."""
+
+    def log_path(self, job: JobSpec, run_id: str) -> str: ...
+
+    def submit(
+        self,
+        script: str,
+        job: JobSpec,
+        record: JobRecord,
+        after: Sequence[str],
+        on_start: Callable[[JobRecord], None],
+    ) -> None:
+        """Start the job (after the job ids in `after`) and fill in `record`.
+
+        `on_start` is called once the job has ids, so its record is saved before it ends.
+        """
+
+    def refresh(self, record: JobRecord) -> None:
+        """Update `record.state` from the scheduler, where there is one."""
+
+    def cancel(self, record: JobRecord) -> None: ...
+
+
+def python_argv(command: Command, python: str = "python3") -> list[str]:
+    """The argv that starts a command's program, through torchrun when it has several processes."""
+    argv = [python, "-u", "-m"]
+    if command.nproc_per_node > 1:
+        argv += ["torch.distributed.run", "--standalone", f"--nproc-per-node={command.nproc_per_node}"]
+        argv += ["-m"]
+    return [*argv, command.module, *command.args]
+
+
+def format_argv(argv: Sequence[str], indent: str = "    ") -> str:
+    """Shell-quoted argv, one option and its values per line, for scripts people read."""
+    lines: list[list[str]] = [[]]
+    for position, arg in enumerate(argv):
+        if position > 0 and arg.startswith("--") and len(lines[-1]) > 0:
+            lines.append([])
+        lines[-1].append(shlex.quote(arg))
+    return (" \\\n" + indent).join(" ".join(words) for words in lines)
+
+
+def export_lines(env: Iterable[tuple[str, str]]) -> list[str]:
+    return [f"export {name}={shlex.quote(value)}" for name, value in env]

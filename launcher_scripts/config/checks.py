@@ -1,0 +1,58 @@
+"""Small preflight checks that name the key, say what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.errors import ConfigError
+
+
+def require_file(key: str, path: Any) -> Path:
+    """An existing, non-empty regular file."""
+    if path in (None, ""):
+        raise ConfigError(key, "is not set", f"Set {key}=/path/to/file")
+    file = Path(str(path))
+    if not file.exists():
+        raise ConfigError(key, f"{file} does not exist", "Fix the path or create the file")
+    if not file.is_file():
+        raise ConfigError(key, f"{file} is not a file", "Give the path of a file")
+    if file.stat().st_size == 0:
+        raise ConfigError(key, f"{file} is empty", "Give a file with content")
+    return file
+
+
+def require_input(key: str, path: Any, suffixes: Collection[str]) -> Path:
+    """A data file with one of `suffixes`, or a directory holding at least one file."""
+    if path in (None, ""):
+        raise ConfigError(key, "is not set", f"Set {key} to a data file or folder")
+    source = Path(str(path))
+    if source.is_dir():
+        if not any(p.is_file() for p in source.rglob("*")):
+            raise ConfigError(key, f"folder {source} holds no files", "Put text files in it")
+        return source
+    if not any(source.name.endswith(suffix) for suffix in suffixes):
+        raise ConfigError(
+            key,
+            f"{source.name} is not a supported input",
+            f"Use a folder of text files or a file ending in {', '.join(sorted(suffixes))}",
+        )
+    return require_file(key, source)
+
+
+def require_choice(key: str, value: Any, choices: Collection[str]) -> None:
+    if value not in choices:
+        raise ConfigError(key, f"{value!r} is not valid", f"Use one of: {', '.join(choices)}")
+
+
+def require_int(key: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(key, f"{value!r} is not an integer >= {minimum}", "Fix the value")
+    return value
+
+
+def require_fraction(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigError(key, f"{value!r} is not a number between 0 and 1", "Fix the value")
+    return float(value)

@@ -1,0 +1,75 @@
+"""Compose `conf/config.yaml` with command-line overrides through Hydra's compose API.
+
+The compose API (rather than `@hydra.main`) keeps Hydra from creating output folders or
+changing logging, and lets every composition error become one actionable line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig
+
+from launcher_scripts.config import resolvers  # noqa: F401  (registers the resolvers)
+from launcher_scripts.errors import ConfigError, LauncherError
+
+
+def conf_dir() -> Path:
+    """`conf/` beside the package when installed, at the checkout's top level otherwise."""
+    package_dir = Path(__file__).resolve().parents[1]
+    for candidate in (package_dir / "conf", package_dir.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise LauncherError(
+        f"no conf/config.yaml beside {package_dir}: reinstall the launcher (pip install -e .)"
+    )
+
+
+def recipe_options(group: str, root: Path | None = None) -> list[str]:
+    """The recipes of a config group, as a user names them (e.g. 'gpt3/126m')."""
+    group_dir = (root or conf_dir()) / group
+    return sorted(str(p.relative_to(group_dir).with_suffix("")) for p in group_dir.rglob("*.yaml"))
+
+
+def config_groups(root: Path | None = None) -> list[str]:
+    root = root or conf_dir()
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def check_recipe_overrides(overrides: Sequence[str], root: Path | None = None) -> None:
+    """Name the unknown recipe and list the available ones, before Hydra's longer message."""
+    root = root or conf_dir()
+    groups = set(config_groups(root))
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        key = key.lstrip("+~")
+        if not sep or key not in groups:
+            continue
+        if not (root / key / f"{value}.yaml").is_file():
+            available = ", ".join(recipe_options(key, root)) or "none"
+            raise ConfigError(
+                f"{key}={value}", "no such recipe", f"Available {key} recipes: {available}"
+            )
+
+
+def compose_config(overrides: Sequence[str], config_name: str = "config") -> DictConfig:
+    """The composed, unresolved configuration. Raises ConfigError on any composition error."""
+    root = conf_dir()
+    check_recipe_overrides(overrides, root)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(root), version_base="1.3"):
+            return compose(config_name=config_name, overrides=list(overrides))
+    except MissingConfigException as error:
+        raise ConfigError("config", _first_line(error), "Check the recipe names") from error
+    except HydraException as error:
+        raise LauncherError(f"bad override: {_first_line(error)}") from error
+
+
+def _first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return " ".join(lines[:2]) if lines else type(error).__name__

@@ -1,0 +1,15 @@
+"""Errors the user can act on. Their message is printed as one line, without a traceback."""
+
+
+class LauncherError(Exception):
+    """A problem with the user's input or environment, with the fix in the message."""
+
+    exit_code = 2
+
+
+class ConfigError(LauncherError):
+    """The composed configuration is wrong: a key, a value or a missing file."""
+
+    def __init__(self, key: str, problem: str, fix: str) -> None:
+        self.key, self.problem, self.fix = key, problem, fix
+        super().__init__(f"{key}: {problem}. {fix}")

@@ -1,0 +1,47 @@
+"""What a stage asks a cluster to run, independent of any cluster.
+
+Stages build JobSpecs from the resolved configuration; backends render them to scripts.
+Commands are argv tuples, never shell strings: backends quote them when they render.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Command:
+    """One program run: `python -m module args...`, on `nproc_per_node` processes per node."""
+
+    module: str
+    args: tuple[str, ...] = ()
+    nproc_per_node: int = 1  # > 1 starts a distributed launcher (torchrun, srun tasks)
+
+
+@dataclass(frozen=True)
+class Resources:
+    nodes: int = 1
+    ntasks_per_node: int = 1
+    gpus_per_node: int = 0  # 0: a CPU-only job, which asks for no GPUs
+    cpus_per_task: int | None = None
+    time_limit: str = "01:00:00"
+    exclusive: bool = False
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job of a stage. A stage may have several, run one after the other."""
+
+    stage: str  # the config group, e.g. "data_preparation"
+    name: str  # unique within a run; names the script and the logs
+    results_dir: str
+    commands: tuple[Command, ...]
+    resources: Resources = field(default_factory=Resources)
+    env: tuple[tuple[str, str], ...] = ()  # sorted (name, value) pairs, never secrets
+    pythonpath: str = ""  # where the job programs' package lives
+    container: str | None = None
+    container_mounts: tuple[str, ...] = ()
+    array_size: int | None = None  # tasks of a node array; each task takes its share by rank
+    dependency: str = "afterok"  # how this job waits for the one before it
+    reads: tuple[str, ...] = ()  # paths of artifacts the job needs
+    writes: tuple[str, ...] = ()  # paths of artifacts the job produces

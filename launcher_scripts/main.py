@@ -1,0 +1,41 @@
+"""`python3 main.py [overrides...]`: compose the recipes, check them, run or submit the stages."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from omegaconf.errors import OmegaConfBaseException
+
+from launcher_scripts.errors import LauncherError
+
+USAGE = """usage: python3 main.py [KEY=VALUE ...]
+
+Compose conf/config.yaml with Hydra overrides, check every requested stage, then run them in
+order (cluster_type=local) or submit them to a cluster. Examples:
+  python3 main.py                                   # the default: prepare the bundled sample corpus
+  python3 main.py stages=[data_preparation] data_preparation=generic/custom_dataset \\
+      data_preparation.raw_dataset_files=[/data/a.jsonl,/data/b.jsonl.gz]
+  python3 main.py stages=[data_preparation] dry_run=true     # render and validate only
+Status, logs and cancellation of a run: python3 -m launcher_scripts {status,logs,cancel} DIR
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(USAGE)
+        return 0
+    try:
+        # Imported here so that --help and the error path stay fast.
+        from launcher_scripts import pipeline
+        from launcher_scripts.config.compose import compose_config
+
+        return pipeline.run(compose_config(argv), argv)
+    except (LauncherError, OmegaConfBaseException) as error:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        code = error.exit_code if isinstance(error, LauncherError) else 2
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"error: {message}", file=sys.stderr)
+        return code

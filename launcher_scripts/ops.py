@@ -1,0 +1,131 @@
+"""`status`, `logs` and `cancel` of a run, read from its manifest (works after the shell is gone)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from launcher_scripts.clusters import BACKENDS, JobRecord
+from launcher_scripts.clusters.base import TERMINAL_STATES
+from launcher_scripts.manifest import Manifest, find_manifest
+
+
+def load(target: str) -> Manifest:
+    """The manifest, with each job's state refreshed from its backend."""
+    manifest = Manifest.load(find_manifest(target))
+    for record in manifest.jobs():
+        BACKENDS[record.backend]().refresh(record)
+    return manifest
+
+
+def status(args: argparse.Namespace) -> int:
+    manifest = load(args.run_dir)
+    if args.json:
+        data = {
+            "run_id": manifest.run_id,
+            "manifest": str(manifest.path),
+            "cluster_type": manifest.cluster_type,
+            "stages": [stage.to_json() for stage in manifest.stages],
+        }
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"run {manifest.run_id} ({manifest.cluster_type}), manifest {manifest.path}")
+    header = ("STAGE", "JOB", "STATE", "EXIT", "JOB IDS", "START", "END")
+    rows = [header] + [
+        (
+            r.stage,
+            r.name,
+            r.state,
+            "" if r.exit_code is None else str(r.exit_code),
+            ",".join(r.job_ids),
+            r.start or "",
+            r.end or "",
+        )
+        for r in manifest.jobs()
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for record in manifest.jobs():
+        if record.state in ("FAILED", "LOST"):
+            print(f"{record.name} {record.state.lower()}: see {record.log}")
+    return 0
+
+
+def _selected(manifest: Manifest, stage: str | None) -> list[JobRecord]:
+    jobs = [r for r in manifest.jobs() if stage in (None, r.stage, r.name)]
+    if not jobs:
+        names = sorted({r.stage for r in manifest.jobs()} | {r.name for r in manifest.jobs()})
+        raise SystemExit(f"error: no stage or job {stage!r} in this run; choose from {', '.join(names)}")
+    return jobs
+
+
+def logs(args: argparse.Namespace) -> int:
+    manifest = load(args.run_dir)
+    for record in _selected(manifest, args.stage):
+        log = Path(record.log)
+        print(f"==> {record.name} ({record.state}): {log}", flush=True)
+        if not log.exists():
+            print("    (no log yet: the job has not started)")
+            continue
+        offset = _print_from(log, 0)
+        while args.follow and record.state not in TERMINAL_STATES:
+            time.sleep(1)
+            offset = _print_from(log, offset)
+            record = next(r for r in load(args.run_dir).jobs() if r.name == record.name)
+        if args.follow:
+            _print_from(log, offset)
+    return 0
+
+
+def _print_from(log: Path, offset: int) -> int:
+    with log.open("rb") as handle:
+        handle.seek(offset)
+        data = handle.read()
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    return offset + len(data)
+
+
+def cancel(args: argparse.Namespace) -> int:
+    manifest = load(args.run_dir)
+    manifest.cancel_marker.touch()
+    active = [r for r in manifest.jobs() if r.state not in TERMINAL_STATES]
+    for record in active:
+        BACKENDS[record.backend]().cancel(record)
+        print(f"cancel requested: {record.name} ({record.state}, {','.join(record.job_ids) or 'not started'})")
+    if not active:
+        print(f"run {manifest.run_id}: nothing to cancel, every job has ended")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python3 -m launcher_scripts", description=__doc__)
+    commands = top.add_subparsers(dest="command", required=True)
+    show = commands.add_parser("status", help="state of every job of a run")
+    show.add_argument("run_dir", help="a stage results folder, base_results_dir, or a run folder")
+    show.add_argument("--json", action="store_true", help="print the manifest's records as JSON")
+    show.set_defaults(handler=status)
+    read = commands.add_parser("logs", help="print the logs of a run, or of one stage or job")
+    read.add_argument("run_dir")
+    read.add_argument("stage", nargs="?", help="a stage or job name; all when left out")
+    read.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    read.set_defaults(handler=logs)
+    stop = commands.add_parser("cancel", help="cancel the running and pending jobs of a run")
+    stop.add_argument("run_dir")
+    stop.set_defaults(handler=cancel)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from launcher_scripts.errors import LauncherError
+
+    try:
+        return args.handler(args)
+    except LauncherError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code

@@ -1,0 +1,172 @@
+"""From a composed configuration to jobs: check, plan, write, submit in order, record.
+
+Planning is pure (validate, build JobSpecs, render); writing and submitting come after it, so
+a bad configuration is reported before any file is written or any job started.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher_scripts.clusters import BACKENDS, Backend, JobRecord
+from launcher_scripts.config.compose import config_groups
+from launcher_scripts.config.preflight import check_globals, requested_stages, resolve
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobspec import JobSpec
+from launcher_scripts.manifest import Manifest, StageRecord, new_run_id, write_atomic
+from launcher_scripts.stages import STAGES, StageContext
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    spec: JobSpec
+    script_path: Path
+    script: str
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    stage: str
+    results_dir: Path
+    config_path: Path
+    config_yaml: str
+    jobs: tuple[PlannedJob, ...]
+
+
+def make_backend(cluster_type: str) -> Backend:
+    if cluster_type not in BACKENDS:
+        raise ConfigError(
+            "cluster_type",
+            f"the {cluster_type} backend is not available in this launcher version yet",
+            f"Use one of: {', '.join(BACKENDS)}",
+        )
+    return BACKENDS[cluster_type]()
+
+
+def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
+    """Validate everything and render every script, touching nothing on disk."""
+    stages = requested_stages(cfg, STAGES, config_groups())
+    resolved = resolve(cfg, stages)
+    check_globals(resolved)
+    backend = make_backend(resolved.cluster_type)
+    planned, names = [], set()
+    for stage in stages:
+        ctx = StageContext(resolved, stage)
+        STAGES[stage].validate(ctx)
+        results_dir = Path(str(ctx.cfg.run.results_dir))
+        jobs = []
+        for spec in STAGES[stage].jobs(ctx):
+            if spec.name in names:
+                raise ConfigError(
+                    f"{stage}.run.name", f"two jobs would be named {spec.name}", "Rename one"
+                )
+            names.add(spec.name)
+            script_path = results_dir / f"{spec.name}_submission.sh"
+            jobs.append(PlannedJob(spec, script_path, backend.render(spec)))
+        config_path = results_dir / f"{ctx.cfg.run.name}_hydra.yaml"
+        planned.append(
+            PlannedStage(stage, results_dir, config_path, OmegaConf.to_yaml(ctx.cfg), tuple(jobs))
+        )
+    return backend, resolved, planned
+
+
+def write_files(planned: list[PlannedStage]) -> None:
+    for stage in planned:
+        write_atomic(stage.config_path, stage.config_yaml)
+        for job in stage.jobs:
+            write_atomic(job.script_path, job.script)
+            job.script_path.chmod(0o755)
+
+
+def print_plan(planned: list[PlannedStage], backend: Backend) -> None:
+    for stage in planned:
+        print(f"stage {stage.stage}: config {stage.config_path}")
+        for job in stage.jobs:
+            array = f", array of {job.spec.array_size}" if job.spec.array_size else ""
+            print(f"  job {job.spec.name} ({backend.name}{array}): {job.script_path}")
+
+
+def git_revision(path: str) -> str | None:
+    try:
+        result = subprocess.run(
+            ["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() or None
+
+
+def run(cfg: DictConfig, argv: list[str]) -> int:
+    backend, resolved, planned = plan(cfg)
+    write_files(planned)
+    if resolved.dry_run:
+        print_plan(planned, backend)
+        print("dry run: every script is rendered and checked; nothing was run or submitted.")
+        return 0
+    run_id = new_run_id()
+    manifest = Manifest(
+        run_id=run_id,
+        path=Path(str(resolved.base_results_dir)) / "runs" / run_id / "manifest.json",
+        created=run_id,
+        command=[sys.argv[0], *argv],
+        cluster_type=str(resolved.cluster_type),
+        git_revision=git_revision(str(resolved.launcher_scripts_path)),
+        launcher_pid=os.getpid(),
+    )
+    for stage in planned:
+        records = [
+            JobRecord(
+                name=job.spec.name,
+                stage=stage.stage,
+                backend=backend.name,
+                script=str(job.script_path),
+                log=backend.log_path(job.spec, run_id),
+            )
+            for job in stage.jobs
+        ]
+        artifacts = sorted({path for job in stage.jobs for path in job.spec.writes})
+        manifest.stages.append(
+            StageRecord(stage.stage, str(stage.results_dir), str(stage.config_path), records, artifacts)
+        )
+    manifest.save()
+    manifest.link_stage_dirs()
+    print(f"run {run_id}: manifest {manifest.path}")
+    return submit_all(backend, planned, manifest)
+
+
+def submit_all(backend: Backend, planned: list[PlannedStage], manifest: Manifest) -> int:
+    after: list[str] = []
+    for stage, stage_record in zip(planned, manifest.stages, strict=True):
+        for job, record in zip(stage.jobs, stage_record.jobs, strict=True):
+            print(f"==> {stage.stage}: {job.spec.name} (log: {record.log})", flush=True)
+            backend.submit(
+                str(job.script_path), job.spec, record, after, lambda _: manifest.save()
+            )
+            if manifest.cancel_marker.exists() and record.state != "COMPLETED":
+                record.state = "CANCELLED"
+            manifest.save()
+            if backend.synchronous and record.state != "COMPLETED":
+                return _stopped(manifest, record)
+            after = record.job_ids
+    print(f"run {manifest.run_id}: all stages completed")
+    return 0
+
+
+def _stopped(manifest: Manifest, failed: JobRecord) -> int:
+    for record in manifest.jobs():
+        if record.state == "PENDING":
+            record.state = "CANCELLED"
+    manifest.save()
+    verb = "was cancelled" if failed.state == "CANCELLED" else "failed"
+    print(
+        f"error: stage {failed.stage}, job {failed.name} {verb} with exit code "
+        f"{failed.exit_code}; the pipeline stopped. Log: {failed.log}",
+        file=sys.stderr,
+    )
+    return failed.exit_code or 1

@@ -1,0 +1,83 @@
+"""The stage interface and registry: a stage turns its resolved config into JobSpecs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher_scripts.jobspec import Command, JobSpec, Resources
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What a stage sees: the whole resolved config and its own section of it."""
+
+    root: DictConfig
+    stage: str
+
+    @property
+    def cfg(self) -> DictConfig:
+        return self.root[self.stage]
+
+    def common_env(self) -> tuple[tuple[str, str], ...]:
+        """`env_vars` without null values, plus where jobs find the W&B key file."""
+        env: dict[str, Any] = OmegaConf.to_container(self.root.env_vars, resolve=True) or {}
+        pairs = {name: str(value) for name, value in env.items() if value is not None}
+        if self.root.get("wandb_api_key_file"):
+            pairs["WANDB_API_KEY_FILE"] = str(self.root.wandb_api_key_file)
+        return tuple(sorted(pairs.items()))
+
+
+class Stage(Protocol):
+    name: str
+
+    def validate(self, ctx: StageContext) -> None:
+        """Raise ConfigError for anything that would make the jobs fail; no side effects."""
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        """The jobs to run, in order. Pure: no network, no file writes."""
+
+
+STAGES: dict[str, Stage] = {}
+
+
+def register(stage_class: Callable[[], Stage]) -> Callable[[], Stage]:
+    instance = stage_class()
+    STAGES[instance.name] = instance
+    return stage_class
+
+
+def make_job(
+    ctx: StageContext,
+    name: str,
+    commands: tuple[Command, ...],
+    resources: Resources,
+    *,
+    array_size: int | None = None,
+    reads: tuple[str, ...] = (),
+    writes: tuple[str, ...] = (),
+) -> JobSpec:
+    """A JobSpec with the settings every job of every stage shares, taken from the root config.
+
+    Stages say what differs (commands, resources, artifacts); this is the one place that knows
+    where the code, the container, the mounts and the environment come from.
+    """
+    root, run = ctx.root, ctx.cfg.run
+    return JobSpec(
+        stage=ctx.stage,
+        name=name,
+        results_dir=str(run.results_dir),
+        commands=commands,
+        resources=resources,
+        env=ctx.common_env(),
+        pythonpath=str(root.launcher_scripts_path),
+        container=root.container,
+        container_mounts=tuple(str(m) for m in root.container_mounts or ()),
+        array_size=array_size,
+        dependency=str(run.get("dependency") or "afterok"),
+        reads=reads,
+        writes=writes,
+    )

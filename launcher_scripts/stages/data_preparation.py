@@ -1,0 +1,297 @@
+"""The data_preparation stage: the recipe's `dataset` key picks how its jobs are built."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+from launcher_scripts.config.checks import (
+    require_choice,
+    require_file,
+    require_fraction,
+    require_input,
+    require_int,
+)
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.data_prep.shards import parse_file_numbers
+from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.stages.base import StageContext, make_job, register
+
+JOBS = "launcher_scripts.jobs.data_prep"
+INPUT_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+SENTENCEPIECE_MODEL_TYPES = ("unigram", "bpe", "word", "char")
+
+
+class Dataset(Protocol):
+    def validate(self, ctx: StageContext) -> None: ...
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]: ...
+
+
+def _key(ctx: StageContext, name: str) -> str:
+    return f"{ctx.stage}.{name}"
+
+
+def _cpu_resources(ctx: StageContext) -> Resources:
+    """Data preparation needs CPUs, not GPUs: one node per array task, one task per node."""
+    run = ctx.cfg.run
+    return Resources(
+        nodes=1,
+        ntasks_per_node=1,
+        cpus_per_task=run.get("cpus_per_node"),
+        time_limit=str(run.time_limit),
+    )
+
+
+def _workers_args(ctx: StageContext) -> tuple[str, ...]:
+    workers = ctx.cfg.run.get("workers_per_node")
+    if workers is None:
+        return ()
+    require_int(_key(ctx, "run.workers_per_node"), workers)
+    return ("--workers", str(workers))
+
+
+def _array_size(ctx: StageContext, items: int) -> int:
+    wanted = require_int(_key(ctx, "run.node_array_size"), ctx.cfg.run.node_array_size)
+    return max(1, min(wanted, items))
+
+
+def output_stem(source: Path) -> str:
+    """The shard name the preprocess job derives from an input: its name without suffixes."""
+    name = source.name
+    for suffix in (".gz", ".jsonl", ".json"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+class CustomDataset:
+    """Your own files; optionally a SentencePiece tokenizer trained on them first."""
+
+    def validate(self, ctx: StageContext) -> None:
+        cfg = ctx.cfg
+        files = self._inputs(ctx)
+        seen: dict[str, Path] = {}
+        for index, source in enumerate(files):
+            key = _key(ctx, f"raw_dataset_files[{index}]")
+            require_input(key, source, INPUT_SUFFIXES)
+            stem = output_stem(source)
+            if stem in seen:
+                raise ConfigError(
+                    key,
+                    f"{source} and {seen[stem]} would both write the shard {stem}",
+                    "Rename one of them",
+                )
+            seen[stem] = source
+        require_fraction(_key(ctx, "max_bad_fraction"), cfg.max_bad_fraction)
+        _workers_args(ctx)
+        if cfg.train_tokenizer:
+            self._validate_training(ctx)
+        elif cfg.preprocess_data:
+            self._validate_tokenizer(ctx)
+
+    def _validate_training(self, ctx: StageContext) -> None:
+        args = ctx.cfg.train_tokenizer_args
+        prefix = _key(ctx, "train_tokenizer_args")
+        require_choice(f"{prefix}.model_type", args.model_type, SENTENCEPIECE_MODEL_TYPES)
+        require_choice(f"{prefix}.input_format", args.input_format, ("text", "tsv"))
+        require_int(f"{prefix}.vocab_size", args.vocab_size, minimum=8)
+        for index, source in enumerate(self._tokenizer_inputs(ctx)):
+            require_input(f"{prefix}.input[{index}]", source, (*INPUT_SUFFIXES, ".txt", ".tsv"))
+        trained = self._trained_model(ctx)
+        if ctx.cfg.preprocess_data and Path(str(ctx.cfg.tokenizer_model)) != trained:
+            raise ConfigError(
+                _key(ctx, "tokenizer_model"),
+                f"is {ctx.cfg.tokenizer_model} but the tokenizer being trained is {trained}",
+                "Leave tokenizer_model at its default, or set train_tokenizer=false",
+            )
+
+    def _validate_tokenizer(self, ctx: StageContext) -> None:
+        cfg = ctx.cfg
+        if cfg.vocab_file or cfg.merge_file:
+            require_file(_key(ctx, "vocab_file"), cfg.vocab_file)
+            require_file(_key(ctx, "merge_file"), cfg.merge_file)
+        else:
+            require_file(_key(ctx, "tokenizer_model"), cfg.tokenizer_model)
+
+    @staticmethod
+    def _inputs(ctx: StageContext) -> list[Path]:
+        files = ctx.cfg.raw_dataset_files
+        if not files:
+            raise ConfigError(
+                _key(ctx, "raw_dataset_files"),
+                "is empty",
+                f"Set {_key(ctx, 'raw_dataset_files')}=[/data/a.jsonl,/data/b.jsonl.gz]",
+            )
+        return [Path(str(f)) if f is not None else None for f in files]  # type: ignore[misc]
+
+    def _tokenizer_inputs(self, ctx: StageContext) -> Sequence[Path]:
+        given = ctx.cfg.train_tokenizer_args.input
+        if given is None:
+            return self._inputs(ctx)
+        return [Path(str(p)) for p in ([given] if isinstance(given, str) else given)]
+
+    @staticmethod
+    def _trained_model(ctx: StageContext) -> Path:
+        cfg = ctx.cfg
+        return Path(str(cfg.bpe_save_dir)) / f"{cfg.train_tokenizer_args.model_prefix}.model"
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        cfg, name = ctx.cfg, str(ctx.cfg.run.name)
+        files = [str(p) for p in self._inputs(ctx)]
+        jobs = []
+        if cfg.train_tokenizer:
+            jobs.append(self._train_tokenizer_job(ctx, name))
+        if cfg.preprocess_data:
+            args = ["--input", *files, "--output-dir", str(cfg.preprocessed_dir)]
+            args += ["--text-key", str(cfg.text_key)]
+            args += self._tokenizer_args(ctx)
+            args += _workers_args(ctx)
+            args += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
+            if not cfg.append_eod:
+                args.append("--no-append-eod")
+            outputs = tuple(
+                str(Path(str(cfg.preprocessed_dir)) / f"{output_stem(Path(f))}_{cfg.text_key}_document")
+                for f in files
+            )
+            jobs.append(
+                make_job(
+                    ctx,
+                    f"{name}-preprocess",
+                    (Command(f"{JOBS}.preprocess", tuple(args)),),
+                    _cpu_resources(ctx),
+                    array_size=_array_size(ctx, len(files)),
+                    reads=tuple(files),
+                    writes=outputs,
+                )
+            )
+        return jobs
+
+    def _tokenizer_args(self, ctx: StageContext) -> list[str]:
+        cfg = ctx.cfg
+        if cfg.train_tokenizer:
+            return ["--tokenizer-model", str(self._trained_model(ctx))]
+        if cfg.vocab_file or cfg.merge_file:
+            return ["--vocab-file", str(cfg.vocab_file), "--merge-file", str(cfg.merge_file)]
+        return ["--tokenizer-model", str(cfg.tokenizer_model)]
+
+    def _train_tokenizer_job(self, ctx: StageContext, name: str) -> JobSpec:
+        cfg, args = ctx.cfg, ctx.cfg.train_tokenizer_args
+        model = self._trained_model(ctx)
+        inputs = [str(p) for p in self._tokenizer_inputs(ctx)]
+        argv = ["--input", *inputs, "--text-key", str(cfg.text_key)]
+        argv += ["--model-prefix", str(model.with_suffix(""))]
+        argv += ["--input-format", str(args.input_format), "--model-type", str(args.model_type)]
+        for option in ("vocab_size", "character_coverage", "unk_id", "bos_id", "eos_id", "pad_id"):
+            argv += [f"--{option.replace('_', '-')}", str(args[option])]
+        return make_job(
+            ctx,
+            f"{name}-train_tokenizer",
+            (Command(f"{JOBS}.train_tokenizer", tuple(argv)),),
+            _cpu_resources(ctx),
+            reads=tuple(inputs),
+            writes=(str(model),),
+        )
+
+
+class PileDataset:
+    """Shards of the Pile: download, extract and tokenize, each step a node array."""
+
+    shard_name = "{:02d}.jsonl.zst"
+
+    def validate(self, ctx: StageContext) -> None:
+        cfg = ctx.cfg
+        numbers = self._numbers(ctx)
+        _array_size(ctx, len(numbers))
+        _workers_args(ctx)
+        require_choice(_key(ctx, "tokenizer_type"), cfg.tokenizer_type, ("GPT2BPETokenizer",))
+        if cfg.download_the_pile:
+            self._require_url(ctx, "the_pile_url", allow_path=False)
+        elif cfg.preprocess_data:
+            for number in numbers:
+                require_file(_key(ctx, "file_numbers"), self._extracted(ctx, number))
+        if cfg.preprocess_data:
+            self._require_url(ctx, "download_vocab_url", allow_path=True)
+            self._require_url(ctx, "download_merges_url", allow_path=True)
+
+    def _require_url(self, ctx: StageContext, name: str, *, allow_path: bool) -> None:
+        value = str(ctx.cfg[name] or "")
+        scheme = urlparse(value).scheme
+        if scheme in ("http", "https"):
+            return
+        if allow_path and scheme in ("", "file"):
+            require_file(_key(ctx, name), value.removeprefix("file://"))
+            return
+        raise ConfigError(_key(ctx, name), f"{value!r} is not an http(s) URL", "Fix the URL")
+
+    @staticmethod
+    def _numbers(ctx: StageContext) -> list[int]:
+        try:
+            return parse_file_numbers(ctx.cfg.file_numbers)
+        except ValueError as error:
+            raise ConfigError(_key(ctx, "file_numbers"), str(error), "Fix the value") from None
+
+    def _extracted(self, ctx: StageContext, number: int) -> Path:
+        return Path(str(ctx.root.data_dir)) / self.shard_name.format(number).removesuffix(".zst")
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        cfg, name = ctx.cfg, str(ctx.cfg.run.name)
+        data_dir, spec = str(ctx.root.data_dir), str(cfg.file_numbers)
+        numbers = self._numbers(ctx)
+        array = _array_size(ctx, len(numbers))
+        shards = ("--file-numbers", spec, "--name-format", self.shard_name)
+        vocab = str(Path(str(cfg.vocab_save_dir)) / "vocab.json")
+        merges = str(Path(str(cfg.merges_save_dir)) / "merges.txt")
+        downloaded = tuple(str(Path(data_dir) / self.shard_name.format(n)) for n in numbers)
+        extracted = tuple(str(self._extracted(ctx, n)) for n in numbers)
+        jobs = []
+        if cfg.preprocess_data:
+            files = ("--file", str(cfg.download_vocab_url), vocab)
+            files += ("--file", str(cfg.download_merges_url), merges)
+            jobs.append(self._job(ctx, f"{name}-download_tokenizer", "download", files, None, (vocab, merges)))
+        if cfg.download_the_pile:
+            args = ("--url-base", str(cfg.the_pile_url), *shards, "--output-dir", data_dir)
+            jobs.append(self._job(ctx, f"{name}-download", "download", args, array, downloaded))
+            args = ("--input-dir", data_dir, *shards, "--output-dir", data_dir)
+            args += ("--remove-downloaded",) if cfg.rm_downloaded else ()
+            jobs.append(self._job(ctx, f"{name}-extract", "extract", args, array, extracted))
+        if cfg.preprocess_data:
+            args = ("--input", *extracted, "--output-dir", data_dir, "--output-prefix", "my-gpt3_")
+            args += ("--text-key", "text", "--vocab-file", vocab, "--merge-file", merges)
+            args += _workers_args(ctx)
+            args += ("--remove-inputs",) if cfg.rm_extracted else ()
+            outputs = tuple(str(Path(data_dir) / f"my-gpt3_{n:02d}_text_document") for n in numbers)
+            jobs.append(self._job(ctx, f"{name}-preprocess", "preprocess", args, array, outputs))
+        return jobs
+
+    @staticmethod
+    def _job(
+        ctx: StageContext,
+        name: str,
+        program: str,
+        args: tuple[str, ...],
+        array_size: int | None,
+        writes: tuple[str, ...],
+    ) -> JobSpec:
+        command = Command(f"{JOBS}.{program}", args)
+        return make_job(ctx, name, (command,), _cpu_resources(ctx), array_size=array_size, writes=writes)
+
+
+DATASETS: dict[str, Dataset] = {"custom_dataset": CustomDataset(), "pile": PileDataset()}
+
+
+@register
+class DataPreparation:
+    name = "data_preparation"
+
+    def _dataset(self, ctx: StageContext) -> Dataset:
+        kind = ctx.cfg.get("dataset")
+        require_choice(_key(ctx, "dataset"), kind, DATASETS)
+        return DATASETS[kind]
+
+    def validate(self, ctx: StageContext) -> None:
+        self._dataset(ctx).validate(ctx)
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        return self._dataset(ctx).jobs(ctx)
