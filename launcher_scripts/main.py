@@ -39,3 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"error: {message}", file=sys.stderr)
         return code
+
+
+def console() -> None:
+    """The `llm-launcher` command installed by pip."""
+    sys.exit(main())

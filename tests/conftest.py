@@ -1,0 +1,49 @@
+"""Shared fixtures. Regenerate golden scripts with: python3 -m pytest tests/test_golden_scripts.py --update-goldens"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-goldens",
+        action="store_true",
+        help="rewrite tests/golden/ from the current renderers instead of comparing",
+    )
+
+
+@pytest.fixture
+def update_goldens(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-goldens"))
+
+
+def run_main(*overrides: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python3 main.py overrides...` as a user runs it, capturing its output."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *overrides],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def run_ops(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`python3 -m launcher_scripts status|logs|cancel ...`."""
+    return subprocess.run(
+        [sys.executable, "-m", "launcher_scripts", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+    )

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Stage data_preparation, job custom_dataset-preprocess: rendered by launcher_scripts (local backend).
+# Run it again by hand with: bash <this file>
+set -euo pipefail
+
+# This job does all the work itself, whatever allocation it runs in.
+unset SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT NGC_ARRAY_INDEX NGC_ARRAY_SIZE RANK WORLD_SIZE LOCAL_RANK SLURM_PROCID SLURM_NTASKS
+export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+export TRANSFORMERS_OFFLINE=1
+export WANDB_API_KEY_FILE=/secrets/wandb
+export WANDB_PROJECT='my project'
+cd /results/custom_dataset
+
+python3 -u -m launcher_scripts.jobs.data_prep.preprocess \
+    --input /data/raw/a.jsonl \
+    --output-dir /data/custom_dataset/preprocessed \
+    --text-key text \
+    --vocab-file /data/bpe/vocab.json \
+    --merge-file /data/bpe/merges.txt \
+    --workers 4 \
+    --max-bad-fraction 0.01

@@ -1,0 +1,101 @@
+"""Composition of the recipes and the package's resolvers."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from launcher_scripts.config import resolvers
+from launcher_scripts.config.compose import (
+    compose_config,
+    conf_dir,
+    config_groups,
+    recipe_options,
+)
+from launcher_scripts.config.preflight import resolve
+from launcher_scripts.errors import ConfigError, LauncherError
+
+STAGE_GROUPS = [
+    "data_preparation",
+    "training",
+    "conversion",
+    "fine_tuning",
+    "peft",
+    "prompt_learning",
+    "adapter_learning",
+    "ia3_learning",
+    "evaluation",
+    "export",
+]
+
+
+def test_defaults_choose_one_recipe_per_group() -> None:
+    cfg = compose_config([])
+    for group in [*STAGE_GROUPS, "cluster"]:
+        assert group in cfg, group
+    assert list(cfg.stages) == ["data_preparation"]
+    assert cfg.cluster_type == "local"
+    assert cfg.dry_run is False
+    assert set(cfg.numa_mapping) == {
+        "enable", "mode", "scope", "cores", "balanced", "min_cores", "max_cores"
+    }
+
+
+def test_every_stage_group_has_a_recipe_directory() -> None:
+    assert set(STAGE_GROUPS) | {"cluster"} <= set(config_groups())
+    for group in STAGE_GROUPS:
+        assert recipe_options(group), group
+
+
+@pytest.mark.parametrize(
+    ("group", "recipe"),
+    [(group, recipe) for group in STAGE_GROUPS for recipe in recipe_options(group)],
+)
+def test_every_recipe_composes_and_resolves(group: str, recipe: str) -> None:
+    cfg = compose_config([f"{group}={recipe}"])
+    resolved = resolve(cfg, [group])
+    run = resolved[group].run
+    assert run.name and run.results_dir and run.time_limit
+    assert str(run.results_dir).startswith(str(resolved.base_results_dir))
+
+
+def test_launcher_scripts_path_defaults_to_the_checkout() -> None:
+    resolved = resolve(compose_config([]), ["data_preparation"])
+    assert resolved.launcher_scripts_path == str(conf_dir().parent)
+    assert resolved.data_dir == f"{resolved.launcher_scripts_path}/data"
+
+
+def test_overrides_reach_the_stage_config() -> None:
+    cfg = compose_config(
+        ["data_preparation.raw_dataset_files=[/d/a.jsonl,/d/b.jsonl.gz]", "data_dir=/d"]
+    )
+    resolved = resolve(cfg, ["data_preparation"])
+    assert list(resolved.data_preparation.raw_dataset_files) == ["/d/a.jsonl", "/d/b.jsonl.gz"]
+    assert resolved.data_preparation.preprocessed_dir == "/d/custom_dataset/preprocessed"
+
+
+def test_resolvers_are_registered_by_the_package() -> None:
+    cfg = OmegaConf.create(
+        {"a": "${multiply:3,4}", "b": "${divide_ceil:7,2}", "c": "${divide_floor:7,2}"}
+    )
+    assert (cfg.a, cfg.b, cfg.c) == (12, 4, 3)
+    assert resolvers.divide_ceil(8, 4) == 2
+    assert resolvers.divide_floor(-1, 2) == -1
+
+
+def test_unknown_recipe_lists_the_available_ones() -> None:
+    with pytest.raises(ConfigError) as error:
+        compose_config(["training=gpt3/5b"])
+    assert "training=gpt3/5b" in str(error.value)
+    assert "gpt3/126m" in str(error.value) and "gpt3/tiny" in str(error.value)
+
+
+def test_unknown_key_is_an_error() -> None:
+    with pytest.raises(LauncherError, match="no_such_key"):
+        compose_config(["no_such_key=1"])
+
+
+def test_missing_value_names_the_key() -> None:
+    cfg = compose_config(["data_preparation.text_key=???"])
+    with pytest.raises(ConfigError, match=r"data_preparation.text_key: has no value"):
+        resolve(cfg, ["data_preparation"])

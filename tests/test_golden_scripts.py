@@ -1,0 +1,96 @@
+"""Rendered scripts, byte for byte, for every stage recipe and backend.
+
+After an intended change to a renderer, regenerate with:
+    python3 -m pytest tests/test_golden_scripts.py --update-goldens
+and review the diff of tests/golden/ like code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher_scripts.clusters import BACKENDS
+from launcher_scripts.config.compose import compose_config
+from launcher_scripts.config.preflight import resolve
+from launcher_scripts.stages import STAGES, StageContext
+
+GOLDEN = Path(__file__).parent / "golden"
+# Fixed paths, so the scripts do not depend on where the checkout is.
+PATHS = ["launcher_scripts_path=/opt/launcher", "data_dir=/data", "base_results_dir=/results"]
+CASES = {
+    "custom_dataset_train_tokenizer": (
+        "data_preparation",
+        ["data_preparation=generic/custom_dataset",
+         "data_preparation.raw_dataset_files=[/data/raw/a.jsonl,/data/raw/b.jsonl.gz]"],
+    ),
+    "custom_dataset_hf_tokenizer": (
+        "data_preparation",
+        ["data_preparation=generic/custom_dataset", "data_preparation.train_tokenizer=false",
+         "data_preparation.tokenizer_model=/data/tok/tokenizer.json",
+         "data_preparation.raw_dataset_files=[/data/raw/docs,\"/data/raw/it's here.json\"]",
+         "data_preparation.run.workers_per_node=2", "data_preparation.append_eod=false"],
+    ),
+    "custom_dataset_gpt2_bpe": (
+        "data_preparation",
+        ["data_preparation=generic/custom_dataset", "data_preparation.train_tokenizer=false",
+         "data_preparation.vocab_file=/data/bpe/vocab.json",
+         "data_preparation.merge_file=/data/bpe/merges.txt",
+         "data_preparation.raw_dataset_files=[/data/raw/a.jsonl]",
+         "+env_vars.WANDB_PROJECT=my project", "wandb_api_key_file=/secrets/wandb"],
+    ),
+    "download_gpt3_pile": (
+        "data_preparation",
+        ["data_preparation=gpt3/download_gpt3_pile", "data_preparation.file_numbers='0,3,5-7'"],
+    ),
+}
+
+
+def rendered(case: str, backend_name: str) -> dict[str, str]:
+    stage, overrides = CASES[case]
+    cfg = resolve(compose_config([*PATHS, f"stages=[{stage}]", *overrides]), [stage])
+    backend = BACKENDS[backend_name]()
+    jobs = STAGES[stage].jobs(StageContext(cfg, stage))
+    return {f"{job.name}.sh": backend.render(job) for job in jobs}
+
+
+@pytest.mark.parametrize("backend_name", sorted(BACKENDS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rendered_scripts_match_goldens(
+    case: str, backend_name: str, update_goldens: bool, tmp_path: Path
+) -> None:
+    scripts = rendered(case, backend_name)
+    folder = GOLDEN / backend_name / case
+    if update_goldens:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, text in scripts.items():
+            (folder / name).write_text(text)
+    expected = sorted(p.name for p in folder.glob("*.sh"))
+    assert sorted(scripts) == expected, "jobs differ from the goldens; see --update-goldens"
+    for name, text in scripts.items():
+        assert text == (folder / name).read_text(), f"{folder / name} differs"
+        script = tmp_path / name
+        script.write_text(text)
+        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+        if shutil.which("shellcheck") or os.environ.get("CI") == "true":
+            assert shutil.which("shellcheck"), "CI must install shellcheck (.ci/run does)"
+            lint = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+            assert lint.returncode == 0, lint.stdout
+
+
+def test_rendering_is_deterministic() -> None:
+    for case in CASES:
+        assert rendered(case, "local") == rendered(case, "local")
+
+
+def test_secrets_stay_out_of_scripts() -> None:
+    scripts = rendered("custom_dataset_gpt2_bpe", "local")
+    for text in scripts.values():
+        assert "WANDB_API_KEY_FILE=/secrets/wandb" in text
+        assert "WANDB_API_KEY=" not in text

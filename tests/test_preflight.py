@@ -1,0 +1,138 @@
+"""Bad input: one clear line, a non-zero exit, nothing written, nothing run."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_main
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    return tmp_path / "results"
+
+
+def launch(results: Path, *overrides: str):
+    return run_main(f"base_results_dir={results}", f"data_dir={results.parent / 'data'}", *overrides)
+
+
+def test_unknown_stage(results: Path) -> None:
+    assert_one_line_error(launch(results, "stages=[data_prep]"), "stages", "data_preparation")
+    assert not results.exists()
+
+
+def test_known_group_without_job_program(results: Path) -> None:
+    result = launch(results, "stages=[data_preparation,training]")
+    assert_one_line_error(result, "training", "Runnable stages")
+    assert not results.exists()
+
+
+def test_unknown_recipe_lists_available(results: Path) -> None:
+    result = launch(results, "data_preparation=gpt3/pile")
+    assert_one_line_error(result, "gpt3/pile", "generic/custom_dataset", "gpt3/download_gpt3_pile")
+
+
+def test_missing_value(results: Path) -> None:
+    result = launch(results, "data_preparation.train_tokenizer_args.model_prefix=???")
+    assert_one_line_error(result, "data_preparation.train_tokenizer_args.model_prefix", "???")
+    assert not results.exists()
+
+
+def test_missing_input_path(results: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    result = launch(results, f"data_preparation.raw_dataset_files=[{missing}]")
+    assert_one_line_error(result, "data_preparation.raw_dataset_files[0]", str(missing))
+    assert not results.exists()
+
+
+def test_empty_input_file(results: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl.gz"
+    empty.write_bytes(b"")
+    result = launch(results, f"data_preparation.raw_dataset_files=[{empty}]")
+    assert_one_line_error(result, "raw_dataset_files[0]", "is empty")
+
+
+def test_unsupported_input_suffix(results: Path, tmp_path: Path) -> None:
+    parquet = tmp_path / "a.parquet"
+    parquet.write_bytes(b"x")
+    assert_one_line_error(
+        launch(results, f"data_preparation.raw_dataset_files=[{parquet}]"), "a.parquet", ".jsonl"
+    )
+
+
+def test_two_inputs_writing_one_shard(results: Path, tmp_path: Path) -> None:
+    for folder in ("x", "y"):
+        (tmp_path / folder).mkdir()
+        with gzip.open(tmp_path / folder / "a.jsonl.gz", "wt") as out:
+            out.write('{"text": "hello"}\n')
+    files = f"[{tmp_path / 'x' / 'a.jsonl.gz'},{tmp_path / 'y' / 'a.jsonl.gz'}]"
+    result = launch(results, f"data_preparation.raw_dataset_files={files}")
+    assert_one_line_error(result, "raw_dataset_files[1]", "Rename")
+
+
+def test_missing_tokenizer(results: Path) -> None:
+    result = launch(
+        results,
+        "data_preparation.train_tokenizer=false",
+        "data_preparation.tokenizer_model=/no/such/tokenizer.json",
+    )
+    assert_one_line_error(result, "data_preparation.tokenizer_model", "/no/such/tokenizer.json")
+
+
+def test_bad_file_numbers(results: Path) -> None:
+    result = launch(results, "data_preparation=gpt3/download_gpt3_pile", "data_preparation.file_numbers=3-x")
+    assert_one_line_error(result, "data_preparation.file_numbers", "3-x")
+
+
+def test_bad_choice(results: Path) -> None:
+    assert_one_line_error(launch(results, "cluster_type=slurm"), "cluster_type", "bcm")
+    result = launch(results, "numa_mapping.mode=everything")
+    assert_one_line_error(result, "numa_mapping.mode", "unique_contiguous")
+
+
+def test_unknown_key(results: Path) -> None:
+    assert_one_line_error(launch(results, "data_preparation.workers=3"), "data_preparation.workers")
+
+
+def test_full_error_shows_the_traceback(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    from launcher_scripts.main import main
+
+    with pytest.raises(Exception, match="stages"):
+        main([f"base_results_dir={results}", "stages=[nope]"])
+
+
+def test_pile_dry_run_downloads_nothing(results: Path, tmp_path: Path) -> None:
+    result = launch(
+        results,
+        "data_preparation=gpt3/download_gpt3_pile",
+        "data_preparation.the_pile_url=http://127.0.0.1:9/unreachable/",
+        "data_preparation.download_vocab_url=http://127.0.0.1:9/vocab.json",
+        "data_preparation.download_merges_url=http://127.0.0.1:9/merges.txt",
+        "dry_run=true",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "nothing was run or submitted" in result.stdout
+    folder = results / "download_gpt3_pile"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "download_gpt3_pile-download_submission.sh",
+        "download_gpt3_pile-download_tokenizer_submission.sh",
+        "download_gpt3_pile-extract_submission.sh",
+        "download_gpt3_pile-preprocess_submission.sh",
+        "download_gpt3_pile_hydra.yaml",
+    ]
+    assert not (tmp_path / "data").exists()
+    assert not (results / "runs").exists()
