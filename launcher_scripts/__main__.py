@@ -1,4 +1,4 @@
-"""`python3 -m launcher_scripts status|logs|cancel RUN_DIR`, or launch with overrides like main.py."""
+"""`python3 -m launcher_scripts status|logs|cancel RUN_DIR`, or overrides to launch, as main.py."""
 
 import sys
 

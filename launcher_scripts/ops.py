@@ -1,4 +1,4 @@
-"""`status`, `logs` and `cancel` of a run, read from its manifest (works after the shell is gone)."""
+"""`status`, `logs` and `cancel` of a run, read from its manifest, so they work later too."""
 
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ def status(args: argparse.Namespace) -> int:
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
     for record in manifest.jobs():
         if record.state in ("FAILED", "LOST"):
             print(f"{record.name} {record.state.lower()}: see {record.log}")
@@ -59,7 +61,9 @@ def _selected(manifest: Manifest, stage: str | None) -> list[JobRecord]:
     jobs = [r for r in manifest.jobs() if stage in (None, r.stage, r.name)]
     if not jobs:
         names = sorted({r.stage for r in manifest.jobs()} | {r.name for r in manifest.jobs()})
-        raise SystemExit(f"error: no stage or job {stage!r} in this run; choose from {', '.join(names)}")
+        raise SystemExit(
+            f"error: no stage or job {stage!r} in this run; choose from {', '.join(names)}"
+        )
     return jobs
 
 
@@ -96,7 +100,8 @@ def cancel(args: argparse.Namespace) -> int:
     active = [r for r in manifest.jobs() if r.state not in TERMINAL_STATES]
     for record in active:
         BACKENDS[record.backend]().cancel(record)
-        print(f"cancel requested: {record.name} ({record.state}, {','.join(record.job_ids) or 'not started'})")
+        ids = ",".join(record.job_ids) or "not started"
+        print(f"cancel requested: {record.name} ({record.state}, {ids})")
     if not active:
         print(f"run {manifest.run_id}: nothing to cancel, every job has ended")
     return 0
@@ -112,7 +117,9 @@ def parser() -> argparse.ArgumentParser:
     read = commands.add_parser("logs", help="print the logs of a run, or of one stage or job")
     read.add_argument("run_dir")
     read.add_argument("stage", nargs="?", help="a stage or job name; all when left out")
-    read.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    read.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing until the job ends"
+    )
     read.set_defaults(handler=logs)
     stop = commands.add_parser("cancel", help="cancel the running and pending jobs of a run")
     stop.add_argument("run_dir")

@@ -132,7 +132,9 @@ def run(cfg: DictConfig, argv: list[str]) -> int:
         ]
         artifacts = sorted({path for job in stage.jobs for path in job.spec.writes})
         manifest.stages.append(
-            StageRecord(stage.stage, str(stage.results_dir), str(stage.config_path), records, artifacts)
+            StageRecord(
+                stage.stage, str(stage.results_dir), str(stage.config_path), records, artifacts
+            )
         )
     manifest.save()
     manifest.link_stage_dirs()
@@ -145,9 +147,7 @@ def submit_all(backend: Backend, planned: list[PlannedStage], manifest: Manifest
     for stage, stage_record in zip(planned, manifest.stages, strict=True):
         for job, record in zip(stage.jobs, stage_record.jobs, strict=True):
             print(f"==> {stage.stage}: {job.spec.name} (log: {record.log})", flush=True)
-            backend.submit(
-                str(job.script_path), job.spec, record, after, lambda _: manifest.save()
-            )
+            backend.submit(str(job.script_path), job.spec, record, after, lambda _: manifest.save())
             if manifest.cancel_marker.exists() and record.state != "COMPLETED":
                 record.state = "CANCELLED"
             manifest.save()

@@ -1,4 +1,7 @@
-"""Shared fixtures. Regenerate golden scripts with: python3 -m pytest tests/test_golden_scripts.py --update-goldens"""
+"""Shared fixtures and options.
+
+Regenerate golden scripts with: python3 -m pytest tests/test_golden_scripts.py --update-goldens
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ["tests.http_site"]  # the `site` fixture: a local HTTP server
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +30,9 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-goldens"))
 
 
-def run_main(*overrides: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_main(
+    *overrides: str, cwd: Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """`python3 main.py overrides...` as a user runs it, capturing its output."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     return subprocess.run(

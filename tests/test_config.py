@@ -37,7 +37,13 @@ def test_defaults_choose_one_recipe_per_group() -> None:
     assert cfg.cluster_type == "local"
     assert cfg.dry_run is False
     assert set(cfg.numa_mapping) == {
-        "enable", "mode", "scope", "cores", "balanced", "min_cores", "max_cores"
+        "enable",
+        "mode",
+        "scope",
+        "cores",
+        "balanced",
+        "min_cores",
+        "max_cores",
     }
 
 

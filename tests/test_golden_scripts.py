@@ -25,23 +25,33 @@ PATHS = ["launcher_scripts_path=/opt/launcher", "data_dir=/data", "base_results_
 CASES = {
     "custom_dataset_train_tokenizer": (
         "data_preparation",
-        ["data_preparation=generic/custom_dataset",
-         "data_preparation.raw_dataset_files=[/data/raw/a.jsonl,/data/raw/b.jsonl.gz]"],
+        [
+            "data_preparation=generic/custom_dataset",
+            "data_preparation.raw_dataset_files=[/data/raw/a.jsonl,/data/raw/b.jsonl.gz]",
+        ],
     ),
     "custom_dataset_hf_tokenizer": (
         "data_preparation",
-        ["data_preparation=generic/custom_dataset", "data_preparation.train_tokenizer=false",
-         "data_preparation.tokenizer_model=/data/tok/tokenizer.json",
-         "data_preparation.raw_dataset_files=[/data/raw/docs,\"/data/raw/it's here.json\"]",
-         "data_preparation.run.workers_per_node=2", "data_preparation.append_eod=false"],
+        [
+            "data_preparation=generic/custom_dataset",
+            "data_preparation.train_tokenizer=false",
+            "data_preparation.tokenizer_model=/data/tok/tokenizer.json",
+            'data_preparation.raw_dataset_files=[/data/raw/docs,"/data/raw/it\'s here.json"]',
+            "data_preparation.run.workers_per_node=2",
+            "data_preparation.append_eod=false",
+        ],
     ),
     "custom_dataset_gpt2_bpe": (
         "data_preparation",
-        ["data_preparation=generic/custom_dataset", "data_preparation.train_tokenizer=false",
-         "data_preparation.vocab_file=/data/bpe/vocab.json",
-         "data_preparation.merge_file=/data/bpe/merges.txt",
-         "data_preparation.raw_dataset_files=[/data/raw/a.jsonl]",
-         "+env_vars.WANDB_PROJECT=my project", "wandb_api_key_file=/secrets/wandb"],
+        [
+            "data_preparation=generic/custom_dataset",
+            "data_preparation.train_tokenizer=false",
+            "data_preparation.vocab_file=/data/bpe/vocab.json",
+            "data_preparation.merge_file=/data/bpe/merges.txt",
+            "data_preparation.raw_dataset_files=[/data/raw/a.jsonl]",
+            "+env_vars.WANDB_PROJECT=my project",
+            "wandb_api_key_file=/secrets/wandb",
+        ],
     ),
     "download_gpt3_pile": (
         "data_preparation",

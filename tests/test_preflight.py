@@ -26,7 +26,9 @@ def results(tmp_path: Path) -> Path:
 
 
 def launch(results: Path, *overrides: str):
-    return run_main(f"base_results_dir={results}", f"data_dir={results.parent / 'data'}", *overrides)
+    return run_main(
+        f"base_results_dir={results}", f"data_dir={results.parent / 'data'}", *overrides
+    )
 
 
 def test_unknown_stage(results: Path) -> None:
@@ -93,7 +95,9 @@ def test_missing_tokenizer(results: Path) -> None:
 
 
 def test_bad_file_numbers(results: Path) -> None:
-    result = launch(results, "data_preparation=gpt3/download_gpt3_pile", "data_preparation.file_numbers=3-x")
+    result = launch(
+        results, "data_preparation=gpt3/download_gpt3_pile", "data_preparation.file_numbers=3-x"
+    )
     assert_one_line_error(result, "data_preparation.file_numbers", "3-x")
 
 

@@ -69,7 +69,11 @@ def python_argv(command: Command, python: str = "python3") -> list[str]:
     """The argv that starts a command's program, through torchrun when it has several processes."""
     argv = [python, "-u", "-m"]
     if command.nproc_per_node > 1:
-        argv += ["torch.distributed.run", "--standalone", f"--nproc-per-node={command.nproc_per_node}"]
+        argv += [
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={command.nproc_per_node}",
+        ]
         argv += ["-m"]
     return [*argv, command.module, *command.args]
 

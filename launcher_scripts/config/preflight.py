@@ -102,5 +102,7 @@ def check_globals(cfg: DictConfig) -> None:
     for index, mount in enumerate(cfg.container_mounts or ()):
         if not str(mount or "").startswith("/"):
             raise ConfigError(
-                f"container_mounts[{index}]", f"{mount!r} is not an absolute path", 'Use "/src" or "/src:/dst"'
+                f"container_mounts[{index}]",
+                f"{mount!r} is not an absolute path",
+                'Use "/src" or "/src:/dst"',
             )

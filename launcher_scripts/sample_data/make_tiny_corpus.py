@@ -14,8 +14,37 @@ from pathlib import Path
 
 OUTPUT = Path(__file__).with_name("tiny_corpus.jsonl.gz")
 DOCUMENTS = 4000
-ONSETS = ["b", "br", "c", "ch", "d", "dr", "f", "g", "gl", "h", "j", "k", "l", "m", "n", "p",
-          "pl", "qu", "r", "s", "sh", "sk", "st", "t", "th", "tr", "v", "w", "z"]
+ONSETS = [
+    "b",
+    "br",
+    "c",
+    "ch",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gl",
+    "h",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "pl",
+    "qu",
+    "r",
+    "s",
+    "sh",
+    "sk",
+    "st",
+    "t",
+    "th",
+    "tr",
+    "v",
+    "w",
+    "z",
+]
 VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "y"]
 CODAS = ["", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ck", "rn"]
 TEMPLATES = [
@@ -30,8 +59,9 @@ TIMES = ["dawn", "noon", "dusk", "midnight", "the festival", "the long winter"]
 
 
 def word(rng: random.Random, syllables: int) -> str:
-    return "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS)
-                   for _ in range(syllables))
+    return "".join(
+        rng.choice(ONSETS) + rng.choice(VOWELS) + rng.choice(CODAS) for _ in range(syllables)
+    )
 
 
 def lexicon(rng: random.Random, size: int, syllables: tuple[int, int]) -> list[str]:

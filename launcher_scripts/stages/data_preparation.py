@@ -152,7 +152,10 @@ class CustomDataset:
             if not cfg.append_eod:
                 args.append("--no-append-eod")
             outputs = tuple(
-                str(Path(str(cfg.preprocessed_dir)) / f"{output_stem(Path(f))}_{cfg.text_key}_document")
+                str(
+                    Path(str(cfg.preprocessed_dir))
+                    / f"{output_stem(Path(f))}_{cfg.text_key}_document"
+                )
                 for f in files
             )
             jobs.append(
@@ -249,7 +252,11 @@ class PileDataset:
         if cfg.preprocess_data:
             files = ("--file", str(cfg.download_vocab_url), vocab)
             files += ("--file", str(cfg.download_merges_url), merges)
-            jobs.append(self._job(ctx, f"{name}-download_tokenizer", "download", files, None, (vocab, merges)))
+            jobs.append(
+                self._job(
+                    ctx, f"{name}-download_tokenizer", "download", files, None, (vocab, merges)
+                )
+            )
         if cfg.download_the_pile:
             args = ("--url-base", str(cfg.the_pile_url), *shards, "--output-dir", data_dir)
             jobs.append(self._job(ctx, f"{name}-download", "download", args, array, downloaded))
@@ -275,7 +282,9 @@ class PileDataset:
         writes: tuple[str, ...],
     ) -> JobSpec:
         command = Command(f"{JOBS}.{program}", args)
-        return make_job(ctx, name, (command,), _cpu_resources(ctx), array_size=array_size, writes=writes)
+        return make_job(
+            ctx, name, (command,), _cpu_resources(ctx), array_size=array_size, writes=writes
+        )
 
 
 DATASETS: dict[str, Dataset] = {"custom_dataset": CustomDataset(), "pile": PileDataset()}
