@@ -20,20 +20,11 @@ import pytest
 import zstandard
 
 from launcher_scripts.jobs.data_prep import download, extract
+from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
 from tests.http_site import Site
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Scheduler variables of the machine running the tests must not pick the rank.
-RANK_VARIABLES = (
-    "SLURM_ARRAY_TASK_ID",
-    "SLURM_ARRAY_TASK_COUNT",
-    "NGC_ARRAY_INDEX",
-    "NGC_ARRAY_SIZE",
-    "RANK",
-    "WORLD_SIZE",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-)
 FAST = download.RetryPolicy(retries=3, wait_s=0.0, timeout_s=5.0)
 
 

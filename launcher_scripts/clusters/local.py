@@ -16,21 +16,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from launcher_scripts.clusters.base import JobRecord, export_lines, format_argv, python_argv
+from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import JobSpec
 
 # A local job does all of its work in one task. Rank variables inherited from the shell (an
 # salloc allocation sets SLURM_NTASKS, say) would otherwise make it process only its share.
-INHERITED_RANK_VARIABLES = (
-    "SLURM_ARRAY_TASK_ID",
-    "SLURM_ARRAY_TASK_COUNT",
-    "NGC_ARRAY_INDEX",
-    "NGC_ARRAY_SIZE",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-)
+INHERITED_RANK_VARIABLES = RANK_VARIABLES
 
 
 def now() -> str:

@@ -60,7 +60,7 @@ from urllib.request import Request, url2pathname, urlopen
 
 from tqdm import tqdm
 
-from launcher_scripts.jobs.data_prep.shards import parse_file_numbers, rank_and_world_size, share
+from launcher_scripts.jobs.data_prep.shards import my_file_numbers
 
 CHUNK_BYTES = 1 << 20
 MAX_RETRY_WAIT_S = 60.0
@@ -401,9 +401,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _jobs(args: argparse.Namespace) -> list[tuple[str, Path]]:
     if args.file:
         return [(source, Path(dest)) for source, dest in args.file]
-    rank, world_size = rank_and_world_size(rank=args.rank, world_size=args.world_size)
-    numbers = share(parse_file_numbers(args.file_numbers), rank, world_size)
-    _log(f"task {rank} of {world_size}: file numbers {numbers or 'none'}")
+    numbers = my_file_numbers(args.file_numbers, args.rank, args.world_size)
     return plan_shards(args.url_base, numbers, args.output_dir, args.name_format)
 
 

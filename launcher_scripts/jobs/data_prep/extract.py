@@ -34,7 +34,7 @@ from typing import BinaryIO
 import zstandard
 from tqdm import tqdm
 
-from launcher_scripts.jobs.data_prep.shards import parse_file_numbers, rank_and_world_size, share
+from launcher_scripts.jobs.data_prep.shards import my_file_numbers
 
 READ_BYTES = 1 << 20
 # The Pile's frames declare windows beyond the 128 MiB that zstd decodes by default; 2 GiB is
@@ -200,9 +200,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     try:
-        rank, world_size = rank_and_world_size(rank=args.rank, world_size=args.world_size)
-        numbers = share(parse_file_numbers(args.file_numbers), rank, world_size)
-        _log(f"task {rank} of {world_size}: file numbers {numbers or 'none'}")
+        numbers = my_file_numbers(args.file_numbers, args.rank, args.world_size)
         for shard in plan(args.input_dir, args.output_dir, numbers, args.name_format):
             extract_shard(shard, args.remove_downloaded)
     except (ExtractError, ValueError, OSError) as exc:

@@ -19,6 +19,8 @@ _RANK_ENV_PAIRS = (
     ("RANK", "WORLD_SIZE"),
     ("SLURM_PROCID", "SLURM_NTASKS"),
 )
+# Every variable that can assign a task its rank, for those that must clear them.
+RANK_VARIABLES = tuple(name for pair in _RANK_ENV_PAIRS for name in pair) + ("LOCAL_RANK",)
 
 
 def parse_file_numbers(spec: str | int) -> list[int]:
@@ -64,6 +66,16 @@ def rank_and_world_size(
         if rank_key in env and size_key in env:
             return _checked(int(env[rank_key]), int(env[size_key]))
     return 0, 1
+
+
+def my_file_numbers(
+    spec: str | int, rank: int | None = None, world_size: int | None = None
+) -> list[int]:
+    """This task's share of the file numbers in `spec`, announced on stdout for the log."""
+    rank, world_size = rank_and_world_size(rank=rank, world_size=world_size)
+    numbers = share(parse_file_numbers(spec), rank, world_size)
+    print(f"task {rank} of {world_size}: file numbers {numbers or 'none'}", flush=True)
+    return numbers
 
 
 def _checked(rank: int, world_size: int) -> tuple[int, int]:
