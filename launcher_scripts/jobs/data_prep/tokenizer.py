@@ -1,0 +1,324 @@
+"""Load a tokenizer from local files and encode documents for the data-preparation jobs.
+
+Formats:
+  * SentencePiece `.model` (encoded with the sentencepiece library);
+  * Hugging Face `tokenizer.json`;
+  * GPT-2 `vocab.json` + `merges.txt`, built into the byte-level BPE that GPT-2's Hugging Face
+    tokenizer is (with its end-of-text token matched as a special token in text, as HF does).
+
+For the two BPE formats the ids are defined as those of the `tokenizers` library with
+add_special_tokens=False: document text only, no BOS or post-processor template, because
+the job appends the end-of-document token itself. gigatoken encodes the same ids many times
+faster, so it is used whenever it is importable, loads the tokenizer, and agrees with
+`tokenizers` on a varied probe corpus (`PROBE_TEXTS`); otherwise `tokenizers` is used.
+
+Engines run single-threaded: the job's parallelism comes from worker processes, and a
+thread pool per worker would only oversubscribe the cores (call `use_single_thread` before
+the engines are imported).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
+ENGINES = ("auto", "gigatoken", "tokenizers")
+
+# Texts on which gigatoken must reproduce `tokenizers` exactly before it is trusted: the
+# places byte-level BPE implementations tend to differ (pre-tokenizer regex on unicode
+# classes, whitespace runs, digits, contractions, newlines, emoji, added special tokens).
+PROBE_TEXTS: tuple[str, ...] = (
+    "Hello, world! It's a test: don't, won't, I'm, we've, they'll, she'd.",
+    "   leading spaces and trailing   ",
+    "tabs\tand\t\ttabs\nnew\nlines\n\n\nand\r\nCRLF\r\n",
+    "numbers 0 1 12 123 1234 12345 3.14159 -42 1e10 1,000,000 0x1F",
+    "unicode: café naïve Zürich résumé Ελλάδα Москва 東京 北京大学 مرحبا שלום हिन्दी",
+    "emoji 😀🚀👍🏽 👨‍👩‍👧‍👦 🇫🇷 and symbols — “quotes” ‘single’ € ± ß ∑ √ ∞",
+    "special tokens in text <|endoftext|> </s> <eos> <|end_of_text|> <s> <pad> done",
+    "<|endoftext|><|endoftext|>glued<|endoftext|>",
+    "mixed CamelCaseWords and snake_case_words and URLs https://example.com/a?b=c&d=e#f",
+    "    def f(x):\n        return x ** 2  # comment\n\n\n\tpass",
+    "\u00a0non-breaking\u2009thin\u3000ideographic space\u200bzero-width\ufeffbom",
+    "repeated aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!!!!!!!!!!!!???........",
+    "",
+    " ",
+    "\n",
+)
+
+
+class TokenizerError(Exception):
+    """A tokenizer that cannot be loaded or used, with a message fit for the user."""
+
+
+def use_single_thread() -> None:
+    """One encoding thread per process; must run before the Rust engines start."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+class Engine(Protocol):
+    name: str
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+    def encode_documents(
+        self, texts: list[str], dtype: type[np.number], eod: int | None
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]: ...
+
+
+def _pack_lists(
+    ids: Sequence[Sequence[int]], dtype: type[np.number], eod: int | None
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+    """Flat tokens and lengths of the non-empty documents, each followed by `eod`."""
+    kept = [doc for doc in ids if len(doc)]
+    suffix = [] if eod is None else [eod]
+    lengths = np.fromiter((len(doc) + len(suffix) for doc in kept), np.int64, len(kept))
+    pieces = chain.from_iterable((doc, suffix) for doc in kept)
+    flat = np.fromiter(chain.from_iterable(pieces), dtype, int(lengths.sum()))
+    return flat, lengths
+
+
+class SentencePieceEngine:
+    name = "sentencepiece"
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.processor.encode(texts, out_type=int, num_threads=1)
+
+    def encode_documents(
+        self, texts: list[str], dtype: type[np.number], eod: int | None
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+        return _pack_lists(self.encode_batch(texts), dtype, eod)
+
+
+class TokenizersEngine:
+    name = "tokenizers"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def encode_documents(
+        self, texts: list[str], dtype: type[np.number], eod: int | None
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+        return _pack_lists(self.encode_batch(texts), dtype, eod)
+
+
+class GigatokenEngine:
+    """gigatoken's Rust BPE, one document per call.
+
+    Its per-document `encode` returns a numpy array. Its batch calls return awkward arrays:
+    importing awkward costs ~0.13 s per process, and with the job's 1 MB batches (plus the
+    EOD insertion they then need) they measured no faster than one call per document.
+    """
+
+    name = "gigatoken"
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        encode = self.backend.encode
+        return [encode(text).tolist() for text in texts]
+
+    def encode_documents(
+        self, texts: list[str], dtype: type[np.number], eod: int | None
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+        encode = self.backend.encode
+        suffix = np.array([] if eod is None else [eod], dtype=np.uint32)
+        pieces: list[npt.NDArray[np.uint32]] = []
+        lengths: list[int] = []
+        for text in texts:
+            ids = encode(text)
+            if ids.size:
+                pieces.append(ids)
+                pieces.append(suffix)
+                lengths.append(ids.size + suffix.size)
+        if not pieces:
+            return np.zeros(0, dtype), np.zeros(0, np.int64)
+        # One copy that also narrows uint32 to the file dtype; ids are below vocab_size,
+        # which fits the dtype by construction (token_dtype).
+        flat = np.concatenate(pieces, dtype=dtype, casting="unsafe")
+        return flat, np.array(lengths, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """How to load a tokenizer; small and picklable, for worker processes."""
+
+    model: str | None = None
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    eod_token: str | None = None
+    engine: str = "auto"
+
+
+@dataclass
+class DocumentTokenizer:
+    """A loaded tokenizer: the engine that encodes, the vocabulary size and the EOD id."""
+
+    engine: Engine
+    vocab_size: int
+    eod_id: int
+    source: str
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.engine.encode_batch(texts)
+
+    def encode_documents(
+        self, texts: list[str], dtype: type[np.number], append_eod: bool = True
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+        """Flat token ids and per-document lengths for a batch, ready for the .bin.
+
+        Documents that encode to no tokens are dropped (the caller counts them as empty):
+        an EOD-only sequence would carry no text, only a spurious document boundary.
+        """
+        return self.engine.encode_documents(texts, dtype, self.eod_id if append_eod else None)
+
+    def describe(self) -> str:
+        return (
+            f"{self.source} (engine {self.engine.name}, vocab {self.vocab_size}, eod {self.eod_id})"
+        )
+
+
+def load_tokenizer(spec: TokenizerSpec) -> DocumentTokenizer:
+    """Load the tokenizer `spec` names; TokenizerError with a clear message on failure."""
+    if spec.engine not in ENGINES:
+        raise TokenizerError(f"unknown engine {spec.engine!r}: choose one of {', '.join(ENGINES)}")
+    if spec.model and (spec.vocab_file or spec.merge_file):
+        raise TokenizerError("give --tokenizer-model or --vocab-file/--merge-file, not both")
+    if spec.model:
+        path = _existing(spec.model, "--tokenizer-model")
+        if path.suffix == ".json":
+            return _load_hf_json(path, spec)
+        return _load_sentencepiece(path, spec)
+    if spec.vocab_file or spec.merge_file:
+        if not (spec.vocab_file and spec.merge_file):
+            raise TokenizerError("GPT-2 BPE needs both --vocab-file and --merge-file")
+        return _load_gpt2(spec)
+    raise TokenizerError("no tokenizer: give --tokenizer-model, or --vocab-file and --merge-file")
+
+
+def _existing(path: str, flag: str) -> Path:
+    resolved = Path(path)
+    if not resolved.is_file():
+        raise TokenizerError(f"{flag} {path}: no such file")
+    return resolved
+
+
+def _load_sentencepiece(path: Path, spec: TokenizerSpec) -> DocumentTokenizer:
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor()
+    try:
+        processor.Load(str(path))
+    except (OSError, RuntimeError) as error:
+        raise TokenizerError(f"{path}: not a SentencePiece model ({error})") from None
+    if spec.eod_token is not None:
+        eod = processor.piece_to_id(spec.eod_token)
+        if processor.id_to_piece(eod) != spec.eod_token:  # unknown pieces map to unk
+            raise TokenizerError(f"--eod-token {spec.eod_token!r} is not in {path}")
+    else:
+        eod = processor.eos_id()
+        if eod < 0:
+            raise TokenizerError(f"{path} has no eos piece: name one with --eod-token")
+    return DocumentTokenizer(
+        SentencePieceEngine(processor), processor.get_piece_size(), eod, str(path)
+    )
+
+
+def _load_hf_json(path: Path, spec: TokenizerSpec) -> DocumentTokenizer:
+    import tokenizers
+
+    data = path.read_text(encoding="utf-8")
+    try:
+        reference = tokenizers.Tokenizer.from_str(data)
+    except Exception as error:  # the Rust loader raises plain Exception subclasses
+        raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({error})") from None
+    return _hf_document_tokenizer(reference, data, spec, str(path))
+
+
+def _load_gpt2(spec: TokenizerSpec) -> DocumentTokenizer:
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    vocab = _existing(spec.vocab_file or "", "--vocab-file")
+    merges = _existing(spec.merge_file or "", "--merge-file")
+    try:
+        model = models.BPE.from_file(str(vocab), str(merges))
+    except Exception as error:
+        raise TokenizerError(
+            f"{vocab} / {merges}: not a GPT-2 vocab and merges ({error})"
+        ) from None
+    # GPT-2's byte-level BPE exactly as its Hugging Face tokenizer.json defines it.
+    reference = tokenizers.Tokenizer(model)
+    reference.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    reference.decoder = decoders.ByteLevel()
+    reference.post_processor = processors.ByteLevel(trim_offsets=False)
+    specials = [token for token in (*EOD_CANDIDATES, spec.eod_token) if token]
+    present = [token for token in dict.fromkeys(specials) if model.token_to_id(token) is not None]
+    reference.add_special_tokens([tokenizers.AddedToken(token, special=True) for token in present])
+    return _hf_document_tokenizer(reference, reference.to_str(), spec, f"{vocab} + {merges}")
+
+
+def _hf_document_tokenizer(
+    reference: Any, data: str, spec: TokenizerSpec, source: str
+) -> DocumentTokenizer:
+    eod = resolve_eod(reference, spec.eod_token, source)
+    vocab_size = reference.get_vocab_size(with_added_tokens=True)
+    engine: Engine = TokenizersEngine(reference)
+    if spec.engine != "tokenizers":
+        fast, why_not = _gigatoken_engine(data, reference)
+        if fast is not None:
+            engine = fast
+            vocab_size = max(vocab_size, fast.backend.vocab_size)
+        elif spec.engine == "gigatoken":
+            raise TokenizerError(f"{source}: gigatoken cannot be used: {why_not}")
+        else:
+            print(f"note: {source}: using tokenizers, not gigatoken: {why_not}", file=sys.stderr)
+    return DocumentTokenizer(engine, vocab_size, eod, source)
+
+
+def resolve_eod(reference: Any, eod_token: str | None, source: str) -> int:
+    """The end-of-document id: --eod-token when given, else the first known EOD token."""
+    candidates = (eod_token,) if eod_token is not None else EOD_CANDIDATES
+    for token in candidates:
+        token_id = reference.token_to_id(token)
+        if token_id is not None:
+            return int(token_id)
+    if eod_token is not None:
+        raise TokenizerError(f"--eod-token {eod_token!r} is not in the vocabulary of {source}")
+    raise TokenizerError(
+        f"{source} has none of the end-of-document tokens {', '.join(EOD_CANDIDATES)}: "
+        "name one with --eod-token"
+    )
+
+
+def _gigatoken_engine(data: str, reference: Any) -> tuple[GigatokenEngine | None, str]:
+    """gigatoken for this tokenizer.json when it matches `tokenizers` on PROBE_TEXTS."""
+    try:
+        import gigatoken
+    except ImportError:
+        return None, "gigatoken is not installed"
+    try:
+        engine = GigatokenEngine(gigatoken.Tokenizer.from_json(data).backend)
+    except Exception as error:  # unsupported tokenizer configurations raise from Rust
+        return None, f"it does not load this tokenizer ({error})"
+    expected = TokenizersEngine(reference).encode_batch(list(PROBE_TEXTS))
+    if engine.encode_batch(list(PROBE_TEXTS)) != expected:
+        return None, "its ids differ from tokenizers' on the probe texts"
+    return engine, ""

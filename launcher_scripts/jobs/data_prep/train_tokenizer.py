@@ -1,0 +1,162 @@
+"""Train a SentencePiece tokenizer on text files or on the datasets preprocess reads.
+
+    python3 -m launcher_scripts.jobs.data_prep.train_tokenizer --input data.jsonl \\
+        --model-prefix out/tokenizer --vocab-size 8000
+
+Plain text inputs (anything but .json/.jsonl(.gz) and directories) go to SentencePiece as
+files in --input-format (`text`: a sentence per line; `tsv`: sentence<TAB>count). Datasets
+go through a sentence iterator: every non-blank line of every document.
+
+The model is trained under a temporary prefix and renamed into place, .vocab first and
+.model last, so a present .model means a finished tokenizer; it is then not trained again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.jobs.data_prep import readers
+
+
+class TrainError(Exception):
+    """An expected failure, reported as one line without a traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m launcher_scripts.jobs.data_prep.train_tokenizer",
+        description="Train a SentencePiece tokenizer.",
+    )
+    parser.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="text files, or .json/.jsonl/.json.gz/.jsonl.gz files or directories of text files",
+    )
+    parser.add_argument("--text-key", default="text", help="JSON key of the document text")
+    parser.add_argument(
+        "--model-prefix", required=True, metavar="DIR/NAME", help="writes NAME.model, NAME.vocab"
+    )
+    parser.add_argument("--model-type", default="bpe", choices=("bpe", "unigram", "char", "word"))
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--character-coverage", type=float, default=0.9995)
+    parser.add_argument("--unk-id", type=int, default=1)
+    parser.add_argument("--bos-id", type=int, default=2)
+    parser.add_argument("--eos-id", type=int, default=3)
+    parser.add_argument("--pad-id", type=int, default=0)
+    parser.add_argument(
+        "--input-format",
+        default="text",
+        choices=("text", "tsv"),
+        help="format of plain text inputs (datasets are always read as documents)",
+    )
+    parser.add_argument(
+        "--max-sentences",
+        type=int,
+        metavar="N",
+        help="train on a random sample of at most N sentences (default: all)",
+    )
+    return parser
+
+
+def is_dataset(path: Path) -> bool:
+    return path.is_dir() or readers.is_json_input(path)
+
+
+def plain_text_lines(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8", errors="replace") as stream:
+        for line in stream:
+            line = line.rstrip("\n")
+            if line.strip():
+                yield line
+
+
+def sentences(paths: Sequence[Path], text_key: str, stats: readers.ReadStats) -> Iterator[str]:
+    """Every sentence of the inputs, in order: dataset documents' lines and text files' lines."""
+    for path in paths:
+        if is_dataset(path):
+            yield from readers.sentence_iterator([path], text_key, stats)
+        else:
+            yield from plain_text_lines(path)
+
+
+def trainer_options(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "model_prefix": prefix,
+        "model_type": args.model_type,
+        "vocab_size": args.vocab_size,
+        "character_coverage": args.character_coverage,
+        "unk_id": args.unk_id,
+        "bos_id": args.bos_id,
+        "eos_id": args.eos_id,
+        "pad_id": args.pad_id,
+        "num_threads": os.cpu_count() or 1,
+    }
+    if args.max_sentences:
+        options["input_sentence_size"] = args.max_sentences
+        options["shuffle_input_sentence"] = True
+    return options
+
+
+def train(args: argparse.Namespace) -> Path:
+    """Train unless the model exists; returns the .model path."""
+    import sentencepiece
+
+    prefix = Path(args.model_prefix)
+    model = Path(f"{prefix}.model")
+    if model.exists():
+        print(f"skip: {model} already exists")
+        return model
+    paths = [Path(raw) for raw in args.input]
+    missing = [str(path) for path in paths if not path.exists()]
+    if missing:
+        raise TrainError(f"input {', '.join(missing)} does not exist")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    tmp_prefix = prefix.with_name(f".{prefix.name}.tmp-{os.getpid()}")
+    options = trainer_options(args, str(tmp_prefix))
+    stats = readers.ReadStats()
+    if any(is_dataset(path) for path in paths):
+        if args.input_format == "tsv":
+            raise TrainError("--input-format tsv applies to text files only, not to datasets")
+        options["sentence_iterator"] = sentences(paths, args.text_key, stats)
+    else:
+        options["input"] = ",".join(str(path) for path in paths)
+        options["input_format"] = args.input_format
+    try:
+        sentencepiece.SentencePieceTrainer.train(**options)
+    except (RuntimeError, OSError) as error:
+        _cleanup(tmp_prefix)
+        raise TrainError(f"SentencePiece training failed: {error}") from None
+    finally:
+        for line in readers.report_bad(stats, "inputs"):
+            print(line, file=sys.stderr)
+    # .model last: its presence marks a finished tokenizer.
+    os.replace(f"{tmp_prefix}.vocab", f"{prefix}.vocab")
+    os.replace(f"{tmp_prefix}.model", model)
+    print(f"wrote {model} and {prefix}.vocab")
+    return model
+
+
+def _cleanup(prefix: Path) -> None:
+    for suffix in (".model", ".vocab"):
+        Path(f"{prefix}{suffix}").unlink(missing_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        train(args)
+    except TrainError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
