@@ -252,16 +252,26 @@ def iter_json_array(
         stats.records += 1
         stats.add_bad(path, 0, "not a JSON array")
         return
+
+    def documents() -> Iterator[tuple[str, int]]:
+        for number, item in enumerate(items, 1):
+            stats.records += 1
+            text = item.get(text_key) if isinstance(item, dict) else None
+            if not isinstance(text, str):
+                stats.add_bad(path, number, f"array element has no string {text_key!r}")
+                continue
+            yield text, len(text)
+
+    yield from _batched(documents(), batch_bytes)
+
+
+def _batched(documents: Iterable[tuple[str, int]], batch_bytes: int) -> Iterator[list[str]]:
+    """Group (text, size) pairs into lists of about `batch_bytes` each."""
     texts: list[str] = []
     size = 0
-    for number, item in enumerate(items, 1):
-        stats.records += 1
-        text = item.get(text_key) if isinstance(item, dict) else None
-        if not isinstance(text, str):
-            stats.add_bad(path, number, f"array element has no string {text_key!r}")
-            continue
+    for text, text_size in documents:
         texts.append(text)
-        size += len(text)
+        size += text_size
         if size >= batch_bytes:
             yield texts
             texts, size = [], 0
@@ -291,24 +301,18 @@ def iter_text_files(
     files: Iterable[str | Path], stats: ReadStats, batch_bytes: int = 1 << 20
 ) -> Iterator[list[str]]:
     """Batches of documents, one per text file; files that are not UTF-8 are bad records."""
-    texts: list[str] = []
-    size = 0
-    for file in files:
-        stats.records += 1
-        data = Path(file).read_bytes()
-        stats.bytes_read += len(data)
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as error:
-            stats.add_bad(str(file), 0, f"not UTF-8 text (byte {error.start})")
-            continue
-        texts.append(text)
-        size += len(data)
-        if size >= batch_bytes:
-            yield texts
-            texts, size = [], 0
-    if texts:
-        yield texts
+
+    def documents() -> Iterator[tuple[str, int]]:
+        for file in files:
+            stats.records += 1
+            data = Path(file).read_bytes()
+            stats.bytes_read += len(data)
+            try:
+                yield data.decode("utf-8"), len(data)
+            except UnicodeDecodeError as error:
+                stats.add_bad(str(file), 0, f"not UTF-8 text (byte {error.start})")
+
+    yield from _batched(documents(), batch_bytes)
 
 
 def iter_document_batches(
