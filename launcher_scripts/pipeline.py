@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.clusters import BACKENDS, Backend, JobRecord
+from launcher_scripts.clusters.base import utc_now
 from launcher_scripts.config.compose import config_groups
 from launcher_scripts.config.preflight import check_globals, requested_stages, resolve
 from launcher_scripts.errors import ConfigError
@@ -113,7 +114,7 @@ def run(cfg: DictConfig, argv: list[str]) -> int:
     manifest = Manifest(
         run_id=run_id,
         path=Path(str(resolved.base_results_dir)) / "runs" / run_id / "manifest.json",
-        created=run_id,
+        created=utc_now(),
         command=[sys.argv[0], *argv],
         cluster_type=str(resolved.cluster_type),
         git_revision=git_revision(str(resolved.launcher_scripts_path)),

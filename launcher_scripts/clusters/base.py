@@ -5,11 +5,17 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Protocol
 
 from launcher_scripts.jobspec import Command, JobSpec
 
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
+
+
+def utc_now() -> str:
+    """A timestamp for the manifest: ISO 8601 in UTC, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass

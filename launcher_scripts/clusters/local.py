@@ -12,20 +12,21 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 
-from launcher_scripts.clusters.base import JobRecord, export_lines, format_argv, python_argv
+from launcher_scripts.clusters.base import (
+    JobRecord,
+    export_lines,
+    format_argv,
+    python_argv,
+    utc_now,
+)
 from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import JobSpec
 
 # A local job does all of its work in one task. Rank variables inherited from the shell (an
 # salloc allocation sets SLURM_NTASKS, say) would otherwise make it process only its share.
 INHERITED_RANK_VARIABLES = RANK_VARIABLES
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class LocalBackend:
@@ -64,7 +65,7 @@ class LocalBackend:
         env = dict(os.environ)
         # `python3` in the script is the interpreter running the launcher, as a user expects.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        record.start = now()
+        record.start = utc_now()
         with open(record.log, "ab") as log:
             process = subprocess.Popen(
                 ["bash", script],
@@ -84,7 +85,7 @@ class LocalBackend:
                 os.killpg(process.pid, signal.SIGINT)
                 code = process.wait()
                 record.state = "CANCELLED"
-        record.end = now()
+        record.end = utc_now()
         record.exit_code = _shell_exit_code(code)
         if record.state != "CANCELLED":
             record.state = "COMPLETED" if code == 0 else "FAILED"
