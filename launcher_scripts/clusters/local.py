@@ -24,11 +24,6 @@ from launcher_scripts.clusters.base import (
 from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import JobSpec
 
-# A local job does all of its work in one task. Rank variables inherited from the shell (an
-# salloc allocation sets SLURM_NTASKS, say) would otherwise make it process only its share.
-INHERITED_RANK_VARIABLES = RANK_VARIABLES
-
-
 class LocalBackend:
     name = "local"
     synchronous = True
@@ -41,7 +36,9 @@ class LocalBackend:
             "set -euo pipefail",
             "",
             "# This job does all the work itself, whatever allocation it runs in.",
-            f"unset {' '.join(INHERITED_RANK_VARIABLES)}",
+            # Rank variables inherited from the shell (an salloc allocation sets SLURM_NTASKS,
+            # say) would otherwise make a local job process only its share.
+            f"unset {' '.join(RANK_VARIABLES)}",
             f"export PYTHONPATH={shlex.quote(job.pythonpath)}${{PYTHONPATH:+:${{PYTHONPATH}}}}",
             *export_lines(job.env),
             f"cd {shlex.quote(job.results_dir)}",
