@@ -24,6 +24,7 @@ from launcher_scripts.clusters.base import (
 from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import JobSpec
 
+
 class LocalBackend:
     name = "local"
     synchronous = True
