@@ -1,0 +1,216 @@
+"""Distributed checkpoints that are complete or invisible, retention, and resume.
+
+A checkpoint is written by every rank into `checkpoints/.tmp-<name>` with megatron-core's
+distributed checkpointing, then rank 0 adds `train_state.json` (step, consumed samples,
+scheduler, metrics) and renames the folder to `<name>`. A rename is atomic, so a crash at any
+point leaves either a finished checkpoint or a `.tmp-` folder; a folder without
+`train_state.json` is never resumed from. Model and optimizer state are sharded by megatron-core,
+so a run can resume at a different data-parallel size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.tensor_parallel import random as mcore_random
+
+STATE_FILE = "train_state.json"
+TMP_PREFIX = ".tmp-"
+RNG_DIR = "rng_state"
+OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
+FIELD = re.compile(r"\{(\w+)(:[^}]*)?\}")
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    consumed_samples: int = 0
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    world: dict[str, int] = field(default_factory=dict)  # the layout that saved the RNG states
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    state: TrainState
+
+
+def checkpoint_name(template: str, values: dict[str, float]) -> str:
+    """Lightning's file-name template: "{val_loss:.2f}" becomes "val_loss=2.34"."""
+
+    def replace(match: re.Match[str]) -> str:
+        name, spec = match.group(1), (match.group(2) or ":")[1:]
+        value = values.get(name, math.nan)
+        return f"{name}={format(value, spec)}"
+
+    return FIELD.sub(replace, template)
+
+
+def complete_checkpoints(directory: Path) -> list[Checkpoint]:
+    """Finished checkpoints, oldest step first; torn or temporary folders are left out."""
+    found = []
+    if not directory.is_dir():
+        return found
+    for path in directory.iterdir():
+        state_file = path / STATE_FILE
+        if path.name.startswith(TMP_PREFIX) or not state_file.is_file():
+            continue
+        try:
+            raw = json.loads(state_file.read_text())
+            found.append(Checkpoint(path, TrainState(**raw)))
+        except (ValueError, TypeError):
+            continue  # a damaged state file: not a checkpoint to trust
+    return sorted(found, key=lambda c: c.state.step)
+
+
+def _world() -> dict[str, int]:
+    return {
+        "world_size": dist.get_world_size(),
+        "tp": parallel_state.get_tensor_model_parallel_world_size(),
+        "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+    }
+
+
+def _rng_state() -> dict[str, Any]:
+    import random
+
+    import numpy as np
+
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": {
+            name: value.clone()
+            for name, value in mcore_random.get_cuda_rng_tracker().get_states().items()
+        },
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    mcore_random.get_cuda_rng_tracker().set_states(state["tracker"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def sharded_state(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
+    if len(model) == 1:
+        state = {"model": model[0].sharded_state_dict()}
+    else:
+        state = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(model)}
+    # dp_reshardable: every rank writes its own optimizer shard in parallel, and the
+    # checkpoint loads at any data-parallel size.
+    state["optimizer"] = optimizer.sharded_state_dict(
+        state, is_loading=is_loading, metadata=OPTIMIZER_FORMAT
+    )
+    return state
+
+
+def save(
+    directory: Path, name: str, model: list[Any], optimizer: Any, train_state: TrainState
+) -> Path:
+    """Write a checkpoint atomically; every rank calls this."""
+    final, tmp = directory / name, directory / f"{TMP_PREFIX}{name}"
+    rank = dist.get_rank()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    dist_checkpointing.save(sharded_state(model, optimizer, is_loading=False), str(tmp))
+    (tmp / RNG_DIR).mkdir(exist_ok=True)
+    torch.save(_rng_state(), tmp / RNG_DIR / f"rank_{rank:05d}.pt")
+    dist.barrier()
+    if rank == 0:
+        train_state.world = _world()
+        _write_json(tmp / STATE_FILE, train_state.__dict__)
+        if final.exists():  # the same step saved again, e.g. at a signal right after a save
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(directory)
+    dist.barrier()
+    return final
+
+
+def _write_json(path: Path, value: Any) -> None:
+    with open(path, "w") as handle:
+        json.dump(value, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load(checkpoint: Checkpoint, model: list[Any], optimizer: Any) -> TrainState:
+    """Restore model, optimizer and (when the layout is unchanged) RNG states."""
+    loaded = dist_checkpointing.load(
+        sharded_state(model, optimizer, is_loading=True), str(checkpoint.path)
+    )
+    if len(model) == 1:
+        model[0].load_state_dict(loaded["model"])
+    else:
+        for i, chunk in enumerate(model):
+            chunk.load_state_dict(loaded[f"model{i}"])
+    optimizer.load_state_dict(loaded["optimizer"])
+    rng_file = checkpoint.path / RNG_DIR / f"rank_{dist.get_rank():05d}.pt"
+    if checkpoint.state.world == _world() and rng_file.is_file():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    return checkpoint.state
+
+
+def clean_temporary(directory: Path) -> None:
+    """Remove `.tmp-` folders a crashed save left (rank 0, before training starts)."""
+    if directory.is_dir():
+        for path in directory.iterdir():
+            if path.name.startswith(TMP_PREFIX):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def apply_retention(directory: Path, save_top_k: int, monitor: str, mode: str) -> list[Path]:
+    """Keep the newest checkpoint plus the `save_top_k` best by `monitor`; -1 keeps all."""
+    checkpoints = complete_checkpoints(directory)
+    if save_top_k < 0 or not checkpoints:
+        return []
+    newest = checkpoints[-1]
+    sign = 1.0 if mode == "min" else -1.0
+
+    def score(checkpoint: Checkpoint) -> float:
+        value = checkpoint.state.metrics.get(monitor, math.nan)
+        return math.inf if math.isnan(value) else sign * value
+
+    best = sorted(checkpoints, key=lambda c: (score(c), -c.state.step))[:save_top_k]
+    keep = {c.path for c in best} | {newest.path}
+    removed = []
+    for checkpoint in checkpoints:
+        if checkpoint.path not in keep:
+            # Drop the state file first: a crash mid-delete leaves a folder resume ignores.
+            (checkpoint.path / STATE_FILE).unlink(missing_ok=True)
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
+            removed.append(checkpoint.path)
+    return removed

@@ -1,0 +1,122 @@
+"""Two megatron-core internals assume CUDA; on a CPU run they are swapped for CPU versions.
+
+- The global memory buffer (used by sequence-parallel all-gathers) allocates on
+  `torch.cuda.current_device()`.
+- The RNG tracker that gives tensor-parallel ranks their own dropout streams saves and restores
+  CUDA generator states. On CPU the same streams are kept with the CPU generator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import random as mcore_random
+from megatron.core.utils import GlobalMemoryBuffer
+
+
+class CpuMemoryBuffer(GlobalMemoryBuffer):
+    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):  # type: ignore[override]
+        required = 1
+        for size in tensor_shape:
+            required *= size
+        buffer = self.buffer.get((name, dtype))
+        if buffer is None or buffer.numel() < required:
+            buffer = torch.empty(required, dtype=dtype, device="cpu", requires_grad=False)
+            self.buffer[(name, dtype)] = buffer
+        return buffer[:required].view(*tensor_shape)
+
+
+class CpuRNGStatesTracker(mcore_random.CudaRNGStatesTracker):
+    """Named CPU generator states, forked the way the CUDA tracker forks CUDA states."""
+
+    def add(self, name: str, seed: int) -> None:
+        if seed in self.seeds_:
+            raise ValueError(f"seed {seed} already exists")
+        if name in self.states_:
+            raise ValueError(f"rng state {name} already exists")
+        self.seeds_.add(seed)
+        saved = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(saved)
+        self._is_initialized = True
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        self.states_ = dict(states)
+        self._is_initialized = True
+
+    @contextlib.contextmanager
+    def fork(self, name: str = mcore_random._MODEL_PARALLEL_RNG_TRACKER_NAME) -> Iterator[None]:
+        if name not in self.states_:
+            raise KeyError(f"rng state {name} is not added")
+        saved = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(saved)
+
+
+def install() -> None:
+    """Call after `parallel_state.initialize_model_parallel` on a CPU-only run."""
+    parallel_state._GLOBAL_MEMORY_BUFFER = CpuMemoryBuffer()
+    mcore_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+def seed_model_parallel_rngs(seed: int) -> None:
+    """What `model_parallel_cuda_manual_seed` does, on the CPU generator."""
+    tracker = mcore_random._CUDA_RNG_STATE_TRACKER
+    tracker.reset()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    torch.manual_seed(seed)
+    tracker.add(mcore_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
+    tracker.add(mcore_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
+    expert_seed = seed + 1024 + 100 * parallel_state.get_expert_model_parallel_rank()
+    tracker.add(mcore_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, expert_seed)
+
+
+class CudaDevicesOnCpu(torch.overrides.TorchFunctionMode):
+    """Runs tensors megatron-core places on "cuda" on the CPU instead.
+
+    Its schedules, gradient buffers and pipeline communication create helper tensors with
+    `device="cuda"` or `torch.cuda.current_device()`; on a CPU-only run those are redirected.
+    Its optimizers also check parameter types by name ("torch.cuda.FloatTensor"): CPU tensors
+    answer with the CUDA name of the same dtype.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
+        device = kwargs.get("device")
+        if device is not None and _is_cuda(device):
+            kwargs = {**kwargs, "device": "cpu"}
+        if func is torch.Tensor.to and args[1:] and _is_cuda(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+def _is_cuda(device: object) -> bool:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return True
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+def _no_op(*_args: object, **_kwargs: object) -> None:
+    return None
+
+
+def patch_cuda_queries() -> None:
+    """The few `torch.cuda` calls megatron-core makes unconditionally, answered for the CPU."""
+    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
+    torch.cuda.synchronize = _no_op  # type: ignore[assignment]

@@ -1,0 +1,98 @@
+"""Train and validation batches from the prepared `.bin/.idx` files, resumable by sample count.
+
+megatron-core's BlendedMegatronDatasetBuilder and GPTDataset give a deterministic, shuffled
+sequence of samples. A global batch is the next `global_batch_size` samples of that sequence;
+each data-parallel rank takes its slice of every micro-batch, as Megatron's pretraining sampler
+does. So the position in the data is one number, the consumed sample count: resuming from it
+continues exactly, at any data-parallel size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+from launcher_scripts.jobs.data_prep.tokenizer import TokenizerSpec, load_tokenizer
+from launcher_scripts.jobs.training import recipe
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """What the datasets and the model need of the tokenizer."""
+
+    vocab_size: int
+    eod: int
+
+    @property
+    def unique_identifiers(self) -> dict[str, int | str]:
+        """Part of the key megatron-core caches dataset indices under."""
+        return {"class": "VocabInfo", "vocab_size": self.vocab_size, "eod": self.eod}
+
+
+def vocab_info(cfg: Any) -> VocabInfo:
+    tokenizer = cfg.model.tokenizer
+    spec = TokenizerSpec(
+        model=tokenizer.get("model"),
+        vocab_file=tokenizer.get("vocab_file"),
+        merge_file=tokenizer.get("merge_file"),
+        engine="tokenizers",  # only the vocabulary is needed; no engine comparison
+    )
+    loaded = load_tokenizer(spec)
+    return VocabInfo(loaded.vocab_size, loaded.eod_id)
+
+
+def build_datasets(
+    cfg: Any, vocab: VocabInfo, samples: tuple[int, int, int], cache_dir: Path
+) -> tuple[Any, Any, Any]:
+    """(train, validation, test) datasets sized for `samples`; built on rank 0 first, then the rest."""
+    data = cfg.model.data
+    blend = recipe.data_blend(cfg)
+    config = GPTDatasetConfig(
+        random_seed=int(cfg.model.get("seed", 1234)),
+        sequence_length=int(data.seq_length),
+        blend=(list(blend.prefixes), list(blend.weights) if blend.weights else None),
+        split=str(data.get("splits_string", "969,30,1")),
+        path_to_cache=str(cache_dir),
+        tokenizer=vocab,
+        reset_position_ids=bool(data.get("reset_position_ids", False)),
+        reset_attention_mask=bool(data.get("reset_attention_mask", False)),
+        eod_mask_loss=bool(data.get("eod_mask_loss", False)),
+        create_attention_mask=False,  # causal masking is done by the attention kernel
+        mmap_bin_files=True,
+    )
+    builder = BlendedMegatronDatasetBuilder(
+        GPTDataset, list(samples), lambda: True, config
+    )
+    train, valid, test = builder.build()
+    return train, valid, test
+
+
+class SampleStream:
+    """A dataset read as consecutive global batches, this data-parallel rank's share of each."""
+
+    def __init__(self, dataset: Any, micro_batch_size: int) -> None:
+        self.dataset = dataset
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+
+    def micro_batches(self, start_sample: int, count: int) -> Iterator[dict[str, torch.Tensor]]:
+        """`count` micro-batches for this rank, the first one starting at global `start_sample`."""
+        step = self.micro_batch_size * self.dp_size
+        for index in range(count):
+            first = start_sample + index * step + self.dp_rank * self.micro_batch_size
+            items = [
+                self.dataset[(first + offset) % len(self.dataset)]
+                for offset in range(self.micro_batch_size)
+            ]
+            yield {
+                name: torch.stack([item[name] for item in items])
+                for name in ("tokens", "labels", "loss_mask", "position_ids")
+            }

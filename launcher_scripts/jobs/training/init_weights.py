@@ -1,0 +1,71 @@
+"""Weight initialisation that gives the same model at any tensor/pipeline-parallel layout.
+
+megatron-core initialises layer by layer from one random stream, so the weights depend on how
+the model is split (which layers a pipeline stage builds, how far the vocabulary is padded).
+Here every tensor is drawn from a generator seeded by the run's seed and the tensor's global
+name (its distributed-checkpoint key), in its global shape, and each rank keeps its slice. A
+recipe then trains the same model whatever TP/PP it runs at, which is also what lets the tests
+compare layouts. The distributions are GPT's: normal(0, std) for weights, std / sqrt(2 x layers)
+for the projections that feed the residual stream, zero biases, unit (or, for layernorm1p,
+zero) norm gains.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+from megatron.core.transformer import TransformerConfig
+
+RESIDUAL_OUTPUTS = ("linear_proj.weight", "linear_fc2.weight")
+NORM_WEIGHTS = ("layer_norm_weight", "layernorm.weight", "norm.weight")
+
+
+def _sharded_tensors(state: Any) -> Iterator[ShardedTensor]:
+    if isinstance(state, ShardedTensor):
+        yield state
+    elif isinstance(state, ShardedTensorFactory):
+        yield from _sharded_tensors(state.build())
+    elif isinstance(state, dict):
+        for value in state.values():
+            yield from _sharded_tensors(value)
+    elif isinstance(state, list | tuple):
+        for value in state:
+            yield from _sharded_tensors(value)
+
+
+def _global_values(tensor: ShardedTensor, config: TransformerConfig, seed: int, device: Any):
+    name = tensor.key
+    shape = tuple(tensor.global_shape)
+    if name.endswith("bias"):
+        return torch.zeros(shape, device=device)
+    if any(name.endswith(suffix) for suffix in NORM_WEIGHTS):
+        fill = 0.0 if config.layernorm_zero_centered_gamma else 1.0
+        return torch.full(shape, fill, device=device)
+    std = config.init_method_std
+    if name.endswith(RESIDUAL_OUTPUTS):
+        std /= math.sqrt(2.0 * config.num_layers)
+    generator = torch.Generator(device=device)
+    generator.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+    return torch.empty(shape, device=device).normal_(0.0, std, generator=generator)
+
+
+@torch.no_grad()
+def initialize(chunks: list[torch.nn.Module], config: TransformerConfig, seed: int) -> None:
+    """Overwrite every parameter of `chunks` with its layout-independent initial value."""
+    done: set[int] = set()
+    for chunk in chunks:
+        for tensor in _sharded_tensors(chunk.sharded_state_dict()):
+            data = tensor.data
+            if data is None or tensor.key.endswith("_extra_state") or not data.is_floating_point():
+                continue
+            if tensor.flattened_range is not None or id(data) in done:
+                continue
+            values = _global_values(tensor, config, seed, data.device)
+            local = values[tensor.global_slice()]
+            data.copy_(local.reshape(data.shape))
+            done.add(id(data))

@@ -1,0 +1,156 @@
+"""Training metrics: model FLOPs, `metrics.jsonl`, TensorBoard, W&B, progress lines, loss curve."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def model_flops_per_sample(model: Any, seq_length: int, padded_vocab: int) -> float:
+    """Megatron's model-FLOPs count for one sequence, forward and backward, no recompute.
+
+    12 * s * L * h^2 * (attention + MLP + logits), where attention counts the QKV and output
+    projections (with grouped queries) and the score/context products, MLP the two (or, gated,
+    three) FFN matrices, and logits the output layer.
+    """
+    hidden, layers = model.hidden_size, model.num_layers
+    heads = model.num_attention_heads
+    groups = model.get("num_query_groups") or heads
+    kv_channels = model.get("kv_channels") or hidden // heads
+    gated = 1.5 if model.activation in ("swiglu", "fast-swiglu") else 1.0
+    attention = (1 + groups / heads + seq_length / hidden) * (kv_channels * heads / hidden)
+    mlp = model.ffn_hidden_size / hidden * gated
+    logits = padded_vocab / (2 * layers * hidden)
+    return 12.0 * seq_length * layers * hidden * hidden * (attention + mlp + logits)
+
+
+def peak_memory_gb(on_gpu: bool) -> float:
+    if on_gpu:
+        return torch.cuda.max_memory_allocated() / 2**30
+    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+class MetricsLog:
+    """Rank 0's record of a run: appends to `metrics.jsonl`, TensorBoard and optionally W&B."""
+
+    def __init__(self, log_dir: Path, wandb_run: Any = None) -> None:
+        self.path = log_dir / "metrics.jsonl"
+        self.tensorboard = None
+        self.wandb_run = wandb_run
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            print("note: tensorboard is not installed; metrics go to metrics.jsonl only")
+        else:
+            self.tensorboard = SummaryWriter(log_dir=str(log_dir / "tensorboard"))
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop records of steps the checkpoint does not contain (they are redone)."""
+        if not self.path.exists():
+            return
+        kept = [
+            line
+            for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step
+        ]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, self.path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+        step = record["step"]
+        for name, value in record.items():
+            if name != "step" and isinstance(value, int | float):
+                if self.tensorboard is not None:
+                    self.tensorboard.add_scalar(name, value, step)
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=step)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def progress_line(step: int, max_steps: int, record: dict[str, Any]) -> str:
+    """One log line with a text progress bar; readable in a log file, unlike a redrawn bar."""
+    width = 20
+    done = int(width * step / max_steps)
+    bar = "=" * done + (">" if done < width else "") + " " * (width - done - 1)
+    parts = [f"[{bar}] {step}/{max_steps}"]
+    for name, fmt in (
+        ("reduced_train_loss", "loss {:.4f}"),
+        ("lr", "lr {:.3e}"),
+        ("grad_norm", "grad_norm {:.3f}"),
+        ("train_step_timing", "{:.3f} s/step"),
+        ("tokens_per_sec", "{:.0f} tok/s"),
+        ("model_tflops_per_gpu", "{:.2f} TFLOP/s/GPU"),
+        ("peak_memory_gb", "peak {:.2f} GiB"),
+    ):
+        if name in record:
+            parts.append(fmt.format(record[name]))
+    return " | ".join(parts)
+
+
+def plot_loss_curve(metrics_file: Path, output: Path) -> bool:
+    """loss_curve.png from the whole metrics.jsonl (resumed runs included); False if no data."""
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    train = [(r["step"], r["reduced_train_loss"]) for r in records if "reduced_train_loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    if not train:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    axes.plot(*zip(*train, strict=True), label="train loss")
+    if val:
+        axes.plot(*zip(*val, strict=True), "o-", label="validation loss")
+    axes.set_xlabel("step")
+    axes.set_ylabel("loss")
+    axes.set_title(f"{output.parent.name}: first {train[0][1]:.3f}, last {train[-1][1]:.3f}")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    tmp = output.with_suffix(".tmp.png")
+    figure.savefig(tmp, dpi=100)
+    plt.close(figure)
+    os.replace(tmp, output)
+    return True
+
+
+def open_wandb(exp_manager: Any, run_name: str, log_dir: Path) -> Any:
+    """A W&B run when the recipe asks for one and a key file is given; the key stays in memory."""
+    if not exp_manager.get("create_wandb_logger"):
+        return None
+    key_file = os.environ.get("WANDB_API_KEY_FILE")
+    if not key_file:
+        print("note: create_wandb_logger is set but no wandb_api_key_file was given; W&B is off")
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise RuntimeError(
+            "exp_manager.create_wandb_logger is true but wandb is not installed: pip install wandb"
+        ) from None
+    key = Path(key_file).read_text().strip()
+    wandb.login(key=key, relogin=True)
+    kwargs = dict(exp_manager.get("wandb_logger_kwargs") or {})
+    kwargs.setdefault("name", run_name)
+    return wandb.init(dir=str(log_dir), resume="allow", **kwargs)
+
+
+def flush_stdout() -> None:
+    sys.stdout.flush()

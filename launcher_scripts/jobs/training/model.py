@@ -1,0 +1,183 @@
+"""The recipe's `model` section as a megatron-core TransformerConfig and GPTModel chunks."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.activations import squared_relu
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+from launcher_scripts.jobs.training import recipe
+
+# activation -> (function, gated linear unit)
+ACTIVATIONS = {
+    "gelu": (F.gelu, False),
+    "squared-relu": (squared_relu, False),
+    "swiglu": (F.silu, True),
+    "fast-swiglu": (F.silu, True),
+}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def transformer_engine_available() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+class LocalNorm(torch.nn.Module):
+    """LayerNorm, LayerNorm1p or RMSNorm without Apex or Transformer Engine.
+
+    megatron-core's torch fallback refuses zero-centred gamma (layernorm1p) and sequence
+    parallelism; this one supports both. Under sequence parallelism each TP rank sees a
+    different slice of the sequence, so the weights are marked for megatron-core to all-reduce
+    their gradients across the TP group.
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any):
+        super().__init__()
+        self.rms = config.normalization == "RMSNorm"
+        self.zero_centered = config.layernorm_zero_centered_gamma
+        self.eps = eps
+        init = torch.zeros if self.zero_centered else torch.ones
+        dtype = config.params_dtype
+        self.weight = torch.nn.Parameter(init(hidden_size, dtype=dtype))
+        self.bias = None if self.rms else torch.nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+        for param in self.parameters():
+            param.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.weight + 1 if self.zero_centered else self.weight
+        if self.rms:
+            return F.rms_norm(hidden, (hidden.shape[-1],), weight, self.eps)
+        return F.layer_norm(hidden, (hidden.shape[-1],), weight, self.bias, self.eps)
+
+
+def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfig:
+    model = cfg.model
+    par = recipe.parallelism(cfg)
+    dtype_name = recipe.precision(cfg)
+    activation, gated = ACTIVATIONS[model.activation]
+    granularity = model.get("activations_checkpoint_granularity")
+    fp8 = None
+    if model.get("fp8"):
+        if not use_te:
+            raise RuntimeError(
+                "training.model.fp8 needs Transformer Engine, which does not import here: "
+                "set fp8=False or use a container with transformer_engine"
+            )
+        fp8 = "hybrid" if model.get("fp8_hybrid") else "e4m3"
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.get("num_query_groups"),
+        kv_channels=model.get("kv_channels"),
+        init_method_std=model.init_method_std,
+        hidden_dropout=model.hidden_dropout,
+        attention_dropout=model.attention_dropout,
+        layernorm_epsilon=model.get("layernorm_epsilon", 1e-5),
+        normalization="RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm",
+        layernorm_zero_centered_gamma=model.normalization == "layernorm1p",
+        add_bias_linear=bool(model.get("bias", True)),
+        gated_linear_unit=gated,
+        activation_func=activation,
+        apply_query_key_layer_scaling=bool(model.get("apply_query_key_layer_scaling", False))
+        and dtype_name == "fp16",
+        tensor_model_parallel_size=par.tensor,
+        pipeline_model_parallel_size=par.pipeline,
+        virtual_pipeline_model_parallel_size=par.virtual_pipeline,
+        context_parallel_size=par.context,
+        sequence_parallel=par.sequence_parallel,
+        params_dtype=DTYPES[dtype_name],
+        pipeline_dtype=DTYPES[dtype_name],
+        fp16=dtype_name == "fp16",
+        bf16=dtype_name == "bf16",
+        autocast_dtype=DTYPES[dtype_name],
+        use_cpu_initialization=bool(model.get("use_cpu_initialization", not on_gpu)) or not on_gpu,
+        perform_initialization=True,
+        recompute_granularity=granularity,
+        recompute_method=model.get("activations_checkpoint_method") if granularity == "full" else None,
+        recompute_num_layers=(
+            model.get("activations_checkpoint_num_layers") if granularity == "full" else None
+        ),
+        fp8=fp8,
+        fp8_margin=model.get("fp8_margin", 0),
+        fp8_interval=model.get("fp8_interval", 1),
+        fp8_amax_history_len=model.get("fp8_amax_history_len", 1024),
+        fp8_amax_compute_algo=model.get("fp8_amax_compute_algo", "max"),
+        calculate_per_token_loss=True,
+        # The fused kernels need CUDA (and some Apex); on CPU the plain paths run.
+        bias_activation_fusion=on_gpu and model.activation == "gelu" and use_te,
+        masked_softmax_fusion=on_gpu and use_te,
+        bias_dropout_fusion=on_gpu,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        deallocate_pipeline_outputs=True,
+    )
+
+
+def layer_spec(config: TransformerConfig, use_te: bool) -> ModuleSpec | TransformerBlockSubmodules:
+    if use_te:
+        return get_gpt_layer_with_transformer_engine_spec(
+            num_experts=None, qk_layernorm=False, fp8=None
+        )
+    spec = get_gpt_layer_local_spec(normalization=config.normalization)
+    spec.submodules.input_layernorm = LocalNorm
+    spec.submodules.pre_mlp_layernorm = LocalNorm
+    return TransformerBlockSubmodules(layer_specs=[spec] * config.num_layers, layer_norm=LocalNorm)
+
+
+def padded_vocab_size(vocab_size: int, cfg: Any) -> int:
+    """Megatron pads the vocabulary so every TP rank holds an equal, aligned slice."""
+    multiple = int(cfg.model.get("make_vocab_size_divisible_by", 128)) * recipe.parallelism(
+        cfg
+    ).tensor
+    return -(-vocab_size // multiple) * multiple
+
+
+def build_chunks(
+    cfg: Any, config: TransformerConfig, vocab_size: int, use_te: bool
+) -> list[GPTModel]:
+    """This rank's model chunks: one, or one per virtual pipeline stage."""
+    model = cfg.model
+    spec = layer_spec(config, use_te)
+    vp = config.virtual_pipeline_model_parallel_size
+    chunks = []
+    for vp_stage in range(vp or 1):
+        stage = vp_stage if vp else None
+        chunks.append(
+            GPTModel(
+                config=config,
+                transformer_layer_spec=spec,
+                vocab_size=padded_vocab_size(vocab_size, cfg),
+                max_sequence_length=model.max_position_embeddings,
+                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+                fp16_lm_cross_entropy=bool(model.get("fp16_lm_cross_entropy", False)),
+                parallel_output=True,
+                share_embeddings_and_output_weights=bool(
+                    model.get("share_embeddings_and_output_weights", True)
+                ),
+                position_embedding_type=model.position_embedding_type,
+                rotary_percent=float(model.get("rotary_percentage", 1.0)),
+                vp_stage=stage,
+            )
+        )
+    return chunks
+
+
+def count_parameters(chunks: list[torch.nn.Module]) -> int:
+    """This rank's parameters (shared embeddings counted once per chunk that holds them)."""
+    return sum(p.numel() for chunk in chunks for p in chunk.parameters())

@@ -1,0 +1,75 @@
+"""GPT pretraining on megatron-core: `python -m launcher_scripts.jobs.training.pretrain --config F`.
+
+F is the training stage's resolved recipe (`<results_dir>/<run.name>_hydra.yaml`). The process
+finds its rank from torchrun or Slurm, so it runs under `torchrun` or straight under `srun`.
+
+Exit codes: 0 finished (or stopped at trainer.max_time after a checkpoint); 75 stopped by
+SIGTERM or SIGUSR1 after saving a checkpoint, so the job can be requeued and resume; 1 failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+EXIT_PREEMPTED = 75
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the training stage's resolved YAML")
+    return parser.parse_args(argv)
+
+
+class StopSignals:
+    """SIGTERM/SIGUSR1 ask for a checkpoint and a clean exit at the end of the current step."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.received = signum
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = OmegaConf.load(args.config)
+    assert isinstance(cfg, DictConfig)
+    # Imported here so `--help` and config errors are instant.
+    from launcher_scripts.jobs.training import cpu_compat, runtime
+
+    on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu" and torch.cuda.is_available()
+    info = runtime.process_info()
+    if not on_gpu:
+        cpu_compat.patch_cuda_queries()
+        cpu_compat.CudaDevicesOnCpu().__enter__()
+    runtime.init_distributed(info, on_gpu)
+    try:
+        from launcher_scripts.jobs.training.trainer import Trainer
+
+        trainer = Trainer(cfg, on_gpu, info, StopSignals())
+        return trainer.fit()
+    finally:
+        runtime.shutdown()
+
+
+def describe_process(info: Any, on_gpu: bool) -> str:
+    device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
+    return (
+        f"rank {info.rank}/{info.world_size} local_rank {info.local_rank} host "
+        f"{socket.gethostname()} device {device} launcher {info.launcher} master "
+        f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

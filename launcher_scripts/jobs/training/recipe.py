@@ -1,0 +1,397 @@
+"""The training recipe as typed values, and the checks that keep a run from failing late.
+
+Pure Python (no torch): the launcher's preflight and the job program both read recipes
+through this module, so a recipe the launcher accepts is one the job understands.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.errors import ConfigError
+
+ACTIVATIONS = ("gelu", "fast-swiglu", "swiglu", "squared-relu")
+NORMALIZATIONS = ("layernorm", "layernorm1p", "rmsnorm")
+POSITION_EMBEDDINGS = ("learned_absolute", "rope")
+PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "bf16-mixed": "bf16"}
+RECOMPUTE_GRANULARITIES = ("selective", "full")
+RECOMPUTE_METHODS = ("uniform", "block")
+SCHEDULERS = ("CosineAnnealing", "constant")
+OPTIMIZERS = ("fused_adam", "adam", "adamw", "distributed_fused_adam", "sgd")
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    tensor: int
+    pipeline: int
+    virtual_pipeline: int | None
+    context: int
+    sequence_parallel: bool
+    world_size: int
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tensor * self.pipeline * self.context
+
+    @property
+    def data(self) -> int:
+        return self.world_size // self.model_parallel
+
+
+@dataclass(frozen=True)
+class DataBlend:
+    prefixes: tuple[str, ...]
+    weights: tuple[float, ...] | None  # None: one prefix, or sizes decide
+
+
+@dataclass(frozen=True)
+class Schedule:
+    warmup_steps: int
+    constant_steps: int
+    decay_style: str  # cosine | constant
+    min_lr: float
+
+
+def key(stage: str, *parts: str) -> str:
+    return ".".join((stage, *parts))
+
+
+def section(cfg: Any, name: str) -> Any:
+    value = cfg.get(name) if hasattr(cfg, "get") else None
+    return value if value is not None else {}
+
+
+def _int(stage_key: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(stage_key, f"{value!r} is not an integer >= {minimum}", "Fix the value")
+    return value
+
+
+def parallelism(cfg: Any, stage: str = "training") -> Parallelism:
+    model, trainer = cfg.model, cfg.trainer
+    vp = model.get("virtual_pipeline_model_parallel_size")
+    devices = _int(key(stage, "trainer.devices"), trainer.devices)
+    nodes = _int(key(stage, "trainer.num_nodes"), trainer.num_nodes)
+    return Parallelism(
+        tensor=_int(key(stage, "model.tensor_model_parallel_size"), model.tensor_model_parallel_size),
+        pipeline=_int(
+            key(stage, "model.pipeline_model_parallel_size"), model.pipeline_model_parallel_size
+        ),
+        virtual_pipeline=None if vp in (None, 1) else _int(
+            key(stage, "model.virtual_pipeline_model_parallel_size"), vp
+        ),
+        context=_int(key(stage, "model.context_parallel_size"), model.get("context_parallel_size", 1)),
+        sequence_parallel=bool(model.get("sequence_parallel", False)),
+        world_size=devices * nodes,
+    )
+
+
+def data_blend(cfg: Any, stage: str = "training") -> DataBlend:
+    """`data_prefix` as NeMo writes it: [path], or [weight, path, weight, path, ...]."""
+    name = key(stage, "model.data.data_prefix")
+    prefix = cfg.model.data.data_prefix
+    if isinstance(prefix, str):
+        prefix = [prefix]
+    items = list(prefix or [])
+    if not items:
+        raise ConfigError(name, "is empty", f"Set {name}=[1.0,/data/my_text_document]")
+    if all(isinstance(item, str) for item in items):
+        return DataBlend(tuple(items), None)
+    if len(items) % 2 or not all(
+        isinstance(w, int | float) and not isinstance(w, bool) and isinstance(p, str)
+        for w, p in zip(items[::2], items[1::2], strict=True)
+    ):
+        raise ConfigError(
+            name,
+            "must be a list of paths or of weight, path pairs",
+            f"Write {name}=[0.5,/data/a_text_document,0.5,/data/b_text_document]",
+        )
+    weights = tuple(float(w) for w in items[::2])
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ConfigError(name, "has a negative or all-zero weight", "Use positive weights")
+    return DataBlend(tuple(items[1::2]), weights)
+
+
+def precision(cfg: Any, stage: str = "training") -> str:
+    value = str(cfg.trainer.precision)
+    if value not in PRECISIONS:
+        raise ConfigError(
+            key(stage, "trainer.precision"),
+            f"{value!r} is not a precision",
+            f"Use one of: {', '.join(PRECISIONS)}",
+        )
+    return PRECISIONS[value]
+
+
+def schedule(cfg: Any, stage: str = "training") -> Schedule:
+    sched = section(cfg.model.optim, "sched")
+    name = sched.get("name", "constant") if sched else "constant"
+    if name not in SCHEDULERS:
+        raise ConfigError(
+            key(stage, "model.optim.sched.name"),
+            f"{name!r} is not supported",
+            f"Use one of: {', '.join(SCHEDULERS)}",
+        )
+    return Schedule(
+        warmup_steps=int(sched.get("warmup_steps") or 0),
+        constant_steps=int(sched.get("constant_steps") or 0),
+        decay_style="cosine" if name == "CosineAnnealing" else "constant",
+        min_lr=float(sched.get("min_lr") or 0.0),
+    )
+
+
+def rampup(model: Any, stage: str = "training") -> tuple[int, int, int] | None:
+    """model.rampup_batch_size: [start global batch, increment, samples to ramp up over]."""
+    value = model.get("rampup_batch_size")
+    if value in (None, "null"):
+        return None
+    name = key(stage, "model.rampup_batch_size")
+    if isinstance(value, str):
+        value = [v.strip() for v in value.strip("[]").split(",")]
+    try:
+        start, increment, samples = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            name, f"{value!r} is not [start, increment, samples]", f"Write {name}=[16,16,100000]"
+        ) from None
+    return start, increment, samples
+
+
+def validate(cfg: Any, stage: str = "training", will_exist: Any = None) -> None:
+    """Every check that can be made before a job starts; the first failure is raised.
+
+    `will_exist(path)` tells whether an earlier stage of the same run writes a file.
+    """
+    model = cfg.model
+    par = parallelism(cfg, stage)
+    _check_parallel_layout(model, par, stage)
+    _check_batch(model, par, stage)
+    _check_architecture(model, stage)
+    precision(cfg, stage)
+    schedule(cfg, stage)
+    _check_trainer(cfg, stage)
+    _check_inputs(cfg, stage, will_exist or (lambda _path: False))
+
+
+def _check_parallel_layout(model: Any, par: Parallelism, stage: str) -> None:
+    if par.world_size % par.model_parallel:
+        raise ConfigError(
+            key(stage, "model.tensor_model_parallel_size"),
+            f"TP {par.tensor} x PP {par.pipeline} x CP {par.context} = {par.model_parallel} "
+            f"does not divide the {par.world_size} processes (num_nodes x devices)",
+            "Change the parallel sizes or trainer.devices/num_nodes so that it divides",
+        )
+    layers = _int(key(stage, "model.num_layers"), model.num_layers)
+    chunks = par.pipeline * (par.virtual_pipeline or 1)
+    if layers % chunks:
+        raise ConfigError(
+            key(stage, "model.num_layers"),
+            f"{layers} layers do not split into PP {par.pipeline} x VP "
+            f"{par.virtual_pipeline or 1} = {chunks} equal chunks",
+            "Choose num_layers divisible by PP x VP",
+        )
+    if par.virtual_pipeline and par.pipeline < 2:
+        raise ConfigError(
+            key(stage, "model.virtual_pipeline_model_parallel_size"),
+            "needs pipeline_model_parallel_size >= 2",
+            "Set it to null, or raise pipeline_model_parallel_size",
+        )
+    if par.sequence_parallel and par.tensor < 2:
+        raise ConfigError(
+            key(stage, "model.sequence_parallel"),
+            "needs tensor_model_parallel_size >= 2",
+            "Set sequence_parallel=False, or raise tensor_model_parallel_size",
+        )
+    heads = _int(key(stage, "model.num_attention_heads"), model.num_attention_heads)
+    if heads % par.tensor:
+        raise ConfigError(
+            key(stage, "model.num_attention_heads"),
+            f"{heads} heads do not divide by TP {par.tensor}",
+            "Choose a TP that divides the number of heads",
+        )
+    groups = model.get("num_query_groups")
+    if groups is not None:
+        groups = _int(key(stage, "model.num_query_groups"), groups)
+        if heads % groups or groups % par.tensor:
+            raise ConfigError(
+                key(stage, "model.num_query_groups"),
+                f"{groups} query groups must divide the {heads} heads and divide by TP {par.tensor}",
+                "Choose num_query_groups accordingly",
+            )
+    seq = _int(key(stage, "model.data.seq_length"), model.data.seq_length)
+    if seq % (2 * par.context if par.context > 1 else 1) or (
+        par.sequence_parallel and seq % par.tensor
+    ):
+        raise ConfigError(
+            key(stage, "model.data.seq_length"),
+            f"{seq} does not divide by 2 x CP ({par.context}) or by TP for sequence parallelism",
+            "Choose a sequence length divisible by them",
+        )
+
+
+def _check_batch(model: Any, par: Parallelism, stage: str) -> None:
+    mbs = _int(key(stage, "model.micro_batch_size"), model.micro_batch_size)
+    gbs = _int(key(stage, "model.global_batch_size"), model.global_batch_size)
+    per_step = mbs * par.data
+    if gbs % per_step:
+        raise ConfigError(
+            key(stage, "model.global_batch_size"),
+            f"{gbs} is not a multiple of micro_batch_size {mbs} x data-parallel size {par.data}",
+            f"Use a multiple of {per_step}",
+        )
+    ramp = rampup(model, stage)
+    if ramp:
+        start, increment, _samples = ramp
+        if start % per_step or increment % per_step or (gbs - start) % increment:
+            raise ConfigError(
+                key(stage, "model.rampup_batch_size"),
+                f"start {start} and increment {increment} must be multiples of {per_step} "
+                f"and reach global_batch_size {gbs}",
+                "Adjust the ramp-up",
+            )
+    if par.pipeline > 1 and par.virtual_pipeline and (gbs // per_step) % par.pipeline:
+        raise ConfigError(
+            key(stage, "model.global_batch_size"),
+            f"gives {gbs // per_step} micro-batches per step, not a multiple of PP "
+            f"{par.pipeline} as the interleaved schedule needs",
+            f"Use a multiple of {per_step * par.pipeline}",
+        )
+
+
+def _check_architecture(model: Any, stage: str) -> None:
+    for name, allowed in (
+        ("activation", ACTIVATIONS),
+        ("normalization", NORMALIZATIONS),
+        ("position_embedding_type", POSITION_EMBEDDINGS),
+    ):
+        value = model.get(name)
+        if value not in allowed:
+            raise ConfigError(
+                key(stage, f"model.{name}"),
+                f"{value!r} is not supported",
+                f"Use one of: {', '.join(allowed)}",
+            )
+    hidden = _int(key(stage, "model.hidden_size"), model.hidden_size)
+    heads = model.num_attention_heads
+    if model.get("kv_channels") is None and hidden % heads:
+        raise ConfigError(
+            key(stage, "model.hidden_size"),
+            f"{hidden} is not divisible by the {heads} attention heads",
+            "Change hidden_size or num_attention_heads, or set kv_channels",
+        )
+    _int(key(stage, "model.ffn_hidden_size"), model.ffn_hidden_size)
+    seq = model.data.seq_length
+    if model.position_embedding_type == "learned_absolute" and seq > model.max_position_embeddings:
+        raise ConfigError(
+            key(stage, "model.data.seq_length"),
+            f"{seq} is longer than max_position_embeddings {model.max_position_embeddings}",
+            "Lower seq_length or raise max_position_embeddings",
+        )
+    granularity = model.get("activations_checkpoint_granularity")
+    if granularity is not None and granularity not in RECOMPUTE_GRANULARITIES:
+        raise ConfigError(
+            key(stage, "model.activations_checkpoint_granularity"),
+            f"{granularity!r} is not valid",
+            "Use selective, full or null",
+        )
+    if granularity == "full" and model.get("activations_checkpoint_method") not in RECOMPUTE_METHODS:
+        raise ConfigError(
+            key(stage, "model.activations_checkpoint_method"),
+            f"{model.get('activations_checkpoint_method')!r} is not valid with full recompute",
+            "Use uniform or block",
+        )
+    optimizer = model.optim.name
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(
+            key(stage, "model.optim.name"),
+            f"{optimizer!r} is not supported",
+            f"Use one of: {', '.join(OPTIMIZERS)}",
+        )
+
+
+def _check_trainer(cfg: Any, stage: str) -> None:
+    trainer = cfg.trainer
+    max_steps = _int(key(stage, "trainer.max_steps"), trainer.max_steps)
+    _int(key(stage, "trainer.log_every_n_steps"), trainer.log_every_n_steps)
+    interval = trainer.get("val_check_interval")
+    if isinstance(interval, float) and not interval.is_integer():
+        if not 0 < interval <= 1:
+            raise ConfigError(
+                key(stage, "trainer.val_check_interval"),
+                f"{interval} is neither a step count nor a fraction of max_steps",
+                "Use an integer number of steps or a fraction in (0, 1]",
+            )
+    elif interval is not None:
+        _int(key(stage, "trainer.val_check_interval"), int(interval))
+    if trainer.get("max_time"):
+        parse_max_time(trainer.max_time, key(stage, "trainer.max_time"))
+    schedule_ = schedule(cfg, stage)
+    if schedule_.warmup_steps + schedule_.constant_steps > max_steps:
+        raise ConfigError(
+            key(stage, "model.optim.sched.warmup_steps"),
+            f"warmup {schedule_.warmup_steps} + constant {schedule_.constant_steps} steps "
+            f"exceed max_steps {max_steps}",
+            "Lower the warm-up or raise trainer.max_steps",
+        )
+    params = section(cfg.exp_manager, "checkpoint_callback_params")
+    if params:
+        _int(key(stage, "exp_manager.checkpoint_callback_params.every_n_train_steps"),
+             params.get("every_n_train_steps") or max_steps)
+        top_k = params.get("save_top_k", 1)
+        if not isinstance(top_k, int) or top_k < -1:
+            raise ConfigError(
+                key(stage, "exp_manager.checkpoint_callback_params.save_top_k"),
+                f"{top_k!r} is not valid",
+                "Use -1 (keep all), 0 (keep only the last) or a positive count",
+            )
+
+
+def parse_max_time(value: Any, name: str = "training.trainer.max_time") -> float:
+    """Lightning's "DD:HH:MM:SS" (or fewer fields) in seconds."""
+    parts = str(value).split(":")
+    try:
+        numbers = [float(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if not 1 <= len(numbers) <= 4 or any(n < 0 or math.isnan(n) for n in numbers):
+        raise ConfigError(name, f"{value!r} is not DD:HH:MM:SS", f'Write {name}="00:04:00:00"')
+    seconds = 0.0
+    for number, scale in zip(reversed(numbers), (1, 60, 3600, 86400), strict=False):
+        seconds += number * scale
+    return seconds
+
+
+def tokenizer_file(cfg: Any) -> str | None:
+    tokenizer = cfg.model.tokenizer
+    return tokenizer.get("model") or tokenizer.get("vocab_file")
+
+
+def _check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
+    for prefix in data_blend(cfg, stage).prefixes:
+        for suffix in (".bin", ".idx"):
+            path = Path(prefix + suffix)
+            if not path.is_file() and not will_exist(prefix) and not will_exist(str(path)):
+                raise ConfigError(
+                    key(stage, "model.data.data_prefix"),
+                    f"{path} does not exist",
+                    "Run data_preparation first (or in the same run), or fix the prefix",
+                )
+    tokenizer = cfg.model.tokenizer
+    library = tokenizer.get("library")
+    files = [("model", tokenizer.get("model"))]
+    if library == "megatron" or tokenizer.get("vocab_file"):
+        files = [("vocab_file", tokenizer.get("vocab_file")), ("merge_file", tokenizer.get("merge_file"))]
+    for name, path in files:
+        if not path:
+            raise ConfigError(
+                key(stage, f"model.tokenizer.{name}"), "is not set", "Give the tokenizer's file"
+            )
+        if not Path(str(path)).is_file() and not will_exist(str(path)):
+            raise ConfigError(
+                key(stage, f"model.tokenizer.{name}"),
+                f"{path} does not exist",
+                "Run data_preparation first (or in the same run), or fix the path",
+            )

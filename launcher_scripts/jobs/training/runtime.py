@@ -1,0 +1,102 @@
+"""Who this process is (torchrun or Slurm), the process group, and megatron-core's parallel state."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+
+from launcher_scripts.jobs.training import cpu_compat
+from launcher_scripts.jobs.training.recipe import Parallelism
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    launcher: str  # torchrun | slurm | single
+
+
+def process_info(environ: dict[str, str] | None = None) -> ProcessInfo:
+    """torchrun's variables first; else Slurm's, so `srun python -m ...` works without torchrun."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return ProcessInfo(
+            int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), "torchrun"
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return ProcessInfo(
+            int(env["SLURM_PROCID"]),
+            int(env["SLURM_NTASKS"]),
+            int(env.get("SLURM_LOCALID", 0)),
+            "slurm",
+        )
+    return ProcessInfo(0, 1, 0, "single")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_distributed(info: ProcessInfo, on_gpu: bool, timeout_minutes: int = 30) -> None:
+    if info.launcher == "single":
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    elif "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        raise RuntimeError(
+            "MASTER_ADDR and MASTER_PORT are not set: start the job with torchrun, or with srun "
+            "from a script that exports them (the launcher's Slurm scripts do)"
+        )
+    if on_gpu:
+        torch.cuda.set_device(info.local_rank)
+    dist.init_process_group(
+        backend="nccl" if on_gpu else "gloo",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timedelta(minutes=timeout_minutes),
+    )
+
+
+def init_model_parallel(par: Parallelism, seed: int, on_gpu: bool) -> None:
+    if par.world_size != dist.get_world_size():
+        raise RuntimeError(
+            f"the recipe asks for {par.world_size} processes (num_nodes x devices) but "
+            f"{dist.get_world_size()} were started: make trainer.devices match the launch"
+        )
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=par.tensor,
+        pipeline_model_parallel_size=par.pipeline,
+        virtual_pipeline_model_parallel_size=par.virtual_pipeline,
+        context_parallel_size=par.context,
+    )
+    if on_gpu:
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    else:
+        cpu_compat.install()
+        cpu_compat.seed_model_parallel_rngs(seed)
+
+
+def seed_everything(seed: int) -> None:
+    """One seed for every rank: weights initialised on CPU then split are the same at any TP."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def shutdown() -> None:
+    if parallel_state.is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

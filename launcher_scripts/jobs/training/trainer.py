@@ -1,0 +1,459 @@
+"""The training loop: set-up from the recipe, steps, validation, checkpoints, metrics."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+from megatron.core.num_microbatches_calculator import (
+    destroy_num_microbatches_calculator,
+    get_current_global_batch_size,
+    get_num_microbatches,
+    init_num_microbatches_calculator,
+    update_num_microbatches,
+)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.module import Float16Module
+from megatron.core.utils import get_batch_on_this_cp_rank
+from omegaconf import OmegaConf
+
+from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, recipe
+from launcher_scripts.jobs.training import model as model_builder
+from launcher_scripts.jobs.training.checkpointing import TrainState
+from launcher_scripts.jobs.training.pretrain import EXIT_PREEMPTED, describe_process
+from launcher_scripts.jobs.training.runtime import init_model_parallel, seed_everything
+
+
+class ResumeError(RuntimeError):
+    pass
+
+
+class Trainer:
+    def __init__(self, cfg: Any, on_gpu: bool, info: Any, stop_signals: Any) -> None:
+        self.cfg, self.on_gpu, self.stop_signals = cfg, on_gpu, stop_signals
+        self.started = time.monotonic()
+        self.rank = dist.get_rank()
+        self.par = recipe.parallelism(cfg)
+        self.seed = int(cfg.model.get("seed", 1234))
+        seed_everything(self.seed)
+        init_model_parallel(self.par, self.seed, on_gpu)
+        print(describe_process(info, on_gpu) + self._layout(), flush=True)
+
+        self.log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
+        self.checkpoint_dir = self.log_dir / "checkpoints"
+        if self.rank == 0:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            checkpointing.clean_temporary(self.checkpoint_dir)
+            self._write_hparams()
+        dist.barrier()
+
+        self.vocab = data.vocab_info(cfg)
+        self.use_te = (
+            on_gpu
+            and bool(cfg.model.get("transformer_engine", False))
+            and model_builder.transformer_engine_available()
+        )
+        self.config = model_builder.transformer_config(cfg, self.use_te, on_gpu)
+        self.model = self._build_model()
+        self.optimizer = self._build_optimizer()
+        self.scheduler = self._build_scheduler()
+        self._configure_schedule_hooks()
+        self._init_batch_calculator()
+        self.state = TrainState()
+        self.metrics_log: metrics.MetricsLog | None = None
+
+    # ----- set-up -----------------------------------------------------------------------
+
+    def _layout(self) -> str:
+        return (
+            f" tp {parallel_state.get_tensor_model_parallel_rank()}/{self.par.tensor}"
+            f" pp {parallel_state.get_pipeline_model_parallel_rank()}/{self.par.pipeline}"
+            f" dp {parallel_state.get_data_parallel_rank()}/{self.par.data}"
+            f" cp {parallel_state.get_context_parallel_rank()}/{self.par.context}"
+        )
+
+    def _write_hparams(self) -> None:
+        """hparams.yaml beside the checkpoints, as the conversion stage expects."""
+        model = OmegaConf.to_container(self.cfg.model, resolve=True)
+        assert isinstance(model, dict)
+        model["precision"] = self.cfg.trainer.precision
+        path = self.log_dir / "hparams.yaml"
+        tmp = path.with_suffix(".yaml.tmp")
+        tmp.write_text(OmegaConf.to_yaml({"cfg": model}))
+        os.replace(tmp, path)
+
+    def _build_model(self) -> list[Any]:
+        chunks = model_builder.build_chunks(self.cfg, self.config, self.vocab.vocab_size, self.use_te)
+        if self.on_gpu:
+            chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
+        init_weights.initialize(chunks, self.config, self.seed)
+        if self.config.fp16 or self.config.bf16:
+            chunks = [Float16Module(self.config, chunk) for chunk in chunks]
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=self.config.fp16 or self.config.bf16,
+            overlap_grad_reduce=self.on_gpu and self.par.data > 1,
+            use_distributed_optimizer=self._distributed_optimizer(),
+            check_for_nan_in_grad=True,
+        )
+        return [
+            DistributedDataParallel(
+                config=self.config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0
+            )
+            for i, chunk in enumerate(chunks)
+        ]
+
+    def _distributed_optimizer(self) -> bool:
+        return str(self.cfg.model.optim.name) == "distributed_fused_adam"
+
+    def _build_optimizer(self) -> Any:
+        optim = self.cfg.model.optim
+        betas = list(optim.get("betas") or (0.9, 0.999))
+        clip = self.cfg.trainer.get("gradient_clip_val")
+        config = OptimizerConfig(
+            optimizer="sgd" if optim.name == "sgd" else "adam",
+            lr=float(optim.lr),
+            min_lr=recipe.schedule(self.cfg).min_lr,
+            weight_decay=float(optim.get("weight_decay", 0.0)),
+            adam_beta1=float(betas[0]),
+            adam_beta2=float(betas[1]),
+            adam_eps=float(optim.get("eps", 1e-8)),
+            clip_grad=float(clip) if clip else 0.0,
+            fp16=self.config.fp16,
+            bf16=self.config.bf16,
+            params_dtype=self.config.params_dtype,
+            use_distributed_optimizer=self._distributed_optimizer(),
+            initial_loss_scale=float(self.cfg.model.get("native_amp_init_scale", 2**32)),
+            loss_scale_window=float(self.cfg.model.get("native_amp_growth_interval", 1000)),
+        )
+        return get_megatron_optimizer(config, self.model)
+
+    def _build_scheduler(self) -> OptimizerParamScheduler:
+        sched = recipe.schedule(self.cfg)
+        optim = self.cfg.model.optim
+        max_steps = int(self.cfg.trainer.max_steps)
+        weight_decay = float(optim.get("weight_decay", 0.0))
+        return OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0,
+            max_lr=float(optim.lr),
+            min_lr=sched.min_lr,
+            lr_warmup_steps=sched.warmup_steps,
+            # NeMo's CosineAnnealing holds min_lr for the last constant_steps.
+            lr_decay_steps=max(max_steps - sched.constant_steps, sched.warmup_steps + 1),
+            lr_decay_style=sched.decay_style,
+            start_wd=weight_decay,
+            end_wd=weight_decay,
+            wd_incr_steps=max_steps,
+            wd_incr_style="constant",
+        )
+
+    def _configure_schedule_hooks(self) -> None:
+        config = self.config
+        config.grad_scale_func = self.optimizer.scale_loss
+        config.finalize_model_grads_func = finalize_model_grads
+        if self.on_gpu and self.par.data > 1:
+            no_sync = [chunk.no_sync for chunk in self.model]
+            config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+
+    def _init_batch_calculator(self) -> None:
+        model = self.cfg.model
+        ramp = recipe.rampup(model)
+        destroy_num_microbatches_calculator()
+        init_num_microbatches_calculator(
+            self.rank,
+            [str(v) for v in ramp] if ramp else None,
+            int(model.global_batch_size),
+            int(model.micro_batch_size),
+            self.par.data,
+        )
+
+    # ----- data -------------------------------------------------------------------------
+
+    def _build_data(self) -> None:
+        trainer, model = self.cfg.trainer, self.cfg.model
+        gbs = int(model.global_batch_size)
+        limit = trainer.get("limit_val_batches", 1)
+        val_batches = limit if isinstance(limit, int) and not isinstance(limit, bool) else 0
+        test_limit = trainer.get("limit_test_batches", 0)
+        test_batches = test_limit if isinstance(test_limit, int) else 0
+        index_dir = model.data.get("index_mapping_dir") or self.log_dir / "index_cache"
+        train, valid, _test = data.build_datasets(
+            self.cfg,
+            self.vocab,
+            (int(trainer.max_steps) * gbs, max(val_batches * gbs, 1), test_batches * gbs),
+            Path(str(index_dir)),
+        )
+        self.train_stream = data.SampleStream(train, int(model.micro_batch_size))
+        self.valid_stream = data.SampleStream(valid, int(model.micro_batch_size)) if valid else None
+        if self.valid_stream is not None and not val_batches:
+            fraction = float(limit or 0)
+            val_batches = max(1, int(fraction * len(valid) // gbs)) if fraction else 0
+        self.val_batches = val_batches
+
+    # ----- steps ------------------------------------------------------------------------
+
+    def _forward_step(self, data_iterator: Any, model: Any) -> tuple[Any, Any]:
+        batch = next(data_iterator)
+        if self.par.context > 1:
+            batch = get_batch_on_this_cp_rank(batch)
+        if self.on_gpu:
+            batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
+        output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        return output, partial(_loss_function, batch["loss_mask"])
+
+    def _run_schedule(self, start: int, micro_batches: int, forward_only: bool, stream: Any):
+        iterators = [
+            stream.micro_batches(start, micro_batches) for _ in range(len(self.model))
+        ]
+        return get_forward_backward_func()(
+            forward_step_func=self._forward_step,
+            data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=self.model,
+            num_microbatches=micro_batches,
+            seq_length=int(self.cfg.model.data.seq_length),
+            micro_batch_size=int(self.cfg.model.micro_batch_size),
+            forward_only=forward_only,
+        )
+
+    def _reduce_loss(self, outputs: list[dict[str, torch.Tensor]]) -> float:
+        """Mean loss per token over the global batch, the same on every rank.
+
+        Only the last pipeline stage has losses; the others add zeros. Tensor-parallel ranks
+        repeat both the sum and the count, so their ratio is unchanged.
+        """
+        total = torch.zeros(2, dtype=torch.float64)
+        for output in outputs:
+            total += output["lm loss"].detach().to("cpu", torch.float64)
+        if self.on_gpu:
+            total = total.cuda()
+        dist.all_reduce(total)
+        return float(total[0] / total[1].clamp(min=1))
+
+    def train_step(self) -> dict[str, float]:
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        batch_size = get_current_global_batch_size()
+        outputs = self._run_schedule(
+            self.state.consumed_samples, get_num_microbatches(), False, self.train_stream
+        )
+        success, grad_norm, _zeros = self.optimizer.step()
+        if success:
+            self.scheduler.step(increment=1)
+        self.state.step += 1
+        self.state.consumed_samples += batch_size
+        update_num_microbatches(self.state.consumed_samples, consistency_check=True)
+        return {
+            "reduced_train_loss": self._reduce_loss(outputs),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
+            "global_batch_size": float(batch_size),
+        }
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        if self.valid_stream is None or not self.val_batches:
+            return math.nan
+        for chunk in self.model:
+            chunk.eval()
+        micro = int(self.cfg.model.global_batch_size) // (
+            int(self.cfg.model.micro_batch_size) * self.par.data
+        )
+        outputs = []
+        gbs = int(self.cfg.model.global_batch_size)
+        for batch in range(self.val_batches):
+            outputs += self._run_schedule(batch * gbs, micro, True, self.valid_stream)
+        for chunk in self.model:
+            chunk.train()
+        return self._reduce_loss(outputs)
+
+    # ----- checkpoints ------------------------------------------------------------------
+
+    def _checkpoint_params(self) -> Any:
+        return self.cfg.exp_manager.get("checkpoint_callback_params") or {}
+
+    def save_checkpoint(self) -> Path:
+        params = self._checkpoint_params()
+        template = str(params.get("filename") or "megatron_gpt--{step}-{consumed_samples}")
+        values = {
+            "step": self.state.step,
+            "consumed_samples": float(self.state.consumed_samples),
+            **self.state.metrics,
+        }
+        name = checkpointing.checkpoint_name(template, values)
+        self.state.scheduler = self.scheduler.state_dict()
+        path = checkpointing.save(self.checkpoint_dir, name, self.model, self.optimizer, self.state)
+        if self.rank == 0:
+            checkpointing.apply_retention(
+                self.checkpoint_dir,
+                int(params.get("save_top_k", 1)),
+                str(params.get("monitor", "val_loss")),
+                str(params.get("mode", "min")),
+            )
+            print(f"saved checkpoint {path}", flush=True)
+        return path
+
+    def resume(self) -> None:
+        exp = self.cfg.exp_manager
+        if not exp.get("resume_if_exists", False):
+            return
+        found = checkpointing.complete_checkpoints(self.checkpoint_dir)
+        if not found:
+            if not exp.get("resume_ignore_no_checkpoint", True):
+                raise ResumeError(
+                    f"resume_if_exists is set but {self.checkpoint_dir} holds no complete "
+                    "checkpoint: set exp_manager.resume_ignore_no_checkpoint=True to start fresh"
+                )
+            return
+        newest = found[-1]
+        self.state = checkpointing.load(newest, self.model, self.optimizer)
+        self.scheduler.load_state_dict(self.state.scheduler)
+        update_num_microbatches(self.state.consumed_samples, consistency_check=False)
+        if self.rank == 0:
+            print(
+                f"resumed from {newest.path} at step {self.state.step} "
+                f"({self.state.consumed_samples} samples consumed)",
+                flush=True,
+            )
+
+    # ----- the loop ---------------------------------------------------------------------
+
+    def _stop_requested(self, max_seconds: float | None) -> tuple[bool, bool]:
+        """(signal received, max_time reached), agreed by all ranks."""
+        flags = torch.tensor(
+            [
+                float(self.stop_signals.received is not None),
+                float(max_seconds is not None and time.monotonic() - self.started >= max_seconds),
+            ]
+        )
+        if self.on_gpu:
+            flags = flags.cuda()
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0]), bool(flags[1])
+
+    def _val_interval(self) -> int:
+        interval = self.cfg.trainer.get("val_check_interval")
+        max_steps = int(self.cfg.trainer.max_steps)
+        if interval is None:
+            return max_steps
+        if isinstance(interval, float) and interval <= 1.0:
+            return max(1, int(interval * max_steps))
+        return int(interval)
+
+    def fit(self) -> int:
+        trainer = self.cfg.trainer
+        max_steps = int(trainer.max_steps)
+        log_every = int(trainer.log_every_n_steps)
+        save_every = int(self._checkpoint_params().get("every_n_train_steps") or max_steps)
+        max_seconds = (
+            recipe.parse_max_time(trainer.max_time) if trainer.get("max_time") else None
+        )
+        self._build_data()
+        self.resume()
+        if self.rank == 0:
+            self.metrics_log = metrics.MetricsLog(
+                self.log_dir,
+                metrics.open_wandb(self.cfg.exp_manager, str(self.cfg.run.name), self.log_dir),
+            )
+            self.metrics_log.truncate_after(self.state.step)
+        if self.state.step >= max_steps:
+            self._say(f"training already finished: step {self.state.step} of {max_steps}")
+            return self._finish()
+        flops_per_sample = metrics.model_flops_per_sample(
+            self.cfg.model,
+            int(self.cfg.model.data.seq_length),
+            model_builder.padded_vocab_size(self.vocab.vocab_size, self.cfg),
+        )
+        window: list[float] = []
+        saved_step = self.state.step
+        while self.state.step < max_steps:
+            tick = time.perf_counter()
+            record = self.train_step()
+            if self.on_gpu:
+                torch.cuda.synchronize()
+            window.append(time.perf_counter() - tick)
+            step = self.state.step
+            if step % log_every == 0 or step == max_steps:
+                self._log_train(step, record, window, flops_per_sample)
+                window = []
+            if step % self._val_interval() == 0:
+                val_loss = self.validate()
+                if not math.isnan(val_loss):
+                    self.state.metrics["val_loss"] = val_loss
+                    self._record({"step": step, "val_loss": val_loss})
+                    self._say(f"validation at step {step}: val_loss {val_loss:.4f}")
+            if step % save_every == 0 or step == max_steps:
+                self.save_checkpoint()
+                saved_step = step
+            stop_signal, out_of_time = self._stop_requested(max_seconds)
+            if stop_signal or out_of_time:
+                if saved_step != step:
+                    self.save_checkpoint()
+                if stop_signal:
+                    self._say(
+                        f"stopped by a signal at step {step}; checkpoint saved; exit code "
+                        f"{EXIT_PREEMPTED} (resume with the same command)"
+                    )
+                    self._finish()
+                    return EXIT_PREEMPTED
+                self._say(f"trainer.max_time reached at step {step}; checkpoint saved")
+                break
+        return self._finish()
+
+    def _log_train(
+        self, step: int, record: dict[str, float], window: list[float], flops_per_sample: float
+    ) -> None:
+        step_time = sum(window) / len(window)
+        tokens = record["global_batch_size"] * int(self.cfg.model.data.seq_length)
+        record = {
+            "step": step,
+            "consumed_samples": self.state.consumed_samples,
+            **record,
+            "train_step_timing": step_time,
+            "tokens_per_sec": tokens / step_time,
+            "model_tflops_per_gpu": flops_per_sample
+            * record["global_batch_size"]
+            / step_time
+            / self.par.world_size
+            / 1e12,
+            "peak_memory_gb": metrics.peak_memory_gb(self.on_gpu),
+        }
+        self._record(record)
+        self._say(metrics.progress_line(step, int(self.cfg.trainer.max_steps), record))
+
+    def _record(self, record: dict[str, Any]) -> None:
+        if self.metrics_log is not None:
+            self.metrics_log.write(record)
+
+    def _say(self, message: str) -> None:
+        if self.rank == 0:
+            print(message, flush=True)
+
+    def _finish(self) -> int:
+        if self.metrics_log is not None:
+            self.metrics_log.close()
+            curve = self.log_dir / "loss_curve.png"
+            if metrics.plot_loss_curve(self.metrics_log.path, curve):
+                print(f"loss curve: {curve}", flush=True)
+        dist.barrier()
+        return 0
+
+
+def _loss_function(loss_mask: torch.Tensor, output: torch.Tensor) -> tuple[Any, Any, Any]:
+    """Summed token losses and the token count; megatron-core divides by the global count."""
+    losses = output.float().reshape(-1)
+    mask = loss_mask.reshape(-1).to(losses)
+    loss = torch.sum(losses * mask)
+    tokens = mask.sum().to(torch.int)
+    return loss, tokens, {"lm loss": torch.stack([loss.detach(), tokens.detach().to(loss)])}
