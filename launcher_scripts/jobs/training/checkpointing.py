@@ -114,11 +114,23 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def unwrap(chunk: Any) -> Any:
+    """The GPTModel inside the DDP and mixed-precision wrappers.
+
+    Its keys ("decoder.layers.0...") are the checkpoint's, whatever wrapped the model in
+    training, so conversion and evaluation read checkpoints without knowing the wrappers.
+    """
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
+
+
 def sharded_state(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
-    if len(model) == 1:
-        state = {"model": model[0].sharded_state_dict()}
+    chunks = [unwrap(chunk) for chunk in model]
+    if len(chunks) == 1:
+        state = {"model": chunks[0].sharded_state_dict()}
     else:
-        state = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(model)}
+        state = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
     # dp_reshardable: every rank writes its own optimizer shard in parallel, and the
     # checkpoint loads at any data-parallel size.
     state["optimizer"] = optimizer.sharded_state_dict(
@@ -167,17 +179,58 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@torch.no_grad()
+def _materialize_optimizer_state(optimizer: Any) -> None:
+    """Give every parameter its Adam state (with a step count) before a load fills it in.
+
+    megatron-core's loader reads the state's structure from the live optimizer; without Apex
+    or Transformer Engine, torch's Adam creates it only in its first step. A step on zero
+    gradients creates it; every value it touches is then overwritten by the checkpoint.
+    """
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = inner.optimizer
+        params = [p for group in torch_optimizer.param_groups for p in group["params"]]
+        if all(torch_optimizer.state.get(p) for p in params):
+            continue
+        for param in params:
+            param.grad = torch.zeros_like(param)
+        torch_optimizer.step()
+        torch_optimizer.zero_grad()
+
+
+def _restore_adam_steps(optimizer: Any) -> None:
+    """Put the checkpoint's step count back into torch Adam's per-parameter state.
+
+    Without Apex or Transformer Engine, megatron-core keeps the count in the param groups of
+    the checkpoint but leaves the per-parameter "step" that torch's Adam reads for its bias
+    correction at the value the live optimizer had; a resumed run would then update
+    differently from an uninterrupted one.
+    """
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = inner.optimizer
+        for group in torch_optimizer.param_groups:
+            if "step" not in group:
+                continue
+            for param in group["params"]:
+                state = torch_optimizer.state.get(param)
+                if state and "step" in state:
+                    state["step"] = torch.tensor(float(group["step"]), dtype=torch.float32)
+
+
+@torch.no_grad()  # states are copied into parameters in place
 def load(checkpoint: Checkpoint, model: list[Any], optimizer: Any) -> TrainState:
     """Restore model, optimizer and (when the layout is unchanged) RNG states."""
+    _materialize_optimizer_state(optimizer)
     loaded = dist_checkpointing.load(
         sharded_state(model, optimizer, is_loading=True), str(checkpoint.path)
     )
     if len(model) == 1:
-        model[0].load_state_dict(loaded["model"])
+        unwrap(model[0]).load_state_dict(loaded["model"])
     else:
         for i, chunk in enumerate(model):
-            chunk.load_state_dict(loaded[f"model{i}"])
+            unwrap(chunk).load_state_dict(loaded[f"model{i}"])
     optimizer.load_state_dict(loaded["optimizer"])
+    _restore_adam_steps(optimizer)
     rng_file = checkpoint.path / RNG_DIR / f"rank_{dist.get_rank():05d}.pt"
     if checkpoint.state.world == _world() and rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=False))

@@ -1,7 +1,7 @@
 """Two megatron-core internals assume CUDA; on a CPU run they are swapped for CPU versions.
 
 - The global memory buffer (used by sequence-parallel all-gathers) allocates on
-  `torch.cuda.current_device()`.
+  `torch.cuda.current_device()` and is reused between collectives.
 - The RNG tracker that gives tensor-parallel ranks their own dropout streams saves and restores
   CUDA generator states. On CPU the same streams are kept with the CPU generator.
 """
@@ -18,15 +18,16 @@ from megatron.core.utils import GlobalMemoryBuffer
 
 
 class CpuMemoryBuffer(GlobalMemoryBuffer):
+    """Fresh CPU tensors instead of one reused CUDA buffer.
+
+    On a GPU the reuse is safe because kernels and collectives are ordered on streams. On the
+    CPU, gloo's asynchronous collectives run on their own threads, and reusing the buffer let
+    a sequence-parallel all-gather overwrite data still in use (seen as run-to-run loss
+    differences). CPU allocations are cheap, so nothing is reused.
+    """
+
     def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):  # type: ignore[override]
-        required = 1
-        for size in tensor_shape:
-            required *= size
-        buffer = self.buffer.get((name, dtype))
-        if buffer is None or buffer.numel() < required:
-            buffer = torch.empty(required, dtype=dtype, device="cpu", requires_grad=False)
-            self.buffer[(name, dtype)] = buffer
-        return buffer[:required].view(*tensor_shape)
+        return torch.empty(tuple(tensor_shape), dtype=dtype, device="cpu", requires_grad=False)
 
 
 class CpuRNGStatesTracker(mcore_random.CudaRNGStatesTracker):

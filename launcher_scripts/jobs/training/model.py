@@ -16,7 +16,10 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 )
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
 
 from launcher_scripts.jobs.training import recipe
 
@@ -128,7 +131,10 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
     )
 
 
-def layer_spec(config: TransformerConfig, use_te: bool) -> ModuleSpec | TransformerBlockSubmodules:
+def layer_spec(
+    config: TransformerConfig, use_te: bool, vp_stage: int | None
+) -> ModuleSpec | TransformerBlockSubmodules:
+    """The layers of this pipeline stage (and virtual stage)."""
     if use_te:
         return get_gpt_layer_with_transformer_engine_spec(
             num_experts=None, qk_layernorm=False, fp8=None
@@ -136,7 +142,8 @@ def layer_spec(config: TransformerConfig, use_te: bool) -> ModuleSpec | Transfor
     spec = get_gpt_layer_local_spec(normalization=config.normalization)
     spec.submodules.input_layernorm = LocalNorm
     spec.submodules.pre_mlp_layernorm = LocalNorm
-    return TransformerBlockSubmodules(layer_specs=[spec] * config.num_layers, layer_norm=LocalNorm)
+    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=LocalNorm)
 
 
 def padded_vocab_size(vocab_size: int, cfg: Any) -> int:
@@ -152,11 +159,11 @@ def build_chunks(
 ) -> list[GPTModel]:
     """This rank's model chunks: one, or one per virtual pipeline stage."""
     model = cfg.model
-    spec = layer_spec(config, use_te)
     vp = config.virtual_pipeline_model_parallel_size
     chunks = []
     for vp_stage in range(vp or 1):
         stage = vp_stage if vp else None
+        spec = layer_spec(config, use_te, stage)
         chunks.append(
             GPTModel(
                 config=config,
