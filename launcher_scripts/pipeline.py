@@ -57,8 +57,9 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     check_globals(resolved)
     backend = make_backend(resolved.cluster_type)
     planned, names = [], set()
+    written: set[str] = set()  # artifacts earlier stages of this run produce
     for stage in stages:
-        ctx = StageContext(resolved, stage)
+        ctx = StageContext(resolved, stage, frozenset(written))
         STAGES[stage].validate(ctx)
         results_dir = Path(str(ctx.cfg.run.results_dir))
         jobs = []
@@ -68,11 +69,13 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
                     f"{stage}.run.name", f"two jobs would be named {spec.name}", "Rename one"
                 )
             names.add(spec.name)
+            written.update(spec.writes)
             script_path = results_dir / f"{spec.name}_submission.sh"
             jobs.append(PlannedJob(spec, script_path, backend.render(spec)))
-        config_path = results_dir / f"{ctx.cfg.run.name}_hydra.yaml"
         planned.append(
-            PlannedStage(stage, results_dir, config_path, OmegaConf.to_yaml(ctx.cfg), tuple(jobs))
+            PlannedStage(
+                stage, results_dir, ctx.config_path, OmegaConf.to_yaml(ctx.cfg), tuple(jobs)
+            )
         )
     return backend, resolved, planned
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,10 +18,25 @@ class StageContext:
 
     root: DictConfig
     stage: str
+    upstream_writes: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def cfg(self) -> DictConfig:
         return self.root[self.stage]
+
+    @property
+    def config_path(self) -> Path:
+        """Where the pipeline writes this stage's resolved config, which jobs may read."""
+        run = self.cfg.run
+        return Path(str(run.results_dir)) / f"{run.name}_hydra.yaml"
+
+    def will_exist(self, path: str | Path) -> bool:
+        """Whether an earlier stage of this run writes `path` (or a folder holding it)."""
+        target = Path(str(path))
+        return any(
+            target == Path(written) or Path(written) in target.parents
+            for written in self.upstream_writes
+        )
 
     def common_env(self) -> tuple[tuple[str, str], ...]:
         """`env_vars` without null values, plus where jobs find the W&B key file."""

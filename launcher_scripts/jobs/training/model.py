@@ -127,7 +127,9 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
         apply_rope_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
-        deallocate_pipeline_outputs=True,
+        # Freeing a sent activation early is safe on CUDA streams, but gloo sends from its own
+        # thread and could still be reading it.
+        deallocate_pipeline_outputs=on_gpu,
     )
 
 

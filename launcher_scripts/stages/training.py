@@ -1,0 +1,42 @@
+"""The training stage: one distributed job running the pretraining program on the recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher_scripts.jobs.training import recipe
+from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.stages.base import StageContext, make_job, register
+
+PRETRAIN = "launcher_scripts.jobs.training.pretrain"
+
+
+@register
+class Training:
+    name = "training"
+
+    def validate(self, ctx: StageContext) -> None:
+        recipe.validate(ctx.cfg, ctx.stage, ctx.will_exist)
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        cfg = ctx.cfg
+        devices, nodes = int(cfg.trainer.devices), int(cfg.trainer.num_nodes)
+        on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu"
+        log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
+        blend = recipe.data_blend(cfg, ctx.stage)
+        return [
+            make_job(
+                ctx,
+                str(cfg.run.name),
+                (Command(PRETRAIN, ("--config", str(ctx.config_path)), nproc_per_node=devices),),
+                Resources(
+                    nodes=nodes,
+                    ntasks_per_node=devices,
+                    gpus_per_node=devices if on_gpu else 0,
+                    time_limit=str(cfg.run.time_limit),
+                    exclusive=on_gpu,
+                ),
+                reads=(*blend.prefixes, *filter(None, [recipe.tokenizer_file(cfg)])),
+                writes=(str(log_dir / "checkpoints"), str(log_dir / "hparams.yaml")),
+            )
+        ]

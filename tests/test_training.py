@@ -1,0 +1,257 @@
+"""The pretraining job on megatron-core, for real on the CPU (gloo): learning, TP/PP/DP
+equivalence, signal-stop and exact resume, torn checkpoints, and the artifacts a run leaves."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from launcher_scripts.config.compose import compose_config
+from launcher_scripts.jobs.training.pretrain import EXIT_PREEMPTED
+from tests.conftest import REPO, run_main
+
+PRETRAIN = "launcher_scripts.jobs.training.pretrain"
+# Small and quick; a vocabulary padded to 8192 at TP 1 and TP 2 alike (8000 real tokens), so
+# layouts compute the same logits.
+SMALL = (
+    "training.model.make_vocab_size_divisible_by=4096",
+    "training.model.num_layers=2",
+    "training.model.hidden_size=64",
+    "training.model.ffn_hidden_size=256",
+    "training.model.micro_batch_size=2",
+    "training.model.global_batch_size=4",
+    "training.model.optim.sched.warmup_steps=2",
+    "training.trainer.log_every_n_steps=1",
+    "training.trainer.val_check_interval=4",
+    "training.trainer.limit_val_batches=1",
+)
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default data preparation (shipped corpus, trained tokenizer), done once."""
+    root = tmp_path_factory.mktemp("prepared")
+    result = run_main(
+        "stages=[data_preparation]", f"data_dir={root}/data", f"base_results_dir={root}/results"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return root
+
+
+def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
+    cfg = compose_config(
+        [
+            f"data_dir={prepared}/data",
+            f"base_results_dir={prepared}/results",
+            f"training.exp_manager.explicit_log_dir={log_dir}",
+            *SMALL,
+            *overrides,
+        ]
+    )
+    path = log_dir.parent / f"{log_dir.name}.yaml"
+    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.training, resolve=True)), path)
+    return path
+
+
+def command(config: Path, processes: int) -> list[str]:
+    program = ["-m", PRETRAIN, "--config", str(config)]
+    if processes == 1:
+        return [sys.executable, *program]
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    return [sys.executable, *launcher, *program]
+
+
+def train(config: Path, processes: int = 1, timeout: float = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        command(config, processes), capture_output=True, text=True, cwd=REPO, timeout=timeout
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+def losses(log_dir: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["reduced_train_loss"] for r in records if "reduced_train_loss" in r}
+
+
+def val_losses(log_dir: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+
+
+def assert_same_losses(a: Path, b: Path, tolerance: float) -> None:
+    first, second = losses(a), losses(b)
+    assert sorted(first) == sorted(second)
+    worst = max(abs(first[s] - second[s]) for s in first)
+    assert worst <= tolerance, (first, second)
+    assert val_losses(a).keys() == val_losses(b).keys()
+    for step, value in val_losses(a).items():
+        assert abs(value - val_losses(b)[step]) <= tolerance
+
+
+def test_default_pipeline_trains_and_leaves_its_artifacts(tmp_path: Path) -> None:
+    """`python3 main.py` as on a fresh machine, shortened: data preparation, then training."""
+    result = run_main(
+        f"data_dir={tmp_path}/data",
+        f"base_results_dir={tmp_path}/results",
+        "training.trainer.max_steps=30",
+        "training.trainer.log_every_n_steps=1",
+        "training.trainer.val_check_interval=15",
+        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=15",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log_dir = tmp_path / "results" / "gpt3_tiny" / "results"
+    curve = losses(log_dir)
+    assert curve[30] < curve[1] - 1.0, curve  # it learns, clearly
+    assert (log_dir / "loss_curve.png").stat().st_size > 0
+    assert (log_dir / "hparams.yaml").is_file()
+    assert list((log_dir / "tensorboard").glob("events.out.tfevents.*"))
+    checkpoints = sorted(p.name for p in (log_dir / "checkpoints").iterdir())
+    assert any("step=30" in name for name in checkpoints), checkpoints
+    assert all((log_dir / "checkpoints" / n / "train_state.json").is_file() for n in checkpoints)
+    record = json.loads((log_dir / "metrics.jsonl").read_text().splitlines()[0])
+    for name in ("lr", "grad_norm", "train_step_timing", "tokens_per_sec", "peak_memory_gb"):
+        assert name in record
+    assert record["model_tflops_per_gpu"] > 0
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("training.model.tensor_model_parallel_size=2",),
+        ("training.model.pipeline_model_parallel_size=2",),
+        ("training.model.tensor_model_parallel_size=2", "training.model.sequence_parallel=true"),
+    ],
+    ids=["tp2", "pp2", "tp2-sequence-parallel"],
+)
+def test_parallel_layouts_match_a_single_process(
+    prepared: Path, tmp_path: Path, layout: tuple[str, ...]
+) -> None:
+    steps = ("training.trainer.max_steps=6",)
+    train(write_config(prepared, tmp_path / "single", *steps))
+    parallel = write_config(prepared, tmp_path / "parallel", *steps, "training.trainer.devices=2", *layout)
+    train(parallel, processes=2)
+    assert_same_losses(tmp_path / "single", tmp_path / "parallel", 1e-4)
+
+
+def test_interleaved_pipeline_matches_a_single_process(prepared: Path, tmp_path: Path) -> None:
+    improved = (
+        "training.trainer.max_steps=4",
+        "training.model.num_layers=4",
+        "training.model.position_embedding_type=rope",
+        "training.model.activation=swiglu",
+        "training.model.normalization=layernorm1p",
+        "training.model.bias=false",
+        "training.model.share_embeddings_and_output_weights=false",
+    )
+    train(write_config(prepared, tmp_path / "single", *improved))
+    interleaved = (
+        "training.trainer.devices=2",
+        "training.model.pipeline_model_parallel_size=2",
+        "training.model.virtual_pipeline_model_parallel_size=2",
+    )
+    train(write_config(prepared, tmp_path / "vp", *improved, *interleaved), processes=2)
+    assert_same_losses(tmp_path / "single", tmp_path / "vp", 1e-4)
+
+
+def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:
+    """Start training, send SIGTERM once a few steps are logged, return the exit code."""
+    process = subprocess.Popen(
+        command(config, processes),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    metrics_file, deadline = log_dir / "metrics.jsonl", time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics_file.exists() and len(losses(log_dir)) >= 3:
+            break
+        time.sleep(0.05)
+    # The whole group, as Slurm or a shell's Ctrl-C would: torchrun and its workers.
+    os.killpg(process.pid, signal.SIGTERM)
+    return process.wait(timeout=300)
+
+
+def final_weights(log_dir: Path) -> dict[str, object]:
+    """The model tensors of the newest checkpoint, read in a fresh process."""
+    script = (
+        "import json, os, sys, torch, torch.distributed as dist\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='0')\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1, init_method='tcp://127.0.0.1:0')\n"
+        "from megatron.core.dist_checkpointing import load_plain_tensors\n"
+        "from launcher_scripts.jobs.training.checkpointing import complete_checkpoints\n"
+        "newest = complete_checkpoints(__import__('pathlib').Path(sys.argv[1]))[-1]\n"
+        "state = load_plain_tensors(str(newest.path))\n"
+        "print(json.dumps({k: v.double().sum().item() for k, v in state.items()\n"
+        "                  if not k.startswith('optimizer') and torch.is_tensor(v)}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(log_dir / "checkpoints")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("first_processes", [1, 2], ids=["same-layout", "dp2-then-dp1"])
+def test_signal_stop_and_resume_match_an_uninterrupted_run(
+    prepared: Path, tmp_path: Path, first_processes: int
+) -> None:
+    steps = (
+        "training.trainer.max_steps=40",
+        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=20",
+    )
+    reference = write_config(prepared, tmp_path / "reference", *steps)
+    train(reference)
+
+    first = write_config(
+        prepared, tmp_path / "resumed", *steps, f"training.trainer.devices={first_processes}"
+    )
+    assert stop_with_signal(first, tmp_path / "resumed", first_processes) in (
+        EXIT_PREEMPTED,
+        # torchrun reports its workers' stop as its own failure; the checkpoint is what counts
+        *(() if first_processes == 1 else (1, -signal.SIGTERM)),
+    )
+    stopped_at = max(losses(tmp_path / "resumed"))
+    assert stopped_at < 40
+    # The same command again resumes, here with one process (a different data-parallel size
+    # when the first part ran on two).
+    second = write_config(prepared, tmp_path / "resumed", *steps)
+    result = train(second)
+    assert "resumed from" in result.stdout
+
+    tolerance = 0.0 if first_processes == 1 else 1e-4
+    assert_same_losses(tmp_path / "reference", tmp_path / "resumed", tolerance)
+    reference_weights = final_weights(tmp_path / "reference")
+    resumed_weights = final_weights(tmp_path / "resumed")
+    assert reference_weights.keys() == resumed_weights.keys()
+    for name, value in reference_weights.items():
+        assert abs(value - resumed_weights[name]) <= max(tolerance, 1e-9) * max(1, abs(value))
+
+
+def test_torn_checkpoints_are_ignored_on_resume(prepared: Path, tmp_path: Path) -> None:
+    log_dir = tmp_path / "run"
+    base = ("training.exp_manager.checkpoint_callback_params.every_n_train_steps=4",)
+    train(write_config(prepared, log_dir, "training.trainer.max_steps=4", *base))
+    checkpoints = log_dir / "checkpoints"
+    # A save that crashed before its rename, and a folder that lost its state file.
+    (checkpoints / ".tmp-megatron_gpt--step=8").mkdir()
+    torn = checkpoints / "megatron_gpt--val_loss=1.00-step=8-consumed_samples=32.0"
+    torn.mkdir()
+    (torn / "common.pt").write_bytes(b"partial")
+    result = train(write_config(prepared, log_dir, "training.trainer.max_steps=6", *base))
+    assert "resumed from" in result.stdout and "step=4-" in result.stdout
+    assert not (checkpoints / ".tmp-megatron_gpt--step=8").exists()
+    assert min(s for s in losses(log_dir) if s > 4) == 5
