@@ -46,7 +46,11 @@ def job_states(target: Path) -> dict[str, str]:
 def test_default_run_prepares_the_sample_corpus(tmp_path: Path) -> None:
     results, data = tmp_path / "results", tmp_path / "data"
     overrides = (f"base_results_dir={results}", f"data_dir={data}")
-    result = run_main(*overrides, "data_preparation.train_tokenizer_args.vocab_size=1000")
+    result = run_main(
+        *overrides,
+        "stages=[data_preparation]",
+        "data_preparation.train_tokenizer_args.vocab_size=1000",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
     stage_dir = results / "custom_dataset"
@@ -98,6 +102,7 @@ def test_a_failing_job_stops_the_pipeline(tmp_path: Path) -> None:
     result = run_main(
         f"base_results_dir={results}",
         f"data_dir={data}",
+        "stages=[data_preparation]",
         f"data_preparation.raw_dataset_files=[{broken}]",
         f"data_preparation.train_tokenizer_args.input={SAMPLE}",
         "data_preparation.train_tokenizer_args.vocab_size=500",
@@ -140,6 +145,7 @@ def test_pile_recipe_downloads_extracts_and_tokenizes(site: Site, tmp_path: Path
     result = run_main(
         f"base_results_dir={results}",
         f"data_dir={data}",
+        "stages=[data_preparation]",
         "data_preparation=gpt3/download_gpt3_pile",
         "data_preparation.file_numbers='0-1'",
         f"data_preparation.the_pile_url={site.url}/",
@@ -172,6 +178,7 @@ def test_cancel_stops_a_running_job_and_the_rest_of_the_pipeline(
             str(REPO / "main.py"),
             f"base_results_dir={results}",
             f"data_dir={tmp_path / 'data'}",
+            "stages=[data_preparation]",
             "data_preparation=gpt3/download_gpt3_pile",
             "data_preparation.file_numbers=0",
             "data_preparation.preprocess_data=false",

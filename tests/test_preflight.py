@@ -37,8 +37,8 @@ def test_unknown_stage(results: Path) -> None:
 
 
 def test_known_group_without_job_program(results: Path) -> None:
-    result = launch(results, "stages=[data_preparation,training]")
-    assert_one_line_error(result, "training", "Runnable stages")
+    result = launch(results, "stages=[data_preparation,conversion]")
+    assert_one_line_error(result, "conversion", "Runnable stages")
     assert not results.exists()
 
 
@@ -122,6 +122,7 @@ def test_full_error_shows_the_traceback(results: Path, monkeypatch: pytest.Monke
 def test_pile_dry_run_downloads_nothing(results: Path, tmp_path: Path) -> None:
     result = launch(
         results,
+        "stages=[data_preparation]",
         "data_preparation=gpt3/download_gpt3_pile",
         "data_preparation.the_pile_url=http://127.0.0.1:9/unreachable/",
         "data_preparation.download_vocab_url=http://127.0.0.1:9/vocab.json",

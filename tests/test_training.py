@@ -137,7 +137,9 @@ def test_parallel_layouts_match_a_single_process(
 ) -> None:
     steps = ("training.trainer.max_steps=6",)
     train(write_config(prepared, tmp_path / "single", *steps))
-    parallel = write_config(prepared, tmp_path / "parallel", *steps, "training.trainer.devices=2", *layout)
+    parallel = write_config(
+        prepared, tmp_path / "parallel", *steps, "training.trainer.devices=2", *layout
+    )
     train(parallel, processes=2)
     assert_same_losses(tmp_path / "single", tmp_path / "parallel", 1e-4)
 

@@ -1,1 +1,1 @@
-"""The pretraining job program, built on megatron-core (`python -m launcher_scripts.jobs.training.pretrain`)."""
+"""The pretraining job program on megatron-core (module `pretrain`; the loop is in `trainer`)."""

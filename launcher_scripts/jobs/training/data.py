@@ -51,7 +51,7 @@ def vocab_info(cfg: Any) -> VocabInfo:
 def build_datasets(
     cfg: Any, vocab: VocabInfo, samples: tuple[int, int, int], cache_dir: Path
 ) -> tuple[Any, Any, Any]:
-    """(train, validation, test) datasets sized for `samples`; built on rank 0 first, then the rest."""
+    """(train, validation, test) datasets sized for `samples`; rank 0 builds the index first."""
     data = cfg.model.data
     blend = recipe.data_blend(cfg)
     config = GPTDatasetConfig(
@@ -67,9 +67,7 @@ def build_datasets(
         create_attention_mask=False,  # causal masking is done by the attention kernel
         mmap_bin_files=True,
     )
-    builder = BlendedMegatronDatasetBuilder(
-        GPTDataset, list(samples), lambda: True, config
-    )
+    builder = BlendedMegatronDatasetBuilder(GPTDataset, list(samples), lambda: True, config)
     train, valid, test = builder.build()
     return train, valid, test
 

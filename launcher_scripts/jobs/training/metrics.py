@@ -69,11 +69,12 @@ class MetricsLog:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
         step = record["step"]
         for name, value in record.items():
-            if name != "step" and isinstance(value, int | float):
-                if self.tensorboard is not None:
-                    self.tensorboard.add_scalar(name, value, step)
+            numeric = isinstance(value, int | float) and name not in ("step", "wall_time")
+            if numeric and self.tensorboard is not None:
+                self.tensorboard.add_scalar(name, value, step)
         if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=step)
+            values = {k: v for k, v in record.items() if k not in ("step", "wall_time")}
+            self.wandb_run.log(values, step=step)
 
     def close(self) -> None:
         if self.tensorboard is not None:

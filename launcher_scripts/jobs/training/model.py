@@ -110,7 +110,9 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
         use_cpu_initialization=bool(model.get("use_cpu_initialization", not on_gpu)) or not on_gpu,
         perform_initialization=True,
         recompute_granularity=granularity,
-        recompute_method=model.get("activations_checkpoint_method") if granularity == "full" else None,
+        recompute_method=model.get("activations_checkpoint_method")
+        if granularity == "full"
+        else None,
         recompute_num_layers=(
             model.get("activations_checkpoint_num_layers") if granularity == "full" else None
         ),
@@ -150,9 +152,9 @@ def layer_spec(
 
 def padded_vocab_size(vocab_size: int, cfg: Any) -> int:
     """Megatron pads the vocabulary so every TP rank holds an equal, aligned slice."""
-    multiple = int(cfg.model.get("make_vocab_size_divisible_by", 128)) * recipe.parallelism(
-        cfg
-    ).tensor
+    multiple = (
+        int(cfg.model.get("make_vocab_size_divisible_by", 128)) * recipe.parallelism(cfg).tensor
+    )
     return -(-vocab_size // multiple) * multiple
 
 
@@ -172,8 +174,12 @@ def build_chunks(
                 transformer_layer_spec=spec,
                 vocab_size=padded_vocab_size(vocab_size, cfg),
                 max_sequence_length=model.max_position_embeddings,
-                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
-                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+                pre_process=parallel_state.is_pipeline_first_stage(
+                    ignore_virtual=False, vp_stage=stage
+                ),
+                post_process=parallel_state.is_pipeline_last_stage(
+                    ignore_virtual=False, vp_stage=stage
+                ),
                 fp16_lm_cross_entropy=bool(model.get("fp16_lm_cross_entropy", False)),
                 parallel_output=True,
                 share_embeddings_and_output_weights=bool(

@@ -76,14 +76,18 @@ def parallelism(cfg: Any, stage: str = "training") -> Parallelism:
     devices = _int(key(stage, "trainer.devices"), trainer.devices)
     nodes = _int(key(stage, "trainer.num_nodes"), trainer.num_nodes)
     return Parallelism(
-        tensor=_int(key(stage, "model.tensor_model_parallel_size"), model.tensor_model_parallel_size),
+        tensor=_int(
+            key(stage, "model.tensor_model_parallel_size"), model.tensor_model_parallel_size
+        ),
         pipeline=_int(
             key(stage, "model.pipeline_model_parallel_size"), model.pipeline_model_parallel_size
         ),
-        virtual_pipeline=None if vp in (None, 1) else _int(
-            key(stage, "model.virtual_pipeline_model_parallel_size"), vp
+        virtual_pipeline=None
+        if vp in (None, 1)
+        else _int(key(stage, "model.virtual_pipeline_model_parallel_size"), vp),
+        context=_int(
+            key(stage, "model.context_parallel_size"), model.get("context_parallel_size", 1)
         ),
-        context=_int(key(stage, "model.context_parallel_size"), model.get("context_parallel_size", 1)),
         sequence_parallel=bool(model.get("sequence_parallel", False)),
         world_size=devices * nodes,
     )
@@ -218,7 +222,8 @@ def _check_parallel_layout(model: Any, par: Parallelism, stage: str) -> None:
         if heads % groups or groups % par.tensor:
             raise ConfigError(
                 key(stage, "model.num_query_groups"),
-                f"{groups} query groups must divide the {heads} heads and divide by TP {par.tensor}",
+                f"{groups} query groups must divide the {heads} heads and be divisible by "
+                f"TP {par.tensor}",
                 "Choose num_query_groups accordingly",
             )
     seq = _int(key(stage, "model.data.seq_length"), model.data.seq_length)
@@ -297,7 +302,10 @@ def _check_architecture(model: Any, stage: str) -> None:
             f"{granularity!r} is not valid",
             "Use selective, full or null",
         )
-    if granularity == "full" and model.get("activations_checkpoint_method") not in RECOMPUTE_METHODS:
+    if (
+        granularity == "full"
+        and model.get("activations_checkpoint_method") not in RECOMPUTE_METHODS
+    ):
         raise ConfigError(
             key(stage, "model.activations_checkpoint_method"),
             f"{model.get('activations_checkpoint_method')!r} is not valid with full recompute",
@@ -338,8 +346,10 @@ def _check_trainer(cfg: Any, stage: str) -> None:
         )
     params = section(cfg.exp_manager, "checkpoint_callback_params")
     if params:
-        _int(key(stage, "exp_manager.checkpoint_callback_params.every_n_train_steps"),
-             params.get("every_n_train_steps") or max_steps)
+        _int(
+            key(stage, "exp_manager.checkpoint_callback_params.every_n_train_steps"),
+            params.get("every_n_train_steps") or max_steps,
+        )
         top_k = params.get("save_top_k", 1)
         if not isinstance(top_k, int) or top_k < -1:
             raise ConfigError(
@@ -383,7 +393,10 @@ def _check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
     library = tokenizer.get("library")
     files = [("model", tokenizer.get("model"))]
     if library == "megatron" or tokenizer.get("vocab_file"):
-        files = [("vocab_file", tokenizer.get("vocab_file")), ("merge_file", tokenizer.get("merge_file"))]
+        files = [
+            ("vocab_file", tokenizer.get("vocab_file")),
+            ("merge_file", tokenizer.get("merge_file")),
+        ]
     for name, path in files:
         if not path:
             raise ConfigError(

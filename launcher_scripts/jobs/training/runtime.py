@@ -1,4 +1,4 @@
-"""Who this process is (torchrun or Slurm), the process group, and megatron-core's parallel state."""
+"""Who this process is (torchrun or Slurm), the process group, megatron-core's parallel state."""
 
 from __future__ import annotations
 

@@ -94,7 +94,9 @@ class Trainer:
         os.replace(tmp, path)
 
     def _build_model(self) -> list[Any]:
-        chunks = model_builder.build_chunks(self.cfg, self.config, self.vocab.vocab_size, self.use_te)
+        chunks = model_builder.build_chunks(
+            self.cfg, self.config, self.vocab.vocab_size, self.use_te
+        )
         if self.on_gpu:
             chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
         init_weights.initialize(chunks, self.config, self.seed)
@@ -213,9 +215,7 @@ class Trainer:
         return output, partial(_loss_function, batch["loss_mask"])
 
     def _run_schedule(self, start: int, micro_batches: int, forward_only: bool, stream: Any):
-        iterators = [
-            stream.micro_batches(start, micro_batches) for _ in range(len(self.model))
-        ]
+        iterators = [stream.micro_batches(start, micro_batches) for _ in range(len(self.model))]
         return get_forward_backward_func()(
             forward_step_func=self._forward_step,
             data_iterator=iterators if len(iterators) > 1 else iterators[0],
@@ -226,21 +226,28 @@ class Trainer:
             forward_only=forward_only,
         )
 
-    def _reduce_loss(self, outputs: list[dict[str, torch.Tensor]]) -> float:
-        """Mean loss per token over the global batch, the same on every rank.
+    def _local_loss(self, outputs: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """[summed token loss, token count] of this rank's micro-batches, left on the device."""
+        device = "cuda" if self.on_gpu else "cpu"
+        if not outputs:  # not the last pipeline stage
+            return torch.zeros(2, dtype=torch.float64, device=device)
+        return torch.stack([o["lm loss"].detach() for o in outputs]).sum(0).double()
+
+    def _reduce_loss(self, local: torch.Tensor) -> float:
+        """Mean loss per token over every rank's share, the same on every rank.
 
         Only the last pipeline stage has losses; the others add zeros. Tensor-parallel ranks
         repeat both the sum and the count, so their ratio is unchanged.
         """
-        total = torch.zeros(2, dtype=torch.float64)
-        for output in outputs:
-            total += output["lm loss"].detach().to("cpu", torch.float64)
-        if self.on_gpu:
-            total = total.cuda()
+        total = local.clone()
         dist.all_reduce(total)
         return float(total[0] / total[1].clamp(min=1))
 
-    def train_step(self) -> dict[str, float]:
+    def train_step(self) -> tuple[torch.Tensor, dict[str, float]]:
+        """One optimizer step: this rank's [loss sum, token count], and the step's scalars.
+
+        The loss is reduced across ranks only when it is logged, not every step.
+        """
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -254,8 +261,7 @@ class Trainer:
         self.state.step += 1
         self.state.consumed_samples += batch_size
         update_num_microbatches(self.state.consumed_samples, consistency_check=True)
-        return {
-            "reduced_train_loss": self._reduce_loss(outputs),
+        return self._local_loss(outputs), {
             "lr": float(self.optimizer.param_groups[0]["lr"]),
             "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
             "global_batch_size": float(batch_size),
@@ -276,7 +282,7 @@ class Trainer:
             outputs += self._run_schedule(batch * gbs, micro, True, self.valid_stream)
         for chunk in self.model:
             chunk.train()
-        return self._reduce_loss(outputs)
+        return self._reduce_loss(self._local_loss(outputs))
 
     # ----- checkpoints ------------------------------------------------------------------
 
@@ -356,9 +362,7 @@ class Trainer:
         max_steps = int(trainer.max_steps)
         log_every = int(trainer.log_every_n_steps)
         save_every = int(self._checkpoint_params().get("every_n_train_steps") or max_steps)
-        max_seconds = (
-            recipe.parse_max_time(trainer.max_time) if trainer.get("max_time") else None
-        )
+        max_seconds = recipe.parse_max_time(trainer.max_time) if trainer.get("max_time") else None
         self._build_data()
         self.resume()
         if self.rank == 0:
@@ -375,18 +379,22 @@ class Trainer:
             int(self.cfg.model.data.seq_length),
             model_builder.padded_vocab_size(self.vocab.vocab_size, self.cfg),
         )
-        window: list[float] = []
+        window: list[float] = []  # step times since the last log line
+        window_loss: torch.Tensor | None = None
         saved_step = self.state.step
         while self.state.step < max_steps:
             tick = time.perf_counter()
-            record = self.train_step()
+            local_loss, record = self.train_step()
             if self.on_gpu:
                 torch.cuda.synchronize()
             window.append(time.perf_counter() - tick)
+            window_loss = local_loss if window_loss is None else window_loss + local_loss
             step = self.state.step
             if step % log_every == 0 or step == max_steps:
+                # The mean over the steps since the last log line, as Megatron reports it.
+                record["reduced_train_loss"] = self._reduce_loss(window_loss)
                 self._log_train(step, record, window, flops_per_sample)
-                window = []
+                window, window_loss = [], None
             if step % self._val_interval() == 0:
                 val_loss = self.validate()
                 if not math.isnan(val_loss):
@@ -418,6 +426,7 @@ class Trainer:
         tokens = record["global_batch_size"] * int(self.cfg.model.data.seq_length)
         record = {
             "step": step,
+            "wall_time": time.time(),
             "consumed_samples": self.state.consumed_samples,
             **record,
             "train_step_timing": step_time,
