@@ -57,6 +57,11 @@ CASES = {
         "data_preparation",
         ["data_preparation=gpt3/download_gpt3_pile", "data_preparation.file_numbers='0,3,5-7'"],
     ),
+    "training_gpt3_tiny": ("training", ["training=gpt3/tiny"]),
+    "training_gpt3_126m_two_devices": (
+        "training",
+        ["training=gpt3/126m", "training.trainer.devices=2", "training.trainer.num_nodes=1"],
+    ),
 }
 
 

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher_scripts.config.compose import compose_config
-from launcher_scripts.jobs.training.pretrain import EXIT_PREEMPTED
+from launcher_scripts.jobs.training.runtime import EXIT_PREEMPTED
 from tests.conftest import REPO, run_main
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
@@ -257,3 +257,78 @@ def test_torn_checkpoints_are_ignored_on_resume(prepared: Path, tmp_path: Path) 
     assert "resumed from" in result.stdout and "step=4-" in result.stdout
     assert not (checkpoints / ".tmp-megatron_gpt--step=8").exists()
     assert min(s for s in losses(log_dir) if s > 4) == 5
+
+
+def test_an_empty_split_is_one_clear_error(prepared: Path, tmp_path: Path) -> None:
+    config = write_config(
+        prepared, tmp_path / "run", 'training.model.data.splits_string="99990,8,2"'
+    )
+    result = subprocess.run(
+        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: training.model.data.splits_string='99990,8,2' leaves the validation split"
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fix"),
+    [
+        (
+            ["training.model.global_batch_size=12", "training.trainer.devices=2"],
+            "training.model.global_batch_size",
+            "Use a multiple of 8",
+        ),
+        (
+            ["training.model.tensor_model_parallel_size=3", "training.trainer.devices=3"],
+            "training.model.num_attention_heads",
+            "divides the number of heads",
+        ),
+        (
+            ["training.model.pipeline_model_parallel_size=3", "training.trainer.devices=3"],
+            "training.model.num_layers",
+            "divisible by PP x VP",
+        ),
+        (
+            ["training.model.tensor_model_parallel_size=2"],
+            "training.model.tensor_model_parallel_size",
+            "trainer.devices",
+        ),
+        (
+            ["training.model.encoder_seq_length=256"],
+            "training.model.data.seq_length",
+            "max_position_embeddings",
+        ),
+        (["training.model.activation=relu"], "training.model.activation", "swiglu"),
+        (
+            ["training.model.data.data_prefix=[0.5,/nope/a,0.5]"],
+            "training.model.data.data_prefix",
+            "weight, path",
+        ),
+    ],
+)
+def test_training_preflight_names_the_key(
+    tmp_path: Path, overrides: list[str], key: str, fix: str
+) -> None:
+    result = run_main(
+        f"base_results_dir={tmp_path}/results", f"data_dir={tmp_path}/data", *overrides
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {key}"), result.stderr
+    assert fix in lines[0]
+    assert not (tmp_path / "results").exists()
+
+
+def test_training_needs_its_data_unless_an_earlier_stage_writes_it(tmp_path: Path) -> None:
+    paths = (f"base_results_dir={tmp_path}/results", f"data_dir={tmp_path}/data")
+    alone = run_main(*paths, "stages=[training]", "dry_run=true")
+    assert alone.returncode == 2 and "data_prefix" in alone.stderr
+    assert "Run data_preparation first" in alone.stderr
+    both = run_main(*paths, "dry_run=true")
+    assert both.returncode == 0, both.stderr

@@ -17,10 +17,43 @@ from typing import Any
 import torch
 from megatron.core import parallel_state
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.blended_megatron_dataset_config import (
+    convert_split_vector_to_split_matrix,
+    parse_and_normalize_split,
+)
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from launcher_scripts.jobs.data_prep.tokenizer import TokenizerSpec, load_tokenizer
 from launcher_scripts.jobs.training import recipe
+
+
+SPLIT_NAMES = ("train", "validation", "test")
+
+
+class DataError(RuntimeError):
+    pass
+
+
+def check_splits(prefixes: tuple[str, ...], split: str, samples: tuple[int, int, int]) -> None:
+    """Fail clearly where megatron-core would loop forever: samples asked of an empty split.
+
+    GPTDataset splits each dataset by document count; a split that gets no documents (a small
+    corpus with "99990,8,2") has no tokens to draw samples from.
+    """
+    matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    for prefix in prefixes:
+        documents = IndexedDataset(prefix, mmap=True).sequence_lengths.shape[0]
+        for name, wanted, bounds in zip(SPLIT_NAMES, samples, matrix, strict=True):
+            if not wanted or bounds is None:
+                continue
+            begin, end = (int(round(b * float(documents))) for b in bounds)
+            if end <= begin:
+                raise DataError(
+                    f"training.model.data.splits_string={split!r} leaves the {name} split of "
+                    f"{prefix} ({documents} documents) empty: give it a larger share, e.g. "
+                    '"90,5,5", or use a larger dataset'
+                )
 
 
 @dataclass(frozen=True)
@@ -54,6 +87,7 @@ def build_datasets(
     """(train, validation, test) datasets sized for `samples`; rank 0 builds the index first."""
     data = cfg.model.data
     blend = recipe.data_blend(cfg)
+    check_splits(blend.prefixes, str(data.get("splits_string", "969,30,1")), samples)
     config = GPTDatasetConfig(
         random_seed=int(cfg.model.get("seed", 1234)),
         sequence_length=int(data.seq_length),
@@ -67,6 +101,10 @@ def build_datasets(
         create_attention_mask=False,  # causal masking is done by the attention kernel
         mmap_bin_files=True,
     )
+    if not samples[2]:
+        # Skip the test split (same train/validation boundaries): pretraining never reads it,
+        # and megatron-core cannot build a split that holds no documents.
+        config.split_matrix = [*config.split_matrix[:2], None]
     builder = BlendedMegatronDatasetBuilder(GPTDataset, list(samples), lambda: True, config)
     train, valid, test = builder.build()
     return train, valid, test

@@ -103,7 +103,7 @@ def progress_line(step: int, max_steps: int, record: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def plot_loss_curve(metrics_file: Path, output: Path) -> bool:
+def plot_loss_curve(metrics_file: Path, output: Path, title: str) -> bool:
     """loss_curve.png from the whole metrics.jsonl (resumed runs included); False if no data."""
     records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
     train = [(r["step"], r["reduced_train_loss"]) for r in records if "reduced_train_loss" in r]
@@ -121,7 +121,7 @@ def plot_loss_curve(metrics_file: Path, output: Path) -> bool:
         axes.plot(*zip(*val, strict=True), "o-", label="validation loss")
     axes.set_xlabel("step")
     axes.set_ylabel("loss")
-    axes.set_title(f"{output.parent.name}: first {train[0][1]:.3f}, last {train[-1][1]:.3f}")
+    axes.set_title(f"{title}: first {train[0][1]:.3f}, last {train[-1][1]:.3f}")
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()

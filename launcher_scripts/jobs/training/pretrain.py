@@ -10,16 +10,12 @@ SIGTERM or SIGUSR1 after saving a checkpoint, so the job can be requeued and res
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import socket
 import sys
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-
-EXIT_PREEMPTED = 75
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -53,22 +49,19 @@ def main(argv: list[str] | None = None) -> int:
         cpu_compat.patch_cuda_queries()
         cpu_compat.CudaDevicesOnCpu().__enter__()
     runtime.init_distributed(info, on_gpu)
-    try:
-        from launcher_scripts.jobs.training.trainer import Trainer
+    from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
+    from launcher_scripts.jobs.training.data import DataError
+    from launcher_scripts.jobs.training.trainer import ResumeError, Trainer
 
+    try:
         trainer = Trainer(cfg, on_gpu, info, StopSignals())
         return trainer.fit()
+    except (DataError, ResumeError, TokenizerError) as error:
+        # Problems with the inputs, not bugs: one line that says what to change.
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
     finally:
         runtime.shutdown()
-
-
-def describe_process(info: Any, on_gpu: bool) -> str:
-    device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
-    return (
-        f"rank {info.rank}/{info.world_size} local_rank {info.local_rank} host "
-        f"{socket.gethostname()} device {device} launcher {info.launcher} master "
-        f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-    )
 
 
 if __name__ == "__main__":

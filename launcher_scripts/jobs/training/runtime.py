@@ -14,6 +14,10 @@ from megatron.core import parallel_state, tensor_parallel
 from launcher_scripts.jobs.training import cpu_compat
 from launcher_scripts.jobs.training.recipe import Parallelism
 
+# The exit code of a run stopped by SIGTERM/SIGUSR1 after saving a checkpoint (EX_TEMPFAIL):
+# "try again", which a scheduler can requeue on; the same command resumes.
+EXIT_PREEMPTED = 75
+
 
 @dataclass(frozen=True)
 class ProcessInfo:
@@ -100,3 +104,12 @@ def shutdown() -> None:
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def describe_process(info: ProcessInfo, on_gpu: bool) -> str:
+    device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
+    return (
+        f"rank {info.rank}/{info.world_size} local_rank {info.local_rank} host "
+        f"{socket.gethostname()} device {device} launcher {info.launcher} master "
+        f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    )

@@ -31,8 +31,12 @@ from omegaconf import OmegaConf
 from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, recipe
 from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.checkpointing import TrainState
-from launcher_scripts.jobs.training.pretrain import EXIT_PREEMPTED, describe_process
-from launcher_scripts.jobs.training.runtime import init_model_parallel, seed_everything
+from launcher_scripts.jobs.training.runtime import (
+    EXIT_PREEMPTED,
+    describe_process,
+    init_model_parallel,
+    seed_everything,
+)
 
 
 class ResumeError(RuntimeError):
@@ -187,13 +191,12 @@ class Trainer:
         gbs = int(model.global_batch_size)
         limit = trainer.get("limit_val_batches", 1)
         val_batches = limit if isinstance(limit, int) and not isinstance(limit, bool) else 0
-        test_limit = trainer.get("limit_test_batches", 0)
-        test_batches = test_limit if isinstance(test_limit, int) else 0
         index_dir = model.data.get("index_mapping_dir") or self.log_dir / "index_cache"
         train, valid, _test = data.build_datasets(
             self.cfg,
             self.vocab,
-            (int(trainer.max_steps) * gbs, max(val_batches * gbs, 1), test_batches * gbs),
+            # No test split: pretraining never evaluates on it (the evaluation stage does).
+            (int(trainer.max_steps) * gbs, max(val_batches * gbs, 1), 0),
             Path(str(index_dir)),
         )
         self.train_stream = data.SampleStream(train, int(model.micro_batch_size))
@@ -453,7 +456,7 @@ class Trainer:
         if self.metrics_log is not None:
             self.metrics_log.close()
             curve = self.log_dir / "loss_curve.png"
-            if metrics.plot_loss_curve(self.metrics_log.path, curve):
+            if metrics.plot_loss_curve(self.metrics_log.path, curve, str(self.cfg.run.name)):
                 print(f"loss curve: {curve}", flush=True)
         dist.barrier()
         return 0
