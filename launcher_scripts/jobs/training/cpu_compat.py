@@ -118,6 +118,11 @@ def _no_op(*_args: object, **_kwargs: object) -> None:
 
 
 def patch_cuda_queries() -> None:
-    """The few `torch.cuda` calls megatron-core makes unconditionally, answered for the CPU."""
-    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
+    """The few `torch.cuda` calls megatron-core makes unconditionally, answered for the CPU.
+
+    `current_device()` mostly feeds `device=` arguments. It answers the CPU device rather than
+    an index because the mode above is thread-local, and backward passes of megatron-core's
+    autograd functions may run on autograd's own threads, where only this answer reaches.
+    """
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.synchronize = _no_op  # type: ignore[assignment]

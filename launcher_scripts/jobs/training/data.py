@@ -26,12 +26,12 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from launcher_scripts.jobs.data_prep.tokenizer import TokenizerSpec, load_tokenizer
 from launcher_scripts.jobs.training import recipe
-
+from launcher_scripts.jobs.training.runtime import JobError
 
 SPLIT_NAMES = ("train", "validation", "test")
 
 
-class DataError(RuntimeError):
+class DataError(JobError):
     pass
 
 

@@ -22,6 +22,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from launcher_scripts.jobs.training import recipe
+from launcher_scripts.jobs.training.runtime import JobError
 
 # activation -> (function, gated linear unit)
 ACTIVATIONS = {
@@ -74,7 +75,7 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
     fp8 = None
     if model.get("fp8"):
         if not use_te:
-            raise RuntimeError(
+            raise JobError(
                 "training.model.fp8 needs Transformer Engine, which does not import here: "
                 "set fp8=False or use a container with transformer_engine"
             )

@@ -50,13 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         cpu_compat.CudaDevicesOnCpu().__enter__()
     runtime.init_distributed(info, on_gpu)
     from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
-    from launcher_scripts.jobs.training.data import DataError
-    from launcher_scripts.jobs.training.trainer import ResumeError, Trainer
+    from launcher_scripts.jobs.training.runtime import JobError
+    from launcher_scripts.jobs.training.trainer import Trainer
 
     try:
         trainer = Trainer(cfg, on_gpu, info, StopSignals())
         return trainer.fit()
-    except (DataError, ResumeError, TokenizerError) as error:
+    except (JobError, TokenizerError) as error:
         # Problems with the inputs, not bugs: one line that says what to change.
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1

@@ -14,6 +14,11 @@ from megatron.core import parallel_state, tensor_parallel
 from launcher_scripts.jobs.training import cpu_compat
 from launcher_scripts.jobs.training.recipe import Parallelism
 
+
+class JobError(RuntimeError):
+    """A problem with the job's inputs or settings, reported as one line, not a traceback."""
+
+
 # The exit code of a run stopped by SIGTERM/SIGUSR1 after saving a checkpoint (EX_TEMPFAIL):
 # "try again", which a scheduler can requeue on; the same command resumes.
 EXIT_PREEMPTED = 75

@@ -33,13 +33,14 @@ from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.checkpointing import TrainState
 from launcher_scripts.jobs.training.runtime import (
     EXIT_PREEMPTED,
+    JobError,
     describe_process,
     init_model_parallel,
     seed_everything,
 )
 
 
-class ResumeError(RuntimeError):
+class ResumeError(JobError):
     pass
 
 
@@ -68,6 +69,11 @@ class Trainer:
             and bool(cfg.model.get("transformer_engine", False))
             and model_builder.transformer_engine_available()
         )
+        if self.par.context > 1 and not self.use_te:
+            raise JobError(
+                "training.model.context_parallel_size > 1 needs Transformer Engine on GPUs "
+                "(and transformer_engine=True): set it to 1 here"
+            )
         self.config = model_builder.transformer_config(cfg, self.use_te, on_gpu)
         self.model = self._build_model()
         self.optimizer = self._build_optimizer()
