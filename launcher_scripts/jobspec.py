@@ -45,3 +45,7 @@ class JobSpec:
     dependency: str = "afterok"  # how this job waits for the one before it
     reads: tuple[str, ...] = ()  # paths of artifacts the job needs
     writes: tuple[str, ...] = ()  # paths of artifacts the job produces
+    # A job that saves a checkpoint and exits with this code when signalled, so a scheduler may
+    # requeue it; progress_dir holds its checkpoints (to tell whether an attempt advanced).
+    checkpoint_exit_code: int | None = None
+    progress_dir: str | None = None

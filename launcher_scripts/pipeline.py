@@ -40,14 +40,14 @@ class PlannedStage:
     jobs: tuple[PlannedJob, ...]
 
 
-def make_backend(cluster_type: str) -> Backend:
+def make_backend(cluster_type: str, root: DictConfig) -> Backend:
     if cluster_type not in BACKENDS:
         raise ConfigError(
             "cluster_type",
             f"the {cluster_type} backend is not available in this launcher version yet",
             f"Use one of: {', '.join(BACKENDS)}",
         )
-    return BACKENDS[cluster_type]()
+    return BACKENDS[cluster_type](root)
 
 
 def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
@@ -55,7 +55,7 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     stages = requested_stages(cfg, STAGES, config_groups())
     resolved = resolve(cfg, stages)
     check_globals(resolved)
-    backend = make_backend(resolved.cluster_type)
+    backend = make_backend(resolved.cluster_type, resolved)
     planned, names = [], set()
     written: set[str] = set()  # artifacts earlier stages of this run produce
     for stage in stages:

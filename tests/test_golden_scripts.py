@@ -58,6 +58,18 @@ CASES = {
         ["data_preparation=gpt3/download_gpt3_pile", "data_preparation.file_numbers='0,3,5-7'"],
     ),
     "training_gpt3_tiny": ("training", ["training=gpt3/tiny"]),
+    "training_gpt3_126m_container": (
+        "training",
+        [
+            "training=gpt3/126m",
+            "container=nvcr.io/nvidia/nemo:24.05",
+            "container_mounts=[/lustre/shared,/scratch:/mnt/scratch]",
+            "cluster.partition=batch",
+            "cluster.account=llm",
+            "+cluster.sbatch_options.constraint=h100",
+            "cluster.srun_args=['--mpi=pmix']",
+        ],
+    ),
     "training_gpt3_126m_two_devices": (
         "training",
         ["training=gpt3/126m", "training.trainer.devices=2", "training.trainer.num_nodes=1"],
@@ -68,7 +80,7 @@ CASES = {
 def rendered(case: str, backend_name: str) -> dict[str, str]:
     stage, overrides = CASES[case]
     cfg = resolve(compose_config([*PATHS, f"stages=[{stage}]", *overrides]), [stage])
-    backend = BACKENDS[backend_name]()
+    backend = BACKENDS[backend_name](cfg)
     jobs = STAGES[stage].jobs(StageContext(cfg, stage))
     return {f"{job.name}.sh": backend.render(job) for job in jobs}
 

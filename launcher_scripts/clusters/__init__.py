@@ -2,7 +2,8 @@
 
 from launcher_scripts.clusters.base import Backend, JobRecord
 from launcher_scripts.clusters.local import LocalBackend
+from launcher_scripts.clusters.slurm import SlurmBackend
 
-BACKENDS: dict[str, type] = {"local": LocalBackend}
+BACKENDS: dict[str, type] = {"local": LocalBackend, "bcm": SlurmBackend}
 
 __all__ = ["BACKENDS", "Backend", "JobRecord"]

@@ -29,6 +29,9 @@ class LocalBackend:
     name = "local"
     synchronous = True
 
+    def __init__(self, root: object = None) -> None:
+        """`root` is the resolved config; the local backend needs nothing from it."""
+
     def render(self, job: JobSpec) -> str:
         lines = [
             "#!/usr/bin/env bash",

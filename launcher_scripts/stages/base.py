@@ -75,6 +75,8 @@ def make_job(
     array_size: int | None = None,
     reads: tuple[str, ...] = (),
     writes: tuple[str, ...] = (),
+    checkpoint_exit_code: int | None = None,
+    progress_dir: str | None = None,
 ) -> JobSpec:
     """A JobSpec with the settings every job of every stage shares, taken from the root config.
 
@@ -96,4 +98,6 @@ def make_job(
         dependency=str(run.get("dependency") or "afterok"),
         reads=reads,
         writes=writes,
+        checkpoint_exit_code=checkpoint_exit_code,
+        progress_dir=progress_dir,
     )

@@ -9,6 +9,9 @@ from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.stages.base import StageContext, make_job, register
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
+# The pretraining program's exit code after a signal-triggered checkpoint (runtime.EXIT_PREEMPTED;
+# not imported from there, which would load torch while planning).
+EXIT_PREEMPTED = 75
 
 
 @register
@@ -38,5 +41,7 @@ class Training:
                 ),
                 reads=(*blend.prefixes, *filter(None, [recipe.tokenizer_file(cfg)])),
                 writes=(str(log_dir / "checkpoints"), str(log_dir / "hparams.yaml")),
+                checkpoint_exit_code=EXIT_PREEMPTED,
+                progress_dir=str(log_dir / "checkpoints"),
             )
         ]

@@ -15,7 +15,6 @@ import math
 import os
 import re
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +23,17 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
-STATE_FILE = "train_state.json"
-TMP_PREFIX = ".tmp-"
+from launcher_scripts.jobs.training.progress import (
+    STATE_FILE,
+    TMP_PREFIX,
+    Checkpoint,
+    TrainState,
+    complete_checkpoints,
+)
+
 RNG_DIR = "rng_state"
 OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
 FIELD = re.compile(r"\{(\w+)(:[^}]*)?\}")
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    consumed_samples: int = 0
-    scheduler: dict[str, Any] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
-    world: dict[str, int] = field(default_factory=dict)  # the layout that saved the RNG states
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    path: Path
-    state: TrainState
 
 
 def checkpoint_name(template: str, values: dict[str, float]) -> str:
@@ -55,23 +45,6 @@ def checkpoint_name(template: str, values: dict[str, float]) -> str:
         return f"{name}={format(value, spec)}"
 
     return FIELD.sub(replace, template)
-
-
-def complete_checkpoints(directory: Path) -> list[Checkpoint]:
-    """Finished checkpoints, oldest step first; torn or temporary folders are left out."""
-    found = []
-    if not directory.is_dir():
-        return found
-    for path in directory.iterdir():
-        state_file = path / STATE_FILE
-        if path.name.startswith(TMP_PREFIX) or not state_file.is_file():
-            continue
-        try:
-            raw = json.loads(state_file.read_text())
-            found.append(Checkpoint(path, TrainState(**raw)))
-        except (ValueError, TypeError):
-            continue  # a damaged state file: not a checkpoint to trust
-    return sorted(found, key=lambda c: c.state.step)
 
 
 def _world() -> dict[str, int]:

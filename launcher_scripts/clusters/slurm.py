@@ -1,0 +1,315 @@
+"""Slurm (`cluster_type=bcm`): sbatch scripts with srun steps, pyxis containers when set.
+
+Rendering is pure: the cluster section of the config and a JobSpec give the script, byte for
+byte the same each time. Submission, status and cancel call sbatch, squeue/sacct and scancel.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.clusters.base import JobRecord, export_lines, format_argv, utc_now
+from launcher_scripts.errors import ConfigError, LauncherError
+from launcher_scripts.jobspec import JobSpec
+
+# sbatch options the cluster section may pass through by long name (without "--"). Options
+# the backend sets itself (nodes, tasks, time, output, array, dependency, ...) are not here.
+PASSTHROUGH_OPTIONS = frozenset(
+    {
+        "begin",
+        "constraint",
+        "contiguous",
+        "core-spec",
+        "cores-per-socket",
+        "cpu-freq",
+        "cpus-per-gpu",
+        "deadline",
+        "distribution",
+        "gpu-bind",
+        "gpu-freq",
+        "gres",
+        "gres-flags",
+        "hint",
+        "licenses",
+        "mail-type",
+        "mail-user",
+        "mem-bind",
+        "mem-per-cpu",
+        "mem-per-gpu",
+        "network",
+        "nice",
+        "no-kill",
+        "power",
+        "priority",
+        "profile",
+        "propagate",
+        "sockets-per-node",
+        "spread-job",
+        "switches",
+        "threads-per-core",
+        "tmp",
+        "uid",
+        "wckey",
+    }
+)
+# Signals srun forwards to the tasks of its step; the batch shell forwards this one to srun.
+CHECKPOINT_SIGNAL = "USR1"
+
+
+def check_cluster(cluster: Mapping[str, Any]) -> None:
+    """Preflight of the cluster section; ConfigError names the key."""
+    options = cluster.get("sbatch_options") or {}
+    for name in options:
+        if str(name) not in PASSTHROUGH_OPTIONS:
+            raise ConfigError(
+                f"cluster.sbatch_options.{name}",
+                "is not an sbatch option this launcher passes through",
+                f"Use one of: {', '.join(sorted(PASSTHROUGH_OPTIONS))} "
+                "(or the cluster key of the same meaning, e.g. cluster.partition)",
+            )
+    grace = cluster.get("signal_grace_seconds")
+    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int) or grace < 1):
+        raise ConfigError(
+            "cluster.signal_grace_seconds", f"{grace!r} is not a positive integer", "Fix it"
+        )
+    restarts = cluster.get("max_restarts", 0)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ConfigError("cluster.max_restarts", f"{restarts!r} is not an integer >= 0", "Fix it")
+
+
+def slurm_time(limit: str) -> str:
+    """NeMo writes "0:30:00" or "1-00:00:00"; Slurm takes both as they are, so check only."""
+    text = str(limit).strip()
+    if not text or any(c not in "0123456789:-" for c in text):
+        raise ConfigError("run.time_limit", f"{limit!r} is not a Slurm time", 'Use "HH:MM:SS"')
+    return text
+
+
+class SlurmBackend:
+    name = "bcm"
+    synchronous = False
+
+    def __init__(self, root: Any = None) -> None:
+        """`root` is the resolved config; status and cancel need none."""
+        self.root = root
+        self.cluster = root.cluster if root is not None else {}
+        check_cluster(self.cluster)
+
+    # ----- rendering -------------------------------------------------------------------
+
+    def log_path(self, job: JobSpec, run_id: str) -> str:
+        return str(Path(job.results_dir) / f"log-{job.name}_{run_id}.out")
+
+    def _sbatch_lines(self, job: JobSpec) -> list[str]:
+        cluster, resources = self.cluster, job.resources
+        prefix = str(cluster.get("job_name_prefix") or "")
+        output = "%A_%a" if job.array_size else "%j"
+        options: list[tuple[str, str | None]] = [
+            ("job-name", f"{prefix}{job.name}"),
+            ("nodes", str(resources.nodes)),
+            ("ntasks-per-node", str(resources.ntasks_per_node)),
+            ("time", slurm_time(resources.time_limit)),
+            ("output", str(Path(job.results_dir) / f"slurm-{job.name}_{output}.out")),
+        ]
+        for key in ("partition", "account", "qos", "reservation", "comment", "nodelist", "exclude"):
+            if cluster.get(key):
+                options.append((key, str(cluster[key])))
+        if resources.cpus_per_task:
+            options.append(("cpus-per-task", str(resources.cpus_per_task)))
+        if resources.gpus_per_node:
+            if cluster.get("gpus_per_node") is not None:
+                options.append(("gpus-per-node", str(resources.gpus_per_node)))
+            if cluster.get("gpus_per_task") is not None:
+                options.append(("gpus-per-task", str(cluster.gpus_per_task)))
+            if cluster.get("mem") is not None:
+                options.append(("mem", str(cluster.mem)))
+        if resources.exclusive and cluster.get("exclusive", True):
+            options.append(("exclusive", None))
+        if cluster.get("overcommit"):
+            options.append(("overcommit", None))
+        if job.array_size:
+            options.append(("array", f"0-{job.array_size - 1}"))
+        if job.checkpoint_exit_code is not None:
+            grace = int(cluster.get("signal_grace_seconds") or 120)
+            options += [("signal", f"B:{CHECKPOINT_SIGNAL}@{grace}"), ("requeue", None)]
+            options.append(("open-mode", "append"))
+        for name, value in sorted((cluster.get("sbatch_options") or {}).items()):
+            options.append((str(name), None if value is True else str(value)))
+        return [
+            f"#SBATCH --{name}" if value is None else f"#SBATCH --{name}={shlex.quote(value)}"
+            for name, value in options
+        ]
+
+    def _container_flags(self, job: JobSpec) -> list[str]:
+        if not job.container:
+            return []
+        root = self.root
+        mounts = [str(root.launcher_scripts_path), str(root.data_dir), str(root.base_results_dir)]
+        mounts += list(job.container_mounts)
+        unique = list(dict.fromkeys(mounts))
+        return [
+            f"--container-image={job.container}",
+            f"--container-mounts={','.join(unique)}",
+            f"--container-workdir={job.results_dir}",
+            "--no-container-mount-home",
+        ]
+
+    def _srun_argv(self, job: JobSpec, command_argv: list[str], tasks_per_node: int) -> list[str]:
+        argv = ["srun", f"--ntasks-per-node={tasks_per_node}", "--kill-on-bad-exit=1"]
+        argv += self._container_flags(job)
+        argv += [str(a) for a in (self.cluster.get("srun_args") or [])]
+        return argv + command_argv
+
+    def render(self, job: JobSpec) -> str:
+        lines = [
+            "#!/usr/bin/env bash",
+            f"# Stage {job.stage}, job {job.name}: rendered by launcher_scripts (Slurm backend).",
+            *self._sbatch_lines(job),
+            "set -euo pipefail",
+        ]
+        if job.checkpoint_exit_code is not None:
+            # One log per attempt: a requeued job keeps its id, so the attempt is in the name.
+            log = Path(job.results_dir) / f"log-{job.name}_${{SLURM_JOB_ID}}"
+            lines.append(f'exec >>"{log}_attempt${{SLURM_RESTART_COUNT:-0}}.out" 2>&1')
+        lines += [
+            "",
+            f"export PYTHONPATH={shlex.quote(job.pythonpath)}${{PYTHONPATH:+:${{PYTHONPATH}}}}",
+            *export_lines(job.env),
+            # The first node hosts the rendezvous; the port follows the job id, so two jobs
+            # sharing a node do not collide.
+            'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+            "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+            "export MASTER_ADDR MASTER_PORT",
+            f"cd {shlex.quote(job.results_dir)}",
+        ]
+        for command in job.commands:
+            program = ["python3", "-u", "-m", command.module, *command.args]
+            srun = self._srun_argv(job, program, command.nproc_per_node)
+            if job.checkpoint_exit_code is None:
+                lines += ["", format_argv(srun)]
+            else:
+                lines += ["", *self._restartable_step(job, srun)]
+        return "\n".join(lines) + "\n"
+
+    def _restartable_step(self, job: JobSpec, srun: list[str]) -> list[str]:
+        """Run the step in the background so the batch shell can forward the signal, then
+        requeue when the program checkpointed on it and made progress since the last attempt."""
+        progress = ["python3", "-m", "launcher_scripts.jobs.training.progress"]
+        progress.append(str(job.progress_dir))
+        max_restarts = int(self.cluster.get("max_restarts") or 0)
+        return [
+            f"step_before=$({shlex.join(progress)})",
+            f"{format_argv(srun)} &",
+            "step_pid=$!",
+            f"trap 'echo \"launcher: {CHECKPOINT_SIGNAL} received, asking the job step to "
+            f'checkpoint"; kill -{CHECKPOINT_SIGNAL} "$step_pid"\' {CHECKPOINT_SIGNAL}',
+            "set +e",
+            "while :; do",
+            '    wait "$step_pid"; code=$?',
+            '    kill -0 "$step_pid" 2>/dev/null || break  # wait was interrupted by the trap',
+            "done",
+            "set -e",
+            f"step_after=$({shlex.join(progress)})",
+            f'if [ "$code" -eq {job.checkpoint_exit_code} ]; then',
+            f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {max_restarts} ]; then',
+            f'        echo "launcher: not requeued: max_restarts ({max_restarts}) reached"',
+            '    elif [ "$step_after" -le "$step_before" ]; then',
+            '        echo "launcher: not requeued: no new checkpoint since the last attempt"',
+            "    else",
+            '        echo "launcher: checkpoint at step $step_after; requeueing"',
+            '        scontrol requeue "$SLURM_JOB_ID"',
+            "        exit 0",
+            "    fi",
+            "fi",
+            'exit "$code"',
+        ]
+
+    # ----- submission ------------------------------------------------------------------
+
+    def submit(
+        self,
+        script: str,
+        job: JobSpec,
+        record: JobRecord,
+        after: Sequence[str],
+        on_start: Callable[[JobRecord], None],
+    ) -> None:
+        argv = ["sbatch", "--parsable", "--kill-on-invalid-dep=yes"]
+        dependencies = []
+        if after:
+            kind = "afterany" if job.dependency == "afterany" else "afterok"
+            dependencies.append(f"{kind}:{':'.join(after)}")
+        if job.dependency == "singleton":
+            dependencies.append("singleton")
+        if dependencies:
+            argv.append(f"--dependency={','.join(dependencies)}")
+        argv.append(script)
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            raise LauncherError(f"sbatch failed for {job.name}: {result.stderr.strip()}")
+        job_id = result.stdout.strip().split(";")[0]
+        record.job_ids = [job_id]
+        record.state = "PENDING"
+        record.start = utc_now()
+        on_start(record)
+
+    def refresh(self, record: JobRecord) -> None:
+        for job_id in record.job_ids:
+            state = _squeue_state(job_id) or _sacct_state(job_id)
+            if state:
+                record.state = state
+
+    def cancel(self, record: JobRecord) -> None:
+        if record.job_ids:
+            subprocess.run(["scancel", *record.job_ids], capture_output=True, timeout=60)
+
+
+SLURM_STATES = {
+    "PENDING": "PENDING",
+    "CONFIGURING": "PENDING",
+    "REQUEUED": "PENDING",
+    "RUNNING": "RUNNING",
+    "COMPLETING": "RUNNING",
+    "COMPLETED": "COMPLETED",
+    "FAILED": "FAILED",
+    "TIMEOUT": "FAILED",
+    "NODE_FAIL": "FAILED",
+    "OUT_OF_MEMORY": "FAILED",
+    "PREEMPTED": "PENDING",
+    "CANCELLED": "CANCELLED",
+}
+
+
+def _squeue_state(job_id: str) -> str | None:
+    result = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60
+    )
+    states = [SLURM_STATES.get(s.split()[0], s) for s in result.stdout.split() if s]
+    return _combined(states)
+
+
+def _sacct_state(job_id: str) -> str | None:
+    """Finished jobs: from accounting, or from the job-completion file (`sacct -c`)."""
+    for extra in ([], ["-c"]):
+        result = subprocess.run(
+            ["sacct", *extra, "-n", "-X", "-P", "-j", job_id, "-o", "State"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        states = [SLURM_STATES.get(s.split()[0], s) for s in result.stdout.split() if s]
+        if states:
+            return _combined(states)
+    return None
+
+
+def _combined(states: list[str]) -> str | None:
+    """An array's tasks as one state: any running or pending first, then any failure."""
+    for state in ("RUNNING", "PENDING", "FAILED", "CANCELLED", "COMPLETED"):
+        if state in states:
+            return state
+    return states[0] if states else None
