@@ -108,6 +108,8 @@ def git_revision(path: str) -> str | None:
 
 def run(cfg: DictConfig, argv: list[str]) -> int:
     backend, resolved, planned = plan(cfg)
+    if not resolved.dry_run:
+        backend.check_submission()  # the scheduler is reachable: before anything is written
     write_files(planned)
     if resolved.dry_run:
         print_plan(planned, backend)
@@ -158,7 +160,12 @@ def submit_all(backend: Backend, planned: list[PlannedStage], manifest: Manifest
             if backend.synchronous and record.state != "COMPLETED":
                 return _stopped(manifest, record)
             after = record.job_ids
-    print(f"run {manifest.run_id}: all stages completed")
+    if backend.synchronous:
+        print(f"run {manifest.run_id}: all stages completed")
+    else:
+        folder = manifest.path.parent
+        print(f"run {manifest.run_id}: all jobs submitted, each after the one before it.")
+        print(f"Follow it with: python3 -m launcher_scripts status {folder}")
     return 0
 
 

@@ -52,6 +52,9 @@ class Backend(Protocol):
 
     def log_path(self, job: JobSpec, run_id: str) -> str: ...
 
+    def check_submission(self) -> None:
+        """Raise ConfigError when jobs could not be submitted here (no scheduler, say)."""
+
     def submit(
         self,
         script: str,

@@ -51,6 +51,9 @@ class LocalBackend:
             lines += ["", format_argv(python_argv(command))]
         return "\n".join(lines) + "\n"
 
+    def check_submission(self) -> None:
+        """Nothing to check: the jobs run here."""
+
     def log_path(self, job: JobSpec, run_id: str) -> str:
         return str(Path(job.results_dir) / f"log-{job.name}_{run_id}.out")
 

@@ -7,6 +7,7 @@ byte the same each time. Submission, status and cancel call sbatch, squeue/sacct
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -98,6 +99,40 @@ class SlurmBackend:
         self.root = root
         self.cluster = root.cluster if root is not None else {}
         check_cluster(self.cluster)
+
+    # ----- checks before submitting -----------------------------------------------------
+
+    def check_submission(self) -> None:
+        if shutil.which("sbatch") is None:
+            raise ConfigError(
+                "cluster_type",
+                "is bcm but sbatch is not on PATH",
+                "Run from a Slurm login node, or use cluster_type=local, or dry_run=true",
+            )
+        partition = self.cluster.get("partition")
+        if partition:
+            known = _run(["sinfo", "-h", "-o", "%R"]).split()
+            if known and str(partition) not in known:
+                raise ConfigError(
+                    "cluster.partition",
+                    f"{partition!r} is not a partition of this cluster",
+                    f"Use one of: {', '.join(sorted(set(known)))}",
+                )
+        if self.root.container:
+            if "--container-image" not in _run(["srun", "--help"]):
+                raise ConfigError(
+                    "container",
+                    "is set but this cluster's srun has no pyxis (--container-image)",
+                    "Install the pyxis plugin, or set container=null to run on the hosts",
+                )
+            for index, mount in enumerate(self.root.container_mounts or ()):
+                source = str(mount).split(":")[0]
+                if not Path(source).exists():
+                    raise ConfigError(
+                        f"container_mounts[{index}]",
+                        f"{source} does not exist on this node",
+                        "Fix the path or create it",
+                    )
 
     # ----- rendering -------------------------------------------------------------------
 
@@ -253,9 +288,20 @@ class SlurmBackend:
             raise LauncherError(f"sbatch failed for {job.name}: {result.stderr.strip()}")
         job_id = result.stdout.strip().split(";")[0]
         record.job_ids = [job_id]
+        record.log = str(self._first_log(job, job_id))
         record.state = "PENDING"
         record.start = utc_now()
         on_start(record)
+
+    @staticmethod
+    def _first_log(job: JobSpec, job_id: str) -> Path:
+        """The log Slurm writes for the job (its first array task, its first attempt)."""
+        folder = Path(job.results_dir)
+        if job.checkpoint_exit_code is not None:
+            return folder / f"log-{job.name}_{job_id}_attempt0.out"
+        if job.array_size:
+            return folder / f"slurm-{job.name}_{job_id}_0.out"
+        return folder / f"slurm-{job.name}_{job_id}.out"
 
     def refresh(self, record: JobRecord) -> None:
         for job_id in record.job_ids:
@@ -282,6 +328,14 @@ SLURM_STATES = {
     "PREEMPTED": "PENDING",
     "CANCELLED": "CANCELLED",
 }
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return result.stdout + result.stderr
 
 
 def _squeue_state(job_id: str) -> str | None:
