@@ -93,3 +93,51 @@ def test_a_failed_upstream_cancels_its_dependents(slurm: None, tmp_path: Path) -
     states = wait_for_run(results)
     assert states["custom_dataset-preprocess"] == "FAILED", states
     assert states["gpt3_tiny"] == "CANCELLED", states
+
+
+def losses(metrics: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return {r["step"]: r["reduced_train_loss"] for r in records if "reduced_train_loss" in r}
+
+
+def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_path: Path) -> None:
+    """USR1 to the batch shell (what --signal=B:USR1@grace sends before the time limit)."""
+    steps = (
+        "training.trainer.max_steps=40",
+        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=20",
+        "training.trainer.val_check_interval=20",
+    )
+    data = f"data_dir={tmp_path}/data"
+    prepared = run_main(
+        f"base_results_dir={tmp_path}/prep", data, "stages=[data_preparation]", *SMALL_CLUSTER
+    )
+    assert prepared.returncode == 0, prepared.stderr
+    assert wait_for_run(tmp_path / "prep") == {
+        "custom_dataset-train_tokenizer": "COMPLETED",
+        "custom_dataset-preprocess": "COMPLETED",
+    }
+    local = ("stages=[training]", *SMALL_CLUSTER, *steps, "cluster_type=local")
+    reference = run_main(f"base_results_dir={tmp_path}/reference", data, *local)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+
+    results = tmp_path / "slurm"
+    submitted = run_main(
+        f"base_results_dir={results}", data, "stages=[training]", *SMALL_CLUSTER, *steps
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    manifest = json.loads(run_ops("status", str(results), "--json").stdout)
+    job_id = manifest["stages"][0]["jobs"][0]["job_ids"][0]
+    metrics = results / "gpt3_tiny" / "results" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (metrics.exists() and len(losses(metrics)) >= 3):
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+
+    assert wait_for_run(results) == {"gpt3_tiny": "COMPLETED"}
+    logs = sorted(p.name for p in (results / "gpt3_tiny").glob(f"log-gpt3_tiny_{job_id}_attempt*"))
+    assert logs == [f"log-gpt3_tiny_{job_id}_attempt0.out", f"log-gpt3_tiny_{job_id}_attempt1.out"]
+    first = (results / "gpt3_tiny" / logs[0]).read_text()
+    assert "checkpoint saved; exit code 75" in first and "requeueing" in first
+    assert "resumed from" in (results / "gpt3_tiny" / logs[1]).read_text()
+    expected = losses(tmp_path / "reference" / "gpt3_tiny" / "results" / "metrics.jsonl")
+    assert losses(metrics) == expected

@@ -350,14 +350,19 @@ def _sacct_state(job_id: str) -> str | None:
     """Finished jobs: from accounting, or from the job-completion file (`sacct -c`)."""
     for extra in ([], ["-c"]):
         result = subprocess.run(
-            ["sacct", *extra, "-n", "-X", "-P", "-j", job_id, "-o", "State"],
+            ["sacct", *extra, "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State"],
             capture_output=True,
             text=True,
             timeout=60,
         )
-        states = [SLURM_STATES.get(s.split()[0], s) for s in result.stdout.split() if s]
-        if states:
-            return _combined(states)
+        # A requeued job is listed once per attempt: its last line is its state now.
+        latest: dict[str, str] = {}
+        for line in result.stdout.splitlines():
+            if "|" in line:
+                name, state = line.split("|", 1)
+                latest[name] = SLURM_STATES.get(state.split()[0], state) if state else state
+        if latest:
+            return _combined(list(latest.values()))
     return None
 
 
