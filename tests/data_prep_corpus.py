@@ -48,6 +48,35 @@ def varied_texts(count: int, seed: int = 0) -> list[str]:
     return texts
 
 
+def tricky_jsonl_lines(seed: int = 0) -> list[bytes]:
+    """JSON lines where a reader can go wrong, shuffled among ordinary ones: escapes and
+    surrogate pairs, raw UTF-8, text values that are not strings, broken JSON and broken
+    UTF-8, odd whitespace and line structure (two objects on a line, one over two lines)."""
+    texts = varied_texts(60, seed=seed)
+    lines = [json.dumps({"id": n, "text": t}).encode() for n, t in enumerate(texts[:30])]
+    raw_utf8 = [{"text": t, "meta": {"n": 1}} for t in texts[30:]]
+    lines += [json.dumps(obj, ensure_ascii=False).encode() for obj in raw_utf8]
+    lines += [
+        b'{"text": "\\ud83d\\ude00 pair, \\u00e9 \\n\\t\\"\\\\\\/ escapes, \\u0000 nul"}',
+        b'{"text": "lone \\ud800 high surrogate"}',
+        b'{"text": "lone \\udc00 low surrogate"}',
+        b'{"text": 17}', b'{"text": null}', b'{"text": ["a"]}', b'{"text": {"a": 1}}',
+        b'{"text": true}', b'{"body": "no text key"}', b'["not", "an", "object"]',
+        b'"a string"', b"42", b'{"text": "trailing comma",}', b"{not json}",
+        b'{"text": "unterminated', b'{"text": "bad utf-8 \xff\xfe"}',
+        b'{"text": "fine", "meta": "bad utf-8 \xc3\x28"}', b'{"text": "control \x01 char"}',
+        b'{"text": "crlf line"}\r', b'   {"text": "padded"}   ', b"", b"  ", b"\t", b"\r",
+        b'{"text": "two"} {"text": "on one line"}', b'{"text":\n"spanning two lines"}',
+        b'\xef\xbb\xbf{"text": "after a byte order mark"}',
+        b'{"text": "duplicate key", "text": "last one wins"}',
+        b'{"text": "number out of range", "n": 1e999}',
+        b'{"text": "deep", "x": ' + b"[" * 1100 + b"]" * 1100 + b"}",
+        b'{"text": ""}', b'{"text": "' + b"a long line " * 3000 + b'"}',
+    ]  # fmt: skip
+    random.Random(seed).shuffle(lines)
+    return lines
+
+
 def write_jsonl(path: Path, texts: Iterable[str], key: str = "text") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     opener = gzip.open if path.name.endswith(".gz") else open

@@ -4,13 +4,18 @@ a SentencePiece tokenizer. Corpora and tokenizers are generated here; nothing is
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import random
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 import sentencepiece
+import tokenizers
 from tokenizers import Tokenizer
 
 from launcher_scripts.jobs.data_prep import indexed_writer, preprocess, readers
@@ -25,6 +30,7 @@ from tests.data_prep_corpus import (
     run_job,
     save_tokenizer_files,
     train_byte_level_bpe,
+    tricky_jsonl_lines,
     varied_texts,
     write_jsonl,
     write_text_dir,
@@ -58,6 +64,14 @@ def bpe(corpus: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict:
 def single_task(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in RANK_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Each test remembers tokenizer checks in its own folder, not in the user's cache."""
+    cache = tmp_path / "xdg-cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache
 
 
 @pytest.fixture
@@ -136,6 +150,103 @@ def test_byte_ranges_tile_a_jsonl_file(tmp_path: Path) -> None:
         assert seen == texts
 
 
+def per_line_reference(
+    data: bytes, path: str, text_key: str = "text"
+) -> tuple[list[str], readers.ReadStats]:
+    """What reading JSON lines means, one line at a time: each non-blank line is a record,
+    an object as orjson parses it with a string under `text_key`, or else a bad record."""
+    stats = readers.ReadStats(bytes_read=len(data))
+    texts = []
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    for number, line in enumerate(lines, 1):
+        stats.lines += 1
+        if not line.strip():
+            continue
+        stats.records += 1
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            stats.add_bad(path, number, "not valid JSON")
+            continue
+        text = obj.get(text_key) if isinstance(obj, dict) else None
+        if isinstance(text, str):
+            texts.append(text)
+        elif not isinstance(obj, dict):
+            stats.add_bad(path, number, "not a JSON object")
+        elif text is None:
+            stats.add_bad(path, number, f"key {text_key!r} missing")
+        else:
+            stats.add_bad(path, number, f"{text_key!r} not a string")
+    return texts, stats
+
+
+def read_jsonl_bytes(data: bytes, chunk_bytes: int) -> tuple[list[str], readers.ReadStats]:
+    stats = readers.ReadStats()
+    stream = io.BytesIO(data)
+    batches = readers.iter_jsonl_stream(stream, "x.jsonl", "text", stats, None, chunk_bytes)
+    return [text for batch in batches for text in batch], stats
+
+
+def mutate(line: bytes, rng: random.Random) -> bytes:
+    """A line with a few bytes replaced, inserted or deleted: bytes that matter to JSON,
+    to UTF-8 and to line splitting."""
+    data = bytearray(line)
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(len(data) + 1)
+        byte = rng.choice(b'"\\{}[]:,\n\r \x00\x01\x7f\x80\xc3\xed\xffu0d8e9')
+        operation = rng.randrange(3)
+        if operation == 0 and at < len(data):
+            data[at] = byte
+        elif operation == 1:
+            data.insert(at, byte)
+        elif at < len(data):
+            del data[at]
+    return bytes(data)
+
+
+def test_jsonl_reader_matches_the_per_line_definition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunked reader parses lines in place from a reused buffer; whatever the chunk size,
+    its texts, counts and bad records (all of them, with line numbers) are the per-line ones."""
+    monkeypatch.setattr(readers, "MAX_REPORTED_BAD", 1_000_000)
+    rng = random.Random(11)
+    lines = tricky_jsonl_lines()
+    fuzzed = [mutate(line, rng) if rng.random() < 0.5 else line for line in lines * 4]
+    for data in (
+        b"\n".join(lines) + b"\n",
+        b"\n".join(lines),  # no newline at the end
+        b"\n".join(lines) + b"\n\n\n",
+        b"\r\n".join(lines),
+        b"\n".join(fuzzed),
+    ):
+        expected_texts, expected = per_line_reference(data, "x.jsonl")
+        assert expected.bad and expected_texts
+        for chunk_bytes in (1, 7, 100, 4096, 1 << 20):
+            texts, stats = read_jsonl_bytes(data, chunk_bytes)
+            assert texts == expected_texts, chunk_bytes
+            assert stats == expected, chunk_bytes
+
+
+def test_jsonl_byte_ranges_count_bad_lines_like_one_read(tmp_path: Path) -> None:
+    path = tmp_path / "tricky.jsonl"
+    path.write_bytes(b"\n".join(tricky_jsonl_lines(seed=2) * 3) + b"\n")
+    expected_texts, expected = per_line_reference(path.read_bytes(), str(path))
+    size = path.stat().st_size
+    rng = random.Random(5)
+    for _ in range(10):
+        cuts = sorted({0, size, *(rng.randrange(size + 1) for _ in range(rng.randint(1, 6)))})
+        texts: list[str] = []
+        merged = readers.ReadStats()
+        for start, end in zip(cuts, cuts[1:], strict=False):
+            stats = readers.ReadStats()
+            for batch in readers.iter_jsonl_range(path, start, end, "text", stats, 300):
+                texts.extend(batch)
+            merged.merge(stats, line_offset=merged.lines)
+        assert texts == expected_texts
+        assert merged == expected
+
+
 def test_json_array_gz_and_text_directory_readers(tmp_path: Path) -> None:
     texts = ["first doc", "second\ndoc", "😀 third"]
     array = tmp_path / "array.json"
@@ -184,6 +295,48 @@ def test_gigatoken_ids_are_identical_to_tokenizers(corpus: list[str], bpe: dict)
         nonempty = [ids + [fast.eod_id] for ids in expected if ids]
         assert lengths.tolist() == [len(ids) for ids in nonempty]
         assert flat.tolist() == [token for ids in nonempty for token in ids]
+
+
+def test_gigatoken_check_is_remembered(
+    corpus: list[str], bpe: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = TokenizerSpec(model=str(bpe["json"]))
+    first = load_tokenizer(spec)
+    assert first.engine.name == "gigatoken" and first.note == ""
+
+    # A remembered check needs no reference tokenizer: make loading one fail.
+    class NoReference:
+        @staticmethod
+        def from_str(data: str) -> None:
+            raise RuntimeError("the reference tokenizer was loaded")
+
+    fake = types.SimpleNamespace(__version__=tokenizers.__version__, Tokenizer=NoReference)
+    monkeypatch.setitem(sys.modules, "tokenizers", fake)
+    again = load_tokenizer(spec)
+    assert again.engine.name == "gigatoken" and "remembered" in again.note
+    assert (again.eod_id, again.vocab_size) == (first.eod_id, first.vocab_size)
+    assert again.encode_batch(corpus) == first.encode_batch(corpus)
+    # What the check depends on is in its key: another EOD choice or other bytes check again.
+    with pytest.raises(TokenizerError, match="the reference tokenizer was loaded"):
+        load_tokenizer(TokenizerSpec(model=str(bpe["json"]), eod_token="the"))
+    changed = tmp_path / "tokenizer.json"
+    changed.write_text(json.dumps(json.loads(bpe["json"].read_text())), encoding="utf-8")
+    with pytest.raises(TokenizerError, match="the reference tokenizer was loaded"):
+        load_tokenizer(TokenizerSpec(model=str(changed)))
+    # The tokenizers engine asked for by name is loaded as always.
+    with pytest.raises(TokenizerError, match="the reference tokenizer was loaded"):
+        load_tokenizer(TokenizerSpec(model=str(bpe["json"]), engine="tokenizers"))
+
+
+def test_unwritable_check_cache_is_skipped(
+    bpe: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    for _ in range(2):
+        tokenizer = load_tokenizer(TokenizerSpec(model=str(bpe["json"])))
+        assert tokenizer.engine.name == "gigatoken" and tokenizer.note == ""
 
 
 def test_eod_resolution(bpe: dict, tmp_path: Path) -> None:
@@ -328,6 +481,23 @@ def test_bad_lines_are_reported_with_file_and_line(
     for number, reason in zip(bad, (*reasons, "'text' not a string"), strict=True):
         assert f"{path}:{number}: {reason}" in err
     assert len(read_shard(tmp_path / "out" / "web_text_document")) == 395
+
+
+def test_tricky_lines_through_the_job(
+    bpe: dict, tmp_path: Path, small_ranges: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "tricky.jsonl"
+    path.write_bytes(b"\n".join(tricky_jsonl_lines(seed=3) * 20) + b"\n")
+    texts, stats = per_line_reference(path.read_bytes(), str(path))
+    code = preprocess_main(
+        "--input", path, "--output-dir", tmp_path / "out", "--tokenizer-model", bpe["json"],
+        "--workers", "2", "--max-bad-fraction", "0.5",
+    )  # fmt: skip
+    assert code == 0
+    assert f"{path}: {stats.bad} bad of {stats.records} records" in capsys.readouterr().err
+    assert read_shard(tmp_path / "out" / "tricky_text_document") == expected_ids(
+        bpe["tokenizer"], texts
+    )
 
 
 def test_too_many_bad_lines_fail_the_job_without_a_shard(bpe: dict, tmp_path: Path) -> None:

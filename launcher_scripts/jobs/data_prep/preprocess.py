@@ -17,10 +17,18 @@ an input, or an error, told in one line).
 
 from __future__ import annotations
 
+import os
+
+if __name__ == "__main__":
+    # The job multiplies no matrices, yet importing numpy starts OpenBLAS's thread pool, whose
+    # threads spin for about a tenth of a second of CPU after start: CPU that the tokenizing
+    # workers need. With one thread there is no pool. (Set before numpy is imported; a value
+    # the caller set wins.)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import math
 import multiprocessing
-import os
 import queue
 import shutil
 import signal
@@ -216,7 +224,7 @@ def plan_units(shard_index: int, shard: Shard, workers: int) -> list[WorkUnit]:
         return [WorkUnit(shard_index, 0, "file", str(path), size)]
     pieces = max(
         math.ceil(size / MAX_RANGE_BYTES),
-        min(workers * UNITS_PER_WORKER, math.ceil(size / MIN_RANGE_BYTES)),
+        min(_unit_count(workers), math.ceil(size / MIN_RANGE_BYTES)),
         1,
     )
     # Plain byte bounds: each worker aligns its own range to whole lines.
@@ -227,6 +235,12 @@ def plan_units(shard_index: int, shard: Shard, workers: int) -> list[WorkUnit]:
     ]
 
 
+def _unit_count(workers: int) -> int:
+    """Units to cut one input into. A lone worker has no one to take over from: one unit
+    spares it merging parts (a copy of the whole shard)."""
+    return workers * UNITS_PER_WORKER if workers > 1 else 1
+
+
 def _is_json_array(path: Path) -> bool:
     with open(path, "rb") as stream:
         return readers.starts_with_array(stream)
@@ -234,7 +248,7 @@ def _is_json_array(path: Path) -> bool:
 
 def _text_units(shard_index: int, files: list[Path], workers: int) -> list[WorkUnit]:
     sizes = [file.stat().st_size for file in files]
-    target = max(sum(sizes) // max(workers * UNITS_PER_WORKER, 1), MIN_RANGE_BYTES)
+    target = max(sum(sizes) // _unit_count(workers), MIN_RANGE_BYTES)
     units: list[WorkUnit] = []
     group: list[str] = []
     group_size = 0

@@ -40,7 +40,6 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency; stdli
 JSON_SUFFIXES = (".jsonl", ".json")
 GZIP_SUFFIX = ".gz"
 MAX_REPORTED_BAD = 10
-_BLOCK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -141,40 +140,66 @@ def line_start_at_or_after(stream: BinaryIO, offset: int) -> int:
     return stream.tell()
 
 
-def _iter_line_blocks(stream: BinaryIO, limit: int | None) -> Iterator[bytes]:
-    """Blocks of whole lines (the last may lack its newline at end of input)."""
-    carry = b""
+def _iter_line_chunks(
+    stream: BinaryIO, limit: int | None, chunk_bytes: int
+) -> Iterator[tuple[bytearray, int]]:
+    """(buffer, end) pairs: buffer[:end] holds whole lines, about `chunk_bytes` of them (the
+    last chunk may lack its final newline at end of input).
+
+    The input is read straight into one reused buffer and parsed in place: the bytes are
+    copied once, by the read, and never split into per-line objects. A chunk is therefore
+    valid only until the next one is asked for.
+    """
+    buffer = bytearray(max(chunk_bytes, 1))
+    filled = 0  # bytes held: the unfinished line of the previous chunk, then new input
     remaining = limit
-    while remaining is None or remaining > 0:
-        size = _BLOCK_BYTES if remaining is None else min(_BLOCK_BYTES, remaining)
-        block = stream.read(size)
-        if not block:
-            break
+    while True:
+        want = len(buffer) - filled
         if remaining is not None:
-            remaining -= len(block)
-        cut = block.rfind(b"\n")
-        if cut < 0:
-            carry += block
+            want = min(want, remaining)
+        got = stream.readinto(memoryview(buffer)[filled : filled + want]) if want else 0
+        if not got:
+            if filled:
+                yield buffer, filled
+            return
+        if remaining is not None:
+            remaining -= got
+        filled += got
+        cut = buffer.rfind(b"\n", 0, filled) + 1
+        if cut == 0:
+            if filled == len(buffer):  # one line longer than the buffer: make room
+                buffer = buffer + bytes(len(buffer))
             continue
-        yield carry + block[: cut + 1]
-        carry = block[cut + 1 :]
-    if carry:
-        yield carry
+        yield buffer, cut
+        tail = filled - cut
+        buffer[:tail] = buffer[cut:filled]
+        filled = tail
 
 
-def _parse_lines(
-    lines: list[bytes], first_line: int, path: str, text_key: str, stats: ReadStats
-) -> list[str]:
-    """The texts of a list of JSON lines; bad ones go to `stats`. The hot loop of reading."""
+def _parse_chunk(
+    buffer: bytearray, end: int, first_line: int, path: str, text_key: str, stats: ReadStats
+) -> tuple[list[str], int]:
+    """The texts of the JSON lines in buffer[:end] and the number of lines; bad ones go to
+    `stats`. The hot loop of reading: each line is parsed from a zero-copy view."""
     texts: list[str] = []
     append = texts.append
     loads = _loads
+    view = memoryview(buffer)
+    find = buffer.find
+    start = 0
+    number = first_line - 1
     records = 0
-    for number, line in enumerate(lines, first_line):
+    while start < end:
+        number += 1
+        stop = find(b"\n", start, end)
+        if stop < 0:
+            stop = end
+        line = view[start:stop]
+        start = stop + 1
         try:
             obj = loads(line)
         except _JSON_ERRORS:
-            if line.strip():
+            if bytes(line).strip():
                 records += 1
                 stats.add_bad(path, number, "not valid JSON")
             continue
@@ -189,7 +214,7 @@ def _parse_lines(
             reason = "not a JSON object"
         stats.add_bad(path, number, reason)
     stats.records += records
-    return texts
+    return texts, number - first_line + 1
 
 
 def iter_jsonl_stream(
@@ -200,21 +225,16 @@ def iter_jsonl_stream(
     limit: int | None = None,
     batch_bytes: int = 1 << 20,
 ) -> Iterator[list[str]]:
-    """Batches of texts from JSON lines read from `stream` (at most `limit` bytes)."""
+    """Batches of texts (about `batch_bytes` of input each) from JSON lines read from
+    `stream` (at most `limit` bytes)."""
     line = 1
-    for block in _iter_line_blocks(stream, limit):
-        lines = block.split(b"\n")
-        if lines[-1] == b"":
-            lines.pop()
-        # Slice the block so each batch holds about batch_bytes of input.
-        step = max(1, len(lines) * batch_bytes // max(len(block), 1))
-        for first in range(0, len(lines), step):
-            texts = _parse_lines(lines[first : first + step], line + first, path, text_key, stats)
-            if texts:
-                yield texts
-        line += len(lines)
-        stats.lines += len(lines)
-        stats.bytes_read += len(block)
+    for buffer, end in _iter_line_chunks(stream, limit, batch_bytes):
+        texts, lines = _parse_chunk(buffer, end, line, path, text_key, stats)
+        line += lines
+        stats.lines += lines
+        stats.bytes_read += end
+        if texts:
+            yield texts
 
 
 def iter_jsonl_range(

@@ -12,6 +12,11 @@ the job appends the end-of-document token itself. gigatoken encodes the same ids
 faster, so it is used whenever it is importable, loads the tokenizer, and agrees with
 `tokenizers` on a varied probe corpus (`PROBE_TEXTS`); otherwise `tokenizers` is used.
 
+Loading the reference `tokenizers` model for that check costs about as much as loading
+gigatoken (tens of milliseconds, in every job and every spawned worker), so a passed check is
+remembered per tokenizer.json (`CheckCache`): keyed by the file's bytes, the EOD choice, the
+probe texts and both engines' builds, so any change to one of them checks again.
+
 Engines run single-threaded: the job's parallelism comes from worker processes, and a
 thread pool per worker would only oversubscribe the cores (call `use_single_thread` before
 the engines are imported).
@@ -19,6 +24,9 @@ the engines are imported).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -175,6 +183,7 @@ class DocumentTokenizer:
     vocab_size: int
     eod_id: int
     source: str
+    note: str = ""  # how the engine was chosen, when worth telling
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.engine.encode_batch(texts)
@@ -190,8 +199,10 @@ class DocumentTokenizer:
         return self.engine.encode_documents(texts, dtype, self.eod_id if append_eod else None)
 
     def describe(self) -> str:
+        note = f"; {self.note}" if self.note else ""
         return (
-            f"{self.source} (engine {self.engine.name}, vocab {self.vocab_size}, eod {self.eod_id})"
+            f"{self.source} (engine {self.engine.name}, vocab {self.vocab_size}, "
+            f"eod {self.eod_id}{note})"
         )
 
 
@@ -242,14 +253,22 @@ def _load_sentencepiece(path: Path, spec: TokenizerSpec) -> DocumentTokenizer:
 
 
 def _load_hf_json(path: Path, spec: TokenizerSpec) -> DocumentTokenizer:
+    raw = path.read_bytes()
+    cache = CheckCache.for_file(raw, spec) if spec.engine != "tokenizers" else None
+    remembered = cache.load(raw, str(path)) if cache else None
+    if remembered is not None:
+        return remembered
     import tokenizers
 
-    data = path.read_text(encoding="utf-8")
     try:
+        data = raw.decode("utf-8")
         reference = tokenizers.Tokenizer.from_str(data)
     except Exception as error:  # the Rust loader raises plain Exception subclasses
         raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({error})") from None
-    return _hf_document_tokenizer(reference, data, spec, str(path))
+    tokenizer = _hf_document_tokenizer(reference, data, spec, str(path))
+    if cache and tokenizer.engine.name == "gigatoken":
+        cache.store(tokenizer)
+    return tokenizer
 
 
 def _load_gpt2(spec: TokenizerSpec) -> DocumentTokenizer:
@@ -322,3 +341,61 @@ def _gigatoken_engine(data: str, reference: Any) -> tuple[GigatokenEngine | None
     if engine.encode_batch(list(PROBE_TEXTS)) != expected:
         return None, "its ids differ from tokenizers' on the probe texts"
     return engine, ""
+
+
+@dataclass(frozen=True)
+class CheckCache:
+    """A passed gigatoken-vs-tokenizers check of one tokenizer.json, remembered on disk with
+    the EOD id and vocabulary size it found, so a later load needs gigatoken alone.
+
+    Lives in $XDG_CACHE_HOME/llm-launcher/gigatoken-checks (default ~/.cache). Only passed
+    checks are stored: a failed one needs the reference loaded anyway, to encode with it.
+    A cache that cannot be read or written (read-only home) is silently skipped.
+    """
+
+    path: Path
+
+    VERSION = 1
+
+    @classmethod
+    def for_file(cls, raw: bytes, spec: TokenizerSpec) -> CheckCache | None:
+        try:
+            import gigatoken.gigatoken_rs as rust
+            import tokenizers
+
+            build = os.stat(rust.__file__)
+        except (ImportError, OSError, AttributeError):
+            return None  # no gigatoken: nothing to remember
+        digest = hashlib.sha256()
+        # Everything the check's outcome depends on; gigatoken has no __version__, so its
+        # compiled module's identity stands for its build.
+        parts = (cls.VERSION, spec.eod_token, tokenizers.__version__, rust.__file__,
+                 build.st_size, build.st_mtime_ns, PROBE_TEXTS)  # fmt: skip
+        digest.update(repr(parts).encode("utf-8"))
+        digest.update(raw)
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return cls(Path(base, "llm-launcher", "gigatoken-checks", f"{digest.hexdigest()}.json"))
+
+    def load(self, raw: bytes, source: str) -> DocumentTokenizer | None:
+        """The tokenizer on gigatoken alone when this file passed before, else None."""
+        try:
+            entry = json.loads(self.path.read_text(encoding="utf-8"))
+            vocab_size, eod = int(entry["vocab_size"]), int(entry["eod_id"])
+            import gigatoken
+
+            engine = GigatokenEngine(gigatoken.Tokenizer.from_json(raw).backend)
+        except Exception:  # no entry, or an unreadable one: check again
+            return None
+        note = "identical to tokenizers by a remembered check"
+        return DocumentTokenizer(engine, vocab_size, eod, source, note)
+
+    def store(self, tokenizer: DocumentTokenizer) -> None:
+        entry = {"vocab_size": tokenizer.vocab_size, "eod_id": tokenizer.eod_id}
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(entry), encoding="utf-8")
+            os.replace(tmp, self.path)  # whole or absent, even with many tasks writing
+        except OSError:
+            with contextlib.suppress(OSError):  # e.g. the folder could not be made
+                tmp.unlink(missing_ok=True)
