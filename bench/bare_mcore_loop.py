@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -43,7 +44,7 @@ def main() -> int:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from launcher_scripts.jobs.training.pretrain import StopSignals
-    from launcher_scripts.jobs.training.trainer import Trainer
+    from launcher_scripts.jobs.training.trainer import Trainer, token_loss
 
     trainer = Trainer(cfg, on_gpu, info, StopSignals())
     model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
@@ -67,14 +68,7 @@ def main() -> int:
     def forward_step(data_iterator, chunk):  # noqa: ANN001, ANN202
         batch = next(data_iterator)
         output = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-
-        def loss(output_tensor):  # noqa: ANN001, ANN202
-            losses = output_tensor.float().reshape(-1) * batch["loss_mask"].reshape(-1)
-            count = batch["loss_mask"].sum().to(torch.int)
-            total = losses.sum()
-            return total, count, {"lm loss": torch.stack([total.detach(), count.to(total)])}
-
-        return output, loss
+        return output, partial(token_loss, batch["loss_mask"])
 
     forward_backward = get_forward_backward_func()
     started = 0.0

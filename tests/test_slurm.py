@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_main, run_ops
+from tests.test_training import losses
 
 SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
 # The tiny pipeline, sized for a 2-core node: no CPU count the node lacks, a short training.
@@ -95,11 +96,6 @@ def test_a_failed_upstream_cancels_its_dependents(slurm: None, tmp_path: Path) -
     assert states["gpt3_tiny"] == "CANCELLED", states
 
 
-def losses(metrics: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return {r["step"]: r["reduced_train_loss"] for r in records if "reduced_train_loss" in r}
-
-
 def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_path: Path) -> None:
     """USR1 to the batch shell (what --signal=B:USR1@grace sends before the time limit)."""
     steps = (
@@ -127,9 +123,10 @@ def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_pa
     assert submitted.returncode == 0, submitted.stderr
     manifest = json.loads(run_ops("status", str(results), "--json").stdout)
     job_id = manifest["stages"][0]["jobs"][0]["job_ids"][0]
-    metrics = results / "gpt3_tiny" / "results" / "metrics.jsonl"
+    log_dir = results / "gpt3_tiny" / "results"
+    metrics = log_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (metrics.exists() and len(losses(metrics)) >= 3):
+    while time.monotonic() < deadline and not (metrics.exists() and len(losses(log_dir)) >= 3):
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
 
@@ -139,5 +136,5 @@ def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_pa
     first = (results / "gpt3_tiny" / logs[0]).read_text()
     assert "checkpoint saved; exit code 75" in first and "requeueing" in first
     assert "resumed from" in (results / "gpt3_tiny" / logs[1]).read_text()
-    expected = losses(tmp_path / "reference" / "gpt3_tiny" / "results" / "metrics.jsonl")
-    assert losses(metrics) == expected
+    expected = losses(tmp_path / "reference" / "gpt3_tiny" / "results")
+    assert losses(log_dir) == expected

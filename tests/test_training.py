@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher_scripts.config.compose import compose_config
-from launcher_scripts.jobs.training.runtime import EXIT_PREEMPTED
+from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
 from tests.conftest import REPO, run_main
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"

@@ -5,13 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher_scripts.jobs.training import recipe
+from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.stages.base import StageContext, make_job, register
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
-# The pretraining program's exit code after a signal-triggered checkpoint (runtime.EXIT_PREEMPTED;
-# not imported from there, which would load torch while planning).
-EXIT_PREEMPTED = 75
 
 
 @register

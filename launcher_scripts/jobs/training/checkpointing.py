@@ -152,6 +152,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _torch_optimizers(optimizer: Any) -> list[Any]:
+    """The torch optimizers inside megatron-core's (possibly chained) optimizer."""
+    return [inner.optimizer for inner in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
 @torch.no_grad()
 def _materialize_optimizer_state(optimizer: Any) -> None:
     """Give every parameter its Adam state (with a step count) before a load fills it in.
@@ -160,8 +165,7 @@ def _materialize_optimizer_state(optimizer: Any) -> None:
     or Transformer Engine, torch's Adam creates it only in its first step. A step on zero
     gradients creates it; every value it touches is then overwritten by the checkpoint.
     """
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        torch_optimizer = inner.optimizer
+    for torch_optimizer in _torch_optimizers(optimizer):
         params = [p for group in torch_optimizer.param_groups for p in group["params"]]
         if all(torch_optimizer.state.get(p) for p in params):
             continue
@@ -179,8 +183,7 @@ def _restore_adam_steps(optimizer: Any) -> None:
     correction at the value the live optimizer had; a resumed run would then update
     differently from an uninterrupted one.
     """
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        torch_optimizer = inner.optimizer
+    for torch_optimizer in _torch_optimizers(optimizer):
         for group in torch_optimizer.param_groups:
             if "step" not in group:
                 continue

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The exit code of a run stopped by SIGTERM/SIGUSR1 after saving a checkpoint (EX_TEMPFAIL):
+# "try again", which a scheduler can requeue on; the same command resumes.
+EXIT_PREEMPTED = 75
 STATE_FILE = "train_state.json"
 TMP_PREFIX = ".tmp-"
 

@@ -19,11 +19,6 @@ class JobError(RuntimeError):
     """A problem with the job's inputs or settings, reported as one line, not a traceback."""
 
 
-# The exit code of a run stopped by SIGTERM/SIGUSR1 after saving a checkpoint (EX_TEMPFAIL):
-# "try again", which a scheduler can requeue on; the same command resumes.
-EXIT_PREEMPTED = 75
-
-
 @dataclass(frozen=True)
 class ProcessInfo:
     rank: int

@@ -31,8 +31,8 @@ from omegaconf import OmegaConf
 from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, recipe
 from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.checkpointing import TrainState
+from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
 from launcher_scripts.jobs.training.runtime import (
-    EXIT_PREEMPTED,
     JobError,
     describe_process,
     init_model_parallel,
@@ -221,7 +221,7 @@ class Trainer:
         if self.on_gpu:
             batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
         output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-        return output, partial(_loss_function, batch["loss_mask"])
+        return output, partial(token_loss, batch["loss_mask"])
 
     def _run_schedule(self, start: int, micro_batches: int, forward_only: bool, stream: Any):
         iterators = [stream.micro_batches(start, micro_batches) for _ in range(len(self.model))]
@@ -468,7 +468,7 @@ class Trainer:
         return 0
 
 
-def _loss_function(loss_mask: torch.Tensor, output: torch.Tensor) -> tuple[Any, Any, Any]:
+def token_loss(loss_mask: torch.Tensor, output: torch.Tensor) -> tuple[Any, Any, Any]:
     """Summed token losses and the token count; megatron-core divides by the global count."""
     losses = output.float().reshape(-1)
     mask = loss_mask.reshape(-1).to(losses)
