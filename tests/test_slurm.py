@@ -102,6 +102,8 @@ def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_pa
         "training.trainer.max_steps=40",
         "training.exp_manager.checkpoint_callback_params.every_n_train_steps=20",
         "training.trainer.val_check_interval=20",
+        # The same kernels in both runs whatever CPUs the Slurm step is given.
+        "+env_vars.OMP_NUM_THREADS=1",
     )
     data = f"data_dir={tmp_path}/data"
     prepared = run_main(

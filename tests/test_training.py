@@ -46,6 +46,12 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+# torchrun gives each of several processes one thread; a lone process gets the same, so the
+# equivalence tests compare layouts and not matrix kernels blocked for different thread counts
+# (seen on CI: a two-thread single process 1.8e-4 away from the same model on two ranks).
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
     cfg = compose_config(
         [
@@ -71,7 +77,12 @@ def command(config: Path, processes: int) -> list[str]:
 
 def train(config: Path, processes: int = 1, timeout: float = 600) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        command(config, processes), capture_output=True, text=True, cwd=REPO, timeout=timeout
+        command(config, processes),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env=ONE_THREAD,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result
@@ -172,6 +183,7 @@ def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env=ONE_THREAD,
     )
     metrics_file, deadline = log_dir / "metrics.jsonl", time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
@@ -183,21 +195,24 @@ def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:
     return process.wait(timeout=300)
 
 
-def final_weights(log_dir: Path) -> dict[str, object]:
-    """The model tensors of the newest checkpoint, read in a fresh process."""
+def weight_differences(first: Path, second: Path) -> dict[str, float]:
+    """For each model tensor of the two runs' newest checkpoints, |a - b| / |a| (Frobenius)."""
     script = (
-        "import json, os, sys, torch, torch.distributed as dist\n"
-        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='0')\n"
+        "import json, sys, torch, torch.distributed as dist\n"
+        "from pathlib import Path\n"
         "dist.init_process_group('gloo', rank=0, world_size=1, init_method='tcp://127.0.0.1:0')\n"
         "from megatron.core.dist_checkpointing import load_plain_tensors\n"
         "from launcher_scripts.jobs.training.checkpointing import complete_checkpoints\n"
-        "newest = complete_checkpoints(__import__('pathlib').Path(sys.argv[1]))[-1]\n"
-        "state = load_plain_tensors(str(newest.path))\n"
-        "print(json.dumps({k: v.double().sum().item() for k, v in state.items()\n"
+        "a, b = (load_plain_tensors(str(complete_checkpoints(Path(d))[-1].path))\n"
+        "        for d in sys.argv[1:])\n"
+        "assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())\n"
+        "print(json.dumps({k: ((v.double() - b[k].double()).norm()\n"
+        "                      / v.double().norm().clamp_min(1e-12)).item()\n"
+        "                  for k, v in a.items()\n"
         "                  if not k.startswith('optimizer') and torch.is_tensor(v)}))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", script, str(log_dir / "checkpoints")],
+        [sys.executable, "-c", script, str(first / "checkpoints"), str(second / "checkpoints")],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -236,11 +251,14 @@ def test_signal_stop_and_resume_match_an_uninterrupted_run(
 
     tolerance = 0.0 if first_processes == 1 else 1e-4
     assert_same_losses(tmp_path / "reference", tmp_path / "resumed", tolerance)
-    reference_weights = final_weights(tmp_path / "reference")
-    resumed_weights = final_weights(tmp_path / "resumed")
-    assert reference_weights.keys() == resumed_weights.keys()
-    for name, value in reference_weights.items():
-        assert abs(value - resumed_weights[name]) <= max(tolerance, 1e-9) * max(1, abs(value))
+    differences = weight_differences(tmp_path / "reference", tmp_path / "resumed")
+    if tolerance:
+        # The key third of the QKV bias has a zero gradient in exact arithmetic (softmax ignores a
+        # shift shared by all keys), so Adam turns rounding noise there into full-size steps: it
+        # differs between reduction orders by design and says nothing about the resume.
+        differences = {k: v for k, v in differences.items() if not k.endswith("linear_qkv.bias")}
+    worst = sorted(differences.items(), key=lambda item: item[1])[-3:]
+    assert differences and worst[-1][1] <= tolerance, worst
 
 
 def test_torn_checkpoints_are_ignored_on_resume(prepared: Path, tmp_path: Path) -> None:
