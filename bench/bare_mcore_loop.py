@@ -31,6 +31,7 @@ def main() -> int:
     from omegaconf import OmegaConf
 
     from launcher_scripts.jobs.training import cpu_compat, runtime
+    from launcher_scripts.jobs.training.recipe import rendezvous_timeout
 
     cfg = OmegaConf.load(args.config)
     on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu" and torch.cuda.is_available()
@@ -38,7 +39,7 @@ def main() -> int:
         cpu_compat.patch_cuda_queries()
         cpu_compat.CudaDevicesOnCpu().__enter__()
     info = runtime.process_info()
-    runtime.init_distributed(info, on_gpu)
+    runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))
 
     from megatron.core.num_microbatches_calculator import get_num_microbatches
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -46,7 +47,7 @@ def main() -> int:
     from launcher_scripts.jobs.training.pretrain import StopSignals
     from launcher_scripts.jobs.training.trainer import Trainer, token_loss
 
-    trainer = Trainer(cfg, on_gpu, info, StopSignals())
+    trainer = Trainer(cfg, on_gpu, StopSignals())
     model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
     seq, mbs = int(cfg.model.data.seq_length), int(cfg.model.micro_batch_size)
     micro_batches = get_num_microbatches()

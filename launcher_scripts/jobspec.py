@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# How a job waits for the one before it: `afterok` (it succeeded), `afterany` (it ended),
+# `singleton` (also after every earlier job of the same name), or `aftercorr` (array task i
+# after task i of the array before it; stages set it, not users).
+USER_DEPENDENCIES = ("afterok", "afterany", "singleton")
+
 
 @dataclass(frozen=True)
 class Command:
@@ -42,7 +47,7 @@ class JobSpec:
     container: str | None = None
     container_mounts: tuple[str, ...] = ()
     array_size: int | None = None  # tasks of a node array; each task takes its share by rank
-    dependency: str = "afterok"  # how this job waits for the one before it
+    dependency: str = "afterok"  # see USER_DEPENDENCIES; stages may set "aftercorr"
     reads: tuple[str, ...] = ()  # paths of artifacts the job needs
     writes: tuple[str, ...] = ()  # paths of artifacts the job produces
     # A job that saves a checkpoint and exits with this code when signalled, so a scheduler may

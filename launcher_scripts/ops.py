@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher_scripts.clusters import BACKENDS, JobRecord
+from launcher_scripts.clusters import BACKENDS, JobLog, JobRecord
 from launcher_scripts.clusters.base import TERMINAL_STATES
 from launcher_scripts.manifest import Manifest, find_manifest
 
@@ -33,7 +33,7 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
         return 0
     print(f"run {manifest.run_id} ({manifest.cluster_type}), manifest {manifest.path}")
-    header = ("STAGE", "JOB", "STATE", "EXIT", "JOB IDS", "START", "END")
+    header = ("STAGE", "JOB", "STATE", "EXIT", "JOB IDS", "ATTEMPTS", "START", "END")
     rows = [header] + [
         (
             r.stage,
@@ -41,6 +41,7 @@ def status(args: argparse.Namespace) -> int:
             r.state,
             "" if r.exit_code is None else str(r.exit_code),
             ",".join(r.job_ids),
+            _attempts(r),
             r.start or "",
             r.end or "",
         )
@@ -57,6 +58,13 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attempts(record: JobRecord) -> str:
+    """How many times a requeueable job has started (its attempt logs); blank for others."""
+    attempts = [log.attempt for log in BACKENDS[record.backend]().logs(record)]
+    numbered = [a for a in attempts if a is not None]
+    return str(max(numbered) + 1) if numbered else ""
+
+
 def _selected(manifest: Manifest, stage: str | None) -> list[JobRecord]:
     jobs = [r for r in manifest.jobs() if stage in (None, r.stage, r.name)]
     if not jobs:
@@ -70,19 +78,36 @@ def _selected(manifest: Manifest, stage: str | None) -> list[JobRecord]:
 def logs(args: argparse.Namespace) -> int:
     manifest = load(args.run_dir)
     for record in _selected(manifest, args.stage):
-        log = Path(record.log)
-        print(f"==> {record.name} ({record.state}): {log}", flush=True)
-        if not log.exists():
-            print("    (no log yet: the job has not started)")
-            continue
-        offset = _print_from(log, 0)
+        backend = BACKENDS[record.backend]()
+        offsets: dict[Path, int] = {}
+        shown = _print_logs(record, backend.logs(record), args, offsets)
+        if not shown and not args.follow:
+            print(f"==> {record.name} ({record.state}): {_no_log_reason(record, args)}")
         while args.follow and record.state not in TERMINAL_STATES:
             time.sleep(1)
-            offset = _print_from(log, offset)
             record = next(r for r in load(args.run_dir).jobs() if r.name == record.name)
+            _print_logs(record, backend.logs(record), args, offsets)
         if args.follow:
-            _print_from(log, offset)
+            _print_logs(record, backend.logs(record), args, offsets)
     return 0
+
+
+def _print_logs(
+    record: JobRecord, found: list[JobLog], args: argparse.Namespace, offsets: dict[Path, int]
+) -> bool:
+    """Print what is new in each wanted log file; a header before each file's first bytes."""
+    wanted = [
+        log
+        for log in found
+        if args.task in (None, log.task) and args.attempt in (None, log.attempt)
+    ]
+    for log in wanted:
+        if log.path not in offsets:
+            label = f", {log.label}" if log.label else ""
+            print(f"==> {record.name} ({record.state}{label}): {log.path}", flush=True)
+            offsets[log.path] = 0
+        offsets[log.path] = _print_from(log.path, offsets[log.path])
+    return bool(wanted)
 
 
 def _print_from(log: Path, offset: int) -> int:
@@ -92,6 +117,12 @@ def _print_from(log: Path, offset: int) -> int:
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset + len(data)
+
+
+def _no_log_reason(record: JobRecord, args: argparse.Namespace) -> str:
+    if args.task is not None or args.attempt is not None:
+        return "no log of that task or attempt"
+    return f"no log yet at {record.log}: the job has not started"
 
 
 def cancel(args: argparse.Namespace) -> int:
@@ -119,6 +150,10 @@ def parser() -> argparse.ArgumentParser:
     read.add_argument("stage", nargs="?", help="a stage or job name; all when left out")
     read.add_argument(
         "-f", "--follow", action="store_true", help="keep printing until the job ends"
+    )
+    read.add_argument("--task", type=int, help="only this array task's log (Slurm arrays)")
+    read.add_argument(
+        "--attempt", type=int, help="only this attempt's log (0 first, 1 after a requeue, ...)"
     )
     read.set_defaults(handler=logs)
     stop = commands.add_parser("cancel", help="cancel the running and pending jobs of a run")

@@ -18,7 +18,7 @@ from launcher_scripts.clusters import BACKENDS, Backend, JobRecord
 from launcher_scripts.clusters.base import utc_now
 from launcher_scripts.config.compose import config_groups
 from launcher_scripts.config.preflight import check_globals, requested_stages, resolve
-from launcher_scripts.errors import ConfigError
+from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.jobspec import JobSpec
 from launcher_scripts.manifest import Manifest, StageRecord, new_run_id, write_atomic
 from launcher_scripts.stages import STAGES, StageContext
@@ -58,6 +58,7 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     backend = make_backend(resolved.cluster_type, resolved)
     planned, names = [], set()
     written: set[str] = set()  # artifacts earlier stages of this run produce
+    previous: JobSpec | None = None
     for stage in stages:
         ctx = StageContext(resolved, stage, frozenset(written))
         STAGES[stage].validate(ctx)
@@ -69,6 +70,14 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
                     f"{stage}.run.name", f"two jobs would be named {spec.name}", "Rename one"
                 )
             names.add(spec.name)
+            if spec.dependency == "aftercorr" and (
+                previous is None or previous.array_size != spec.array_size
+            ):
+                raise LauncherError(
+                    f"job {spec.name} is chained task to task but the job before it is not an "
+                    "array of the same size (a bug in its stage: please report it)"
+                )
+            previous = spec
             written.update(spec.writes)
             script_path = results_dir / f"{spec.name}_submission.sh"
             jobs.append(PlannedJob(spec, script_path, backend.render(spec)))
@@ -93,6 +102,8 @@ def print_plan(planned: list[PlannedStage], backend: Backend) -> None:
         print(f"stage {stage.stage}: config {stage.config_path}")
         for job in stage.jobs:
             array = f", array of {job.spec.array_size}" if job.spec.array_size else ""
+            if job.spec.dependency == "aftercorr":
+                array += ", task i after task i of the job before"
             print(f"  job {job.spec.name} ({backend.name}{array}): {job.script_path}")
 
 
@@ -109,7 +120,8 @@ def git_revision(path: str) -> str | None:
 def run(cfg: DictConfig, argv: list[str]) -> int:
     backend, resolved, planned = plan(cfg)
     if not resolved.dry_run:
-        backend.check_submission()  # the scheduler is reachable: before anything is written
+        # The scheduler is reachable and can run these jobs: before anything is written.
+        backend.check_submission([job.spec for stage in planned for job in stage.jobs])
     write_files(planned)
     if resolved.dry_run:
         print_plan(planned, backend)

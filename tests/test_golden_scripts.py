@@ -121,3 +121,44 @@ def test_secrets_stay_out_of_scripts() -> None:
     for text in scripts.values():
         assert "WANDB_API_KEY_FILE=/secrets/wandb" in text
         assert "WANDB_API_KEY=" not in text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            [],
+            [
+                ("download_tokenizer", None, "singleton"),
+                ("download", 30, "singleton"),
+                ("extract", 30, "aftercorr"),
+                ("preprocess", 30, "aftercorr"),
+            ],
+        ),
+        (
+            ["data_preparation.download_the_pile=false"],
+            [("download_tokenizer", None, "singleton"), ("preprocess", 30, "singleton")],
+        ),
+    ],
+    ids=["download-extract-preprocess", "preprocess-only"],
+)
+def test_pile_array_steps_wait_task_by_task(
+    overrides: list[str], expected: list[tuple[str, int | None, str]], tmp_path: Path
+) -> None:
+    """Each array step waits only for its own task of the step before (Slurm's aftercorr)."""
+    for number in range(30):  # preprocess-only reads shards already extracted into data_dir
+        (tmp_path / f"{number:02d}.jsonl").write_text('{"text": "a"}\n')
+    stage = "data_preparation"
+    cfg = resolve(
+        compose_config(
+            [
+                f"data_dir={tmp_path}",
+                f"stages=[{stage}]",
+                "data_preparation=gpt3/download_gpt3_pile",
+                *overrides,
+            ]
+        ),
+        [stage],
+    )
+    jobs = STAGES[stage].jobs(StageContext(cfg, stage))
+    assert [(j.name.rsplit("-", 1)[1], j.array_size, j.dependency) for j in jobs] == expected

@@ -129,7 +129,8 @@ def gpt2_tokenizer_files(folder: Path, texts: list[str]) -> ByteLevelBPETokenize
     return tokenizer
 
 
-def test_pile_recipe_downloads_extracts_and_tokenizes(site: Site, tmp_path: Path) -> None:
+def serve_pile(site: Site, folder: Path) -> tuple[ByteLevelBPETokenizer, dict[int, list[str]]]:
+    """Two Pile-like shards and a GPT-2 style tokenizer on the test site."""
     texts = sample_texts()[:200]
     shards = {0: texts[:120], 1: texts[120:]}
     for number, docs in shards.items():
@@ -137,14 +138,14 @@ def test_pile_recipe_downloads_extracts_and_tokenizes(site: Site, tmp_path: Path
             json.dumps({"text": t, "meta": {"pile_set_name": "x"}}) + "\n" for t in docs
         )
         site.behaviour.files[f"{number:02d}.jsonl.zst"] = zstandard.compress(jsonl.encode())
-    tokenizer = gpt2_tokenizer_files(tmp_path / "bpe_source", texts)
+    tokenizer = gpt2_tokenizer_files(folder / "bpe_source", texts)
     for name in ("vocab.json", "merges.txt"):
-        site.behaviour.files[name] = (tmp_path / "bpe_source" / name).read_bytes()
-    results, data = tmp_path / "results", tmp_path / "data"
+        site.behaviour.files[name] = (folder / "bpe_source" / name).read_bytes()
+    return tokenizer, shards
 
-    result = run_main(
-        f"base_results_dir={results}",
-        f"data_dir={data}",
+
+def pile_overrides(site: Site) -> tuple[str, ...]:
+    return (
         "stages=[data_preparation]",
         "data_preparation=gpt3/download_gpt3_pile",
         "data_preparation.file_numbers='0-1'",
@@ -152,13 +153,26 @@ def test_pile_recipe_downloads_extracts_and_tokenizes(site: Site, tmp_path: Path
         f"data_preparation.download_vocab_url={site.url}/vocab.json",
         f"data_preparation.download_merges_url={site.url}/merges.txt",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
 
+
+def assert_pile_tokenized(
+    data: Path, tokenizer: ByteLevelBPETokenizer, shards: dict[int, list[str]]
+) -> None:
     eod = tokenizer.token_to_id("<|endoftext|>")
     for number, docs in shards.items():
         dataset = IndexedDataset(str(data / f"my-gpt3_{number:02d}_text_document"))
         assert len(dataset) == len(docs)
         assert dataset[5].tolist() == tokenizer.encode(docs[5]).ids + [eod]
+
+
+def test_pile_recipe_downloads_extracts_and_tokenizes(site: Site, tmp_path: Path) -> None:
+    tokenizer, shards = serve_pile(site, tmp_path)
+    results, data = tmp_path / "results", tmp_path / "data"
+
+    result = run_main(f"base_results_dir={results}", f"data_dir={data}", *pile_overrides(site))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    assert_pile_tokenized(data, tokenizer, shards)
     # rm_downloaded and rm_extracted leave only the tokenized shards and the tokenizer.
     assert not list(data.glob("*.zst")) and not list(data.glob("*.jsonl"))
     assert sorted(p.name for p in (data / "bpe").iterdir()) == ["merges.txt", "vocab.json"]

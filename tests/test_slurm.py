@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_main, run_ops
+from tests.http_site import Site
+from tests.test_local_pipeline import assert_pile_tokenized, pile_overrides, serve_pile
 from tests.test_training import losses
 
 SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
@@ -63,18 +66,46 @@ def wait_for_run(results: Path, timeout: float = 600) -> dict[str, str]:
     raise AssertionError(f"the run did not end in {timeout} s: {states}")
 
 
-def test_pipeline_runs_in_order_on_slurm(slurm: None, tmp_path: Path) -> None:
+def test_array_data_preparation_then_two_task_training_on_slurm(
+    slurm: None, tmp_path: Path
+) -> None:
+    """Data preparation as an array of two tasks, then training on two srun tasks with TP=2."""
+    second = tmp_path / "second.jsonl.gz"
+    shutil.copy(SAMPLE, second)
+    prefix = f"{tmp_path}/data/custom_dataset/preprocessed"
     results = tmp_path / "results"
-    submitted = run_main(f"base_results_dir={results}", f"data_dir={tmp_path}/data", *SMALL_CLUSTER)
+    submitted = run_main(
+        f"base_results_dir={results}",
+        f"data_dir={tmp_path}/data",
+        *SMALL_CLUSTER,
+        f"data_preparation.raw_dataset_files=[{SAMPLE},{second}]",
+        "data_preparation.run.node_array_size=2",
+        "data_preparation.run.workers_per_node=1",
+        f"training.model.data.data_prefix=[0.5,{prefix}/tiny_corpus_text_document,"
+        f"0.5,{prefix}/second_text_document]",
+        "training.trainer.devices=2",
+        "training.model.tensor_model_parallel_size=2",
+    )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     assert "all jobs submitted" in submitted.stdout
     states = wait_for_run(results)
     assert set(states.values()) == {"COMPLETED"}, states
-    metrics = tmp_path / "results" / "gpt3_tiny" / "results" / "metrics.jsonl"
+    metrics = results / "gpt3_tiny" / "results" / "metrics.jsonl"
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert max(steps) == 6
-    logs = run_ops("logs", str(results / "gpt3_tiny"))
-    assert logs.returncode == 0 and "6/6" in logs.stdout
+
+    # One log per array task, each task its own share of the inputs.
+    for task in (0, 1):
+        log = run_ops("logs", str(results), "custom_dataset-preprocess", "--task", str(task))
+        assert log.returncode == 0, log.stderr
+        assert f"task {task}" in log.stdout.splitlines()[0]
+        assert f"task {task} of 2: 1 of 2 inputs" in log.stdout
+    # Two ranks started by srun, not torchrun, forming one TP group.
+    training = run_ops("logs", str(results), "gpt3_tiny").stdout
+    for rank in (0, 1):
+        assert f"rank {rank}/2 local_rank {rank}" in training and "launcher slurm" in training
+        assert f"rank {rank}: joined; tp {rank}/2 pp 0/1 dp 0/1" in training
+    assert "6/6" in training
 
 
 def test_a_failed_upstream_cancels_its_dependents(slurm: None, tmp_path: Path) -> None:
@@ -138,5 +169,78 @@ def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_pa
     first = (results / "gpt3_tiny" / logs[0]).read_text()
     assert "checkpoint saved; exit code 75" in first and "requeueing" in first
     assert "resumed from" in (results / "gpt3_tiny" / logs[1]).read_text()
+    second = run_ops("logs", str(results), "gpt3_tiny", "--attempt", "1").stdout
+    assert "attempt 1" in second.splitlines()[0] and "resumed from" in second
+    assert "requeueing" not in second
+    header, row = run_ops("status", str(results)).stdout.splitlines()[1:3]
+    assert "ATTEMPTS" in header and re.search(rf"COMPLETED\s+{job_id}\s+2\s", row), row
     expected = losses(tmp_path / "reference" / "gpt3_tiny" / "results")
     assert losses(log_dir) == expected
+
+
+def test_pile_steps_are_chained_task_to_task(slurm: None, site: Site, tmp_path: Path) -> None:
+    """download -> extract -> preprocess as arrays joined by aftercorr: extract task 0 runs while
+    download task 1 is still stalled on its shard."""
+    tokenizer, shards = serve_pile(site, tmp_path)
+    site.behaviour.stall_after["01.jsonl.zst"] = 100
+    site.behaviour.stall_s = 15
+    results, data = tmp_path / "results", tmp_path / "data"
+    submitted = run_main(
+        f"base_results_dir={results}",
+        f"data_dir={data}",
+        *pile_overrides(site),
+        "cluster_type=bcm",
+        "cluster.gpus_per_node=null",
+        "data_preparation.run.node_array_size=2",
+        "data_preparation.run.workers_per_node=1",
+        "data_preparation.rm_downloaded=false",
+        "data_preparation.rm_extracted=false",
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    states = wait_for_run(results)
+    assert set(states.values()) == {"COMPLETED"}, states
+    assert_pile_tokenized(data, tokenizer, shards)
+    # Under afterok, shard 0 could only be extracted after the whole download array ended.
+    assert (data / "00.jsonl").stat().st_mtime < (data / "01.jsonl.zst").stat().st_mtime
+    for step in ("download", "extract", "preprocess"):
+        for task in (0, 1):
+            log = run_ops("logs", str(results), f"download_gpt3_pile-{step}", "--task", str(task))
+            assert f"task {task} of 2" in log.stdout, log.stdout
+
+
+def test_cancel_from_another_process_stops_every_job(slurm: None, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    submitted = run_main(
+        f"base_results_dir={results}",
+        f"data_dir={tmp_path}/data",
+        *SMALL_CLUSTER,
+        "training.trainer.max_steps=100000",
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    cancelled = run_ops("cancel", str(results))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.count("cancel requested") == 3, cancelled.stdout
+    assert set(wait_for_run(results, timeout=120).values()) == {"CANCELLED"}
+    manifest = json.loads(run_ops("status", str(results), "--json").stdout)
+    ids = [i for stage in manifest["stages"] for job in stage["jobs"] for i in job["job_ids"]]
+    queue = subprocess.run(
+        ["squeue", "-h", "-j", ",".join(ids)], capture_output=True, text=True
+    ).stdout
+    assert queue.strip() == ""
+
+
+def test_more_cpus_than_any_node_has_is_refused_before_submitting(
+    slurm: None, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    refused = run_main(
+        f"base_results_dir={results}",
+        f"data_dir={tmp_path}/data",
+        *SMALL_CLUSTER,
+        "data_preparation.run.cpus_per_node=100000",
+    )
+    assert refused.returncode == 2
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: data_preparation.run.cpus_per_node: job custom_dataset-"), line
+    assert "Set data_preparation.run.cpus_per_node=" in line
+    assert not results.exists()

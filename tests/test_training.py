@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -328,6 +329,11 @@ def test_an_empty_split_is_one_clear_error(prepared: Path, tmp_path: Path) -> No
             "training.model.data.data_prefix",
             "weight, path",
         ),
+        (
+            ["training.run.rendezvous_timeout_seconds=0"],
+            "training.run.rendezvous_timeout_seconds",
+            "instead of hanging",
+        ),
     ],
 )
 def test_training_preflight_names_the_key(
@@ -350,3 +356,35 @@ def test_training_needs_its_data_unless_an_earlier_stage_writes_it(tmp_path: Pat
     assert "Run data_preparation first" in alone.stderr
     both = run_main(*paths, "dry_run=true")
     assert both.returncode == 0, both.stderr
+
+
+def test_a_missing_process_fails_the_rendezvous_instead_of_hanging(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """Rank 0 of two started by srun (no torchrun) while rank 1 never comes: one clear line."""
+    config = write_config(
+        prepared,
+        tmp_path / "run",
+        "training.trainer.devices=2",
+        "training.model.tensor_model_parallel_size=2",
+        "training.run.rendezvous_timeout_seconds=3",
+    )
+    env = {k: v for k, v in ONE_THREAD.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env.update(
+        SLURM_PROCID="0",
+        SLURM_NTASKS="2",
+        SLURM_LOCALID="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    result = subprocess.run(
+        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300, env=env
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "rank 0/2 local_rank 0" in result.stdout and "launcher slurm" in result.stdout
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank 0: not all 2 processes joined at 127.0.0.1:"), last
+    assert "within 3 s" in last and "run.rendezvous_timeout_seconds" in last

@@ -1,9 +1,9 @@
 """Backends by `cluster_type`."""
 
-from launcher_scripts.clusters.base import Backend, JobRecord
+from launcher_scripts.clusters.base import Backend, JobLog, JobRecord
 from launcher_scripts.clusters.local import LocalBackend
 from launcher_scripts.clusters.slurm import SlurmBackend
 
 BACKENDS: dict[str, type] = {"local": LocalBackend, "bcm": SlurmBackend}
 
-__all__ = ["BACKENDS", "Backend", "JobRecord"]
+__all__ = ["BACKENDS", "Backend", "JobLog", "JobRecord"]

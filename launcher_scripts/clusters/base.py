@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Protocol
 
 from launcher_scripts.jobspec import Command, JobSpec
@@ -52,8 +53,9 @@ class Backend(Protocol):
 
     def log_path(self, job: JobSpec, run_id: str) -> str: ...
 
-    def check_submission(self) -> None:
-        """Raise ConfigError when jobs could not be submitted here (no scheduler, say)."""
+    def check_submission(self, jobs: Sequence[JobSpec]) -> None:
+        """Raise ConfigError when these jobs could not be submitted or run here (no scheduler,
+        say, or more CPUs than any node has)."""
 
     def submit(
         self,
@@ -72,6 +74,22 @@ class Backend(Protocol):
         """Update `record.state` from the scheduler, where there is one."""
 
     def cancel(self, record: JobRecord) -> None: ...
+
+    def logs(self, record: JobRecord) -> list[JobLog]:
+        """The job's log files that exist, in order (array tasks, then attempts)."""
+
+
+@dataclass(frozen=True)
+class JobLog:
+    path: Path
+    task: int | None = None  # the array task that wrote it
+    attempt: int | None = None  # 0 for the first run of a job, 1 after its first requeue
+
+    @property
+    def label(self) -> str:
+        parts = [f"task {self.task}"] if self.task is not None else []
+        parts += [f"attempt {self.attempt}"] if self.attempt is not None else []
+        return ", ".join(parts)
 
 
 def python_argv(command: Command, python: str = "python3") -> list[str]:

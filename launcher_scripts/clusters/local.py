@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launcher_scripts.clusters.base import (
+    JobLog,
     JobRecord,
     export_lines,
     format_argv,
@@ -51,7 +52,7 @@ class LocalBackend:
             lines += ["", format_argv(python_argv(command))]
         return "\n".join(lines) + "\n"
 
-    def check_submission(self) -> None:
+    def check_submission(self, jobs: Sequence[JobSpec]) -> None:
         """Nothing to check: the jobs run here."""
 
     def log_path(self, job: JobSpec, run_id: str) -> str:
@@ -101,6 +102,10 @@ class LocalBackend:
     def cancel(self, record: JobRecord) -> None:
         if record.state == "RUNNING" and record.pid is not None and _alive(record.pid):
             os.killpg(record.pid, signal.SIGTERM)
+
+    def logs(self, record: JobRecord) -> list[JobLog]:
+        log = Path(record.log)
+        return [JobLog(log)] if log.exists() else []
 
 
 def _tee(process: subprocess.Popen, log) -> None:

@@ -6,6 +6,7 @@ byte the same each time. Submission, status and cancel call sbatch, squeue/sacct
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -13,7 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.clusters.base import JobRecord, export_lines, format_argv, utc_now
+from launcher_scripts.clusters.base import (
+    JobLog,
+    JobRecord,
+    export_lines,
+    format_argv,
+    utc_now,
+)
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.jobspec import JobSpec
 
@@ -102,7 +109,7 @@ class SlurmBackend:
 
     # ----- checks before submitting -----------------------------------------------------
 
-    def check_submission(self) -> None:
+    def check_submission(self, jobs: Sequence[JobSpec]) -> None:
         if shutil.which("sbatch") is None:
             raise ConfigError(
                 "cluster_type",
@@ -118,6 +125,7 @@ class SlurmBackend:
                     f"{partition!r} is not a partition of this cluster",
                     f"Use one of: {', '.join(sorted(set(known)))}",
                 )
+        self._check_cpus(jobs)
         if self.root.container:
             if "--container-image" not in _run(["srun", "--help"]):
                 raise ConfigError(
@@ -133,6 +141,28 @@ class SlurmBackend:
                         f"{source} does not exist on this node",
                         "Fix the path or create it",
                     )
+
+    def _check_cpus(self, jobs: Sequence[JobSpec]) -> None:
+        """A job asking for more CPUs per node than any node has would wait forever (PENDING,
+        reason PartitionConfig or Resources); say so now instead."""
+        partition = self.cluster.get("partition")
+        # One line per node (-N), so each count is exact rather than a "128+" summary.
+        argv = ["sinfo", "-h", "-N", "-o", "%c"] + (["-p", str(partition)] if partition else [])
+        counts = [int(word) for word in _run(argv).split() if word.isdigit()]
+        if not counts:
+            return
+        largest = max(counts)
+        for job in jobs:
+            per_task = job.resources.cpus_per_task
+            if per_task and per_task * job.resources.ntasks_per_node > largest:
+                raise ConfigError(
+                    f"{job.stage}.run.cpus_per_node",
+                    f"job {job.name} asks for {per_task * job.resources.ntasks_per_node} CPUs "
+                    f"per node but the largest node of "
+                    f"{'partition ' + str(partition) if partition else 'this cluster'} has "
+                    f"{largest}",
+                    f"Set {job.stage}.run.cpus_per_node={largest} or lower (null asks for none)",
+                )
 
     # ----- rendering -------------------------------------------------------------------
 
@@ -276,7 +306,7 @@ class SlurmBackend:
         argv = ["sbatch", "--parsable", "--kill-on-invalid-dep=yes"]
         dependencies = []
         if after:
-            kind = "afterany" if job.dependency == "afterany" else "afterok"
+            kind = job.dependency if job.dependency in ("afterany", "aftercorr") else "afterok"
             dependencies.append(f"{kind}:{':'.join(after)}")
         if job.dependency == "singleton":
             dependencies.append("singleton")
@@ -312,6 +342,24 @@ class SlurmBackend:
     def cancel(self, record: JobRecord) -> None:
         if record.job_ids:
             subprocess.run(["scancel", *record.job_ids], capture_output=True, timeout=60)
+
+    def logs(self, record: JobRecord) -> list[JobLog]:
+        """The files the job's script names: one per array task (`_%A_%a`), one per attempt of a
+        requeueable job (`_attempt<N>`), else the one `_%j` file."""
+        if not record.job_ids:
+            return []
+        folder, job_id = Path(record.log).parent, record.job_ids[0]
+        found = []
+        attempts = re.compile(rf"log-{re.escape(record.name)}_{job_id}_attempt(\d+)\.out")
+        tasks = re.compile(rf"slurm-{re.escape(record.name)}_{job_id}_(\d+)\.out")
+        for path in folder.glob(f"*{record.name}_{job_id}*.out"):
+            if match := attempts.fullmatch(path.name):
+                found.append(JobLog(path, attempt=int(match[1])))
+            elif match := tasks.fullmatch(path.name):
+                found.append(JobLog(path, task=int(match[1])))
+            elif path.name == f"slurm-{record.name}_{job_id}.out":
+                found.append(JobLog(path))
+        return sorted(found, key=lambda log: (log.task or 0, log.attempt or 0))
 
 
 SLURM_STATES = {

@@ -9,7 +9,8 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.config.checks import require_choice
+from launcher_scripts.jobspec import USER_DEPENDENCIES, Command, JobSpec, Resources
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,19 @@ def make_job(
     writes: tuple[str, ...] = (),
     checkpoint_exit_code: int | None = None,
     progress_dir: str | None = None,
+    task_to_task: bool = False,
 ) -> JobSpec:
     """A JobSpec with the settings every job of every stage shares, taken from the root config.
 
     Stages say what differs (commands, resources, artifacts); this is the one place that knows
     where the code, the container, the mounts and the environment come from.
+
+    `task_to_task`: an array job whose task i needs only task i of the array job before it,
+    so each task may start as soon as its own predecessor ends (Slurm's aftercorr).
     """
     root, run = ctx.root, ctx.cfg.run
+    dependency = str(run.get("dependency") or "afterok")
+    require_choice(f"{ctx.stage}.run.dependency", dependency, USER_DEPENDENCIES)
     return JobSpec(
         stage=ctx.stage,
         name=name,
@@ -95,7 +102,7 @@ def make_job(
         container=root.container,
         container_mounts=tuple(str(m) for m in root.container_mounts or ()),
         array_size=array_size,
-        dependency=str(run.get("dependency") or "afterok"),
+        dependency="aftercorr" if task_to_task else dependency,
         reads=reads,
         writes=writes,
         checkpoint_exit_code=checkpoint_exit_code,

@@ -262,14 +262,20 @@ class PileDataset:
             jobs.append(self._job(ctx, f"{name}-download", "download", args, array, downloaded))
             args = ("--input-dir", data_dir, *shards, "--output-dir", data_dir)
             args += ("--remove-downloaded",) if cfg.rm_downloaded else ()
-            jobs.append(self._job(ctx, f"{name}-extract", "extract", args, array, extracted))
+            jobs.append(
+                self._job(ctx, f"{name}-extract", "extract", args, array, extracted, chained=True)
+            )
         if cfg.preprocess_data:
             args = ("--input", *extracted, "--output-dir", data_dir, "--output-prefix", "my-gpt3_")
             args += ("--text-key", "text", "--vocab-file", vocab, "--merge-file", merges)
             args += _workers_args(ctx)
             args += ("--remove-inputs",) if cfg.rm_extracted else ()
             outputs = tuple(str(Path(data_dir) / f"my-gpt3_{n:02d}_text_document") for n in numbers)
-            jobs.append(self._job(ctx, f"{name}-preprocess", "preprocess", args, array, outputs))
+            # Task i tokenizes exactly the shards extract task i wrote (both share by rank).
+            chained = bool(cfg.download_the_pile)
+            jobs.append(
+                self._job(ctx, f"{name}-preprocess", "preprocess", args, array, outputs, chained)
+            )
         return jobs
 
     @staticmethod
@@ -280,10 +286,18 @@ class PileDataset:
         args: tuple[str, ...],
         array_size: int | None,
         writes: tuple[str, ...],
+        chained: bool = False,
     ) -> JobSpec:
         command = Command(f"{JOBS}.{program}", args)
+        resources = _cpu_resources(ctx)
         return make_job(
-            ctx, name, (command,), _cpu_resources(ctx), array_size=array_size, writes=writes
+            ctx,
+            name,
+            (command,),
+            resources,
+            array_size=array_size,
+            writes=writes,
+            task_to_task=chained,
         )
 
 

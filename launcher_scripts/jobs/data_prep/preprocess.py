@@ -192,18 +192,16 @@ def shard_for(path: Path, output_dir: Path, output_prefix: str, text_key: str) -
 
 
 def plan_shards(args: argparse.Namespace) -> list[Shard]:
-    """Every input's shard (all ranks'), checked for existence and clashing names."""
+    """Every input's shard (all ranks'), checked for clashing names.
+
+    Only names are looked at: under a task-to-task chain (Slurm's aftercorr) the inputs of other
+    tasks may still be being written. Each task checks its own with check_inputs.
+    """
     output_dir = Path(args.output_dir)
     result: list[Shard] = []
     seen: dict[str, Path] = {}
     for raw in args.input:
         path = Path(raw)
-        if not path.exists():
-            raise DataPrepError(f"input {path} does not exist")
-        if not path.is_dir() and not readers.is_json_input(path):
-            raise DataPrepError(
-                f"input {path}: give .json, .jsonl, .json.gz, .jsonl.gz files or directories"
-            )
         shard = shard_for(path, output_dir, args.output_prefix, args.text_key)
         if shard.name in seen:
             raise DataPrepError(
@@ -212,6 +210,17 @@ def plan_shards(args: argparse.Namespace) -> list[Shard]:
         seen[shard.name] = path
         result.append(shard)
     return result
+
+
+def check_inputs(shards: list[Shard]) -> None:
+    for shard in shards:
+        path = shard.input
+        if not path.exists():
+            raise DataPrepError(f"input {path} does not exist")
+        if not path.is_dir() and not readers.is_json_input(path):
+            raise DataPrepError(
+                f"input {path}: give .json, .jsonl, .json.gz, .jsonl.gz files or directories"
+            )
 
 
 def plan_units(shard_index: int, shard: Shard, workers: int) -> list[WorkUnit]:
@@ -641,6 +650,7 @@ def run(args: argparse.Namespace) -> int:
     all_shards = plan_shards(args)
     mine = shards.share(all_shards, rank, world_size)
     print(f"task {rank} of {world_size}: {len(mine)} of {len(all_shards)} inputs")
+    check_inputs(mine)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     totals = Totals()
     todo = select_work(mine, args, totals)

@@ -48,15 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     if not on_gpu:
         cpu_compat.patch_cuda_queries()
         cpu_compat.CudaDevicesOnCpu().__enter__()
-    runtime.init_distributed(info, on_gpu)
+    from launcher_scripts.errors import ConfigError
     from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
+    from launcher_scripts.jobs.training.recipe import rendezvous_timeout
     from launcher_scripts.jobs.training.runtime import JobError
     from launcher_scripts.jobs.training.trainer import Trainer
 
     try:
-        trainer = Trainer(cfg, on_gpu, info, StopSignals())
+        runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))
+        trainer = Trainer(cfg, on_gpu, StopSignals())
         return trainer.fit()
-    except (JobError, TokenizerError) as error:
+    except (JobError, TokenizerError, ConfigError) as error:
         # Problems with the inputs, not bugs: one line that says what to change.
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1

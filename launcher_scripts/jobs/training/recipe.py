@@ -177,7 +177,24 @@ def validate(cfg: Any, stage: str = "training", will_exist: Any = None) -> None:
     precision(cfg, stage)
     schedule(cfg, stage)
     _check_trainer(cfg, stage)
+    rendezvous_timeout(cfg, stage)
     _check_inputs(cfg, stage, will_exist or (lambda _path: False))
+
+
+DEFAULT_RENDEZVOUS_TIMEOUT = 600.0
+
+
+def rendezvous_timeout(cfg: Any, stage: str = "training") -> float:
+    """Seconds every process may take to join the process group before the job fails."""
+    value = (cfg.get("run") or {}).get("rendezvous_timeout_seconds", DEFAULT_RENDEZVOUS_TIMEOUT)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(
+            key(stage, "run.rendezvous_timeout_seconds"),
+            f"{value!r} is not a positive number of seconds",
+            "Set it to e.g. 600; a job whose processes cannot all meet then fails instead of "
+            "hanging",
+        )
+    return float(value)
 
 
 def _check_parallel_layout(model: Any, par: Parallelism, stage: str) -> None:

@@ -14,6 +14,8 @@ from megatron.core import parallel_state, tensor_parallel
 from launcher_scripts.jobs.training import cpu_compat
 from launcher_scripts.jobs.training.recipe import Parallelism
 
+COLLECTIVE_TIMEOUT_MINUTES = 30
+
 
 class JobError(RuntimeError):
     """A problem with the job's inputs or settings, reported as one line, not a traceback."""
@@ -50,23 +52,57 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def init_distributed(info: ProcessInfo, on_gpu: bool, timeout_minutes: int = 30) -> None:
+def init_distributed(info: ProcessInfo, on_gpu: bool, rendezvous_timeout: float) -> None:
+    """Join the process group, or raise JobError once `rendezvous_timeout` seconds have passed
+    without every process of the job (a node that never started, a wrong MASTER_ADDR)."""
     if info.launcher == "single":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     elif "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
-        raise RuntimeError(
+        raise JobError(
             "MASTER_ADDR and MASTER_PORT are not set: start the job with torchrun, or with srun "
             "from a script that exports them (the launcher's Slurm scripts do)"
         )
     if on_gpu:
         torch.cuda.set_device(info.local_rank)
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    print(
+        f"{describe_launch(info, on_gpu)}: joining {info.world_size} processes at "
+        f"{address}:{port} (up to {rendezvous_timeout:.0f} s)",
+        flush=True,
+    )
+    store = None
+    if info.launcher == "slurm":
+        # torchrun has formed the group before the program starts; with srun alone the program
+        # meets its peers itself, on a store whose wait is bounded.
+        try:
+            store = dist.TCPStore(
+                address,
+                port,
+                info.world_size,
+                is_master=info.rank == 0,
+                timeout=timedelta(seconds=rendezvous_timeout),
+                wait_for_workers=True,
+            )
+        except dist.DistError as error:
+            raise JobError(
+                f"rank {info.rank}: not all {info.world_size} processes joined at "
+                f"{address}:{port} within {rendezvous_timeout:.0f} s ({_first_line(error)}). "
+                "Check that every node started and can reach the first node on that port, or "
+                "raise run.rendezvous_timeout_seconds"
+            ) from None
     dist.init_process_group(
         backend="nccl" if on_gpu else "gloo",
         rank=info.rank,
         world_size=info.world_size,
-        timeout=timedelta(minutes=timeout_minutes),
+        store=store,
+        # Collectives may wait much longer than the rendezvous (a checkpoint written by one rank).
+        timeout=timedelta(minutes=COLLECTIVE_TIMEOUT_MINUTES),
     )
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def init_model_parallel(par: Parallelism, seed: int, on_gpu: bool) -> None:
@@ -106,10 +142,10 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def describe_process(info: ProcessInfo, on_gpu: bool) -> str:
-    device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
+def describe_launch(info: ProcessInfo, on_gpu: bool) -> str:
+    """One line per rank, printed before it waits for its peers: where a stuck job stands."""
+    device = f"cuda:{info.local_rank}" if on_gpu else "cpu"
     return (
         f"rank {info.rank}/{info.world_size} local_rank {info.local_rank} host "
-        f"{socket.gethostname()} device {device} launcher {info.launcher} master "
-        f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        f"{socket.gethostname()} device {device} launcher {info.launcher}"
     )

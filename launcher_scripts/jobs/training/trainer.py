@@ -34,7 +34,6 @@ from launcher_scripts.jobs.training.checkpointing import TrainState
 from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
 from launcher_scripts.jobs.training.runtime import (
     JobError,
-    describe_process,
     init_model_parallel,
     seed_everything,
 )
@@ -45,7 +44,7 @@ class ResumeError(JobError):
 
 
 class Trainer:
-    def __init__(self, cfg: Any, on_gpu: bool, info: Any, stop_signals: Any) -> None:
+    def __init__(self, cfg: Any, on_gpu: bool, stop_signals: Any) -> None:
         self.cfg, self.on_gpu, self.stop_signals = cfg, on_gpu, stop_signals
         self.started = time.monotonic()
         self.rank = dist.get_rank()
@@ -53,7 +52,7 @@ class Trainer:
         self.seed = int(cfg.model.get("seed", 1234))
         seed_everything(self.seed)
         init_model_parallel(self.par, self.seed, on_gpu)
-        print(describe_process(info, on_gpu) + self._layout(), flush=True)
+        print(f"rank {self.rank}: joined;{self._layout()}", flush=True)
 
         self.log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
         self.checkpoint_dir = self.log_dir / "checkpoints"
