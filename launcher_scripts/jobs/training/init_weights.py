@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -54,9 +54,34 @@ def _global_values(tensor: ShardedTensor, config: TransformerConfig, seed: int, 
     return torch.empty(shape, device=device).normal_(0.0, std, generator=generator)
 
 
-@torch.no_grad()
 def initialize(chunks: list[torch.nn.Module], config: TransformerConfig, seed: int) -> None:
     """Overwrite every parameter of `chunks` with its layout-independent initial value."""
+    assign_global(chunks, lambda tensor: _global_values(tensor, config, seed, tensor.data.device))
+
+
+def load_full_tensors(chunks: list[torch.nn.Module], tensors: dict[str, torch.Tensor]) -> None:
+    """Overwrite every parameter of `chunks` with its slice of the full tensor of its key (what
+    a portable checkpoint holds), whatever this rank's share of the layout."""
+
+    def value(tensor: ShardedTensor) -> torch.Tensor:
+        if tensor.key not in tensors:
+            raise KeyError(f"the weights have no tensor {tensor.key!r} this model needs")
+        full = tensors[tensor.key]
+        if tuple(full.shape) != tuple(tensor.global_shape):
+            raise ValueError(
+                f"{tensor.key}: the weights have shape {tuple(full.shape)}, this model "
+                f"{tuple(tensor.global_shape)}"
+            )
+        return full
+
+    assign_global(chunks, value)
+
+
+@torch.no_grad()
+def assign_global(
+    chunks: list[torch.nn.Module], global_value: Callable[[ShardedTensor], torch.Tensor]
+) -> None:
+    """Give each parameter its slice of `global_value(sharded tensor)`, the full tensor."""
     done: set[int] = set()
     for chunk in chunks:
         for tensor in _sharded_tensors(chunk.sharded_state_dict()):
@@ -65,7 +90,6 @@ def initialize(chunks: list[torch.nn.Module], config: TransformerConfig, seed: i
                 continue
             if tensor.flattened_range is not None or id(data) in done:
                 continue
-            values = _global_values(tensor, config, seed, data.device)
-            local = values[tensor.global_slice()]
-            data.copy_(local.reshape(data.shape))
+            local = global_value(tensor)[tensor.global_slice()]
+            data.copy_(local.reshape(data.shape).to(device=data.device, dtype=data.dtype))
             done.add(id(data))

@@ -1,0 +1,1 @@
+"""Conversion of training checkpoints: the portable file, the Hugging Face export, loading."""

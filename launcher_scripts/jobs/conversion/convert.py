@@ -1,0 +1,159 @@
+"""The conversion job: a training checkpoint to a portable .nemo-style file and a Hugging Face
+directory.
+
+    python -m launcher_scripts.jobs.conversion.convert --config <results_dir>/<name>_hydra.yaml
+
+megatron-core checkpoints are layout-free (every tensor is stored with its global shape and
+offsets), so one process reads a checkpoint written at any TP/PP/DP and gets full tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher_scripts.jobs.training.progress import Checkpoint, complete_checkpoints
+
+
+class ConversionError(Exception):
+    """Bad inputs: printed as one line."""
+
+
+def pick_checkpoint(folder: Path, name: str) -> Checkpoint:
+    """`latest` is the newest complete checkpoint; anything else is a name pattern (fnmatch),
+    of which the newest matching one is taken."""
+    found = complete_checkpoints(folder)
+    if not found:
+        raise ConversionError(
+            f"no complete checkpoint in {folder}: train first, or point "
+            "conversion.model.checkpoint_folder at a training run's checkpoints"
+        )
+    if name == "latest":
+        return found[-1]
+    matching = [c for c in found if fnmatch.fnmatch(c.path.name, name)]
+    if not matching:
+        names = ", ".join(c.path.name for c in found)
+        raise ConversionError(
+            f"conversion.model.checkpoint_name={name!r} matches none of: {names}. "
+            "Use latest or one of these names (wildcards allowed)"
+        )
+    return matching[-1]
+
+
+def read_hparams(path: Path) -> DictConfig:
+    """The model section training saved (NeMo's layout: under a top-level `cfg`)."""
+    loaded = OmegaConf.load(path)
+    model = loaded.get("cfg", loaded)
+    assert isinstance(model, DictConfig)
+    return model
+
+
+def model_tensors(checkpoint: Path) -> dict[str, Any]:
+    """Every model tensor of a checkpoint, in full, by megatron-core name."""
+    import torch
+    from megatron.core.dist_checkpointing import load_plain_tensors
+
+    state = load_plain_tensors(str(checkpoint))
+    return {
+        key: value
+        for key, value in state.items()
+        if torch.is_tensor(value)
+        and not key.startswith("optimizer")
+        and not key.endswith("_extra_state")
+    }
+
+
+def _init_single_process() -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")
+
+
+def write_hf_dir(directory: Path, model: DictConfig, tensors: dict[str, Any]) -> None:
+    """config.json, model.safetensors and the tokenizer, replaced as a whole."""
+    import torch
+    from safetensors.torch import save_file
+
+    from launcher_scripts.jobs.conversion import hf_tokenizer
+    from launcher_scripts.jobs.conversion.hf_export import to_hf
+
+    config, state = to_hf(model, tensors)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}-"))
+    try:
+        config |= hf_tokenizer.write(model, partial)
+        (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        # Own storage for each: per-layer slices of one stacked tensor must not share memory.
+        state = {name: t.clone(memory_format=torch.contiguous_format) for name, t in state.items()}
+        save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        _make_readable(partial)
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(partial, directory)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _make_readable(directory: Path) -> None:
+    """mkdtemp and the safetensors writer create owner-only files; the export is shared."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        path.chmod(0o666 & ~umask)
+
+
+def convert(cfg: DictConfig) -> None:
+    from launcher_scripts.jobs.conversion import portable
+
+    model_cfg = cfg.model
+    hparams = read_hparams(Path(str(model_cfg.hparams_file)))
+    checkpoint = pick_checkpoint(
+        Path(str(model_cfg.checkpoint_folder)), str(model_cfg.checkpoint_name)
+    )
+    print(f"checkpoint {checkpoint.path} (step {checkpoint.state.step})", flush=True)
+    _init_single_process()
+    tensors = model_tensors(checkpoint.path)
+    parameters = sum(t.numel() for t in tensors.values())
+    print(f"read {len(tensors)} tensors, {parameters:,} values", flush=True)
+
+    # The layout consumers of the file start from (the weights themselves are full tensors).
+    hparams.tensor_model_parallel_size = int(model_cfg.tensor_model_parallel_size)
+    hparams.pipeline_model_parallel_size = int(model_cfg.pipeline_model_parallel_size)
+    output = Path(str(cfg.run.output_path)) / str(cfg.run.nemo_file_name)
+    portable.write(output, hparams, tensors)
+    print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)", flush=True)
+    if cfg.run.get("hf_dir_name"):
+        hf_dir = Path(str(cfg.run.output_path)) / str(cfg.run.hf_dir_name)
+        write_hf_dir(hf_dir, hparams, tensors)
+        print(f"wrote {hf_dir} (Hugging Face transformers)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the conversion stage's resolved config")
+    args = parser.parse_args(argv)
+    cfg = OmegaConf.load(args.config)
+    assert isinstance(cfg, DictConfig)
+    from launcher_scripts.errors import ConfigError
+
+    try:
+        convert(cfg)
+    except (ConversionError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

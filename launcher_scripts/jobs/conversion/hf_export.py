@@ -1,0 +1,211 @@
+"""Our model's full tensors (megatron-core names) as a Hugging Face transformers checkpoint.
+
+The input is what `load_plain_tensors` reads from a training checkpoint: one full tensor per
+key, whatever TP/PP wrote it, with the layers stacked on a leading axis. The output is the
+config.json and the state dict of a standard architecture (see architectures.py), loadable by
+transformers with no custom code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from launcher_scripts.jobs.conversion.architectures import GPT2, LLAMA, hf_architecture
+
+LAYERS = "decoder.layers."
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _norm(tensors: dict[str, torch.Tensor], key: str, zero_centered: bool) -> torch.Tensor:
+    """LayerNorm1p keeps gamma - 1; a standard LayerNorm wants gamma itself."""
+    weight = tensors[key]
+    return weight + 1 if zero_centered else weight
+
+
+def split_qkv(
+    weight: torch.Tensor, heads: int, groups: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """megatron-core stores Q, K and V interleaved by query group: for each group, its query
+    heads, then its key head, then its value head (rows). Returns Q, K, V stacked plainly."""
+    per_group = heads // groups
+    rest = weight.shape[1:]
+    grouped = weight.reshape(groups, per_group + 2, head_dim, *rest)
+    q = grouped[:, :per_group].reshape(heads * head_dim, *rest)
+    k = grouped[:, per_group].reshape(groups * head_dim, *rest)
+    v = grouped[:, per_group + 1].reshape(groups * head_dim, *rest)
+    return q, k, v
+
+
+def _dims(model: Any) -> tuple[int, int, int]:
+    heads = int(model.num_attention_heads)
+    groups = int(model.get("num_query_groups") or heads)
+    head_dim = int(model.get("kv_channels") or model.hidden_size // heads)
+    return heads, groups, head_dim
+
+
+def to_hf(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json contents, state dict) for the recipe's `model` section and its tensors."""
+    architecture = hf_architecture(model)
+    if architecture == GPT2:
+        return _gpt2(model, tensors)
+    return _rotary(model, tensors, architecture == LLAMA)
+
+
+def _common_config(model: Any, tensors: dict[str, torch.Tensor], architecture: Any) -> dict:
+    embeddings = tensors["embedding.word_embeddings.weight"]
+    return {
+        "architectures": [architecture.name],
+        "model_type": architecture.model_type,
+        "vocab_size": int(embeddings.shape[0]),
+        "tie_word_embeddings": "output_layer.weight" not in tensors,
+        "torch_dtype": DTYPE_NAMES[embeddings.dtype],
+    }
+
+
+def _output_layer(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    return tensors.get("output_layer.weight", tensors["embedding.word_embeddings.weight"])
+
+
+def _gpt2(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str, torch.Tensor]]:
+    heads, groups, head_dim = _dims(model)
+    layers = int(model.num_layers)
+    hidden = int(model.hidden_size)
+    zero_centered = model.get("normalization") == "layernorm1p"
+    config = _common_config(model, tensors, GPT2) | {
+        "n_positions": int(model.max_position_embeddings),
+        "n_embd": hidden,
+        "n_layer": layers,
+        "n_head": heads,
+        "n_inner": int(model.ffn_hidden_size),
+        "activation_function": "gelu",  # the exact (erf) GeLU megatron-core uses
+        "layer_norm_epsilon": float(model.get("layernorm_epsilon", 1e-5)),
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "scale_attn_weights": True,
+    }
+
+    def bias(name: str, size: int, layer: int | None = None) -> torch.Tensor:
+        key = f"{LAYERS}{name}"
+        if key in tensors:
+            return tensors[key][layer]
+        dtype = tensors["embedding.word_embeddings.weight"].dtype
+        return torch.zeros(size, dtype=dtype)  # a bias-free model: GPT-2's biases are zero
+
+    state = {
+        "transformer.wte.weight": tensors["embedding.word_embeddings.weight"],
+        "transformer.wpe.weight": tensors["embedding.position_embeddings.weight"],
+        "transformer.ln_f.weight": _norm(tensors, "decoder.final_layernorm.weight", zero_centered),
+        "transformer.ln_f.bias": tensors["decoder.final_layernorm.bias"],
+    }
+    for i in range(layers):
+        prefix = f"transformer.h.{i}."
+        qkv = tensors[f"{LAYERS}self_attention.linear_qkv.weight"][i]
+        q, k, v = split_qkv(qkv, heads, groups, head_dim)
+        qkv_bias = bias("self_attention.linear_qkv.bias", qkv.shape[0], i)
+        qb, kb, vb = split_qkv(qkv_bias, heads, groups, head_dim)
+        # GPT-2's Conv1D keeps weights as [in, out]: the transpose of a Linear's.
+        state |= {
+            f"{prefix}ln_1.weight": _norm(
+                tensors, f"{LAYERS}self_attention.linear_qkv.layer_norm_weight", zero_centered
+            )[i],
+            f"{prefix}ln_1.bias": tensors[f"{LAYERS}self_attention.linear_qkv.layer_norm_bias"][i],
+            f"{prefix}attn.c_attn.weight": torch.cat([q, k, v]).t(),
+            f"{prefix}attn.c_attn.bias": torch.cat([qb, kb, vb]),
+            f"{prefix}attn.c_proj.weight": tensors[f"{LAYERS}self_attention.linear_proj.weight"][
+                i
+            ].t(),
+            f"{prefix}attn.c_proj.bias": bias("self_attention.linear_proj.bias", hidden, i),
+            f"{prefix}ln_2.weight": _norm(
+                tensors, f"{LAYERS}mlp.linear_fc1.layer_norm_weight", zero_centered
+            )[i],
+            f"{prefix}ln_2.bias": tensors[f"{LAYERS}mlp.linear_fc1.layer_norm_bias"][i],
+            f"{prefix}mlp.c_fc.weight": tensors[f"{LAYERS}mlp.linear_fc1.weight"][i].t(),
+            f"{prefix}mlp.c_fc.bias": bias("mlp.linear_fc1.bias", int(model.ffn_hidden_size), i),
+            f"{prefix}mlp.c_proj.weight": tensors[f"{LAYERS}mlp.linear_fc2.weight"][i].t(),
+            f"{prefix}mlp.c_proj.bias": bias("mlp.linear_fc2.bias", hidden, i),
+        }
+    if not config["tie_word_embeddings"]:
+        state["lm_head.weight"] = _output_layer(tensors)
+    return config, state
+
+
+def _rotary(
+    model: Any, tensors: dict[str, torch.Tensor], rms: bool
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    heads, groups, head_dim = _dims(model)
+    layers = int(model.num_layers)
+    eps = float(model.get("layernorm_epsilon", 1e-5))
+    zero_centered = model.get("normalization") == "layernorm1p"
+    architecture = LLAMA if rms else hf_architecture(model)
+    config = _common_config(model, tensors, architecture) | {
+        "hidden_size": int(model.hidden_size),
+        "intermediate_size": int(model.ffn_hidden_size),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": groups,
+        "hidden_act": "silu",
+        "max_position_embeddings": int(model.max_position_embeddings),
+        "rope_theta": float(model.get("rotary_base", 10000)),
+        "attention_dropout": 0.0,
+    }
+    if rms:
+        config |= {
+            "head_dim": head_dim,
+            "rms_norm_eps": eps,
+            "attention_bias": False,
+            "mlp_bias": False,
+        }
+    else:
+        config |= {
+            "layer_norm_eps": eps,
+            "partial_rotary_factor": float(model.get("rotary_percentage", 1.0)),
+            "use_qkv_bias": False,
+            "qk_layernorm": False,
+            "use_parallel_residual": False,
+            "hidden_dropout": 0.0,
+        }
+
+    def norm(key: str, prefix: str, layer: int | None) -> dict[str, torch.Tensor]:
+        pick = (lambda t: t) if layer is None else (lambda t: t[layer])
+        out = {f"{prefix}.weight": pick(_norm(tensors, f"{key}_weight", zero_centered))}
+        if not rms:
+            out[f"{prefix}.bias"] = pick(tensors[f"{key}_bias"])
+        return out
+
+    state: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": tensors["embedding.word_embeddings.weight"],
+        "lm_head.weight": _output_layer(tensors),
+    }
+    final = "decoder.final_layernorm"
+    state |= {
+        "model.norm.weight": _norm(tensors, f"{final}.weight", zero_centered),
+        **({} if rms else {"model.norm.bias": tensors[f"{final}.bias"]}),
+    }
+    ffn = int(model.ffn_hidden_size)
+    for i in range(layers):
+        prefix = f"model.layers.{i}."
+        q, k, v = split_qkv(
+            tensors[f"{LAYERS}self_attention.linear_qkv.weight"][i], heads, groups, head_dim
+        )
+        fc1 = tensors[f"{LAYERS}mlp.linear_fc1.weight"][i]  # [gate; up], as megatron chunks it
+        state |= norm(
+            f"{LAYERS}self_attention.linear_qkv.layer_norm", f"{prefix}input_layernorm", i
+        )
+        state |= norm(f"{LAYERS}mlp.linear_fc1.layer_norm", f"{prefix}post_attention_layernorm", i)
+        state |= {
+            f"{prefix}self_attn.q_proj.weight": q,
+            f"{prefix}self_attn.k_proj.weight": k,
+            f"{prefix}self_attn.v_proj.weight": v,
+            f"{prefix}self_attn.o_proj.weight": tensors[
+                f"{LAYERS}self_attention.linear_proj.weight"
+            ][i],
+            f"{prefix}mlp.gate_proj.weight": fc1[:ffn],
+            f"{prefix}mlp.up_proj.weight": fc1[ffn:],
+            f"{prefix}mlp.down_proj.weight": tensors[f"{LAYERS}mlp.linear_fc2.weight"][i],
+        }
+    if config["tie_word_embeddings"]:
+        del state["lm_head.weight"]
+    return config, state

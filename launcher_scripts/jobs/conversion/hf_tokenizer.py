@@ -1,0 +1,83 @@
+"""The training tokenizer as files transformers' AutoTokenizer loads, giving the same ids.
+
+SentencePiece .model           -> tokenizer.model + LlamaTokenizer settings without BOS/EOS
+GPT-2 BPE (vocab + merges)     -> vocab.json, merges.txt + GPT2Tokenizer settings
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.errors import ConfigError
+
+
+def write(model: Any, directory: Path) -> dict[str, int]:
+    """Write the tokenizer files into `directory`; returns token ids for config.json."""
+    tokenizer = model.tokenizer
+    library = str(tokenizer.get("library") or "")
+    if library == "sentencepiece":
+        return _sentencepiece(Path(str(tokenizer.model)), directory, model)
+    if tokenizer.get("vocab_file") and tokenizer.get("merge_file"):
+        return _gpt2(
+            Path(str(tokenizer.vocab_file)), Path(str(tokenizer.merge_file)), directory, model
+        )
+    raise ConfigError(
+        "training.model.tokenizer",
+        f"library {library!r} has no Hugging Face equivalent here",
+        "Use a SentencePiece model or GPT-2 BPE files (vocab_file and merge_file)",
+    )
+
+
+def _settings(directory: Path, settings: dict[str, Any]) -> None:
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def _sentencepiece(source: Path, directory: Path, model: Any) -> dict[str, int]:
+    import sentencepiece
+
+    shutil.copy2(source, directory / "tokenizer.model")
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(source))
+
+    def piece(index: int) -> str | None:
+        return processor.id_to_piece(index) if 0 <= index < processor.get_piece_size() else None
+
+    # Documents are tokenized without BOS/EOS in data preparation (EOD is appended as a
+    # separate id), so the Hugging Face tokenizer must not add them either. `legacy` keeps
+    # SentencePiece's own handling of the leading space.
+    _settings(
+        directory,
+        {
+            "tokenizer_class": "LlamaTokenizer",
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "legacy": True,
+            "model_max_length": int(model.max_position_embeddings),
+            "unk_token": piece(processor.unk_id()),
+            "bos_token": piece(processor.bos_id()),
+            "eos_token": piece(processor.eos_id()),
+            "pad_token": piece(processor.pad_id()),
+        },
+    )
+    ids = {"bos_token_id": processor.bos_id(), "eos_token_id": processor.eos_id()}
+    return {name: value for name, value in ids.items() if value >= 0}
+
+
+def _gpt2(vocab: Path, merges: Path, directory: Path, model: Any) -> dict[str, int]:
+    shutil.copy2(vocab, directory / "vocab.json")
+    shutil.copy2(merges, directory / "merges.txt")
+    end = "<|endoftext|>"
+    _settings(
+        directory,
+        {
+            "tokenizer_class": "GPT2Tokenizer",
+            "model_max_length": int(model.max_position_embeddings),
+            "bos_token": end,
+            "eos_token": end,
+            "unk_token": end,
+        },
+    )
+    table = json.loads(vocab.read_text())
+    return {"bos_token_id": table[end], "eos_token_id": table[end]} if end in table else {}

@@ -1,0 +1,50 @@
+"""A model built from a portable checkpoint at this process group's TP/PP, for evaluation and
+serving. The caller has initialised torch.distributed and megatron-core's parallel state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from launcher_scripts.jobs.conversion.portable import Portable
+from launcher_scripts.jobs.training import model as model_builder
+from launcher_scripts.jobs.training.init_weights import load_full_tensors
+
+EMBEDDINGS = "embedding.word_embeddings.weight"
+
+
+def inference_cfg(model: DictConfig, tensor: int, pipeline: int) -> DictConfig:
+    """The training-shaped config the model builder reads, for an inference layout."""
+    section = OmegaConf.to_container(model, resolve=True)
+    assert isinstance(section, dict)
+    section |= {
+        "tensor_model_parallel_size": tensor,
+        "pipeline_model_parallel_size": pipeline,
+        "virtual_pipeline_model_parallel_size": None,
+        "context_parallel_size": 1,
+        "sequence_parallel": False,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "activations_checkpoint_granularity": None,
+        # The embedding rows are already padded: take them as they are.
+        "make_vocab_size_divisible_by": 1,
+    }
+    trainer = {"precision": section.pop("precision", 32), "devices": tensor * pipeline}
+    return OmegaConf.create({"model": section, "trainer": trainer | {"num_nodes": 1}})
+
+
+def build(portable: Portable, tensor: int, pipeline: int, on_gpu: bool) -> list[Any]:
+    cfg = inference_cfg(portable.config, tensor, pipeline)
+    rows = int(portable.tensors[EMBEDDINGS].shape[0])
+    if rows % tensor:
+        raise ValueError(f"the {rows} embedding rows do not split over TP={tensor}")
+    config = model_builder.transformer_config(cfg, use_te=False, on_gpu=on_gpu)
+    chunks = model_builder.build_chunks(cfg, config, rows, use_te=False)
+    if on_gpu:
+        chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
+    load_full_tensors(chunks, portable.tensors)
+    for chunk in chunks:
+        chunk.eval()
+    return chunks

@@ -1,0 +1,107 @@
+"""The portable checkpoint: one tar file, like NeMo's .nemo, that later stages load at any layout.
+
+    model_config.yaml          the training recipe's model section (plus precision); its
+                               tensor/pipeline sizes are the layout consumers start from
+    model_weights.safetensors  every model tensor in full, under megatron-core's names
+    tokenizer/<files>          the tokenizer; model_config.yaml points at these relative paths
+
+Full tensors, not per-rank shards: whoever loads the file takes its own slice, so one file
+serves every TP/PP layout (see load_into).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save_file
+
+CONFIG = "model_config.yaml"
+WEIGHTS = "model_weights.safetensors"
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_KEYS = ("model", "vocab_file", "merge_file")
+
+
+@dataclass
+class Portable:
+    config: DictConfig  # tokenizer paths made absolute where the file was extracted
+    tensors: dict[str, torch.Tensor]
+
+
+def write(path: Path, model_config: DictConfig, tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Write the tar atomically (a temporary name, then rename). Returns its member names."""
+    config = OmegaConf.create(OmegaConf.to_container(model_config, resolve=True))
+    tokenizer_files: dict[str, Path] = {}
+    for key in TOKENIZER_KEYS:
+        value = config.tokenizer.get(key)
+        if value:
+            source = Path(str(value))
+            member = f"{TOKENIZER_DIR}/{source.name}"
+            tokenizer_files[member] = source
+            config.tokenizer[key] = member
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".convert-") as scratch:
+        weights = Path(scratch) / WEIGHTS
+        save_file({k: t.contiguous() for k, t in tensors.items()}, str(weights))
+        partial = Path(scratch) / path.name
+        with tarfile.open(partial, "w") as tar:
+            _add_bytes(tar, CONFIG, OmegaConf.to_yaml(config).encode())
+            tar.add(weights, arcname=WEIGHTS, filter=_readable)
+            for member, source in tokenizer_files.items():
+                tar.add(source, arcname=member, filter=_readable)
+            names = tar.getnames()
+        os.replace(partial, path)
+    return names
+
+
+def _readable(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Members anyone may read, owned by nobody in particular (the file is shared)."""
+    info.mode, info.uid, info.gid, info.uname, info.gname = 0o644, 0, 0, "", ""
+    return info
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = _readable(tarfile.TarInfo(name))
+    info.size = len(data)
+    info.mtime = int(time.time())
+    tar.addfile(info, io.BytesIO(data))
+
+
+def read(path: Path, workdir: Path) -> Portable:
+    """Read the tar; tokenizer files are extracted under `workdir`."""
+    with tarfile.open(path) as tar:
+        config_file = tar.extractfile(CONFIG)
+        weights_file = tar.extractfile(WEIGHTS)
+        if config_file is None or weights_file is None:
+            raise ValueError(f"{path} is not a portable checkpoint (no {CONFIG} or {WEIGHTS})")
+        config = OmegaConf.create(config_file.read().decode())
+        tensors = load_safetensors(weights_file.read())
+        members = [m for m in tar.getmembers() if m.name.startswith(f"{TOKENIZER_DIR}/")]
+        tar.extractall(workdir, members=members, filter="data")
+    assert isinstance(config, DictConfig)
+    for key in TOKENIZER_KEYS:
+        value = config.tokenizer.get(key)
+        if value:
+            config.tokenizer[key] = str(workdir / str(value))
+    return Portable(config, tensors)
+
+
+def copy_tokenizer(config: Any, destination: Path) -> list[Path]:
+    """The tokenizer files a model config names, copied into `destination`."""
+    destination.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for key in TOKENIZER_KEYS:
+        value = config.tokenizer.get(key)
+        if value:
+            copied.append(Path(shutil.copy2(str(value), destination)))
+    return copied

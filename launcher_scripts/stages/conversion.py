@@ -1,0 +1,93 @@
+"""The conversion stage: a training checkpoint to a portable file and a Hugging Face directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.config.checks import require_int
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.conversion.architectures import hf_architecture
+from launcher_scripts.jobs.conversion.convert import read_hparams
+from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.stages.base import StageContext, make_job, register
+
+CONVERT = "launcher_scripts.jobs.conversion.convert"
+
+
+@register
+class Conversion:
+    name = "conversion"
+
+    def validate(self, ctx: StageContext) -> None:
+        cfg, stage = ctx.cfg, ctx.stage
+        for name in ("checkpoint_folder", "hparams_file"):
+            path = Path(str(cfg.model[name]))
+            if not path.exists() and not ctx.will_exist(path):
+                raise ConfigError(
+                    f"{stage}.model.{name}",
+                    f"{path} does not exist and no earlier stage of this run writes it",
+                    f"Train first (stages=[training,conversion]), or set {stage}.run."
+                    "model_train_name to the training run to convert",
+                )
+        if not str(cfg.run.nemo_file_name).endswith(".nemo"):
+            raise ConfigError(
+                f"{stage}.run.nemo_file_name", "does not end in .nemo", "Name it e.g. model.nemo"
+            )
+        model = self._model(ctx)
+        if model is None:
+            return
+        tp = require_int(
+            f"{stage}.model.tensor_model_parallel_size", cfg.model.tensor_model_parallel_size
+        )
+        pp = require_int(
+            f"{stage}.model.pipeline_model_parallel_size", cfg.model.pipeline_model_parallel_size
+        )
+        if int(model.num_attention_heads) % tp:
+            raise ConfigError(
+                f"{stage}.model.tensor_model_parallel_size",
+                f"{tp} does not divide the model's {model.num_attention_heads} attention heads",
+                "Use a divisor of the head count",
+            )
+        if int(model.num_layers) % pp:
+            raise ConfigError(
+                f"{stage}.model.pipeline_model_parallel_size",
+                f"{pp} does not divide the model's {model.num_layers} layers",
+                "Use a divisor of the layer count",
+            )
+        if cfg.run.get("hf_dir_name"):
+            hf_architecture(model, key_prefix=self._model_key(ctx))
+
+    @staticmethod
+    def _model(ctx: StageContext) -> Any:
+        """The trained model's section: from its hparams file, or from the training recipe of
+        this same run when that writes the file."""
+        hparams = Path(str(ctx.cfg.model.hparams_file))
+        if hparams.is_file():
+            return read_hparams(hparams)
+        if ctx.will_exist(hparams) and "training" in ctx.root:
+            return ctx.root.training.model
+        return None
+
+    @staticmethod
+    def _model_key(ctx: StageContext) -> str:
+        hparams = Path(str(ctx.cfg.model.hparams_file))
+        return str(hparams) if hparams.is_file() else "training.model"
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        cfg = ctx.cfg
+        output = Path(str(cfg.run.output_path))
+        writes = [str(output / str(cfg.run.nemo_file_name))]
+        if cfg.run.get("hf_dir_name"):
+            writes.append(str(output / str(cfg.run.hf_dir_name)))
+        return [
+            make_job(
+                ctx,
+                str(cfg.run.name),
+                (Command(CONVERT, ("--config", str(ctx.config_path))),),
+                # One process reads a checkpoint of any layout: no GPUs, no exclusive node.
+                Resources(time_limit=str(cfg.run.time_limit)),
+                reads=(str(cfg.model.checkpoint_folder), str(cfg.model.hparams_file)),
+                writes=tuple(writes),
+            )
+        ]
