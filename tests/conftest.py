@@ -54,3 +54,14 @@ def run_ops(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         cwd=REPO,
         timeout=timeout,
     )
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default data preparation (shipped corpus, trained tokenizer), done once."""
+    root = tmp_path_factory.mktemp("prepared")
+    result = run_main(
+        "stages=[data_preparation]", f"data_dir={root}/data", f"base_results_dir={root}/results"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return root

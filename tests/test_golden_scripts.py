@@ -70,6 +70,7 @@ CASES = {
             "cluster.srun_args=['--mpi=pmix']",
         ],
     ),
+    "conversion_gpt3": ("conversion", ["conversion.run.model_train_name=gpt3_126m"]),
     "training_gpt3_126m_two_devices": (
         "training",
         ["training=gpt3/126m", "training.trainer.devices=2", "training.trainer.num_nodes=1"],

@@ -69,7 +69,8 @@ def wait_for_run(results: Path, timeout: float = 600) -> dict[str, str]:
 def test_array_data_preparation_then_two_task_training_on_slurm(
     slurm: None, tmp_path: Path
 ) -> None:
-    """Data preparation as an array of two tasks, then training on two srun tasks with TP=2."""
+    """Data preparation as an array of two tasks, training on two srun tasks with TP=2, then
+    conversion of its checkpoint."""
     second = tmp_path / "second.jsonl.gz"
     shutil.copy(SAMPLE, second)
     prefix = f"{tmp_path}/data/custom_dataset/preprocessed"
@@ -106,6 +107,9 @@ def test_array_data_preparation_then_two_task_training_on_slurm(
         assert f"rank {rank}/2 local_rank {rank}" in training and "launcher slurm" in training
         assert f"rank {rank}: joined; tp {rank}/2 pp 0/1 dp 0/1" in training
     assert "6/6" in training
+    converted = results / "gpt3_tiny" / "convert_nemo"
+    assert (converted / "megatron_gpt.nemo").stat().st_size > 0
+    assert (converted / "hf" / "config.json").is_file()
 
 
 def test_a_failed_upstream_cancels_its_dependents(slurm: None, tmp_path: Path) -> None:
@@ -219,7 +223,7 @@ def test_cancel_from_another_process_stops_every_job(slurm: None, tmp_path: Path
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     cancelled = run_ops("cancel", str(results))
     assert cancelled.returncode == 0, cancelled.stderr
-    assert cancelled.stdout.count("cancel requested") == 3, cancelled.stdout
+    assert cancelled.stdout.count("cancel requested") == 4, cancelled.stdout
     assert set(wait_for_run(results, timeout=120).values()) == {"CANCELLED"}
     manifest = json.loads(run_ops("status", str(results), "--json").stdout)
     ids = [i for stage in manifest["stages"] for job in stage["jobs"] for i in job["job_ids"]]

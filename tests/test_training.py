@@ -36,17 +36,6 @@ SMALL = (
 )
 
 
-@pytest.fixture(scope="session")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default data preparation (shipped corpus, trained tokenizer), done once."""
-    root = tmp_path_factory.mktemp("prepared")
-    result = run_main(
-        "stages=[data_preparation]", f"data_dir={root}/data", f"base_results_dir={root}/results"
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return root
-
-
 # torchrun gives each of several processes one thread; a lone process gets the same, so the
 # equivalence tests compare layouts and not matrix kernels blocked for different thread counts
 # (seen on CI: a two-thread single process 1.8e-4 away from the same model on two ranks).
@@ -110,7 +99,8 @@ def assert_same_losses(a: Path, b: Path, tolerance: float) -> None:
 
 
 def test_default_pipeline_trains_and_leaves_its_artifacts(tmp_path: Path) -> None:
-    """`python3 main.py` as on a fresh machine, shortened: data preparation, then training."""
+    """`python3 main.py` as on a fresh machine, shortened: data preparation, training and
+    conversion."""
     result = run_main(
         f"data_dir={tmp_path}/data",
         f"base_results_dir={tmp_path}/results",
@@ -133,6 +123,9 @@ def test_default_pipeline_trains_and_leaves_its_artifacts(tmp_path: Path) -> Non
     for name in ("lr", "grad_norm", "train_step_timing", "tokens_per_sec", "peak_memory_gb"):
         assert name in record
     assert record["model_tflops_per_gpu"] > 0
+    converted = tmp_path / "results" / "gpt3_tiny" / "convert_nemo"
+    assert (converted / "megatron_gpt.nemo").stat().st_size > 0
+    assert (converted / "hf" / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,1 @@
+"""Programs the tests start in their own processes (they set up torch.distributed)."""
