@@ -6,7 +6,6 @@ byte the same each time. Submission, status and cancel call sbatch, squeue/sacct
 
 from __future__ import annotations
 
-import re
 import shlex
 import shutil
 import subprocess
@@ -66,6 +65,24 @@ PASSTHROUGH_OPTIONS = frozenset(
 )
 # Signals srun forwards to the tasks of its step; the batch shell forwards this one to srun.
 CHECKPOINT_SIGNAL = "USR1"
+
+
+def attempt_log_name(job: str, job_id: str, attempt: str) -> str:
+    """The log of one attempt of a requeueable job (the script redirects into it)."""
+    return f"log-{job}_{job_id}_attempt{attempt}.out"
+
+
+def slurm_log_name(job: str, job_id: str, task: str | None = None) -> str:
+    """The file sbatch's --output names: per array task when `task` is given."""
+    return f"slurm-{job}_{job_id}" + ("" if task is None else f"_{task}") + ".out"
+
+
+def _number_in(file_name: str, template: str) -> int | None:
+    """N where `file_name` is `template` with N in place of its one NUL character."""
+    head, _, tail = template.partition("\0")
+    middle = file_name[len(head) : len(file_name) - len(tail)]
+    matches = file_name.startswith(head) and file_name.endswith(tail)
+    return int(middle) if matches and middle.isdigit() else None
 
 
 def check_cluster(cluster: Mapping[str, Any]) -> None:
@@ -172,13 +189,17 @@ class SlurmBackend:
     def _sbatch_lines(self, job: JobSpec) -> list[str]:
         cluster, resources = self.cluster, job.resources
         prefix = str(cluster.get("job_name_prefix") or "")
-        output = "%A_%a" if job.array_size else "%j"
+        output = (
+            slurm_log_name(job.name, "%A", "%a")
+            if job.array_size
+            else slurm_log_name(job.name, "%j")
+        )
         options: list[tuple[str, str | None]] = [
             ("job-name", f"{prefix}{job.name}"),
             ("nodes", str(resources.nodes)),
             ("ntasks-per-node", str(resources.ntasks_per_node)),
             ("time", slurm_time(resources.time_limit)),
-            ("output", str(Path(job.results_dir) / f"slurm-{job.name}_{output}.out")),
+            ("output", str(Path(job.results_dir) / output)),
         ]
         for key in ("partition", "account", "qos", "reservation", "comment", "nodelist", "exclude"):
             if cluster.get(key):
@@ -238,8 +259,8 @@ class SlurmBackend:
         ]
         if job.checkpoint_exit_code is not None:
             # One log per attempt: a requeued job keeps its id, so the attempt is in the name.
-            log = Path(job.results_dir) / f"log-{job.name}_${{SLURM_JOB_ID}}"
-            lines.append(f'exec >>"{log}_attempt${{SLURM_RESTART_COUNT:-0}}.out" 2>&1')
+            name = attempt_log_name(job.name, "${SLURM_JOB_ID}", "${SLURM_RESTART_COUNT:-0}")
+            lines.append(f'exec >>"{Path(job.results_dir) / name}" 2>&1')
         lines += [
             "",
             f"export PYTHONPATH={shlex.quote(job.pythonpath)}${{PYTHONPATH:+:${{PYTHONPATH}}}}",
@@ -328,10 +349,10 @@ class SlurmBackend:
         """The log Slurm writes for the job (its first array task, its first attempt)."""
         folder = Path(job.results_dir)
         if job.checkpoint_exit_code is not None:
-            return folder / f"log-{job.name}_{job_id}_attempt0.out"
+            return folder / attempt_log_name(job.name, job_id, "0")
         if job.array_size:
-            return folder / f"slurm-{job.name}_{job_id}_0.out"
-        return folder / f"slurm-{job.name}_{job_id}.out"
+            return folder / slurm_log_name(job.name, job_id, "0")
+        return folder / slurm_log_name(job.name, job_id)
 
     def refresh(self, record: JobRecord) -> None:
         for job_id in record.job_ids:
@@ -350,14 +371,14 @@ class SlurmBackend:
             return []
         folder, job_id = Path(record.log).parent, record.job_ids[0]
         found = []
-        attempts = re.compile(rf"log-{re.escape(record.name)}_{job_id}_attempt(\d+)\.out")
-        tasks = re.compile(rf"slurm-{re.escape(record.name)}_{job_id}_(\d+)\.out")
+        attempts = attempt_log_name(record.name, job_id, "\0")
+        tasks = slurm_log_name(record.name, job_id, "\0")
         for path in folder.glob(f"*{record.name}_{job_id}*.out"):
-            if match := attempts.fullmatch(path.name):
-                found.append(JobLog(path, attempt=int(match[1])))
-            elif match := tasks.fullmatch(path.name):
-                found.append(JobLog(path, task=int(match[1])))
-            elif path.name == f"slurm-{record.name}_{job_id}.out":
+            if (attempt := _number_in(path.name, attempts)) is not None:
+                found.append(JobLog(path, attempt=attempt))
+            elif (task := _number_in(path.name, tasks)) is not None:
+                found.append(JobLog(path, task=task))
+            elif path.name == slurm_log_name(record.name, job_id):
                 found.append(JobLog(path))
         return sorted(found, key=lambda log: (log.task or 0, log.attempt or 0))
 

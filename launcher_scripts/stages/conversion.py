@@ -34,9 +34,10 @@ class Conversion:
             raise ConfigError(
                 f"{stage}.run.nemo_file_name", "does not end in .nemo", "Name it e.g. model.nemo"
             )
-        model = self._model(ctx)
-        if model is None:
+        trained = self._trained_model(ctx)
+        if trained is None:
             return
+        model, model_key = trained
         tp = require_int(
             f"{stage}.model.tensor_model_parallel_size", cfg.model.tensor_model_parallel_size
         )
@@ -56,23 +57,18 @@ class Conversion:
                 "Use a divisor of the layer count",
             )
         if cfg.run.get("hf_dir_name"):
-            hf_architecture(model, key_prefix=self._model_key(ctx))
+            hf_architecture(model, key_prefix=model_key)
 
     @staticmethod
-    def _model(ctx: StageContext) -> Any:
-        """The trained model's section: from its hparams file, or from the training recipe of
-        this same run when that writes the file."""
+    def _trained_model(ctx: StageContext) -> tuple[Any, str] | None:
+        """The trained model's section and the key to name in errors: from its hparams file,
+        or from the training recipe of this same run when that writes the file."""
         hparams = Path(str(ctx.cfg.model.hparams_file))
         if hparams.is_file():
-            return read_hparams(hparams)
+            return read_hparams(hparams), str(hparams)
         if ctx.will_exist(hparams) and "training" in ctx.root:
-            return ctx.root.training.model
+            return ctx.root.training.model, "training.model"
         return None
-
-    @staticmethod
-    def _model_key(ctx: StageContext) -> str:
-        hparams = Path(str(ctx.cfg.model.hparams_file))
-        return str(hparams) if hparams.is_file() else "training.model"
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg

@@ -12,16 +12,25 @@ from typing import Any
 
 import torch
 
-from launcher_scripts.jobs.conversion.architectures import GPT2, LLAMA, hf_architecture
+from launcher_scripts.jobs.conversion.architectures import (
+    GPT2,
+    LLAMA,
+    Architecture,
+    hf_architecture,
+)
 
 LAYERS = "decoder.layers."
+NORM_WEIGHTS = ("layer_norm_weight", "final_layernorm.weight")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def _norm(tensors: dict[str, torch.Tensor], key: str, zero_centered: bool) -> torch.Tensor:
+def _standard_norms(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """LayerNorm1p keeps gamma - 1; a standard LayerNorm wants gamma itself."""
-    weight = tensors[key]
-    return weight + 1 if zero_centered else weight
+    if model.get("normalization") != "layernorm1p":
+        return tensors
+    return {
+        key: value + 1 if key.endswith(NORM_WEIGHTS) else value for key, value in tensors.items()
+    }
 
 
 def split_qkv(
@@ -48,12 +57,13 @@ def _dims(model: Any) -> tuple[int, int, int]:
 def to_hf(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json contents, state dict) for the recipe's `model` section and its tensors."""
     architecture = hf_architecture(model)
+    tensors = _standard_norms(model, tensors)
     if architecture == GPT2:
         return _gpt2(model, tensors)
-    return _rotary(model, tensors, architecture == LLAMA)
+    return _rotary(model, tensors, architecture)
 
 
-def _common_config(model: Any, tensors: dict[str, torch.Tensor], architecture: Any) -> dict:
+def _common_config(tensors: dict[str, torch.Tensor], architecture: Architecture) -> dict:
     embeddings = tensors["embedding.word_embeddings.weight"]
     return {
         "architectures": [architecture.name],
@@ -72,8 +82,7 @@ def _gpt2(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str,
     heads, groups, head_dim = _dims(model)
     layers = int(model.num_layers)
     hidden = int(model.hidden_size)
-    zero_centered = model.get("normalization") == "layernorm1p"
-    config = _common_config(model, tensors, GPT2) | {
+    config = _common_config(tensors, GPT2) | {
         "n_positions": int(model.max_position_embeddings),
         "n_embd": hidden,
         "n_layer": layers,
@@ -97,7 +106,7 @@ def _gpt2(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str,
     state = {
         "transformer.wte.weight": tensors["embedding.word_embeddings.weight"],
         "transformer.wpe.weight": tensors["embedding.position_embeddings.weight"],
-        "transformer.ln_f.weight": _norm(tensors, "decoder.final_layernorm.weight", zero_centered),
+        "transformer.ln_f.weight": tensors["decoder.final_layernorm.weight"],
         "transformer.ln_f.bias": tensors["decoder.final_layernorm.bias"],
     }
     for i in range(layers):
@@ -108,9 +117,9 @@ def _gpt2(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str,
         qb, kb, vb = split_qkv(qkv_bias, heads, groups, head_dim)
         # GPT-2's Conv1D keeps weights as [in, out]: the transpose of a Linear's.
         state |= {
-            f"{prefix}ln_1.weight": _norm(
-                tensors, f"{LAYERS}self_attention.linear_qkv.layer_norm_weight", zero_centered
-            )[i],
+            f"{prefix}ln_1.weight": tensors[f"{LAYERS}self_attention.linear_qkv.layer_norm_weight"][
+                i
+            ],
             f"{prefix}ln_1.bias": tensors[f"{LAYERS}self_attention.linear_qkv.layer_norm_bias"][i],
             f"{prefix}attn.c_attn.weight": torch.cat([q, k, v]).t(),
             f"{prefix}attn.c_attn.bias": torch.cat([qb, kb, vb]),
@@ -118,9 +127,7 @@ def _gpt2(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str,
                 i
             ].t(),
             f"{prefix}attn.c_proj.bias": bias("self_attention.linear_proj.bias", hidden, i),
-            f"{prefix}ln_2.weight": _norm(
-                tensors, f"{LAYERS}mlp.linear_fc1.layer_norm_weight", zero_centered
-            )[i],
+            f"{prefix}ln_2.weight": tensors[f"{LAYERS}mlp.linear_fc1.layer_norm_weight"][i],
             f"{prefix}ln_2.bias": tensors[f"{LAYERS}mlp.linear_fc1.layer_norm_bias"][i],
             f"{prefix}mlp.c_fc.weight": tensors[f"{LAYERS}mlp.linear_fc1.weight"][i].t(),
             f"{prefix}mlp.c_fc.bias": bias("mlp.linear_fc1.bias", int(model.ffn_hidden_size), i),
@@ -133,14 +140,13 @@ def _gpt2(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str,
 
 
 def _rotary(
-    model: Any, tensors: dict[str, torch.Tensor], rms: bool
+    model: Any, tensors: dict[str, torch.Tensor], architecture: Architecture
 ) -> tuple[dict, dict[str, torch.Tensor]]:
+    rms = architecture == LLAMA
     heads, groups, head_dim = _dims(model)
     layers = int(model.num_layers)
     eps = float(model.get("layernorm_epsilon", 1e-5))
-    zero_centered = model.get("normalization") == "layernorm1p"
-    architecture = LLAMA if rms else hf_architecture(model)
-    config = _common_config(model, tensors, architecture) | {
+    config = _common_config(tensors, architecture) | {
         "hidden_size": int(model.hidden_size),
         "intermediate_size": int(model.ffn_hidden_size),
         "num_hidden_layers": layers,
@@ -170,7 +176,7 @@ def _rotary(
 
     def norm(key: str, prefix: str, layer: int | None) -> dict[str, torch.Tensor]:
         pick = (lambda t: t) if layer is None else (lambda t: t[layer])
-        out = {f"{prefix}.weight": pick(_norm(tensors, f"{key}_weight", zero_centered))}
+        out = {f"{prefix}.weight": pick(tensors[f"{key}_weight"])}
         if not rms:
             out[f"{prefix}.bias"] = pick(tensors[f"{key}_bias"])
         return out
@@ -181,7 +187,7 @@ def _rotary(
     }
     final = "decoder.final_layernorm"
     state |= {
-        "model.norm.weight": _norm(tensors, f"{final}.weight", zero_centered),
+        "model.norm.weight": tensors[f"{final}.weight"],
         **({} if rms else {"model.norm.bias": tensors[f"{final}.bias"]}),
     }
     ffn = int(model.ffn_hidden_size)

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -94,14 +92,3 @@ def read(path: Path, workdir: Path) -> Portable:
         if value:
             config.tokenizer[key] = str(workdir / str(value))
     return Portable(config, tensors)
-
-
-def copy_tokenizer(config: Any, destination: Path) -> list[Path]:
-    """The tokenizer files a model config names, copied into `destination`."""
-    destination.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for key in TOKENIZER_KEYS:
-        value = config.tokenizer.get(key)
-        if value:
-            copied.append(Path(shutil.copy2(str(value), destination)))
-    return copied
