@@ -65,3 +65,18 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_portable(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny GPT trained briefly and converted: the portable file inference stages read."""
+    results = tmp_path_factory.mktemp("tiny_model")
+    result = run_main(
+        "stages=[training,conversion]",
+        f"data_dir={prepared}/data",
+        f"base_results_dir={results}",
+        "training.trainer.max_steps=60",
+        "conversion.run.hf_dir_name=null",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return results / "gpt3_tiny" / "convert_nemo" / "megatron_gpt.nemo"

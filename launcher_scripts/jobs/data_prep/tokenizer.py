@@ -272,26 +272,32 @@ def _load_hf_json(path: Path, spec: TokenizerSpec) -> DocumentTokenizer:
 
 
 def _load_gpt2(spec: TokenizerSpec) -> DocumentTokenizer:
+    reference = gpt2_reference(spec.vocab_file or "", spec.merge_file or "", spec.eod_token)
+    source = f"{spec.vocab_file} + {spec.merge_file}"
+    return _hf_document_tokenizer(reference, reference.to_str(), spec, source)
+
+
+def gpt2_reference(vocab_file: str, merge_file: str, eod_token: str | None = None) -> Any:
+    """GPT-2's byte-level BPE exactly as its Hugging Face tokenizer.json defines it."""
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers, processors
 
-    vocab = _existing(spec.vocab_file or "", "--vocab-file")
-    merges = _existing(spec.merge_file or "", "--merge-file")
+    vocab = _existing(vocab_file, "--vocab-file")
+    merges = _existing(merge_file, "--merge-file")
     try:
         model = models.BPE.from_file(str(vocab), str(merges))
     except Exception as error:
         raise TokenizerError(
             f"{vocab} / {merges}: not a GPT-2 vocab and merges ({error})"
         ) from None
-    # GPT-2's byte-level BPE exactly as its Hugging Face tokenizer.json defines it.
     reference = tokenizers.Tokenizer(model)
     reference.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     reference.decoder = decoders.ByteLevel()
     reference.post_processor = processors.ByteLevel(trim_offsets=False)
-    specials = [token for token in (*EOD_CANDIDATES, spec.eod_token) if token]
+    specials = [token for token in (*EOD_CANDIDATES, eod_token) if token]
     present = [token for token in dict.fromkeys(specials) if model.token_to_id(token) is not None]
     reference.add_special_tokens([tokenizers.AddedToken(token, special=True) for token in present])
-    return _hf_document_tokenizer(reference, reference.to_str(), spec, f"{vocab} + {merges}")
+    return reference
 
 
 def _hf_document_tokenizer(

@@ -1,0 +1,202 @@
+"""A trained model ready for inference: built from a portable file at a TP/PP layout, answering
+batched next-token logits, the same on every rank.
+
+Every rank of a TP/PP group calls `ModelRunner.logits` with the same batch (it is a collective);
+the full-vocabulary logits are gathered over TP and sent from the last pipeline stage to the
+others, so callers (generation, lm-eval) run identical code on every rank and agree on every
+token they pick.
+
+There is no KV cache: each call runs the whole sequences. That keeps the runner correct at
+any layout with plain megatron-core modules; it is the cost a faster server would remove.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from launcher_scripts.jobs.inference.text_tokenizer import TextTokenizer, load_text_tokenizer
+
+
+class InferenceError(Exception):
+    """A model file or layout that cannot be served, as one line for the user."""
+
+
+@dataclass
+class ModelRunner:
+    chunks: list[Any]
+    tokenizer: TextTokenizer
+    max_length: int  # positions the model has
+    vocab_size: int  # the tokenizer's; the model's padded rows are dropped
+    tensor: int
+    pipeline: int
+    on_gpu: bool
+
+    @torch.no_grad()
+    def logits(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+        """[rows, longest row, vocab_size] float32 logits on the CPU; shorter rows are padded
+        on the right with the EOD id (their padded positions hold nothing meaningful)."""
+        if not batch or not all(batch):
+            raise ValueError("every row of a batch needs at least one token")
+        width = max(len(row) for row in batch)
+        if width > self.max_length:
+            raise ValueError(f"a row of {width} tokens exceeds the model's {self.max_length}")
+        tokens = torch.full((len(batch), width), self.tokenizer.eod_id, dtype=torch.long)
+        for index, row in enumerate(batch):
+            tokens[index, : len(row)] = torch.tensor(row, dtype=torch.long)
+        with self._device_mode():
+            if self.on_gpu:
+                tokens = tokens.cuda()
+            if self.pipeline == 1:
+                output = self._gather_vocab(self.chunks[0](tokens, _positions(tokens), None))
+            else:
+                output = self._pipelined(tokens)
+        return output[..., : self.vocab_size].float().cpu()
+
+    def _gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.tensor == 1:
+            return logits
+        from megatron.core import tensor_parallel
+
+        return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
+
+    def _pipelined(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One forward-only micro-batch through megatron-core's pipeline schedule; the last
+        stage's logits are then broadcast to the other stages."""
+        from megatron.core import parallel_state
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        rows, width = tokens.shape
+        outputs = get_forward_backward_func()(
+            forward_step_func=partial(self._forward_step, tokens),
+            data_iterator=iter([None]),
+            model=self.chunks,
+            num_microbatches=1,
+            seq_length=width,
+            micro_batch_size=rows,
+            forward_only=True,
+        )
+        vocab = self._padded_vocab()
+        if parallel_state.is_pipeline_last_stage():
+            logits = outputs[0]["logits"].contiguous()
+        else:
+            logits = torch.empty(rows, width, vocab, device=tokens.device, dtype=self._dtype())
+        dist.broadcast(
+            logits,
+            src=parallel_state.get_pipeline_model_parallel_last_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+        )
+        return logits
+
+    def _forward_step(self, tokens: torch.Tensor, _iterator: Any, model: Any) -> tuple[Any, Any]:
+        output = model(tokens, _positions(tokens), None)
+        return output, self._keep_logits
+
+    def _keep_logits(self, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        # The schedule expects (loss, reduced dict); the "loss" is unused in forward-only mode.
+        return output.new_zeros(()), {"logits": self._gather_vocab(output)}
+
+    def _padded_vocab(self) -> int:
+        return int(self.chunks[0].vocab_size)
+
+    def _dtype(self) -> torch.dtype:
+        return next(self.chunks[0].parameters()).dtype
+
+    def _device_mode(self) -> contextlib.AbstractContextManager[Any]:
+        """megatron-core makes "cuda" helper tensors in the schedule; on CPU they are redirected.
+        Entered per call because the mode is thread-local (servers call from worker threads)."""
+        if self.on_gpu:
+            return contextlib.nullcontext()
+        from launcher_scripts.jobs.training.cpu_compat import CudaDevicesOnCpu
+
+        return CudaDevicesOnCpu()
+
+
+def _positions(tokens: torch.Tensor) -> torch.Tensor:
+    return torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+
+
+def open_runner(
+    model_file: Path, tensor: int = 1, pipeline: int = 1, on_gpu: bool | None = None
+) -> ModelRunner:
+    """Join the job's processes (torchrun, srun, or this process alone), set up megatron-core's
+    TP/PP groups and build the model from the portable file. Every rank must call it."""
+    from megatron.core import parallel_state
+
+    from launcher_scripts.jobs.conversion import load, portable
+    from launcher_scripts.jobs.training import cpu_compat, runtime
+
+    if on_gpu is None:
+        on_gpu = torch.cuda.is_available()
+    model_file = Path(model_file)
+    if not model_file.is_file():
+        raise InferenceError(f"model file {model_file} does not exist: run the conversion first")
+    info = runtime.process_info()
+    if info.world_size != tensor * pipeline:
+        raise InferenceError(
+            f"{info.world_size} processes were started for TP={tensor} x PP={pipeline}: start "
+            f"{tensor * pipeline} (one per model-parallel rank)"
+        )
+    if not on_gpu:
+        cpu_compat.patch_cuda_queries()
+    if not dist.is_initialized():
+        runtime.init_distributed(info, on_gpu, rendezvous_timeout=600)
+    with contextlib.ExitStack() as stack:
+        if not on_gpu:
+            stack.enter_context(cpu_compat.CudaDevicesOnCpu())
+        parallel_state.initialize_model_parallel(tensor, pipeline)
+        if on_gpu:
+            from megatron.core import tensor_parallel
+
+            tensor_parallel.model_parallel_cuda_manual_seed(1234)
+        else:
+            cpu_compat.install()
+            cpu_compat.seed_model_parallel_rngs(1234)
+        # Tokenizer files are extracted here; the processes keep them open only while loading.
+        workdir = Path(tempfile.mkdtemp(prefix="model-"))
+        loaded = portable.read(model_file, workdir)
+        model = loaded.config
+        _check_layout(model, tensor, pipeline)
+        tokenizer = load_text_tokenizer(model.tokenizer)
+        chunks = load.build(loaded, tensor, pipeline, on_gpu)
+    return ModelRunner(
+        chunks=chunks,
+        tokenizer=tokenizer,
+        max_length=int(model.max_position_embeddings),
+        vocab_size=tokenizer.vocab_size,
+        tensor=tensor,
+        pipeline=pipeline,
+        on_gpu=on_gpu,
+    )
+
+
+def _check_layout(model: Any, tensor: int, pipeline: int) -> None:
+    if int(model.num_attention_heads) % tensor:
+        raise InferenceError(
+            f"TP={tensor} does not divide the model's {model.num_attention_heads} attention heads"
+        )
+    if int(model.num_layers) % pipeline:
+        raise InferenceError(f"PP={pipeline} does not divide the model's {model.num_layers} layers")
+
+
+def close_runner() -> None:
+    from launcher_scripts.jobs.training import runtime
+
+    runtime.shutdown()
+
+
+@contextlib.contextmanager
+def running(model_file: Path, tensor: int = 1, pipeline: int = 1) -> Iterator[ModelRunner]:
+    runner = open_runner(model_file, tensor, pipeline)
+    try:
+        yield runner
+    finally:
+        close_runner()
