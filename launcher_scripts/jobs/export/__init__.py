@@ -1,0 +1,1 @@
+"""Export to a Triton model repository, the Triton model that serves it, and `serve`."""

@@ -1,0 +1,102 @@
+"""The export job: a portable checkpoint to a Triton model repository, checked by loading it.
+
+    python -m launcher_scripts.jobs.export.export --config <results_dir>/<name>_hydra.yaml
+
+After writing the repository the job loads the served model file the way the Triton model will
+and generates from `export.check.prompt` with the export's default parameters, so a repository
+that cannot serve fails here, not when a server starts. The result is kept in check.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+import launcher_scripts
+from launcher_scripts.jobs.export.interface import PARAMETER_NAMES
+
+
+def generation_defaults(cfg: DictConfig) -> dict[str, Any]:
+    section = OmegaConf.to_container(cfg.generation, resolve=True)
+    assert isinstance(section, dict)
+    values = {name: section[name] for name in PARAMETER_NAMES}
+    values["stop_words"] = tuple(values["stop_words"] or ())
+    return values
+
+
+def export(cfg: DictConfig) -> None:
+    from launcher_scripts.jobs.export.repository import write_repository
+    from launcher_scripts.jobs.inference.generation import GenerationParams, generate
+    from launcher_scripts.jobs.inference.runner import open_runner
+
+    deployment = cfg.triton_deployment
+    defaults = generation_defaults(cfg)
+    GenerationParams(**defaults).check()
+    model_file = Path(str(cfg.model.nemo_file))
+    repository = Path(str(deployment.model_repository))
+    models = write_repository(
+        repository,
+        str(deployment.model_name),
+        model_file,
+        max_batch_size=int(deployment.max_batch_size),
+        defaults=defaults,
+        instance_kind="KIND_CPU",
+        # The server imports the code that wrote the repository.
+        launcher_path=str(Path(launcher_scripts.__file__).resolve().parent.parent),
+    )
+    for model in models:
+        print(f"wrote {model}", flush=True)
+
+    served = models[0] / "1" / "model.nemo"
+    runner = open_runner(served)
+    prompt = str(cfg.check.prompt)
+    completion = generate(
+        runner.logits,
+        runner.tokenizer,
+        [prompt],
+        GenerationParams(**defaults),
+        max_length=runner.max_length,
+    )[0]
+    print(f"check: {prompt!r} -> {completion.text!r} ({completion.finish_reason})", flush=True)
+    _write_json(
+        Path(str(cfg.run.results_dir)) / "check.json",
+        {"prompt": prompt, "text": completion.text, "finish_reason": completion.finish_reason},
+    )
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as file:
+        json.dump(value, file, indent=2)
+    os.replace(file.name, path)
+    path.chmod(0o644)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the export stage's resolved config")
+    args = parser.parse_args(argv)
+    cfg = OmegaConf.load(args.config)
+    assert isinstance(cfg, DictConfig)
+    from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
+    from launcher_scripts.jobs.inference.runner import InferenceError, close_runner
+
+    try:
+        export(cfg)
+    except (InferenceError, TokenizerError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        close_runner()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The served model's request interface, defined once: config.pbtxt is rendered from it and the
+Triton model parses requests with it. Torch-free, so the stage and the renderer can import it.
+
+Parameter names are the recipe's `export.generation` keys (NeMo's inference guide names).
+Every input but `text_input` is optional; a missing one takes the export's default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TEXT_INPUT = "text_input"
+TEXT_OUTPUT = "text_output"
+FINISH_REASON = "finish_reason"
+STREAM_SUFFIX = "_stream"  # the decoupled (streaming) twin of a served model
+
+
+@dataclass(frozen=True)
+class RequestParameter:
+    name: str  # input name == GenerationParams field == export.generation key
+    triton_type: str  # config.pbtxt data type
+    numpy_type: str  # what the client sends (tritonclient datatype names differ: see client_type)
+    client_type: str
+    many: bool = False  # a list per request (stop_words), else one value
+
+
+PARAMETERS: tuple[RequestParameter, ...] = (
+    RequestParameter("tokens_to_generate", "TYPE_INT32", "int32", "INT32"),
+    RequestParameter("temperature", "TYPE_FP32", "float32", "FP32"),
+    RequestParameter("top_k", "TYPE_INT32", "int32", "INT32"),
+    RequestParameter("top_p", "TYPE_FP32", "float32", "FP32"),
+    RequestParameter("repetition_penalty", "TYPE_FP32", "float32", "FP32"),
+    RequestParameter("random_seed", "TYPE_UINT64", "uint64", "UINT64"),
+    RequestParameter("stop_words", "TYPE_STRING", "object", "BYTES", many=True),
+    RequestParameter("beam_width", "TYPE_INT32", "int32", "INT32"),
+    RequestParameter("length_penalty", "TYPE_FP32", "float32", "FP32"),
+)
+PARAMETER_NAMES = tuple(p.name for p in PARAMETERS)

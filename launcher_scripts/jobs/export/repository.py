@@ -1,0 +1,167 @@
+"""The Triton model repository the export stage writes:
+
+    <model_repository>/
+      <model_name>/config.pbtxt          Python backend, dynamic batching
+      <model_name>/1/model.py            imports the launcher's Triton model
+      <model_name>/1/model.nemo          the portable checkpoint being served
+      <model_name>_stream/config.pbtxt   the same model, decoupled: streams text as it is made
+      <model_name>_stream/1/model.py
+
+Two models because Triton answers plain (HTTP or gRPC) inference only from non-decoupled models
+and streams only from decoupled ones. The streaming twin reads the first one's weights file.
+
+Rendering is pure (`render_config`); `write_repository` replaces the whole repository at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.jobs.export.interface import (
+    FINISH_REASON,
+    PARAMETERS,
+    STREAM_SUFFIX,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+)
+
+MODEL_FILE = "model.nemo"
+VERSION = "1"
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value)  # protobuf text format accepts JSON's string escapes
+
+
+def _tensor(name: str, data_type: str, dims: Iterable[int], optional: bool) -> str:
+    lines = [
+        f"    name: {_quote(name)}",
+        f"    data_type: {data_type}",
+        f"    dims: [ {', '.join(str(d) for d in dims)} ]",
+    ]
+    if optional:
+        lines.append("    optional: true")
+    return "  {\n" + "\n".join(lines) + "\n  }"
+
+
+def _parameter(key: str, value: str) -> str:
+    return f"parameters {{\n  key: {_quote(key)}\n  value: {{ string_value: {_quote(value)} }}\n}}"
+
+
+def render_config(
+    name: str,
+    *,
+    max_batch_size: int,
+    decoupled: bool,
+    model_file: str,
+    defaults: Mapping[str, Any],
+    instance_kind: str,
+) -> str:
+    """config.pbtxt for one model; `defaults` holds every request parameter's default value."""
+    inputs = [_tensor(TEXT_INPUT, "TYPE_STRING", [1], optional=False)]
+    inputs += [
+        _tensor(p.name, p.triton_type, [-1] if p.many else [1], optional=True) for p in PARAMETERS
+    ]
+    outputs = [
+        _tensor(TEXT_OUTPUT, "TYPE_STRING", [1], optional=False),
+        _tensor(FINISH_REASON, "TYPE_STRING", [1], optional=False),
+    ]
+    parts = [
+        f"name: {_quote(name)}",
+        'backend: "python"',
+        f"max_batch_size: {max_batch_size}",
+        "input [\n" + ",\n".join(inputs) + "\n]",
+        "output [\n" + ",\n".join(outputs) + "\n]",
+        f"instance_group [ {{ count: 1, kind: {instance_kind} }} ]",
+    ]
+    if decoupled:
+        parts.append("model_transaction_policy { decoupled: true }")
+    else:
+        parts.append("dynamic_batching { max_queue_delay_microseconds: 1000 }")
+    parts.append(_parameter("model_file", model_file))
+    for parameter in PARAMETERS:
+        value = defaults[parameter.name]
+        if parameter.many:
+            value = list(value)
+        parts.append(_parameter(f"default_{parameter.name}", json.dumps(value)))
+    return "\n".join(parts) + "\n"
+
+
+# Triton's stub imports the launcher from the checkout the export ran from when it is not
+# installed in the server's Python (a container that mounts the checkout).
+MODEL_PY = '''"""Triton Python-backend entry point written by the launcher's export stage."""
+
+import sys
+
+for path in {paths!r}:
+    if path not in sys.path:
+        sys.path.append(path)
+
+from launcher_scripts.jobs.export.triton_model import TritonPythonModel  # noqa: E402,F401
+'''
+
+
+def write_repository(
+    repository: Path,
+    name: str,
+    model_file: Path,
+    *,
+    max_batch_size: int,
+    defaults: Mapping[str, Any],
+    instance_kind: str,
+    launcher_path: str,
+) -> list[Path]:
+    """Write both models; the repository directory is replaced as a whole. Returns the model
+    directories."""
+    repository.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=repository.parent, prefix=f".{repository.name}-"))
+    try:
+        models = []
+        for model, decoupled in ((name, False), (name + STREAM_SUFFIX, True)):
+            version = partial / model / VERSION
+            version.mkdir(parents=True)
+            weights = f"{VERSION}/{MODEL_FILE}" if not decoupled else f"../{name}/1/{MODEL_FILE}"
+            config = render_config(
+                model,
+                max_batch_size=max_batch_size,
+                decoupled=decoupled,
+                model_file=weights,
+                defaults=defaults,
+                instance_kind=instance_kind,
+            )
+            (partial / model / "config.pbtxt").write_text(config)
+            (version / "model.py").write_text(MODEL_PY.format(paths=[launcher_path]))
+            models.append(repository / model)
+        _link_or_copy(model_file, partial / name / VERSION / MODEL_FILE)
+        _make_readable(partial)
+        if repository.exists():
+            shutil.rmtree(repository)
+        os.replace(partial, repository)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return models
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link when on one file system (no second copy of the weights), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def _make_readable(root: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    for directory, _dirs, files in os.walk(root):
+        Path(directory).chmod(0o777 & ~umask)
+        for file in files:
+            path = Path(directory) / file
+            if path.stat().st_nlink == 1:  # a hard link shares the source's mode: leave it
+                path.chmod(0o666 & ~umask)

@@ -1,0 +1,204 @@
+"""`python3 -m launcher_scripts serve EXPORT_DIR`: start a real Triton server on an export.
+
+Which tritonserver runs, first found wins:
+  1. --tritonserver PATH, or $TRITONSERVER;
+  2. `tritonserver` on PATH (NVIDIA's Triton containers: /opt/tritonserver/bin);
+  3. the one `install-triton` put in a virtual environment ($LLM_LAUNCHER_TRITON_VENV, default
+     ~/.cache/llm-launcher/triton-venv): the server binary inside the `nvidia-pytriton` wheel.
+
+The wheel's server needs three things arranged (done here): a backend directory whose Python
+backend links (not copies) the wheel's stub, this interpreter's libpython first on
+LD_LIBRARY_PATH (the stub embeds it), and the environment's own bin first on PATH so the stub
+imports that environment's numpy 1.x (the stub returns empty tensors with numpy 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher_scripts.jobs.export.install import default_venv, site_packages
+
+
+class ServeError(Exception):
+    """Why the server cannot start, as one line for the user."""
+
+
+@dataclass
+class TritonInstall:
+    binary: Path
+    args: list[str] = field(default_factory=list)  # install-specific flags
+    env: dict[str, str] = field(default_factory=dict)
+    source: str = ""
+
+
+def find_server(explicit: str | None) -> TritonInstall:
+    explicit = explicit or os.environ.get("TRITONSERVER")
+    if explicit:
+        binary = Path(explicit)
+        if not binary.is_file():
+            raise ServeError(f"--tritonserver {explicit}: no such file")
+        return TritonInstall(binary, source=str(binary))
+    on_path = _which("tritonserver")
+    if on_path:
+        return TritonInstall(on_path, source=f"{on_path} (on PATH)")
+    venv = default_venv()
+    site = site_packages(venv)
+    bundled = site / "pytriton" / "tritonserver"
+    if (bundled / "bin" / "tritonserver").is_file():
+        return _wheel_install(venv, site, bundled)
+    raise ServeError(
+        "no Triton server found: run `python3 -m launcher_scripts install-triton` (from PyPI, "
+        "about 400 MB), put tritonserver on PATH, or pass --tritonserver PATH"
+    )
+
+
+def _which(name: str) -> Path | None:
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = Path(directory) / name
+        if directory and candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _wheel_install(venv: Path, site: Path, bundled: Path) -> TritonInstall:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = bundled / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServeError(f"the Triton wheel in {venv} has no Python backend stub for {version}")
+    backends = venv / "launcher-backends"
+    python_backend = backends / "python"
+    python_backend.mkdir(parents=True, exist_ok=True)
+    for target in (
+        bundled / "backends" / "python" / "libtriton_python.so",
+        bundled / "backends" / "python" / "triton_python_backend_utils.py",
+        stub,
+    ):
+        link = python_backend / target.name
+        if link.is_symlink() or link.exists():
+            if link.resolve() == target.resolve():
+                continue
+            link.unlink()
+        link.symlink_to(target)
+    libdir = str(sysconfig.get_config_var("LIBDIR") or "")
+    libraries = [libdir, str(site / "nvidia_pytriton.libs"), os.environ.get("LD_LIBRARY_PATH", "")]
+    env = {
+        "LD_LIBRARY_PATH": os.pathsep.join(part for part in libraries if part),
+        "PATH": os.pathsep.join([str(venv / "bin"), os.environ.get("PATH", "")]),
+    }
+    args = [f"--backend-directory={backends}", f"--cache-directory={bundled / 'caches'}"]
+    return TritonInstall(bundled / "bin" / "tritonserver", args, env, f"{venv} (install-triton)")
+
+
+def model_repository(path: Path) -> Path:
+    """The repository inside an export directory, or the path itself when it is one."""
+    for candidate in (path / "model_repo", path):
+        if candidate.is_dir() and any(candidate.glob("*/config.pbtxt")):
+            return candidate
+    raise ServeError(
+        f"{path} holds no Triton model repository (no */config.pbtxt): pass the export stage's "
+        "results directory or its model_repo folder"
+    )
+
+
+def server_command(
+    install: TritonInstall, repository: Path, http_port: int, grpc_port: int
+) -> list[str]:
+    return [
+        str(install.binary),
+        f"--model-repository={repository}",
+        *install.args,
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        "--allow-metrics=false",
+        "--allow-gpu-metrics=false",
+        "--strict-readiness=true",
+        "--exit-timeout-secs=10",
+        "--disable-auto-complete-config",
+    ]
+
+
+def wait_ready(process: subprocess.Popen, http_port: int, timeout: float) -> None:
+    url = f"http://127.0.0.1:{http_port}/v2/health/ready"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServeError(
+                f"tritonserver exited with code {process.returncode} before it was ready: see "
+                "its log above (a model that failed to load is named there)"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.25)
+    raise ServeError(f"tritonserver was not ready within {timeout:.0f} s: raise --ready-timeout")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m launcher_scripts serve",
+        description="Start a Triton server on an export stage's model repository.",
+    )
+    parser.add_argument("export_dir", type=Path, help="export results dir or its model_repo")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--tritonserver", help="the tritonserver binary to run")
+    parser.add_argument("--ready-timeout", type=float, default=600, help="seconds (default 600)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        repository = model_repository(args.export_dir.resolve())
+        install = find_server(args.tritonserver)
+    except ServeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
+    print(f"starting Triton from {install.source} on {repository}", flush=True)
+    command = server_command(install, repository, args.http_port, args.grpc_port)
+    env = os.environ | install.env
+    process = subprocess.Popen(command, env=env)
+    stop = _forward_signals(process)
+    try:
+        wait_ready(process, args.http_port, args.ready_timeout)
+        print(
+            f"ready: models {', '.join(models)} at http://localhost:{args.http_port} (HTTP) "
+            f"and localhost:{args.grpc_port} (gRPC); Ctrl-C stops the server",
+            flush=True,
+        )
+        return process.wait()
+    except ServeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        stop(signal.SIGTERM, None)
+        process.wait()
+        return 1
+    except KeyboardInterrupt:
+        return process.wait()
+
+
+def _forward_signals(process: subprocess.Popen):  # type: ignore[no-untyped-def]
+    def forward(signum: int, _frame: object) -> None:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
+    return forward
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""The model Triton's Python backend runs: each exported repository's `model.py` is a two-line
+file that imports `TritonPythonModel` from here.
+
+Requests are checked one by one (a bad one gets its own INVALID_ARG error and the others are
+served); rows that ask for the same generation parameters are decoded together in one batch.
+The streaming twin (a decoupled model) sends the text as it is generated, one response per
+piece, then an empty final one.
+"""
+
+from __future__ import annotations
+
+import json
+import locale
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from launcher_scripts.jobs.export.interface import (
+    FINISH_REASON,
+    PARAMETERS,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+)
+
+
+def _utf8_locale() -> None:
+    """Triton's stub embeds Python without setting the locale, so files opened as text (torch
+    reads its templates so) decode as ASCII there. Ask for UTF-8 before torch is imported."""
+    if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
+        return
+    for name in ("C.UTF-8", "C.utf8", "en_US.UTF-8", ""):
+        try:
+            locale.setlocale(locale.LC_CTYPE, name)
+            return
+        except locale.Error:
+            continue
+
+
+_utf8_locale()
+
+try:  # present only inside Triton's Python backend
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported by tests and tools outside the server
+    pb_utils = None
+
+
+class RequestError(ValueError):
+    """A request the model cannot serve, with the message the client sees."""
+
+
+@dataclass
+class Row:
+    """One prompt of a request and the parameters it asked for."""
+
+    request: int
+    prompt: str
+    params: Any  # GenerationParams
+
+
+def parse_request(read: Any, defaults: Any, tokenizer: Any, max_length: int) -> list[Row]:
+    """The rows of one request. `read(name)` returns the input as a numpy array or None.
+
+    Raises RequestError for anything the client must change.
+    """
+    texts = read(TEXT_INPUT)
+    if texts is None:
+        raise RequestError(f"the input {TEXT_INPUT} is required: send the prompt text (BYTES)")
+    prompts = [_text(value) for value in np.asarray(texts).reshape(len(texts), -1)[:, 0]]
+    rows = []
+    for index, prompt in enumerate(prompts):
+        changes: dict[str, Any] = {}
+        for parameter in PARAMETERS:
+            value = read(parameter.name)
+            if value is None:
+                continue
+            value = np.asarray(value)
+            row = value[index] if value.shape and value.shape[0] == len(prompts) else value
+            changes[parameter.name] = _convert(parameter, np.asarray(row))
+        params = replace(defaults, **changes)
+        try:
+            params.check()
+        except ValueError as error:
+            raise RequestError(str(error)) from None
+        if not prompt:
+            raise RequestError(f"{TEXT_INPUT} is empty: send a prompt of at least one token")
+        prompt_tokens = len(tokenizer.encode(prompt))
+        if prompt_tokens + params.tokens_to_generate > max_length:
+            raise RequestError(
+                f"the prompt is {prompt_tokens} tokens and tokens_to_generate is "
+                f"{params.tokens_to_generate}: together more than the model's {max_length} "
+                "positions. Shorten the prompt or lower tokens_to_generate"
+            )
+        rows.append(Row(index, prompt, params))
+    return rows
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _convert(parameter: Any, value: np.ndarray) -> Any:
+    if parameter.many:
+        return tuple(word for word in (_text(v) for v in value.reshape(-1)) if word)
+    if value.size != 1:
+        raise RequestError(f"{parameter.name} takes one value per prompt, got {value.size}")
+    item = value.reshape(-1)[0]
+    return item.item() if hasattr(item, "item") else item
+
+
+def group_rows(rows: Sequence[Row]) -> list[list[Row]]:
+    """Rows with equal parameters, in first-seen order: each group is one generation batch."""
+    groups: dict[Any, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(row.params, []).append(row)
+    return list(groups.values())
+
+
+def defaults_from(config_parameters: dict[str, Any]) -> Any:
+    """GenerationParams from the `default_<name>` parameters the export wrote."""
+    from launcher_scripts.jobs.inference.generation import GenerationParams
+
+    values: dict[str, Any] = {}
+    kinds = {field.name: field for field in fields(GenerationParams)}
+    for parameter in PARAMETERS:
+        raw = config_parameters.get(f"default_{parameter.name}", {}).get("string_value")
+        if raw is None or parameter.name not in kinds:
+            continue
+        values[parameter.name] = json.loads(raw)
+        if parameter.many:
+            values[parameter.name] = tuple(values[parameter.name])
+    params = GenerationParams(**values)
+    params.check()
+    return params
+
+
+class TritonPythonModel:
+    """Triton's entry points: initialize, execute, finalize."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        from launcher_scripts.jobs.inference.runner import open_runner
+
+        config = json.loads(args["model_config"])
+        parameters = config.get("parameters", {})
+        model_dir = Path(args["model_repository"])
+        model_file = (model_dir / parameters["model_file"]["string_value"]).resolve()
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.defaults = defaults_from(parameters)
+        self.runner = open_runner(model_file)
+        name = args["model_name"]
+        print(f"{name}: serving {model_file} (decoupled={self.decoupled})", flush=True)
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        if self.decoupled:
+            for request in requests:
+                self._stream(request)
+            return None
+        return self._batch(requests)
+
+    def _rows(self, request: Any) -> list[Row]:
+        def read(name: str) -> np.ndarray | None:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            return None if tensor is None else tensor.as_numpy()
+
+        return parse_request(read, self.defaults, self.runner.tokenizer, self.runner.max_length)
+
+    def _batch(self, requests: list[Any]) -> list[Any]:
+        from launcher_scripts.jobs.inference.generation import generate
+
+        results: list[dict[int, Any]] = [{} for _ in requests]
+        errors: dict[int, str] = {}
+        rows: list[Row] = []
+        for number, request in enumerate(requests):
+            try:
+                rows += [replace(row, request=(number, row.request)) for row in self._rows(request)]
+            except RequestError as error:
+                errors[number] = str(error)
+        for group in group_rows(rows):
+            try:
+                completions = generate(
+                    self.runner.logits,
+                    self.runner.tokenizer,
+                    [row.prompt for row in group],
+                    group[0].params,
+                    max_length=self.runner.max_length,
+                )
+            except ValueError as error:
+                for row in group:
+                    errors[row.request[0]] = str(error)
+                continue
+            for row, completion in zip(group, completions, strict=True):
+                number, index = row.request
+                results[number][index] = completion
+        return [
+            _error_response(errors[number])
+            if number in errors
+            else _response(
+                [results[number][i].text for i in sorted(results[number])],
+                [results[number][i].finish_reason for i in sorted(results[number])],
+            )
+            for number in range(len(requests))
+        ]
+
+    def _stream(self, request: Any) -> None:
+        from launcher_scripts.jobs.inference.generation import stream
+
+        sender = request.get_response_sender()
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            rows = self._rows(request)
+            if len(rows) != 1:
+                raise RequestError("the streaming model takes one prompt per request")
+            row = rows[0]
+            if row.params.beam_width != 1:
+                raise RequestError("streaming needs beam_width 1: use the non-streaming model")
+            pieces = stream(
+                self.runner.logits,
+                self.runner.tokenizer,
+                row.prompt,
+                row.params,
+                max_length=self.runner.max_length,
+            )
+            for piece in pieces:
+                sender.send(_response([piece], [""]))
+        except ValueError as error:  # RequestError included
+            sender.send(_error_response(str(error)), flags=final)
+            return
+        sender.send(flags=final)
+
+    def finalize(self) -> None:
+        from launcher_scripts.jobs.inference.runner import close_runner
+
+        close_runner()
+
+
+def _response(texts: list[str], reasons: list[str]) -> Any:
+    as_bytes = [[text.encode("utf-8")] for text in texts]
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            pb_utils.Tensor(TEXT_OUTPUT, np.array(as_bytes, dtype=object)),
+            pb_utils.Tensor(FINISH_REASON, np.array([[r.encode()] for r in reasons], dtype=object)),
+        ]
+    )
+
+
+def _error_response(message: str) -> Any:
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)

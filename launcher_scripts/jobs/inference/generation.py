@@ -1,0 +1,457 @@
+"""Text generation over a model's full-sequence logits: greedy, sampling, beam search, streaming.
+
+The engine sees the model only as `logits_fn(batch) -> [B, T_max, V]` (right-padded rows), so
+the same code serves Triton, evaluation and the benchmarks, at any TP/PP: every rank calls
+`generate` with the same arguments, every rank gets the same logits, and every rank must then
+pick the same tokens. Greedy and beam search are deterministic; sampling draws from a
+`torch.Generator` seeded identically on every rank (`random_seed`, or with no seed one drawn on
+rank 0 and broadcast), never from a per-rank random state.
+
+There is no KV cache: each step runs the model on the whole sequences, which is what a small
+model on CPU needs and keeps the engine independent of the model's internals.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from launcher_scripts.jobs.inference.params import MAX_SEED, GenerationParams
+
+LogitsFn = Callable[[list[list[int]]], torch.Tensor]
+FINISH_REASONS = ("length", "stop", "eod")
+
+
+class Tokenizer(Protocol):
+    """What generation needs of `text_tokenizer.TextTokenizer`."""
+
+    vocab_size: int
+    eod_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclass
+class Completion:
+    """What one prompt produced: the continuation only, not the prompt.
+
+    `text` is what the generated ids add after the prompt's text (so it may start with a
+    space), cut before the first stop word; `tokens` leave out the eod id and the tokens of a
+    stop word (all of a token that holds text both before and in it is left out too).
+    """
+
+    text: str
+    tokens: list[int]
+    finish_reason: str  # one of FINISH_REASONS
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling math on [B, V] logits of the next token.
+
+
+def apply_repetition_penalty(
+    logits: torch.Tensor, seen: Sequence[Sequence[int]], penalty: float
+) -> torch.Tensor:
+    """CTRL's penalty on every token a row has seen (prompt and generated): a positive logit is
+    divided by the penalty, a negative one multiplied, so either way it loses probability."""
+    if penalty == 1.0:
+        return logits
+    out = logits.clone()
+    for row, ids in enumerate(seen):
+        index = torch.tensor(sorted(set(ids)), dtype=torch.long)
+        values = out[row, index]
+        out[row, index] = torch.where(values > 0, values / penalty, values * penalty)
+    return out
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k highest logits of each row (and any tied with the k-th); 0 keeps all."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep each row's most probable tokens until their mass reaches p (at least one token)."""
+    if p <= 0.0 or p >= 1.0:
+        return logits
+    ordered, order = torch.sort(logits, dim=-1, descending=True)
+    probs = ordered.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop_sorted = mass_before >= p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, -math.inf)
+
+
+def filter_logits(
+    logits: torch.Tensor, seen: Sequence[Sequence[int]], params: GenerationParams
+) -> torch.Tensor:
+    """The distribution sampling draws from, as logits (-inf for removed tokens)."""
+    logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    logits = apply_temperature(logits, params.temperature)
+    logits = top_k_filter(logits, params.top_k)
+    return top_p_filter(logits, params.top_p)
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    seen: Sequence[Sequence[int]],
+    params: GenerationParams,
+    generator: torch.Generator | None,
+) -> list[int]:
+    """One token per row of [B, V] next-token logits; `generator` is needed unless greedy."""
+    if params.greedy:
+        penalized = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+        return penalized.argmax(dim=-1).tolist()
+    if generator is None:
+        raise ValueError("sampling needs a generator in the same state on every rank")
+    probs = filter_logits(logits, seen, params).softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
+
+
+def shared_generator(seed: int | None) -> torch.Generator:
+    """A generator in the same state on every rank, so TP/PP ranks sample the same tokens.
+
+    With no seed, rank 0 draws one and broadcasts it (a collective: all ranks call this).
+    """
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") & MAX_SEED
+        seed = _broadcast_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def _broadcast_seed(seed: int) -> int:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return seed
+    value = torch.tensor([seed], dtype=torch.int64)
+    dist.broadcast(value, src=0)
+    return int(value.item())
+
+
+# ---------------------------------------------------------------------------------------------
+# Text of a continuation, stop words.
+
+
+@dataclass
+class _Prompt:
+    ids: list[int]
+    text: str  # the prompt ids decoded: what a continuation is decoded against
+
+
+def _continuation(tokenizer: Tokenizer, prompt: _Prompt, generated: Sequence[int]) -> str:
+    """The text the generated ids add after the prompt.
+
+    Decoded together with the prompt because SentencePiece drops the leading space of a
+    sequence's first piece: "world" alone, but " world" after "Hello".
+    """
+    full = tokenizer.decode([*prompt.ids, *generated])
+    if full.startswith(prompt.text):
+        return full[len(prompt.text) :]
+    return tokenizer.decode(list(generated))
+
+
+def _stop_at(text: str, stop_words: Sequence[str]) -> int | None:
+    """Where the earliest stop word starts in text, if one does."""
+    found = [i for i in (text.find(word) for word in stop_words) if i >= 0]
+    return min(found) if found else None
+
+
+def _tokens_before(
+    tokenizer: Tokenizer, prompt: _Prompt, generated: list[int], text: str, cut: int
+) -> list[int]:
+    """The longest prefix of the generated ids whose text lies within text[:cut]."""
+    for n in range(len(generated), -1, -1):
+        piece = _continuation(tokenizer, prompt, generated[:n])
+        if len(piece) <= cut and text.startswith(piece):
+            return generated[:n]
+    return []
+
+
+def _held_back(text: str, stop_words: Sequence[str]) -> int:
+    """How many trailing characters a stream must hold: the longest suffix that may grow into a
+    stop word, and undecodable bytes (U+FFFD) that the next token may complete."""
+    hold = 0
+    for word in stop_words:
+        for size in range(min(len(word) - 1, len(text)), hold, -1):
+            if text.endswith(word[:size]):
+                hold = size
+                break
+    safe = len(text) - hold
+    while safe > 0 and text[safe - 1] == "\ufffd":
+        safe -= 1
+    return len(text) - safe
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts.
+
+
+def _encode_prompts(
+    tokenizer: Tokenizer, prompts: Sequence[str], params: GenerationParams, max_length: int
+) -> list[_Prompt]:
+    if isinstance(prompts, str):
+        raise ValueError("prompts must be a list of strings, not one string")
+    if not prompts:
+        raise ValueError("no prompts: give at least one")
+    encoded = []
+    for index, prompt in enumerate(prompts):
+        name = "prompt" if len(prompts) == 1 else f"prompt {index}"
+        if not isinstance(prompt, str):
+            raise ValueError(f"{name} is a {type(prompt).__name__}; expected a string")
+        ids = tokenizer.encode(prompt)
+        if not ids:
+            raise ValueError(f"{name} is empty: give some text to continue")
+        total = len(ids) + params.tokens_to_generate
+        if total > max_length:
+            raise ValueError(
+                f"{name} is {len(ids)} tokens; {len(ids)} + tokens_to_generate "
+                f"{params.tokens_to_generate} exceeds the model's {max_length} positions: "
+                "shorten the prompt or lower tokens_to_generate"
+            )
+        encoded.append(_Prompt(ids, tokenizer.decode(ids)))
+    return encoded
+
+
+def _last_logits(logits_fn: LogitsFn, sequences: list[list[int]], vocab_size: int) -> torch.Tensor:
+    """[B, V] logits of each sequence's next token, from its own last position."""
+    logits = logits_fn(sequences)
+    last = torch.tensor([len(s) - 1 for s in sequences])
+    rows = logits[torch.arange(len(sequences)), last].float()
+    # Padded vocabulary entries are no tokens.
+    return rows[:, :vocab_size]
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy and sampling.
+
+
+@dataclass
+class _Row:
+    prompt: _Prompt
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+    def seen(self) -> list[int]:
+        return [*self.prompt.ids, *self.generated]
+
+    def add(self, token: int, tokenizer: Tokenizer, params: GenerationParams) -> None:
+        """Take one sampled token and decide whether the row is done."""
+        if token == tokenizer.eod_id:
+            self.finish_reason = "eod"
+            return
+        self.generated.append(token)
+        self.text = _continuation(tokenizer, self.prompt, self.generated)
+        cut = _stop_at(self.text, params.stop_words)
+        if cut is not None:
+            self.generated = _tokens_before(tokenizer, self.prompt, self.generated, self.text, cut)
+            self.text = self.text[:cut]
+            self.finish_reason = "stop"
+        elif len(self.generated) == params.tokens_to_generate:
+            self.finish_reason = "length"
+
+    def completion(self) -> Completion:
+        return Completion(self.text, list(self.generated), self.finish_reason or "length")
+
+
+def _sampling_steps(
+    logits_fn: LogitsFn, tokenizer: Tokenizer, rows: list[_Row], params: GenerationParams
+) -> Iterator[None]:
+    """Advance every unfinished row by one token per step, all rows in one logits call."""
+    generator = None if params.greedy else shared_generator(params.random_seed)
+    for _ in range(params.tokens_to_generate):
+        active = [row for row in rows if row.finish_reason is None]
+        if not active:
+            return
+        logits = _last_logits(logits_fn, [r.seen() for r in active], tokenizer.vocab_size)
+        tokens = next_tokens(logits, [r.seen() for r in active], params, generator)
+        for row, token in zip(active, tokens, strict=True):
+            row.add(token, tokenizer, params)
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Beam search.
+
+
+@dataclass
+class _Hypothesis:
+    score: float
+    generated: list[int]
+    text: str
+    finish_reason: str
+
+
+@dataclass
+class _Beams:
+    """One prompt's beam search: live beams as (generated ids, sum of log-probs)."""
+
+    prompt: _Prompt
+    live: list[tuple[list[int], float]] = field(default_factory=lambda: [([], 0.0)])
+    finished: list[_Hypothesis] = field(default_factory=list)
+
+    def finish(self, hypothesis: _Hypothesis, width: int) -> None:
+        self.finished.append(hypothesis)
+        self.finished.sort(key=lambda h: h.score, reverse=True)
+        del self.finished[width:]
+
+    def done(self, params: GenerationParams) -> bool:
+        """No live beam left, or none that can still beat the worst of `width` finished ones.
+
+        Log-probs are <= 0, so a live beam's sum only falls; its best possible score is at the
+        longest length when length_penalty > 0 and at its current length otherwise.
+        """
+        if not self.live:
+            return True
+        if len(self.finished) < params.beam_width:
+            return False
+        best = max(
+            _bound(total, len(ids), params.tokens_to_generate, params.length_penalty)
+            for ids, total in self.live
+        )
+        return best <= self.finished[-1].score
+
+    def result(self) -> Completion:
+        if not self.finished:
+            raise RuntimeError("beam search finished no hypothesis: every token was masked")
+        best = self.finished[0]
+        return Completion(best.text, best.generated, best.finish_reason)
+
+
+def _score(total: float, length: int, length_penalty: float) -> float:
+    """Hugging Face's length-normalised score of a finished hypothesis."""
+    return total / (max(length, 1) ** length_penalty)
+
+
+def _bound(total: float, length: int, longest: int, length_penalty: float) -> float:
+    return _score(total, longest if length_penalty > 0 else length, length_penalty)
+
+
+def _beam_step(
+    beams: _Beams, logits: torch.Tensor, tokenizer: Tokenizer, params: GenerationParams
+) -> None:
+    """Extend the live beams of one prompt by one token, given their [n, V] logits."""
+    width = params.beam_width
+    seen = [[*beams.prompt.ids, *ids] for ids, _ in beams.live]
+    logprobs = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    logprobs = logprobs.log_softmax(dim=-1)
+    totals = logprobs + torch.tensor([total for _, total in beams.live]).unsqueeze(-1)
+    # 2 * width candidates leave `width` to continue even if half of them end in eod.
+    values, flat = totals.flatten().topk(min(2 * width, totals.numel()))
+    vocab = totals.shape[-1]
+    live: list[tuple[list[int], float]] = []
+    for rank, (value, index) in enumerate(zip(values.tolist(), flat.tolist(), strict=True)):
+        if value == -math.inf or len(live) == width:
+            break
+        ids = [*beams.live[index // vocab][0], index % vocab]
+        if ids[-1] == tokenizer.eod_id:
+            if rank < width:  # an eod outside the top `width` is no better than a live beam
+                text = _continuation(tokenizer, beams.prompt, ids[:-1])
+                score = _score(value, len(ids), params.length_penalty)
+                beams.finish(_Hypothesis(score, ids[:-1], text, "eod"), width)
+            continue
+        text = _continuation(tokenizer, beams.prompt, ids)
+        cut = _stop_at(text, params.stop_words)
+        if cut is not None:
+            kept = _tokens_before(tokenizer, beams.prompt, ids, text, cut)
+            score = _score(value, len(ids), params.length_penalty)
+            beams.finish(_Hypothesis(score, kept, text[:cut], "stop"), width)
+        elif len(ids) == params.tokens_to_generate:
+            score = _score(value, len(ids), params.length_penalty)
+            beams.finish(_Hypothesis(score, ids, text, "length"), width)
+        else:
+            live.append((ids, value))
+    beams.live = live
+
+
+def _beam_search(
+    logits_fn: LogitsFn, tokenizer: Tokenizer, prompts: list[_Prompt], params: GenerationParams
+) -> list[Completion]:
+    """Beam search for all prompts at once: one logits call per step over every live beam."""
+    searches = [_Beams(prompt) for prompt in prompts]
+    while True:
+        active = [s for s in searches if not s.done(params)]
+        if not active:
+            return [s.result() for s in searches]
+        sequences = [[*s.prompt.ids, *ids] for s in active for ids, _ in s.live]
+        logits = _last_logits(logits_fn, sequences, tokenizer.vocab_size)
+        start = 0
+        for search in active:
+            count = len(search.live)
+            _beam_step(search, logits[start : start + count], tokenizer, params)
+            start += count
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points.
+
+
+def generate(
+    logits_fn: LogitsFn,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    params: GenerationParams,
+    *,
+    max_length: int,
+) -> list[Completion]:
+    """Continue each prompt; all prompts advance together, one `logits_fn` call per step.
+
+    `max_length` is the model's number of positions: a prompt whose tokens plus
+    `tokens_to_generate` exceed it is refused. Sampled text depends on the seed and on the batch
+    (rows draw from one generator in turn); greedy and beam search depend on neither.
+    """
+    params.check()
+    encoded = _encode_prompts(tokenizer, prompts, params, max_length)
+    if params.beam_width > 1:
+        return _beam_search(logits_fn, tokenizer, encoded, params)
+    rows = [_Row(prompt) for prompt in encoded]
+    for _ in _sampling_steps(logits_fn, tokenizer, rows, params):
+        pass
+    return [row.completion() for row in rows]
+
+
+def stream(
+    logits_fn: LogitsFn,
+    tokenizer: Tokenizer,
+    prompt: str,
+    params: GenerationParams,
+    *,
+    max_length: int,
+) -> Iterator[str]:
+    """Continue one prompt, yielding text as it becomes final.
+
+    The pieces join to `generate(...)[0].text` for the same arguments: text that may still
+    become a stop word, or an incomplete UTF-8 character, is held until it is decided.
+    Beam search cannot stream (the best beam is known only at the end).
+    """
+    params.check()
+    if params.beam_width != 1:
+        raise ValueError(
+            f"beam_width: {params.beam_width} cannot stream; use beam_width 1"
+        )
+    row = _Row(_encode_prompts(tokenizer, [prompt], params, max_length)[0])
+    sent = ""
+    for _ in _sampling_steps(logits_fn, tokenizer, [row], params):
+        if row.finish_reason is not None:
+            break
+        ready = row.text[: len(row.text) - _held_back(row.text, params.stop_words)]
+        # A decode that rewrote earlier text (never seen with SentencePiece) waits for the end.
+        if len(ready) > len(sent) and ready.startswith(sent):
+            yield ready[len(sent) :]
+            sent = ready
+    if row.text.startswith(sent) and len(row.text) > len(sent):
+        yield row.text[len(sent) :]

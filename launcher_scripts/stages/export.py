@@ -1,0 +1,78 @@
+"""The export stage: a portable checkpoint to a Triton model repository that serves it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from launcher_scripts.config.checks import require_int
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.export.interface import PARAMETER_NAMES, STREAM_SUFFIX
+from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.stages.base import StageContext, make_job, register
+
+EXPORT = "launcher_scripts.jobs.export.export"
+MODEL_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+@register
+class Export:
+    name = "export"
+
+    def validate(self, ctx: StageContext) -> None:
+        cfg, stage = ctx.cfg, ctx.stage
+        nemo_file = Path(str(cfg.model.nemo_file))
+        if not nemo_file.is_file() and not ctx.will_exist(nemo_file):
+            raise ConfigError(
+                f"{stage}.model.nemo_file",
+                f"{nemo_file} does not exist and no earlier stage of this run writes it",
+                "Convert first (stages=[conversion,export]), or point it at a .nemo file",
+            )
+        name = str(cfg.triton_deployment.model_name)
+        if not MODEL_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{stage}.triton_deployment.model_name",
+                f"{name!r} is not a Triton model name",
+                "Use letters, digits, _ and - only",
+            )
+        require_int(
+            f"{stage}.triton_deployment.max_batch_size", cfg.triton_deployment.max_batch_size
+        )
+        self._check_generation(ctx)
+
+    @staticmethod
+    def _check_generation(ctx: StageContext) -> None:
+        from launcher_scripts.jobs.export.export import generation_defaults
+        from launcher_scripts.jobs.inference.params import GenerationParams
+
+        section = ctx.cfg.generation
+        missing = [name for name in PARAMETER_NAMES if name not in section]
+        if missing:
+            raise ConfigError(
+                f"{ctx.stage}.generation.{missing[0]}",
+                "is missing",
+                f"Set it (the keys are {', '.join(PARAMETER_NAMES)})",
+            )
+        try:
+            GenerationParams(**generation_defaults(ctx.cfg)).check()
+        except ValueError as error:
+            field, _, message = str(error).partition(": ")
+            raise ConfigError(
+                f"{ctx.stage}.generation.{field}", message, "Change it to an allowed value"
+            ) from None
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        cfg = ctx.cfg
+        repository = Path(str(cfg.triton_deployment.model_repository))
+        name = str(cfg.triton_deployment.model_name)
+        return [
+            make_job(
+                ctx,
+                str(cfg.run.name),
+                (Command(EXPORT, ("--config", str(ctx.config_path))),),
+                # One process writes the repository and loads the model once to check it.
+                Resources(time_limit=str(cfg.run.time_limit)),
+                reads=(str(cfg.model.nemo_file),),
+                writes=(str(repository / name), str(repository / f"{name}{STREAM_SUFFIX}")),
+            )
+        ]
