@@ -165,8 +165,12 @@ def test_a_tp2_pp2_checkpoint_converts_to_one_file_and_back_exactly(
             ["stages=[training,conversion]", "conversion.model.tensor_model_parallel_size=3"],
             "error: conversion.model.tensor_model_parallel_size: 3 does not divide",
         ),
+        (
+            ["stages=[training,conversion]", "+training.model.kv_channels=16"],
+            "error: training.model.kv_channels: 16 per head x 4 heads != hidden 128",
+        ),
     ],
-    ids=["no-checkpoint", "no-hf-architecture", "bad-layout"],
+    ids=["no-checkpoint", "no-hf-architecture", "bad-layout", "head-size"],
 )
 def test_conversion_preflight_is_one_line(
     prepared: Path, tmp_path: Path, overrides: list[str], message: str

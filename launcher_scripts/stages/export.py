@@ -38,6 +38,11 @@ class Export:
         require_int(
             f"{stage}.triton_deployment.max_batch_size", cfg.triton_deployment.max_batch_size
         )
+        require_int(
+            f"{stage}.triton_deployment.max_queue_delay_microseconds",
+            cfg.triton_deployment.max_queue_delay_microseconds,
+            minimum=0,
+        )
         self._check_generation(ctx)
 
     @staticmethod

@@ -44,6 +44,11 @@ def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
             "one (rope, swiglu, bias=false), or set the Hugging Face export off",
         )
 
+    channels = model.get("kv_channels")
+    hidden = int(model.hidden_size)
+    if channels is not None and int(channels) * heads != hidden:
+        # GPT-2, StableLM and Llama configs derive the head size as hidden / heads.
+        raise refuse("kv_channels", f"{channels} per head x {heads} heads != hidden {hidden}")
     if positions == "learned_absolute":
         if activation != "gelu":
             raise refuse("activation", f"{activation!r} with learned position embeddings")

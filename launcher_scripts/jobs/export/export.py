@@ -46,6 +46,7 @@ def export(cfg: DictConfig) -> None:
         str(deployment.model_name),
         model_file,
         max_batch_size=int(deployment.max_batch_size),
+        max_queue_delay_microseconds=int(deployment.max_queue_delay_microseconds),
         defaults=defaults,
         instance_kind="KIND_CPU",
         # The server imports the code that wrote the repository.

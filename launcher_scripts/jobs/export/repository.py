@@ -58,6 +58,7 @@ def render_config(
     name: str,
     *,
     max_batch_size: int,
+    max_queue_delay_microseconds: int,
     decoupled: bool,
     model_file: str,
     defaults: Mapping[str, Any],
@@ -83,7 +84,9 @@ def render_config(
     if decoupled:
         parts.append("model_transaction_policy { decoupled: true }")
     else:
-        parts.append("dynamic_batching { max_queue_delay_microseconds: 1000 }")
+        parts.append(
+            f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_microseconds} }}"
+        )
     parts.append(_parameter("model_file", model_file))
     for parameter in PARAMETERS:
         value = defaults[parameter.name]
@@ -113,6 +116,7 @@ def write_repository(
     model_file: Path,
     *,
     max_batch_size: int,
+    max_queue_delay_microseconds: int,
     defaults: Mapping[str, Any],
     instance_kind: str,
     launcher_path: str,
@@ -130,6 +134,7 @@ def write_repository(
             config = render_config(
                 model,
                 max_batch_size=max_batch_size,
+                max_queue_delay_microseconds=max_queue_delay_microseconds,
                 decoupled=decoupled,
                 model_file=weights,
                 defaults=defaults,

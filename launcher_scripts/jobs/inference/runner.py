@@ -148,7 +148,13 @@ def open_runner(
     if not on_gpu:
         cpu_compat.patch_cuda_queries()
     if not dist.is_initialized():
-        runtime.init_distributed(info, on_gpu, rendezvous_timeout=600)
+        if info.launcher == "single":
+            # No port and no environment changes: a server starts several of these processes
+            # side by side, and children of this one may start their own.
+            backend = "nccl" if on_gpu else "gloo"
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            runtime.init_distributed(info, on_gpu, rendezvous_timeout=600)
     with contextlib.ExitStack() as stack:
         if not on_gpu:
             stack.enter_context(cpu_compat.CudaDevicesOnCpu())
