@@ -33,7 +33,13 @@ def test_defaults_choose_one_recipe_per_group() -> None:
     cfg = compose_config([])
     for group in [*STAGE_GROUPS, "cluster"]:
         assert group in cfg, group
-    assert list(cfg.stages) == ["data_preparation", "training", "conversion"]
+    assert list(cfg.stages) == [
+        "data_preparation",
+        "training",
+        "conversion",
+        "evaluation",
+        "export",
+    ]
     assert cfg.cluster_type == "local"
     assert cfg.dry_run is False
     assert set(cfg.numa_mapping) == {

@@ -71,6 +71,15 @@ CASES = {
         ],
     ),
     "conversion_gpt3": ("conversion", ["conversion.run.model_train_name=gpt3_126m"]),
+    "evaluation_gpt3_tp2": (
+        "evaluation",
+        [
+            "training=gpt3/126m",
+            "evaluation.model.tensor_model_parallel_size=2",
+            "evaluation.run.tasks=all_tasks",
+        ],
+    ),
+    "export_gpt3": ("export", ["export.run.model_train_name=gpt3_126m"]),
     "training_gpt3_126m_two_devices": (
         "training",
         ["training=gpt3/126m", "training.trainer.devices=2", "training.trainer.num_nodes=1"],

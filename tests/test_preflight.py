@@ -37,8 +37,8 @@ def test_unknown_stage(results: Path) -> None:
 
 
 def test_known_group_without_job_program(results: Path) -> None:
-    result = launch(results, "stages=[data_preparation,evaluation]")
-    assert_one_line_error(result, "evaluation", "Runnable stages")
+    result = launch(results, "stages=[data_preparation,ia3_learning]")
+    assert_one_line_error(result, "ia3_learning", "Runnable stages")
     assert not results.exists()
 
 

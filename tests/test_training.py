@@ -99,8 +99,8 @@ def assert_same_losses(a: Path, b: Path, tolerance: float) -> None:
 
 
 def test_default_pipeline_trains_and_leaves_its_artifacts(tmp_path: Path) -> None:
-    """`python3 main.py` as on a fresh machine, shortened: data preparation, training and
-    conversion."""
+    """`python3 main.py` as on a fresh machine, shortened: data preparation, training,
+    conversion, evaluation on the offline tasks and export."""
     result = run_main(
         f"data_dir={tmp_path}/data",
         f"base_results_dir={tmp_path}/results",
@@ -126,6 +126,13 @@ def test_default_pipeline_trains_and_leaves_its_artifacts(tmp_path: Path) -> Non
     converted = tmp_path / "results" / "gpt3_tiny" / "convert_nemo"
     assert (converted / "megatron_gpt.nemo").stat().st_size > 0
     assert (converted / "hf" / "model.safetensors").is_file()
+    evaluated = tmp_path / "results" / "gpt3_tiny" / "eval_all"
+    results = json.loads((evaluated / "results.json").read_text())["results"]
+    assert {"tiny_lambada", "tiny_choice", "tiny_wikitext", "tiny_generate"} <= set(results)
+    assert "| tiny_choice | acc |" in (evaluated / "results.md").read_text()
+    exported = tmp_path / "results" / "gpt3_tiny" / "export"
+    assert (exported / "model_repo" / "gpt3_tiny" / "config.pbtxt").is_file()
+    assert json.loads((exported / "check.json").read_text())["text"]
 
 
 @pytest.mark.parametrize(

@@ -56,3 +56,20 @@ def require_fraction(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
         raise ConfigError(key, f"{value!r} is not a number between 0 and 1", "Fix the value")
     return float(value)
+
+
+def require_layout(model: Any, tensor: int, pipeline: int, key_prefix: str) -> None:
+    """TP must divide the model's attention heads and PP its layers; the error names
+    `<key_prefix>.tensor_model_parallel_size` or `...pipeline_model_parallel_size`."""
+    if int(model.num_attention_heads) % tensor:
+        raise ConfigError(
+            f"{key_prefix}.tensor_model_parallel_size",
+            f"{tensor} does not divide the model's {model.num_attention_heads} attention heads",
+            "Use a divisor of the head count",
+        )
+    if int(model.num_layers) % pipeline:
+        raise ConfigError(
+            f"{key_prefix}.pipeline_model_parallel_size",
+            f"{pipeline} does not divide the model's {model.num_layers} layers",
+            "Use a divisor of the layer count",
+        )

@@ -1,6 +1,12 @@
 """Stage modules register themselves in `STAGES` when imported here."""
 
-from launcher_scripts.stages import conversion, data_preparation, training  # noqa: F401
+from launcher_scripts.stages import (  # noqa: F401
+    conversion,
+    data_preparation,
+    evaluation,
+    export,
+    training,
+)
 from launcher_scripts.stages.base import STAGES, Stage, StageContext
 
 __all__ = ["STAGES", "Stage", "StageContext"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.config.checks import require_int
+from launcher_scripts.config.checks import require_int, require_layout
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.conversion.architectures import hf_architecture
 from launcher_scripts.jobs.conversion.convert import read_hparams
@@ -44,18 +44,7 @@ class Conversion:
         pp = require_int(
             f"{stage}.model.pipeline_model_parallel_size", cfg.model.pipeline_model_parallel_size
         )
-        if int(model.num_attention_heads) % tp:
-            raise ConfigError(
-                f"{stage}.model.tensor_model_parallel_size",
-                f"{tp} does not divide the model's {model.num_attention_heads} attention heads",
-                "Use a divisor of the head count",
-            )
-        if int(model.num_layers) % pp:
-            raise ConfigError(
-                f"{stage}.model.pipeline_model_parallel_size",
-                f"{pp} does not divide the model's {model.num_layers} layers",
-                "Use a divisor of the layer count",
-            )
+        require_layout(model, tp, pp, f"{stage}.model")
         if cfg.run.get("hf_dir_name"):
             hf_architecture(model, key_prefix=model_key)
 

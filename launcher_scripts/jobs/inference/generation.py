@@ -440,9 +440,7 @@ def stream(
     """
     params.check()
     if params.beam_width != 1:
-        raise ValueError(
-            f"beam_width: {params.beam_width} cannot stream; use beam_width 1"
-        )
+        raise ValueError(f"beam_width: {params.beam_width} cannot stream; use beam_width 1")
     row = _Row(_encode_prompts(tokenizer, [prompt], params, max_length)[0])
     sent = ""
     for _ in _sampling_steps(logits_fn, tokenizer, [row], params):

@@ -1,0 +1,1 @@
+"""Evaluation of a portable model with lm-evaluation-harness, at any TP/PP."""

@@ -1,0 +1,106 @@
+"""The evaluation stage: lm-evaluation-harness tasks on the conversion stage's portable file,
+as one job of TP x PP processes on one node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.config.checks import require_choice, require_int, require_layout
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.evaluation import recipe
+from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.stages.base import StageContext, make_job, register
+from launcher_scripts.stages.conversion import Conversion
+
+EVALUATE = "launcher_scripts.jobs.evaluation.evaluate"
+
+
+@register
+class Evaluation:
+    name = "evaluation"
+
+    def validate(self, ctx: StageContext) -> None:
+        cfg, stage = ctx.cfg, ctx.stage
+        model_file = Path(str(cfg.model.nemo_model))
+        if not model_file.is_file() and not ctx.will_exist(model_file):
+            raise ConfigError(
+                f"{stage}.model.nemo_model",
+                f"{model_file} does not exist and no earlier stage of this run writes it",
+                "Convert first (stages=[conversion,evaluation]), or set it to a .nemo file",
+            )
+        paths = recipe.include_paths(cfg.run.get("include_path"), f"{stage}.run.include_path")
+        recipe.lm_eval_tasks(
+            recipe.requested_names(cfg.run.tasks, f"{stage}.run.tasks"),
+            recipe.user_task_names(paths),
+            f"{stage}.run.tasks",
+        )
+        require_int(f"{stage}.model.eval_batch_size", cfg.model.eval_batch_size)
+        require_int(f"{stage}.run.bootstrap_iters", cfg.run.get("bootstrap_iters", 1000), 0)
+        if cfg.run.get("num_fewshot") is not None:
+            require_int(f"{stage}.run.num_fewshot", cfg.run.num_fewshot, 0)
+        self._check_limit(f"{stage}.run.limit", cfg.run.get("limit"))
+        require_choice(f"{stage}.run.accelerator", str(cfg.run.accelerator), ("gpu", "cpu"))
+        tp = require_int(
+            f"{stage}.model.tensor_model_parallel_size", cfg.model.tensor_model_parallel_size
+        )
+        pp = require_int(
+            f"{stage}.model.pipeline_model_parallel_size", cfg.model.pipeline_model_parallel_size
+        )
+        model = self._model(ctx, model_file)
+        if model is None:
+            return
+        require_layout(model, tp, pp, f"{stage}.model")
+        if model_file.is_file():
+            recipe.check_precision(
+                cfg.model.get("precision"), model.get("precision", 32), f"{stage}.model.precision"
+            )
+
+    @staticmethod
+    def _check_limit(key: str, limit: Any) -> None:
+        if limit is None:
+            return
+        if isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0:
+            raise ConfigError(
+                key, f"{limit!r} is not a positive number", "Give a count, a share below 1, or null"
+            )
+        if isinstance(limit, float) and limit >= 1 and not limit.is_integer():
+            raise ConfigError(key, f"{limit} is neither a count nor a share below 1", "Fix it")
+
+    @staticmethod
+    def _model(ctx: StageContext, model_file: Path) -> Any:
+        """The model's section: from the file, or, when a conversion of this run writes the
+        file, from what that conversion reads. None when neither can be read yet."""
+        if model_file.is_file():
+            return recipe.portable_model_config(model_file)
+        if "conversion" in ctx.root:
+            trained = Conversion._trained_model(
+                StageContext(ctx.root, "conversion", ctx.upstream_writes)
+            )
+            return trained[0] if trained else None
+        return None
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        cfg = ctx.cfg
+        processes = int(cfg.model.tensor_model_parallel_size) * int(
+            cfg.model.pipeline_model_parallel_size
+        )
+        on_gpu = str(cfg.run.accelerator) != "cpu"
+        results = Path(str(cfg.run.results_dir))
+        return [
+            make_job(
+                ctx,
+                str(cfg.run.name),
+                (Command(EVALUATE, ("--config", str(ctx.config_path)), nproc_per_node=processes),),
+                # Model parallelism only, within one node: every rank runs every request.
+                Resources(
+                    nodes=1,
+                    ntasks_per_node=processes,
+                    gpus_per_node=processes if on_gpu else 0,
+                    time_limit=str(cfg.run.time_limit),
+                    exclusive=on_gpu,
+                ),
+                reads=(str(cfg.model.nemo_model),),
+                writes=(str(results / "results.json"), str(results / "results.md")),
+            )
+        ]
