@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher_scripts.jobs.export.install import default_venv, site_packages, venv_python
+
 pytest_plugins = ["tests.http_site"]  # the `site` fixture: a local HTTP server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,3 +82,27 @@ def tiny_portable(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return results / "gpt3_tiny" / "convert_nemo" / "megatron_gpt.nemo"
+
+
+@pytest.fixture(scope="session")
+def triton_python() -> Path:
+    venv = default_venv()
+    if not (site_packages(venv) / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
+        message = f"no Triton server in {venv}: run `python3 -m launcher_scripts install-triton`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return venv_python(venv)
+
+
+@pytest.fixture(scope="session")
+def exported(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The export stage run by main.py on the tiny model; returns its results dir."""
+    results = tmp_path_factory.mktemp("export")
+    result = run_main(
+        "stages=[export]",
+        f"base_results_dir={results}",
+        f"export.model.nemo_file={tiny_portable}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return results / "gpt3_tiny" / "export"

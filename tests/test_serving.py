@@ -19,36 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher_scripts.jobs.export.install import default_venv, site_packages, venv_python
-from tests.conftest import REPO, run_main
+from tests.conftest import REPO
 from tests.test_pile_download import free_port
 
 PROMPTS = ["The history of", "In the morning the", "A small village near the river was"]
 ONE_THREAD = os.environ | {"OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(scope="module")
-def triton_python() -> Path:
-    venv = default_venv()
-    if not (site_packages(venv) / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
-        message = f"no Triton server in {venv}: run `python3 -m launcher_scripts install-triton`"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return venv_python(venv)
-
-
-@pytest.fixture(scope="module")
-def exported(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The export stage run by main.py on the tiny model; returns its results dir."""
-    results = tmp_path_factory.mktemp("export")
-    result = run_main(
-        "stages=[export]",
-        f"base_results_dir={results}",
-        f"export.model.nemo_file={tiny_portable}",
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return results / "gpt3_tiny" / "export"
 
 
 @pytest.fixture(scope="module")

@@ -223,7 +223,7 @@ def test_cancel_from_another_process_stops_every_job(slurm: None, tmp_path: Path
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     cancelled = run_ops("cancel", str(results))
     assert cancelled.returncode == 0, cancelled.stderr
-    assert cancelled.stdout.count("cancel requested") == 4, cancelled.stdout
+    assert cancelled.stdout.count("cancel requested") == 6, cancelled.stdout
     assert set(wait_for_run(results, timeout=120).values()) == {"CANCELLED"}
     manifest = json.loads(run_ops("status", str(results), "--json").stdout)
     ids = [i for stage in manifest["stages"] for job in stage["jobs"] for i in job["job_ids"]]
@@ -248,3 +248,57 @@ def test_more_cpus_than_any_node_has_is_refused_before_submitting(
     assert line.startswith("error: data_preparation.run.cpus_per_node: job custom_dataset-"), line
     assert "Set data_preparation.run.cpus_per_node=" in line
     assert not results.exists()
+
+
+def test_serve_runs_triton_as_a_slurm_job(
+    slurm: None, exported: Path, triton_python: Path, tmp_path: Path
+) -> None:
+    """`serve --slurm`: the server starts as a job, says where it listens, answers, and stops
+    with scancel."""
+    endpoint = exported / "endpoint.json"
+    submitted = run_ops(
+        "serve",
+        str(exported),
+        "--slurm",
+        "export.serving.gpus_per_node=0",
+        "cluster.gpus_per_node=null",
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = re.search(r"Slurm job (\d+)", submitted.stdout).group(1)  # type: ignore[union-attr]
+    try:
+        deadline = time.monotonic() + 300
+        while not endpoint.is_file():
+            state = subprocess.run(
+                ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True
+            ).stdout.strip()
+            log = "".join(p.read_text() for p in exported.glob("slurm-serve_*.out"))
+            assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"{state}\n{log[-3000:]}"
+            assert time.monotonic() < deadline, log[-3000:]
+            time.sleep(1)
+        where = json.loads(endpoint.read_text())
+        port = where["http"].rsplit(":", 1)[1]
+        answer = subprocess.run(
+            [str(triton_python), "-c", QUERY, port], capture_output=True, text=True, timeout=120
+        )
+        assert answer.returncode == 0, answer.stderr[-2000:]
+        assert answer.stdout.strip()
+    finally:
+        subprocess.run(["scancel", job_id], check=True)
+    deadline = time.monotonic() + 120
+    while subprocess.run(
+        ["squeue", "-h", "-j", job_id], capture_output=True, text=True
+    ).stdout.strip():
+        assert time.monotonic() < deadline, "the serving job did not stop"
+        time.sleep(1)
+
+
+QUERY = """
+import sys
+import numpy as np
+import tritonclient.http as http
+
+client = http.InferenceServerClient(f"localhost:{sys.argv[1]}")
+text = http.InferInput("text_input", [1, 1], "BYTES")
+text.set_data_from_numpy(np.array([["The history of"]], dtype=object))
+print(client.infer("gpt3_tiny", [text]).as_numpy("text_output")[0][0].decode())
+"""

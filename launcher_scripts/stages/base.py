@@ -79,6 +79,7 @@ def make_job(
     checkpoint_exit_code: int | None = None,
     progress_dir: str | None = None,
     task_to_task: bool = False,
+    results_dir: str | None = None,
 ) -> JobSpec:
     """A JobSpec with the settings every job of every stage shares, taken from the root config.
 
@@ -94,7 +95,7 @@ def make_job(
     return JobSpec(
         stage=ctx.stage,
         name=name,
-        results_dir=str(run.results_dir),
+        results_dir=results_dir or str(run.results_dir),
         commands=commands,
         resources=resources,
         env=ctx.common_env(),

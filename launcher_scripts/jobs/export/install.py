@@ -68,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"done: `python3 -m launcher_scripts serve EXPORT_DIR` now finds it in {args.venv}")
+    if args.venv.resolve() == default_venv().resolve():
+        print(f"done: `python3 -m launcher_scripts serve EXPORT_DIR` now finds it in {args.venv}")
+    else:
+        print(f"done: set {VENV_VARIABLE}={args.venv} for `serve` to find it")
     return 0
 
 

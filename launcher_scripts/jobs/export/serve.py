@@ -15,8 +15,10 @@ imports that environment's numpy 1.x (the stub returns empty tensors with numpy 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -27,6 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher_scripts.jobs.export.install import default_venv, site_packages
+
+RANK_VARIABLES = frozenset(
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}
+    | {"MASTER_ADDR", "MASTER_PORT"}
+)
 
 
 class ServeError(Exception):
@@ -152,15 +159,52 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Start a Triton server on an export stage's model repository.",
     )
     parser.add_argument("export_dir", type=Path, help="export results dir or its model_repo")
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--http-port", type=port, default=8000, help="a number, or auto")
+    parser.add_argument("--grpc-port", type=port, default=8001, help="a number, or auto")
     parser.add_argument("--tritonserver", help="the tritonserver binary to run")
     parser.add_argument("--ready-timeout", type=float, default=600, help="seconds (default 600)")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--endpoint-file", type=Path, help="once ready, write the host and ports here (JSON)"
+    )
+    parser.add_argument(
+        "--slurm",
+        action="store_true",
+        help="submit the server as a Slurm job instead (overrides: cluster.*, container, "
+        "export.serving.*)",
+    )
+    parser.add_argument("overrides", nargs="*", help="with --slurm: launcher config overrides")
+    args = parser.parse_intermixed_args(argv)  # overrides may follow --slurm
+    if args.overrides and not args.slurm:
+        parser.error("config overrides apply to --slurm only")
+    return args
+
+
+def port(value: str) -> int:
+    """A port number; `auto` takes a free one (a shared node may have 8000 in use)."""
+    if value == "auto":
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+    number = int(value)
+    if not 0 < number < 65536:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number")
+    return number
+
+
+def write_endpoint(path: Path, http_port: int, grpc_port: int) -> None:
+    host = socket.getfqdn()
+    endpoint = {"host": host, "http": f"{host}:{http_port}", "grpc": f"{host}:{grpc_port}"}
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(endpoint) + "\n")
+    os.replace(partial, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.slurm:
+        from launcher_scripts import serving
+
+        return serving.main(args.export_dir.resolve(), args.overrides)
     try:
         repository = model_repository(args.export_dir.resolve())
         install = find_server(args.tritonserver)
@@ -170,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
     print(f"starting Triton from {install.source} on {repository}", flush=True)
     command = server_command(install, repository, args.http_port, args.grpc_port)
-    env = os.environ | install.env
+    # Each served model is a process of its own, not a rank of this job: hide the job's ranks.
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES} | install.env
     process = subprocess.Popen(command, env=env)
     stop = _forward_signals(process)
     try:
@@ -180,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             f"and localhost:{args.grpc_port} (gRPC); Ctrl-C stops the server",
             flush=True,
         )
+        if args.endpoint_file:
+            write_endpoint(args.endpoint_file, args.http_port, args.grpc_port)
         return process.wait()
     except ServeError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -148,9 +148,9 @@ def open_runner(
     if not on_gpu:
         cpu_compat.patch_cuda_queries()
     if not dist.is_initialized():
-        if info.launcher == "single":
+        if info.world_size == 1:
             # No port and no environment changes: a server starts several of these processes
-            # side by side, and children of this one may start their own.
+            # side by side (under srun too), and children of this one may start their own.
             backend = "nccl" if on_gpu else "gloo"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         else:
