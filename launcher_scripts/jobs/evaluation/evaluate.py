@@ -13,9 +13,11 @@ lm-eval loop (see lm_adapter); only global rank 0 writes into run.results_dir:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.evaluation import recipe, report
+
+LAUNCHER_ROOT = Path(__file__).resolve().parents[3]
 
 OFFLINE_SWITCHES = ("TRANSFORMERS_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 HUB_TIMEOUT_SECONDS = "10"
@@ -71,6 +75,17 @@ def load_tasks(manager: Any, names: list[str], offline: bool) -> list[Any]:
                 f"task {name} cannot be loaded: {type(error).__name__}: {_first_line(error)}"
             ) from None
     return tasks
+
+
+@contextlib.contextmanager
+def _working_directory(path: Path) -> Iterator[None]:
+    """contextlib.chdir, which Python 3.10 lacks."""
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
 def _first_line(error: BaseException) -> str:
@@ -126,25 +141,28 @@ def evaluate(cfg: DictConfig) -> None:
         rank = dist.get_rank()
         if rank:
             logging.getLogger("lm_eval").setLevel(logging.WARNING)  # rank 0 tells the story
-        results = simple_evaluate(
-            model=MegatronLM(
-                runner,
-                batch_size,
-                progress=rank == 0,
-                info={
-                    "nemo_model": str(model_file),
-                    "tensor_model_parallel_size": tensor,
-                    "pipeline_model_parallel_size": pipeline,
-                },
-            ),
-            tasks=loaded,
-            batch_size=batch_size,  # recorded in the results' config
-            num_fewshot=run.get("num_fewshot"),
-            limit=run.get("limit"),
-            bootstrap_iters=int(run.get("bootstrap_iters", 1000)),
-            log_samples=True,
-            task_manager=manager,
-        )
+        # lm-eval records the git revision of the working directory: make that the code that
+        # produced the numbers (the launcher's checkout), not the results folder.
+        with _working_directory(LAUNCHER_ROOT):
+            results = simple_evaluate(
+                model=MegatronLM(
+                    runner,
+                    batch_size,
+                    progress=rank == 0,
+                    info={
+                        "nemo_model": str(model_file),
+                        "tensor_model_parallel_size": tensor,
+                        "pipeline_model_parallel_size": pipeline,
+                    },
+                ),
+                tasks=loaded,
+                batch_size=batch_size,  # recorded in the results' config
+                num_fewshot=run.get("num_fewshot"),
+                limit=run.get("limit"),
+                bootstrap_iters=int(run.get("bootstrap_iters", 1000)),
+                log_samples=True,
+                task_manager=manager,
+            )
         if rank == 0:
             if results is None:
                 raise EvaluationError("lm-eval returned no results on rank 0")
