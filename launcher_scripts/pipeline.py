@@ -97,9 +97,13 @@ def write_files(planned: list[PlannedStage]) -> None:
             job.script_path.chmod(0o755)
 
 
-def print_plan(planned: list[PlannedStage], backend: Backend) -> None:
+def print_plan(planned: list[PlannedStage], backend: Backend, resolved: DictConfig) -> None:
     for stage in planned:
         print(f"stage {stage.stage}: config {stage.config_path}")
+        describe = getattr(STAGES[stage.stage], "plan", None)
+        if describe is not None:
+            for line in describe(StageContext(resolved, stage.stage)):
+                print(line)
         for job in stage.jobs:
             array = f", array of {job.spec.array_size}" if job.spec.array_size else ""
             if job.spec.dependency == "aftercorr":
@@ -124,7 +128,7 @@ def run(cfg: DictConfig, argv: list[str]) -> int:
         backend.check_submission([job.spec for stage in planned for job in stage.jobs])
     write_files(planned)
     if resolved.dry_run:
-        print_plan(planned, backend)
+        print_plan(planned, backend, resolved)
         print("dry run: every script is rendered and checked; nothing was run or submitted.")
         return 0
     run_id = new_run_id()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher_scripts.jobs.training import plan as training_plan
 from launcher_scripts.jobs.training import recipe
 from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
@@ -18,6 +19,11 @@ class Training:
 
     def validate(self, ctx: StageContext) -> None:
         recipe.validate(ctx.cfg, ctx.stage, ctx.will_exist)
+        training_plan.check_fits(training_plan.make_plan(ctx.root, ctx.stage), ctx.stage)
+
+    def plan(self, ctx: StageContext) -> list[str]:
+        """What the dry run prints about this stage's cost."""
+        return training_plan.describe(training_plan.make_plan(ctx.root, ctx.stage))
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg

@@ -12,24 +12,6 @@ from typing import Any
 import torch
 
 
-def model_flops_per_sample(model: Any, seq_length: int, padded_vocab: int) -> float:
-    """Megatron's model-FLOPs count for one sequence, forward and backward, no recompute.
-
-    12 * s * L * h^2 * (attention + MLP + logits), where attention counts the QKV and output
-    projections (with grouped queries) and the score/context products, MLP the two (or, gated,
-    three) FFN matrices, and logits the output layer.
-    """
-    hidden, layers = model.hidden_size, model.num_layers
-    heads = model.num_attention_heads
-    groups = model.get("num_query_groups") or heads
-    kv_channels = model.get("kv_channels") or hidden // heads
-    gated = 1.5 if model.activation in ("swiglu", "fast-swiglu") else 1.0
-    attention = (1 + groups / heads + seq_length / hidden) * (kv_channels * heads / hidden)
-    mlp = model.ffn_hidden_size / hidden * gated
-    logits = padded_vocab / (2 * layers * hidden)
-    return 12.0 * seq_length * layers * hidden * hidden * (attention + mlp + logits)
-
-
 def peak_memory_gb(on_gpu: bool) -> float:
     if on_gpu:
         return torch.cuda.max_memory_allocated() / 2**30

@@ -28,6 +28,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank
 from omegaconf import OmegaConf
 
+from launcher_scripts import estimates
 from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, recipe
 from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.checkpointing import TrainState
@@ -382,7 +383,7 @@ class Trainer:
         if self.state.step >= max_steps:
             self._say(f"training already finished: step {self.state.step} of {max_steps}")
             return self._finish()
-        flops_per_sample = metrics.model_flops_per_sample(
+        flops_per_sample = estimates.model_flops_per_sample(
             self.cfg.model,
             int(self.cfg.model.data.seq_length),
             model_builder.padded_vocab_size(self.vocab.vocab_size, self.cfg),

@@ -1,0 +1,178 @@
+"""The training stage's plan: layout, batch, parameters, memory per GPU against the GPU's,
+model FLOPs per step and the time to train a number of tokens. Torch-free (preflight and
+dry runs use it)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts import estimates
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.training import recipe
+
+GPT2_VOCAB = 50257  # assumed when the tokenizer cannot be read yet
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    nodes: int
+    gpus_per_node: int
+    par: recipe.Parallelism
+    micro_batch: int
+    global_batch: int
+    micro_batches: int  # per step and data-parallel rank (gradient accumulation)
+    seq: int
+    vocab: int
+    vocab_assumed: bool
+    params: estimates.Parameters
+    memory: estimates.Memory
+    gpu_memory_gb: float | None
+    flops_per_step: float
+    tokens: float
+    tflops_per_gpu: float
+    on_gpu: bool
+
+    @property
+    def steps(self) -> float:
+        return self.tokens / (self.global_batch * self.seq)
+
+    @property
+    def days(self) -> float:
+        gpus = self.nodes * self.gpus_per_node
+        return self.steps * self.flops_per_step / (self.tflops_per_gpu * 1e12 * gpus) / 86400
+
+
+def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
+    cfg = root[stage]
+    model = cfg.model
+    par = recipe.parallelism(cfg, stage)
+    micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
+    vocab, assumed = vocab_size(model.tokenizer)
+    padded = padded_vocab(vocab, model, par.tensor)
+    params = estimates.parameters(model, padded, par.tensor, par.pipeline)
+    micro_batches = max(1, global_batch // (micro * par.data))
+    memory = estimates.memory_per_gpu(
+        model,
+        params,
+        precision=str(cfg.trainer.precision),
+        distributed_optimizer=str(model.optim.name) == "distributed_fused_adam",
+        tensor=par.tensor,
+        pipeline=par.pipeline,
+        virtual_pipeline=par.virtual_pipeline,
+        context=par.context,
+        data=par.data,
+        sequence_parallel=par.sequence_parallel,
+        micro_batch=micro,
+        micro_batches=micro_batches,
+    )
+    seq = int(model.encoder_seq_length)
+    settings = root.get("plan") or {}
+    tokens = settings.get("num_tokens") or int(cfg.trainer.max_steps) * global_batch * seq
+    gpu_memory = (root.get("cluster") or {}).get("gpu_memory_gb")
+    on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu"
+    return TrainingPlan(
+        nodes=int(cfg.trainer.num_nodes),
+        gpus_per_node=int(cfg.trainer.devices),
+        par=par,
+        micro_batch=micro,
+        global_batch=global_batch,
+        micro_batches=micro_batches,
+        seq=seq,
+        vocab=vocab,
+        vocab_assumed=assumed,
+        params=params,
+        memory=memory,
+        gpu_memory_gb=float(gpu_memory) if gpu_memory else None,
+        flops_per_step=estimates.model_flops_per_sample(model, seq, padded) * global_batch,
+        tokens=float(tokens),
+        tflops_per_gpu=float(settings.get("tflops_per_gpu") or 140),
+        on_gpu=on_gpu,
+    )
+
+
+def vocab_size(tokenizer: Any) -> tuple[int, bool]:
+    """The tokenizer's vocabulary when its file can be read now, else GPT-2's (assumed)."""
+    model, vocab = tokenizer.get("model"), tokenizer.get("vocab_file")
+    try:
+        if model and Path(str(model)).is_file() and not str(model).endswith(".json"):
+            import sentencepiece
+
+            processor = sentencepiece.SentencePieceProcessor(model_file=str(model))
+            return int(processor.get_piece_size()), False
+        if model and Path(str(model)).is_file():
+            data = json.loads(Path(str(model)).read_text())
+            return len(data["model"]["vocab"]) + len(data.get("added_tokens") or []), False
+        if vocab and Path(str(vocab)).is_file():
+            return len(json.loads(Path(str(vocab)).read_text())), False
+    except (OSError, ValueError, KeyError, RuntimeError):
+        pass
+    return GPT2_VOCAB, True
+
+
+def padded_vocab(vocab: int, model: Any, tensor: int) -> int:
+    multiple = int(model.get("make_vocab_size_divisible_by", 128)) * tensor
+    return -(-vocab // multiple) * multiple
+
+
+def check_fits(plan: TrainingPlan, stage: str = "training") -> None:
+    """A GPU run whose estimate exceeds cluster.gpu_memory_gb is refused before submission."""
+    if not plan.on_gpu or plan.gpu_memory_gb is None:
+        return
+    need = plan.memory.total / estimates.GB
+    if need > plan.gpu_memory_gb:
+        m = plan.memory
+        raise ConfigError(
+            f"{stage}.model.micro_batch_size",
+            f"the estimated {need:.1f} GB per GPU (weights {m.weights / estimates.GB:.1f}, "
+            f"gradients {m.gradients / estimates.GB:.1f}, optimizer "
+            f"{m.optimizer / estimates.GB:.1f}, activations {m.activations / estimates.GB:.1f}) "
+            f"exceeds cluster.gpu_memory_gb={plan.gpu_memory_gb:g}",
+            "Lower micro_batch_size, turn on activations_checkpoint_granularity, use the "
+            "distributed optimizer, or raise tensor/pipeline_model_parallel_size",
+        )
+
+
+def describe(plan: TrainingPlan) -> list[str]:
+    """The plan as aligned lines for the terminal."""
+    par, m = plan.par, plan.memory
+    gb = estimates.GB
+    budget = f" of {plan.gpu_memory_gb:g} GB" if plan.gpu_memory_gb and plan.on_gpu else ""
+    vocab = f"vocab {plan.vocab}" + (" (assumed: tokenizer not readable yet)" * plan.vocab_assumed)
+    rows = [
+        (
+            "nodes x GPUs",
+            f"{plan.nodes} x {plan.gpus_per_node} = {plan.nodes * plan.gpus_per_node}",
+        ),
+        (
+            "TP/PP/VP/CP/DP",
+            f"{par.tensor}/{par.pipeline}/{par.virtual_pipeline or '-'}/{par.context}/{par.data}"
+            + (" (sequence parallel)" if par.sequence_parallel else ""),
+        ),
+        (
+            "batch",
+            f"MBS {plan.micro_batch}, GBS {plan.global_batch}, {plan.micro_batches} "
+            "micro-batches per step (gradient accumulation)",
+        ),
+        (
+            "parameters",
+            f"{plan.params.total / 1e9:.3f} B ({plan.params.per_gpu / 1e9:.3f} B on the busiest "
+            f"GPU; {vocab})",
+        ),
+        (
+            "memory per GPU",
+            f"weights {m.weights / gb:.2f} + gradients {m.gradients / gb:.2f} + optimizer "
+            f"{m.optimizer / gb:.2f} + activations {m.activations / gb:.2f} = "
+            f"{m.total / gb:.2f} GB{budget}",
+        ),
+        ("model FLOPs per step", f"{plan.flops_per_step:.3e}"),
+        (
+            "time to train",
+            f"{plan.tokens / 1e9:.3g} B tokens = {plan.steps:,.0f} steps = {plan.days:.2f} days "
+            f"at {plan.tflops_per_gpu:g} model TFLOP/s per GPU",
+        ),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return [f"  {name:<{width}}  {value}" for name, value in rows]

@@ -1,0 +1,96 @@
+"""The dry-run plan's estimates against values computed by hand for two layouts of the 126m
+recipe, the fit check, and the plan table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher_scripts.config.compose import compose_config
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.training.plan import check_fits, make_plan
+from tests.conftest import run_main
+
+# GPT-3 126m: h 768, 12 layers, 12 heads, FFN 3072, sequence 2048, learned positions, GeLU,
+# LayerNorm, biases, tied embeddings; the GPT-2 vocabulary 50257 padded to 50304 (128).
+LAYER = (768 * 2304 + 2304) + (768 * 768 + 768) + (2 * 768 * 3072 + 3072 + 768) + 2 * 2 * 768
+WORDS, POSITIONS, FINAL_NORM = 50304 * 768, 2048 * 768, 2 * 768
+TOTAL = WORDS + POSITIONS + 12 * LAYER + FINAL_NORM
+
+
+def plan_of(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
+    # No data or tokenizer files: the vocabulary is then GPT-2's, as assumed here.
+    cfg = compose_config(
+        ["training=gpt3/126m", f"data_dir={tmp_path}", f"base_results_dir={tmp_path}", *overrides]
+    )
+    return make_plan(cfg)
+
+
+def test_126m_as_published(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path)
+    assert LAYER == 7_087_872 and TOTAL == 125_262_336
+    assert plan.vocab == 50257 and plan.vocab_assumed
+    assert plan.params.total == TOTAL == plan.params.per_gpu
+    assert plan.par.data == 64 and plan.micro_batches == 1  # 8 nodes x 8 GPUs, GBS 256 / MBS 4
+    assert plan.memory.weights == 2 * TOTAL  # bf16
+    assert plan.memory.gradients == 4 * TOTAL  # fp32 gradient buffer
+    assert plan.memory.optimizer == 12 * TOTAL / 64  # distributed optimizer over DP 64
+    # Korthikanti et al. Table 2, no parallelism: s*b*h*(34 + 5*a*s/h) per layer, 12 layers.
+    assert plan.memory.activations == pytest.approx(
+        2048 * 4 * 768 * (34 + 5 * 12 * 2048 / 768) * 12
+    )
+
+
+def test_126m_at_tp2_pp2_with_sequence_parallelism_and_selective_recompute(
+    tmp_path: Path,
+) -> None:
+    plan = plan_of(
+        tmp_path,
+        "training.trainer.num_nodes=1",
+        "training.model.tensor_model_parallel_size=2",
+        "training.model.pipeline_model_parallel_size=2",
+        "training.model.sequence_parallel=true",
+        "training.model.activations_checkpoint_granularity=selective",
+    )
+    # At TP 2 the vocabulary pads to a multiple of 128 x 2: 50432 rows. The first stage (words,
+    # positions, 6 layers) is larger than the last (6 layers, final norm, its copy of the words).
+    first_stage = 50432 * 768 + POSITIONS + 6 * LAYER
+    assert plan.par.data == 2 and plan.micro_batches == 32
+    assert plan.params.per_gpu == first_stage // 2
+    assert plan.memory.optimizer == 12 * (first_stage // 2) / 2
+    # s*b*h/t * 34 per layer; the first stage holds 6 layers for each of 2 micro-batches.
+    assert plan.memory.activations == pytest.approx(2048 * 4 * 768 / 2 * 34 * 12)
+
+
+def test_a_recipe_that_cannot_fit_is_refused_naming_the_key(tmp_path: Path) -> None:
+    plan = plan_of(
+        tmp_path, "training.model.micro_batch_size=64", "training.model.global_batch_size=4096"
+    )
+    with pytest.raises(ConfigError) as error:
+        check_fits(plan)
+    assert str(error.value).startswith("training.model.micro_batch_size: the estimated ")
+    assert "exceeds cluster.gpu_memory_gb=80" in str(error.value)
+
+
+def test_dry_run_prints_the_plan(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "bpe").mkdir(parents=True)
+    for shard in range(30):
+        for suffix in ("bin", "idx"):
+            (data / f"my-gpt3_{shard:02d}_text_document.{suffix}").touch()
+    (data / "bpe" / "merges.txt").touch()
+    (data / "bpe" / "vocab.json").write_text("{}")
+    result = run_main(
+        "stages=[training]",
+        "training=gpt3/126m",
+        "cluster_type=bcm",
+        "dry_run=true",
+        f"data_dir={data}",
+        f"base_results_dir={tmp_path}/results",
+    )
+    assert result.returncode == 0, result.stderr
+    for row in ("nodes x GPUs          8 x 8 = 64", "TP/PP/VP/CP/DP        1/1/-/1/64"):
+        assert row in result.stdout
+    assert "memory per GPU" in result.stdout and "GB of 80 GB" in result.stdout
+    assert "600,000 steps" in result.stdout  # max_steps, the default token count
