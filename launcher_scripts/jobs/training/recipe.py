@@ -339,6 +339,14 @@ def _check_architecture(model: Any, stage: str) -> None:
 
 def _check_trainer(cfg: Any, stage: str) -> None:
     trainer = cfg.trainer
+    granularity = cfg.model.get("activations_checkpoint_granularity")
+    if str(trainer.get("accelerator", "gpu")) == "cpu" and granularity is not None:
+        # megatron-core's recomputation saves and restores the CUDA RNG state.
+        raise ConfigError(
+            key(stage, "model.activations_checkpoint_granularity"),
+            f"{granularity} recomputation needs CUDA and this run is on CPU",
+            "Set it to null for CPU runs",
+        )
     max_steps = _int(key(stage, "trainer.max_steps"), trainer.max_steps)
     _int(key(stage, "trainer.log_every_n_steps"), trainer.log_every_n_steps)
     interval = trainer.get("val_check_interval")
