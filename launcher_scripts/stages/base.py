@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.config.checks import require_choice
+from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobspec import USER_DEPENDENCIES, Command, JobSpec, Resources
 
 
@@ -38,6 +39,18 @@ class StageContext:
             target == Path(written) or Path(written) in target.parents
             for written in self.upstream_writes
         )
+
+    def require_input(self, name: str, fix: str) -> Path:
+        """`<stage>.model.<name>` names a path that exists, or that an earlier stage of this
+        run writes; otherwise ConfigError with `fix`."""
+        path = Path(str(self.cfg.model[name]))
+        if not path.exists() and not self.will_exist(path):
+            raise ConfigError(
+                f"{self.stage}.model.{name}",
+                f"{path} does not exist and no earlier stage of this run writes it",
+                fix,
+            )
+        return path
 
     def common_env(self) -> tuple[tuple[str, str], ...]:
         """`env_vars` without null values, plus where jobs find the W&B key file."""

@@ -22,14 +22,11 @@ class Conversion:
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
         for name in ("checkpoint_folder", "hparams_file"):
-            path = Path(str(cfg.model[name]))
-            if not path.exists() and not ctx.will_exist(path):
-                raise ConfigError(
-                    f"{stage}.model.{name}",
-                    f"{path} does not exist and no earlier stage of this run writes it",
-                    f"Train first (stages=[training,conversion]), or set {stage}.run."
-                    "model_train_name to the training run to convert",
-                )
+            ctx.require_input(
+                name,
+                f"Train first (stages=[training,conversion]), or set {stage}.run."
+                "model_train_name to the training run to convert",
+            )
         if not str(cfg.run.nemo_file_name).endswith(".nemo"):
             raise ConfigError(
                 f"{stage}.run.nemo_file_name", "does not end in .nemo", "Name it e.g. model.nemo"

@@ -22,13 +22,10 @@ class Evaluation:
 
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
-        model_file = Path(str(cfg.model.nemo_model))
-        if not model_file.is_file() and not ctx.will_exist(model_file):
-            raise ConfigError(
-                f"{stage}.model.nemo_model",
-                f"{model_file} does not exist and no earlier stage of this run writes it",
-                "Convert first (stages=[conversion,evaluation]), or set it to a .nemo file",
-            )
+        model_file = ctx.require_input(
+            "nemo_model",
+            "Convert first (stages=[conversion,evaluation]), or set it to a .nemo file",
+        )
         paths = recipe.include_paths(cfg.run.get("include_path"), f"{stage}.run.include_path")
         recipe.lm_eval_tasks(
             recipe.requested_names(cfg.run.tasks, f"{stage}.run.tasks"),

@@ -21,13 +21,9 @@ class Export:
 
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
-        nemo_file = Path(str(cfg.model.nemo_file))
-        if not nemo_file.is_file() and not ctx.will_exist(nemo_file):
-            raise ConfigError(
-                f"{stage}.model.nemo_file",
-                f"{nemo_file} does not exist and no earlier stage of this run writes it",
-                "Convert first (stages=[conversion,export]), or point it at a .nemo file",
-            )
+        ctx.require_input(
+            "nemo_file", "Convert first (stages=[conversion,export]), or point it at a .nemo file"
+        )
         name = str(cfg.triton_deployment.model_name)
         if not MODEL_NAME.fullmatch(name):
             raise ConfigError(
