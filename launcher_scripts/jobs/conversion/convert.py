@@ -9,7 +9,6 @@ offsets), so one process reads a checkpoint written at any TP/PP/DP and gets ful
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import os
@@ -21,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.jobs.config_job import run_config_job
 from launcher_scripts.jobs.training.progress import Checkpoint, complete_checkpoints
 
 
@@ -139,20 +139,14 @@ def convert(cfg: DictConfig) -> None:
         print(f"wrote {hf_dir} (Hugging Face transformers)", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="the conversion stage's resolved config")
-    args = parser.parse_args(argv)
-    cfg = OmegaConf.load(args.config)
-    assert isinstance(cfg, DictConfig)
+def _input_errors() -> tuple[type[BaseException], ...]:
     from launcher_scripts.errors import ConfigError
 
-    try:
-        convert(cfg)
-    except (ConversionError, ConfigError) as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return (ConversionError, ConfigError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_config_job(argv, __doc__.splitlines()[0], "conversion", convert, _input_errors)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ lm-eval loop (see lm_adapter); only global rank 0 writes into run.results_dir:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
@@ -21,9 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.config_job import run_config_job
 from launcher_scripts.jobs.evaluation import recipe, report
 
 LAUNCHER_ROOT = Path(__file__).resolve().parents[3]
@@ -173,31 +173,18 @@ def evaluate(cfg: DictConfig) -> None:
         close_runner()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="the evaluation stage's resolved config")
-    args = parser.parse_args(argv)
-    cfg = OmegaConf.load(args.config)
-    assert isinstance(cfg, DictConfig)
+def _input_errors() -> tuple[type[BaseException], ...]:
     configure_hub()  # before anything imports the hub client
     from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
     from launcher_scripts.jobs.evaluation.lm_adapter import RequestError
     from launcher_scripts.jobs.inference.runner import InferenceError
     from launcher_scripts.jobs.training.runtime import JobError
 
-    try:
-        evaluate(cfg)
-    except (
-        EvaluationError,
-        ConfigError,
-        InferenceError,
-        TokenizerError,
-        JobError,
-        RequestError,
-    ) as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return (EvaluationError, ConfigError, InferenceError, TokenizerError, JobError, RequestError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_config_job(argv, __doc__.splitlines()[0], "evaluation", evaluate, _input_errors)
 
 
 if __name__ == "__main__":

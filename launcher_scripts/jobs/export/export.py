@@ -9,7 +9,6 @@ that cannot serve fails here, not when a server starts. The result is kept in ch
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import launcher_scripts
+from launcher_scripts.jobs.config_job import run_config_job
 from launcher_scripts.jobs.export.interface import PARAMETER_NAMES
 
 
@@ -34,7 +34,7 @@ def generation_defaults(cfg: DictConfig) -> dict[str, Any]:
 def export(cfg: DictConfig) -> None:
     from launcher_scripts.jobs.export.repository import write_repository
     from launcher_scripts.jobs.inference.generation import GenerationParams, generate
-    from launcher_scripts.jobs.inference.runner import open_runner
+    from launcher_scripts.jobs.inference.runner import close_runner, open_runner
 
     deployment = cfg.triton_deployment
     defaults = generation_defaults(cfg)
@@ -58,13 +58,16 @@ def export(cfg: DictConfig) -> None:
     served = models[0] / "1" / "model.nemo"
     runner = open_runner(served)
     prompt = str(cfg.check.prompt)
-    completion = generate(
-        runner.logits,
-        runner.tokenizer,
-        [prompt],
-        GenerationParams(**defaults),
-        max_length=runner.max_length,
-    )[0]
+    try:
+        completion = generate(
+            runner.logits,
+            runner.tokenizer,
+            [prompt],
+            GenerationParams(**defaults),
+            max_length=runner.max_length,
+        )[0]
+    finally:
+        close_runner()
     print(f"check: {prompt!r} -> {completion.text!r} ({completion.finish_reason})", flush=True)
     _write_json(
         Path(str(cfg.run.results_dir)) / "check.json",
@@ -80,23 +83,15 @@ def _write_json(path: Path, value: Any) -> None:
     path.chmod(0o644)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="the export stage's resolved config")
-    args = parser.parse_args(argv)
-    cfg = OmegaConf.load(args.config)
-    assert isinstance(cfg, DictConfig)
+def _input_errors() -> tuple[type[BaseException], ...]:
     from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
-    from launcher_scripts.jobs.inference.runner import InferenceError, close_runner
+    from launcher_scripts.jobs.inference.runner import InferenceError
 
-    try:
-        export(cfg)
-    except (InferenceError, TokenizerError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        close_runner()
-    return 0
+    return (InferenceError, TokenizerError, ValueError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_config_job(argv, __doc__.splitlines()[0], "export", export, _input_errors)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+"""The command line every stage job shares: `python -m <job> --config <resolved stage yaml>`,
+with the job's known input errors reported as one line and exit code 1 (a traceback is kept
+for bugs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def run_config_job(
+    argv: list[str] | None,
+    description: str,
+    stage: str,
+    job: Callable[[DictConfig], None],
+    input_errors: Callable[[], tuple[type[BaseException], ...]],
+) -> int:
+    """`input_errors` returns the exception types that mean bad inputs; it is called after the
+    arguments are parsed, so `--help` does not wait for the imports it needs."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help=f"the {stage} stage's resolved config")
+    args = parser.parse_args(argv)
+    cfg = OmegaConf.load(args.config)
+    assert isinstance(cfg, DictConfig)
+    errors = input_errors()
+    try:
+        job(cfg)
+    except errors as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
+    return 0
