@@ -123,12 +123,22 @@ def git_revision(path: str) -> str | None:
 
 def run(cfg: DictConfig, argv: list[str]) -> int:
     backend, resolved, planned = plan(cfg)
+    specs = [job.spec for stage in planned for job in stage.jobs]
     if not resolved.dry_run:
         # The scheduler is reachable and can run these jobs: before anything is written.
-        backend.check_submission([job.spec for stage in planned for job in stage.jobs])
+        backend.check_submission(specs)
+    # A backend that runs inside a job started from outside renders that start in a dry run.
+    outer_launch = getattr(backend, "outer_launch", None)
+    outer = outer_launch(specs, argv) if outer_launch and resolved.dry_run else None
     write_files(planned)
     if resolved.dry_run:
         print_plan(planned, backend, resolved)
+        if outer is not None:
+            name, text = outer
+            path = Path(str(resolved.base_results_dir)) / name
+            write_atomic(path, text)
+            path.chmod(0o755)
+            print(f"start the {backend.name} job that runs this pipeline with: {path}")
         print("dry run: every script is rendered and checked; nothing was run or submitted.")
         return 0
     run_id = new_run_id()
