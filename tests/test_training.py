@@ -173,7 +173,12 @@ def test_interleaved_pipeline_matches_a_single_process(prepared: Path, tmp_path:
         "training.model.virtual_pipeline_model_parallel_size=2",
     )
     train(write_config(prepared, tmp_path / "vp", *improved, *interleaved), processes=2)
-    assert_same_losses(tmp_path / "single", tmp_path / "vp", 1e-4)
+    # 1e-3, not the 1e-4 of the TP and PP tests: on CI machines the single-process reference
+    # has come out 1.8e-4 away already at step 1 (before any update, so in the forward pass)
+    # while the interleaved run matched other machines bit for bit; locally both agree exactly.
+    # A scheduling error (a chunk's gradients lost or applied twice) moves the later losses by
+    # far more.
+    assert_same_losses(tmp_path / "single", tmp_path / "vp", 1e-3)
 
 
 def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:
