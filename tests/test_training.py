@@ -176,7 +176,7 @@ def test_interleaved_pipeline_matches_a_single_process(prepared: Path, tmp_path:
     # 1e-3, not the 1e-4 of the TP and PP tests: on CI machines the single-process reference
     # has come out 1.8e-4 away already at step 1 (before any update, so in the forward pass)
     # while the interleaved run matched other machines bit for bit; locally both agree exactly.
-    # A scheduling error (a chunk's gradients lost or applied twice) moves the later losses by
+    # A scheduling error (a chunk's gradients lost or applied twice) should move the later losses by
     # far more.
     assert_same_losses(tmp_path / "single", tmp_path / "vp", 1e-3)
 
