@@ -147,7 +147,8 @@ def test_default_pipeline_trains_and_leaves_its_artifacts(tmp_path: Path) -> Non
 def test_parallel_layouts_match_a_single_process(
     prepared: Path, tmp_path: Path, layout: tuple[str, ...]
 ) -> None:
-    steps = ("training.trainer.max_steps=6",)
+    # One index cache for both runs: see test_interleaved_pipeline_matches_the_plain_pipeline.
+    steps = ("training.trainer.max_steps=6", f"training.model.data.index_mapping_dir={tmp_path}/i")
     train(write_config(prepared, tmp_path / "single", *steps))
     parallel = write_config(
         prepared, tmp_path / "parallel", *steps, "training.trainer.devices=2", *layout
@@ -156,7 +157,13 @@ def test_parallel_layouts_match_a_single_process(
     assert_same_losses(tmp_path / "single", tmp_path / "parallel", 1e-4)
 
 
-def test_interleaved_pipeline_matches_a_single_process(prepared: Path, tmp_path: Path) -> None:
+def test_interleaved_pipeline_matches_the_plain_pipeline(prepared: Path, tmp_path: Path) -> None:
+    """PP=2 with two virtual chunks per stage against PP=2 without, both on two processes.
+
+    Both runs read one dataset index cache: the first of two runs that each built their own
+    has, now and then, seen other samples (step-1 losses 6e-4 apart, before any update), so
+    building the index from the same files is not always reproducible (under investigation).
+    """
     improved = (
         "training.trainer.max_steps=4",
         "training.model.num_layers=4",
@@ -165,20 +172,14 @@ def test_interleaved_pipeline_matches_a_single_process(prepared: Path, tmp_path:
         "training.model.normalization=layernorm1p",
         "training.model.bias=false",
         "training.model.share_embeddings_and_output_weights=false",
-    )
-    train(write_config(prepared, tmp_path / "single", *improved))
-    interleaved = (
         "training.trainer.devices=2",
         "training.model.pipeline_model_parallel_size=2",
-        "training.model.virtual_pipeline_model_parallel_size=2",
+        f"training.model.data.index_mapping_dir={tmp_path / 'index'}",
     )
+    train(write_config(prepared, tmp_path / "plain", *improved), processes=2)
+    interleaved = ("training.model.virtual_pipeline_model_parallel_size=2",)
     train(write_config(prepared, tmp_path / "vp", *improved, *interleaved), processes=2)
-    # 1e-3, not the 1e-4 of the TP and PP tests: on CI machines the single-process reference
-    # has come out 1.8e-4 away already at step 1 (before any update, so in the forward pass)
-    # while the interleaved run matched other machines bit for bit; locally both agree exactly.
-    # A scheduling error (a chunk's gradients lost or applied twice) should move the later losses by
-    # far more.
-    assert_same_losses(tmp_path / "single", tmp_path / "vp", 1e-3)
+    assert_same_losses(tmp_path / "plain", tmp_path / "vp", 1e-4)
 
 
 def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:
