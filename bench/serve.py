@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from launcher_scripts.jobs.export.serve import free_port  # noqa: E402
 
 TARGET = 0.8
 MODEL_NAME = "gpt3_tiny"
@@ -68,12 +69,6 @@ def make_model(work: Path) -> Path:
         "conversion.run.hf_dir_name=null",
     )
     return work / "results" / "gpt3_tiny" / "convert_nemo" / "megatron_gpt.nemo"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_server(export_dir: Path, http_port: int, threads: int) -> subprocess.Popen:

@@ -29,6 +29,12 @@ GB = 1e9
 GATED = ("swiglu", "fast-swiglu")
 
 
+def padded_vocab(vocab: int, model: Any, tensor: int) -> int:
+    """Megatron pads the vocabulary so every TP rank holds an equal, aligned slice."""
+    multiple = int(model.get("make_vocab_size_divisible_by", 128)) * tensor
+    return -(-vocab // multiple) * multiple
+
+
 def model_flops_per_sample(model: Any, seq_length: int, padded_vocab: int) -> float:
     """Megatron's model-FLOPs count for one sequence, forward and backward, no recompute.
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from launcher_scripts.clusters.base import JobRecord
 from launcher_scripts.errors import LauncherError
+from launcher_scripts.files import write_atomic
 
 MANIFEST = "manifest.json"
 STAGE_LINK = "run_manifest.json"
@@ -23,14 +24,6 @@ CANCEL_MARKER = "cancel_requested"
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary name beside `path`, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
 
 
 @dataclass

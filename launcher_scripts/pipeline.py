@@ -19,8 +19,9 @@ from launcher_scripts.clusters.base import utc_now
 from launcher_scripts.config.compose import config_groups
 from launcher_scripts.config.preflight import check_globals, requested_stages, resolve
 from launcher_scripts.errors import ConfigError, LauncherError
+from launcher_scripts.files import write_atomic
 from launcher_scripts.jobspec import JobSpec
-from launcher_scripts.manifest import Manifest, StageRecord, new_run_id, write_atomic
+from launcher_scripts.manifest import Manifest, StageRecord, new_run_id
 from launcher_scripts.stages import STAGES, StageContext
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher_scripts.jobs.export.install import default_venv, site_packages, venv_python
+from launcher_scripts.jobs.export.install import bundled_server, default_venv, venv_python
 
 pytest_plugins = ["tests.http_site"]  # the `site` fixture: a local HTTP server
 
@@ -87,7 +87,7 @@ def tiny_portable(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 @pytest.fixture(scope="session")
 def triton_python() -> Path:
     venv = default_venv()
-    if not (site_packages(venv) / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
+    if not (bundled_server(venv) / "bin" / "tritonserver").is_file():
         message = f"no Triton server in {venv}: run `python3 -m launcher_scripts install-triton`"
         if os.environ.get("CI") == "true":
             pytest.fail(message)

@@ -107,12 +107,23 @@ def python_argv(command: Command, python: str = "python3") -> list[str]:
 
 def format_argv(argv: Sequence[str], indent: str = "    ") -> str:
     """Shell-quoted argv, one option and its values per line, for scripts people read."""
+    quoted = [shlex.quote(arg) for arg in argv]
+    return _option_lines(quoted, [arg.startswith("--") for arg in argv], indent)
+
+
+def format_quoted(words: Sequence[str], indent: str = "    ") -> str:
+    """Words already shell-quoted (some expand variables), laid out as format_argv does; a
+    new line starts at each word beginning with "-"."""
+    return _option_lines(words, [word.startswith("-") for word in words], indent)
+
+
+def _option_lines(words: Sequence[str], starts_option: Sequence[bool], indent: str) -> str:
     lines: list[list[str]] = [[]]
-    for position, arg in enumerate(argv):
-        if position > 0 and arg.startswith("--") and len(lines[-1]) > 0:
+    for position, (word, option) in enumerate(zip(words, starts_option, strict=True)):
+        if position > 0 and option and lines[-1]:
             lines.append([])
-        lines[-1].append(shlex.quote(arg))
-    return (" \\\n" + indent).join(" ".join(words) for words in lines)
+        lines[-1].append(word)
+    return (" \\\n" + indent).join(" ".join(line) for line in lines)
 
 
 def export_lines(env: Iterable[tuple[str, str]]) -> list[str]:

@@ -28,7 +28,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launcher_scripts.clusters.base import export_lines, format_argv
+from launcher_scripts.clusters.base import export_lines, format_argv, format_quoted
 from launcher_scripts.clusters.local import LocalBackend
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
@@ -36,16 +36,6 @@ from launcher_scripts.jobspec import Command, JobSpec
 
 # torchrun's default c10d rendezvous port; jobs run one at a time, so one port serves them all.
 RENDEZVOUS_PORT = 29400
-
-
-def _quoted_lines(words: Sequence[str], indent: str = "    ") -> str:
-    """Already shell-quoted words, one option and its value per line (like format_argv)."""
-    lines: list[list[str]] = [[]]
-    for position, word in enumerate(words):
-        if position > 0 and word.startswith("-") and lines[-1]:
-            lines.append([])
-        lines[-1].append(word)
-    return (" \\\n" + indent).join(" ".join(line) for line in lines)
 
 
 def node_command(job: JobSpec, command: Command) -> str:
@@ -178,7 +168,7 @@ class BcpBackend(LocalBackend):
             lines += [
                 "",
                 "# shellcheck disable=SC2016  # expanded on each node",
-                _quoted_lines(words),
+                format_quoted(words),
             ]
         return "\n".join(lines) + "\n"
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.files import replaced_directory
 from launcher_scripts.jobs.config_job import run_config_job
 from launcher_scripts.jobs.training.progress import Checkpoint, complete_checkpoints
 
@@ -88,29 +86,12 @@ def write_hf_dir(directory: Path, model: DictConfig, tensors: dict[str, Any]) ->
     from launcher_scripts.jobs.conversion.hf_export import to_hf
 
     config, state = to_hf(model, tensors)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}-"))
-    try:
+    with replaced_directory(directory) as partial:
         config |= hf_tokenizer.write(model, partial)
         (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         # Own storage for each: per-layer slices of one stacked tensor must not share memory.
         state = {name: t.clone(memory_format=torch.contiguous_format) for name, t in state.items()}
         save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
-        _make_readable(partial)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(partial, directory)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-
-
-def _make_readable(directory: Path) -> None:
-    """mkdtemp and the safetensors writer create owner-only files; the export is shared."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
-    for path in directory.iterdir():
-        path.chmod(0o666 & ~umask)
 
 
 def convert(cfg: DictConfig) -> None:

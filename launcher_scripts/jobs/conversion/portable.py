@@ -18,11 +18,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save_file
+
+if TYPE_CHECKING:  # torch is imported where tensors are written or read: read_config needs none
+    import torch
 
 CONFIG = "model_config.yaml"
 WEIGHTS = "model_weights.safetensors"
@@ -38,6 +39,8 @@ class Portable:
 
 def write(path: Path, model_config: DictConfig, tensors: dict[str, torch.Tensor]) -> list[str]:
     """Write the tar atomically (a temporary name, then rename). Returns its member names."""
+    from safetensors.torch import save_file
+
     config = OmegaConf.create(OmegaConf.to_container(model_config, resolve=True))
     tokenizer_files: dict[str, Path] = {}
     for key in TOKENIZER_KEYS:
@@ -75,18 +78,37 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+def read_config(path: Path) -> DictConfig:
+    """The model config alone, without reading the weights. ValueError if `path` is no
+    portable checkpoint."""
+    with tarfile.open(path) as tar:
+        return _config(tar, path)
+
+
+def _config(tar: tarfile.TarFile, path: Path) -> DictConfig:
+    try:
+        member = tar.extractfile(CONFIG)
+    except KeyError:
+        member = None
+    if member is None:
+        raise ValueError(f"{path} is not a portable checkpoint (no {CONFIG})")
+    config = OmegaConf.create(member.read().decode())
+    assert isinstance(config, DictConfig)
+    return config
+
+
 def read(path: Path, workdir: Path) -> Portable:
     """Read the tar; tokenizer files are extracted under `workdir`."""
+    from safetensors.torch import load as load_safetensors
+
     with tarfile.open(path) as tar:
-        config_file = tar.extractfile(CONFIG)
+        config = _config(tar, path)
         weights_file = tar.extractfile(WEIGHTS)
-        if config_file is None or weights_file is None:
-            raise ValueError(f"{path} is not a portable checkpoint (no {CONFIG} or {WEIGHTS})")
-        config = OmegaConf.create(config_file.read().decode())
+        if weights_file is None:
+            raise ValueError(f"{path} is not a portable checkpoint (no {WEIGHTS})")
         tensors = load_safetensors(weights_file.read())
         members = [m for m in tar.getmembers() if m.name.startswith(f"{TOKENIZER_DIR}/")]
         tar.extractall(workdir, members=members, filter="data")
-    assert isinstance(config, DictConfig)
     for key in TOKENIZER_KEYS:
         value = config.tokenizer.get(key)
         if value:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.conversion import portable
 
 TASK_DIR = Path(__file__).resolve().parents[2] / "sample_data" / "eval_tasks"
 
@@ -34,7 +35,6 @@ GROUPS = {"all_tasks": tuple(STANDARD_TASKS), "offline_tasks": OFFLINE_TASKS}
 TASKS_KEY = "evaluation.run.tasks"
 INCLUDE_KEY = "evaluation.run.include_path"
 PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "bf16-mixed": "bf16"}
-PORTABLE_CONFIG = "model_config.yaml"  # launcher_scripts.jobs.conversion.portable.CONFIG
 
 
 def requested_names(value: Any, key: str = TASKS_KEY) -> list[str]:
@@ -126,19 +126,13 @@ def needs_hub(task: str) -> bool:
 def portable_model_config(path: Path) -> DictConfig:
     """The model section a portable file records, read without loading its weights."""
     try:
-        with tarfile.open(path) as tar:
-            member = tar.extractfile(PORTABLE_CONFIG)
-            if member is None:
-                raise KeyError(PORTABLE_CONFIG)
-            loaded = OmegaConf.create(member.read().decode())
-    except (OSError, KeyError, tarfile.TarError) as error:
+        return portable.read_config(path)
+    except (OSError, ValueError, tarfile.TarError) as error:
         raise ConfigError(
             "evaluation.model.nemo_model",
             f"{path} is not a portable model file ({error})",
             "Give the .nemo file the conversion stage writes",
         ) from None
-    assert isinstance(loaded, DictConfig)
-    return loaded
 
 
 def check_precision(requested: Any, recorded: Any, key: str = "evaluation.model.precision") -> None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from launcher_scripts.files import write_atomic
 
 STDERR = "_stderr"
 
@@ -20,14 +21,15 @@ def write(results_dir: Path, results: dict[str, Any]) -> list[Path]:
     results_dir.mkdir(parents=True, exist_ok=True)
     samples = results.get("samples") or {}
     summary = {key: value for key, value in results.items() if key != "samples"}
-    written = [
-        _write_atomic(results_dir / "results.json", to_json(summary, indent=2)),
-        _write_atomic(results_dir / "results.md", markdown(results)),
-    ]
+    files = {
+        results_dir / "results.json": to_json(summary, indent=2),
+        results_dir / "results.md": markdown(results),
+    }
     for task, rows in samples.items():
-        lines = "".join(to_json(row) + "\n" for row in rows)
-        written.append(_write_atomic(results_dir / f"samples_{task}.jsonl", lines))
-    return written
+        files[results_dir / f"samples_{task}.jsonl"] = "".join(to_json(row) + "\n" for row in rows)
+    for path, text in files.items():
+        write_atomic(path, text)
+    return list(files)
 
 
 def metric_rows(results: dict[str, Any]) -> list[tuple[str, str, Any, Any]]:
@@ -83,10 +85,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, set | tuple):
         return list(value)
     return str(value)
-
-
-def _write_atomic(path: Path, text: str) -> Path:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
-    return path

@@ -10,15 +10,14 @@ that cannot serve fails here, not when a server starts. The result is kept in ch
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 import launcher_scripts
+from launcher_scripts.files import write_atomic
 from launcher_scripts.jobs.config_job import run_config_job
 from launcher_scripts.jobs.export.interface import PARAMETER_NAMES
 
@@ -48,7 +47,6 @@ def export(cfg: DictConfig) -> None:
         max_batch_size=int(deployment.max_batch_size),
         max_queue_delay_microseconds=int(deployment.max_queue_delay_microseconds),
         defaults=defaults,
-        instance_kind="KIND_CPU",
         # The server imports the code that wrote the repository.
         launcher_path=str(Path(launcher_scripts.__file__).resolve().parent.parent),
     )
@@ -69,18 +67,8 @@ def export(cfg: DictConfig) -> None:
     finally:
         close_runner()
     print(f"check: {prompt!r} -> {completion.text!r} ({completion.finish_reason})", flush=True)
-    _write_json(
-        Path(str(cfg.run.results_dir)) / "check.json",
-        {"prompt": prompt, "text": completion.text, "finish_reason": completion.finish_reason},
-    )
-
-
-def _write_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as file:
-        json.dump(value, file, indent=2)
-    os.replace(file.name, path)
-    path.chmod(0o644)
+    check = {"prompt": prompt, "text": completion.text, "finish_reason": completion.finish_reason}
+    write_atomic(Path(str(cfg.run.results_dir)) / "check.json", json.dumps(check, indent=2))
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:

@@ -31,6 +31,11 @@ def site_packages(venv: Path) -> Path:
     return venv / "lib" / version / "site-packages"
 
 
+def bundled_server(venv: Path) -> Path:
+    """Where the wheel puts Triton: bin/tritonserver, backends/, python_backend_stubs/."""
+    return site_packages(venv) / "pytriton" / "tritonserver"
+
+
 def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 

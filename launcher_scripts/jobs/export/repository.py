@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.files import replaced_directory
 from launcher_scripts.jobs.export.interface import (
     FINISH_REASON,
     PARAMETERS,
@@ -62,7 +62,6 @@ def render_config(
     decoupled: bool,
     model_file: str,
     defaults: Mapping[str, Any],
-    instance_kind: str,
 ) -> str:
     """config.pbtxt for one model; `defaults` holds every request parameter's default value."""
     inputs = [_tensor(TEXT_INPUT, "TYPE_STRING", [1], optional=False)]
@@ -79,7 +78,8 @@ def render_config(
         f"max_batch_size: {max_batch_size}",
         "input [\n" + ",\n".join(inputs) + "\n]",
         "output [\n" + ",\n".join(outputs) + "\n]",
-        f"instance_group [ {{ count: 1, kind: {instance_kind} }} ]",
+        # KIND_CPU: the Python backend's process uses the GPU itself when torch sees one.
+        "instance_group [ { count: 1, kind: KIND_CPU } ]",
     ]
     if decoupled:
         parts.append("model_transaction_policy { decoupled: true }")
@@ -118,15 +118,12 @@ def write_repository(
     max_batch_size: int,
     max_queue_delay_microseconds: int,
     defaults: Mapping[str, Any],
-    instance_kind: str,
     launcher_path: str,
 ) -> list[Path]:
     """Write both models; the repository directory is replaced as a whole. Returns the model
     directories."""
-    repository.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(dir=repository.parent, prefix=f".{repository.name}-"))
-    try:
-        models = []
+    models = []
+    with replaced_directory(repository) as partial:
         for model, decoupled in ((name, False), (name + STREAM_SUFFIX, True)):
             version = partial / model / VERSION
             version.mkdir(parents=True)
@@ -138,18 +135,11 @@ def write_repository(
                 decoupled=decoupled,
                 model_file=weights,
                 defaults=defaults,
-                instance_kind=instance_kind,
             )
             (partial / model / "config.pbtxt").write_text(config)
             (version / "model.py").write_text(MODEL_PY.format(paths=[launcher_path]))
             models.append(repository / model)
         _link_or_copy(model_file, partial / name / VERSION / MODEL_FILE)
-        _make_readable(partial)
-        if repository.exists():
-            shutil.rmtree(repository)
-        os.replace(partial, repository)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
     return models
 
 
@@ -159,14 +149,3 @@ def _link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
-
-
-def _make_readable(root: Path) -> None:
-    umask = os.umask(0)
-    os.umask(umask)
-    for directory, _dirs, files in os.walk(root):
-        Path(directory).chmod(0o777 & ~umask)
-        for file in files:
-            path = Path(directory) / file
-            if path.stat().st_nlink == 1:  # a hard link shares the source's mode: leave it
-                path.chmod(0o666 & ~umask)

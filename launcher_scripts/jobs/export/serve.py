@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,12 +29,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher_scripts.jobs.export.install import default_venv, site_packages
+from launcher_scripts.files import write_atomic
+from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
+from launcher_scripts.jobs.export.install import bundled_server, default_venv, site_packages
 
-RANK_VARIABLES = frozenset(
-    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}
-    | {"MASTER_ADDR", "MASTER_PORT"}
-)
+# Each served model is a process of its own, not a rank of the job that started the server.
+JOB_VARIABLES = frozenset(RANK_VARIABLES) | {"SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT"}
 
 
 class ServeError(Exception):
@@ -55,29 +56,20 @@ def find_server(explicit: str | None) -> TritonInstall:
         if not binary.is_file():
             raise ServeError(f"--tritonserver {explicit}: no such file")
         return TritonInstall(binary, source=str(binary))
-    on_path = _which("tritonserver")
+    on_path = shutil.which("tritonserver")
     if on_path:
-        return TritonInstall(on_path, source=f"{on_path} (on PATH)")
+        return TritonInstall(Path(on_path), source=f"{on_path} (on PATH)")
     venv = default_venv()
-    site = site_packages(venv)
-    bundled = site / "pytriton" / "tritonserver"
-    if (bundled / "bin" / "tritonserver").is_file():
-        return _wheel_install(venv, site, bundled)
+    if (bundled_server(venv) / "bin" / "tritonserver").is_file():
+        return _wheel_install(venv)
     raise ServeError(
         "no Triton server found: run `python3 -m launcher_scripts install-triton` (from PyPI, "
         "about 400 MB), put tritonserver on PATH, or pass --tritonserver PATH"
     )
 
 
-def _which(name: str) -> Path | None:
-    for directory in os.environ.get("PATH", "").split(os.pathsep):
-        candidate = Path(directory) / name
-        if directory and candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def _wheel_install(venv: Path, site: Path, bundled: Path) -> TritonInstall:
+def _wheel_install(venv: Path) -> TritonInstall:
+    bundled = bundled_server(venv)
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = bundled / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
@@ -97,7 +89,11 @@ def _wheel_install(venv: Path, site: Path, bundled: Path) -> TritonInstall:
             link.unlink()
         link.symlink_to(target)
     libdir = str(sysconfig.get_config_var("LIBDIR") or "")
-    libraries = [libdir, str(site / "nvidia_pytriton.libs"), os.environ.get("LD_LIBRARY_PATH", "")]
+    libraries = [
+        libdir,
+        str(site_packages(venv) / "nvidia_pytriton.libs"),
+        os.environ.get("LD_LIBRARY_PATH", ""),
+    ]
     env = {
         "LD_LIBRARY_PATH": os.pathsep.join(part for part in libraries if part),
         "PATH": os.pathsep.join([str(venv / "bin"), os.environ.get("PATH", "")]),
@@ -182,21 +178,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def port(value: str) -> int:
     """A port number; `auto` takes a free one (a shared node may have 8000 in use)."""
     if value == "auto":
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
+        return free_port()
     number = int(value)
     if not 0 < number < 65536:
         raise argparse.ArgumentTypeError(f"{value} is not a port number")
     return number
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
 def write_endpoint(path: Path, http_port: int, grpc_port: int) -> None:
     host = socket.getfqdn()
     endpoint = {"host": host, "http": f"{host}:{http_port}", "grpc": f"{host}:{grpc_port}"}
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(endpoint) + "\n")
-    os.replace(partial, path)
+    write_atomic(path, json.dumps(endpoint) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
     print(f"starting Triton from {install.source} on {repository}", flush=True)
     command = server_command(install, repository, args.http_port, args.grpc_port)
-    # Each served model is a process of its own, not a rank of this job: hide the job's ranks.
-    env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES} | install.env
+    env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES} | install.env
     process = subprocess.Popen(command, env=env)
     stop = _forward_signals(process)
     try:

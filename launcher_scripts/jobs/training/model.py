@@ -21,6 +21,7 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
+from launcher_scripts import estimates
 from launcher_scripts.jobs.training import recipe
 from launcher_scripts.jobs.training.runtime import JobError
 
@@ -152,11 +153,7 @@ def layer_spec(
 
 
 def padded_vocab_size(vocab_size: int, cfg: Any) -> int:
-    """Megatron pads the vocabulary so every TP rank holds an equal, aligned slice."""
-    multiple = (
-        int(cfg.model.get("make_vocab_size_divisible_by", 128)) * recipe.parallelism(cfg).tensor
-    )
-    return -(-vocab_size // multiple) * multiple
+    return estimates.padded_vocab(vocab_size, cfg.model, recipe.parallelism(cfg).tensor)
 
 
 def build_chunks(

@@ -51,7 +51,7 @@ def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
     par = recipe.parallelism(cfg, stage)
     micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
     vocab, assumed = vocab_size(model.tokenizer)
-    padded = padded_vocab(vocab, model, par.tensor)
+    padded = estimates.padded_vocab(vocab, model, par.tensor)
     params = estimates.parameters(model, padded, par.tensor, par.pipeline)
     micro_batches = max(1, global_batch // (micro * par.data))
     memory = estimates.memory_per_gpu(
@@ -110,11 +110,6 @@ def vocab_size(tokenizer: Any) -> tuple[int, bool]:
     except (OSError, ValueError, KeyError, RuntimeError):
         pass
     return GPT2_VOCAB, True
-
-
-def padded_vocab(vocab: int, model: Any, tensor: int) -> int:
-    multiple = int(model.get("make_vocab_size_divisible_by", 128)) * tensor
-    return -(-vocab // multiple) * multiple
 
 
 def check_fits(plan: TrainingPlan, stage: str = "training") -> None:

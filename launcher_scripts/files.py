@@ -1,0 +1,48 @@
+"""Files and folders written whole: a reader sees the old one or the new one, never one half
+written."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def replaced_directory(target: Path) -> Iterator[Path]:
+    """An empty folder beside `target` to fill; when the block ends without an error it
+    replaces `target`, made readable to all (as the umask allows)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    try:
+        yield partial
+        make_readable(partial)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(partial, target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def make_readable(root: Path) -> None:
+    """mkdtemp and some writers (safetensors) create owner-only files; outputs are shared.
+    Hard-linked files keep their mode: it is their source's too."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for directory, _dirs, files in os.walk(root):
+        Path(directory).chmod(0o777 & ~umask)
+        for file in files:
+            path = Path(directory) / file
+            if path.stat().st_nlink == 1:
+                path.chmod(0o666 & ~umask)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary name beside `path`, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
