@@ -55,6 +55,7 @@ TEMPLATES = [
     "Why does the {noun} {verb_base} the {adj} {noun2}?",
     "{name} said that the {noun2} {verb} at {time}.",
 ]
+SEED = 20261122
 TIMES = ["dawn", "noon", "dusk", "midnight", "the festival", "the long winter"]
 
 
@@ -68,33 +69,43 @@ def lexicon(rng: random.Random, size: int, syllables: tuple[int, int]) -> list[s
     return sorted({word(rng, rng.randint(*syllables)) for _ in range(size)})
 
 
-def document(rng: random.Random, words: dict[str, list[str]]) -> str:
-    sentences = []
-    for _ in range(rng.randint(3, 12)):
-        verb = rng.choice(words["verb"])
-        sentence = rng.choice(TEMPLATES).format(
-            adj=rng.choice(words["adj"]),
-            noun=rng.choice(words["noun"]),
-            noun2=rng.choice(words["noun"]),
-            verb=verb + "s",
-            verb_base=verb,
-            place=rng.choice(words["place"]).capitalize(),
-            name=rng.choice(words["place"]).capitalize(),
-            count=rng.randint(2, 999),
-            time=rng.choice(TIMES),
-        )
-        sentences.append(sentence[0].upper() + sentence[1:])
-    return " ".join(sentences)
-
-
-def main() -> None:
-    rng = random.Random(20261122)
-    words = {
+def corpus_lexicon(rng: random.Random) -> dict[str, list[str]]:
+    """The corpus's words, drawn first from `rng` (seeded with SEED)."""
+    return {
         "noun": lexicon(rng, 2500, (1, 3)),
         "verb": lexicon(rng, 900, (1, 2)),
         "adj": lexicon(rng, 900, (2, 3)),
         "place": lexicon(rng, 600, (2, 4)),
     }
+
+
+def fill(rng: random.Random, words: dict[str, list[str]], template: str, verb: str) -> str:
+    """One sentence: `template` with the rest of its words drawn from `rng`."""
+    sentence = template.format(
+        adj=rng.choice(words["adj"]),
+        noun=rng.choice(words["noun"]),
+        noun2=rng.choice(words["noun"]),
+        verb=verb + "s",
+        verb_base=verb,
+        place=rng.choice(words["place"]).capitalize(),
+        name=rng.choice(words["place"]).capitalize(),
+        count=rng.randint(2, 999),
+        time=rng.choice(TIMES),
+    )
+    return sentence[0].upper() + sentence[1:]
+
+
+def document(rng: random.Random, words: dict[str, list[str]]) -> str:
+    sentences = []
+    for _ in range(rng.randint(3, 12)):
+        verb = rng.choice(words["verb"])
+        sentences.append(fill(rng, words, rng.choice(TEMPLATES), verb))
+    return " ".join(sentences)
+
+
+def main() -> None:
+    rng = random.Random(SEED)
+    words = corpus_lexicon(rng)
     # mtime=0 keeps the file byte-identical across regenerations.
     with OUTPUT.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:
         for index in range(DOCUMENTS):

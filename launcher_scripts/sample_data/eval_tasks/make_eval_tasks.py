@@ -14,7 +14,13 @@ import json
 import random
 from pathlib import Path
 
-from launcher_scripts.sample_data.make_tiny_corpus import TEMPLATES, TIMES, document, lexicon
+from launcher_scripts.sample_data.make_tiny_corpus import SEED as CORPUS_SEED
+from launcher_scripts.sample_data.make_tiny_corpus import (
+    TEMPLATES,
+    corpus_lexicon,
+    document,
+    fill,
+)
 
 HERE = Path(__file__).parent
 SEED = 20261123  # not the corpus's: held-out text
@@ -24,29 +30,11 @@ TOGETHER = TEMPLATES[3]  # "In {place}, {count} {adj} {noun}s {verb} together."
 
 def words() -> dict[str, list[str]]:
     """The corpus's lexicon: drawn first from the corpus's seed, as make_tiny_corpus does."""
-    rng = random.Random(20261122)
-    return {
-        "noun": lexicon(rng, 2500, (1, 3)),
-        "verb": lexicon(rng, 900, (1, 2)),
-        "adj": lexicon(rng, 900, (2, 3)),
-        "place": lexicon(rng, 600, (2, 4)),
-    }
+    return corpus_lexicon(random.Random(CORPUS_SEED))
 
 
 def sentence(rng: random.Random, lex: dict[str, list[str]], template: str) -> str:
-    verb = rng.choice(lex["verb"])
-    text = template.format(
-        adj=rng.choice(lex["adj"]),
-        noun=rng.choice(lex["noun"]),
-        noun2=rng.choice(lex["noun"]),
-        verb=verb + "s",
-        verb_base=verb,
-        place=rng.choice(lex["place"]).capitalize(),
-        name=rng.choice(lex["place"]).capitalize(),
-        count=rng.randint(2, 999),
-        time=rng.choice(TIMES),
-    )
-    return text[0].upper() + text[1:]
+    return fill(rng, lex, template, rng.choice(lex["verb"]))
 
 
 def lambada(rng: random.Random, lex: dict[str, list[str]]) -> list[dict]:
