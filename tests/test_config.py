@@ -111,3 +111,20 @@ def test_missing_value_names_the_key() -> None:
     cfg = compose_config(["data_preparation.text_key=???"])
     with pytest.raises(ConfigError, match=r"data_preparation.text_key: has no value"):
         resolve(cfg, ["data_preparation"])
+
+
+@pytest.mark.parametrize("cluster_type", ["local", "bcm", "bcp"])
+def test_cluster_type_picks_its_cluster_file(cluster_type: str) -> None:
+    expected = OmegaConf.load(conf_dir() / "cluster" / f"{cluster_type}.yaml")
+    assert compose_config([f"cluster_type={cluster_type}"]).cluster == expected
+
+
+def test_a_named_cluster_file_wins_over_the_cluster_type() -> None:
+    cfg = compose_config(["cluster_type=bcp", "cluster=bcm"])
+    assert cfg.cluster == OmegaConf.load(conf_dir() / "cluster" / "bcm.yaml")
+    assert cfg.cluster_type == "bcp"
+
+
+def test_the_default_cluster_file_matches_the_default_cluster_type() -> None:
+    cfg = compose_config([])
+    assert cfg.cluster == OmegaConf.load(conf_dir() / "cluster" / f"{cfg.cluster_type}.yaml")

@@ -64,10 +64,11 @@ CASES = {
             "training=gpt3/126m",
             "container=nvcr.io/nvidia/nemo:24.05",
             "container_mounts=[/lustre/shared,/scratch:/mnt/scratch]",
-            "cluster.partition=batch",
-            "cluster.account=llm",
-            "+cluster.sbatch_options.constraint=h100",
-            "cluster.srun_args=['--mpi=pmix']",
+            # "++": other cluster types' files lack these Slurm keys; their backends ignore them.
+            "++cluster.partition=batch",
+            "++cluster.account=llm",
+            "++cluster.sbatch_options.constraint=h100",
+            "++cluster.srun_args=['--mpi=pmix']",
         ],
     ),
     "conversion_gpt3": ("conversion", ["conversion.run.model_train_name=gpt3_126m"]),
@@ -89,7 +90,8 @@ CASES = {
 
 def rendered(case: str, backend_name: str) -> dict[str, str]:
     stage, overrides = CASES[case]
-    cfg = resolve(compose_config([*PATHS, f"stages=[{stage}]", *overrides]), [stage])
+    composed = [*PATHS, f"cluster_type={backend_name}", f"stages=[{stage}]", *overrides]
+    cfg = resolve(compose_config(composed), [stage])
     backend = BACKENDS[backend_name](cfg)
     jobs = STAGES[stage].jobs(StageContext(cfg, stage))
     return {f"{job.name}.sh": backend.render(job) for job in jobs}

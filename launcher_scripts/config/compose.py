@@ -12,7 +12,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.config import resolvers  # noqa: F401  (registers the resolvers)
 from launcher_scripts.errors import ConfigError, LauncherError
@@ -56,10 +56,33 @@ def check_recipe_overrides(overrides: Sequence[str], root: Path | None = None) -
             )
 
 
+def matching_cluster(overrides: Sequence[str], root: Path, config_name: str = "config") -> list[str]:
+    """`cluster=<cluster_type>` when the user chose a cluster type but no cluster file.
+
+    Each cluster type has its file, conf/cluster/<cluster_type>.yaml, so `cluster_type=bcp` alone
+    is enough; a `cluster=...` override (a site's own file) always wins. Hydra's defaults list
+    cannot interpolate a plain key, hence this.
+    """
+    cluster_type = None
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        key = key.lstrip("+~")
+        if key == "cluster":
+            return []
+        if key == "cluster_type" and sep:
+            cluster_type = value
+    if cluster_type is None:
+        cluster_type = OmegaConf.load(root / f"{config_name}.yaml").get("cluster_type")
+    if cluster_type and (root / "cluster" / f"{cluster_type}.yaml").is_file():
+        return [f"cluster={cluster_type}"]
+    return []
+
+
 def compose_config(overrides: Sequence[str], config_name: str = "config") -> DictConfig:
     """The composed, unresolved configuration. Raises ConfigError on any composition error."""
     root = conf_dir()
     check_recipe_overrides(overrides, root)
+    overrides = [*matching_cluster(overrides, root, config_name), *overrides]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(root), version_base="1.3"):
