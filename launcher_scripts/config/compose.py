@@ -56,7 +56,9 @@ def check_recipe_overrides(overrides: Sequence[str], root: Path | None = None) -
             )
 
 
-def matching_cluster(overrides: Sequence[str], root: Path, config_name: str = "config") -> list[str]:
+def matching_cluster(
+    overrides: Sequence[str], root: Path, config_name: str = "config"
+) -> list[str]:
     """`cluster=<cluster_type>` when the user chose a cluster type but no cluster file.
 
     Each cluster type has its file, conf/cluster/<cluster_type>.yaml, so `cluster_type=bcp` alone
