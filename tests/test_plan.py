@@ -19,10 +19,16 @@ WORDS, POSITIONS, FINAL_NORM = 50304 * 768, 2048 * 768, 2 * 768
 TOTAL = WORDS + POSITIONS + 12 * LAYER + FINAL_NORM
 
 
-def plan_of(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
+def plan_of(tmp_path: Path, *overrides: str, recipe: str = "126m"):  # type: ignore[no-untyped-def]
     # No data or tokenizer files: the vocabulary is then GPT-2's, as assumed here.
     cfg = compose_config(
-        ["training=gpt3/126m", f"data_dir={tmp_path}", f"base_results_dir={tmp_path}", *overrides]
+        [
+            f"training=gpt3/{recipe}",
+            "cluster_type=bcm",
+            f"data_dir={tmp_path}",
+            f"base_results_dir={tmp_path}",
+            *overrides,
+        ]
     )
     return make_plan(cfg)
 
@@ -61,6 +67,28 @@ def test_126m_at_tp2_pp2_with_sequence_parallelism_and_selective_recompute(
     assert plan.memory.optimizer == 12 * (first_stage // 2) / 2
     # s*b*h/t * 34 per layer; the first stage holds 6 layers for each of 2 micro-batches.
     assert plan.memory.activations == pytest.approx(2048 * 4 * 768 / 2 * 34 * 12)
+
+
+def test_175b_as_published(tmp_path: Path) -> None:
+    """128 nodes x 8 GPUs, TP 8, PP 16, VP 6, sequence parallel, selective recompute, MBS 1,
+    GBS 2048: the second recipe computed by hand."""
+    h, s = 12288, 2048
+    layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h + 4 * h * h + h) + 4 * h
+    words = 51200 * h  # 50257 padded to a multiple of 128 x TP 8 = 1024
+    total = words + s * h + 96 * layer + 2 * h
+    # Each GPU holds 96 / 16 = 6 layers (6 virtual chunks of 1); GPU 0 also the embeddings.
+    busiest = -(-(words + s * h + 6 * layer) // 8)
+    plan = plan_of(tmp_path, recipe="175b")
+    assert layer == 12 * h * h + 13 * h == 1_812_099_072 and total == 174_615_846_912
+    assert plan.params.total == total and plan.params.per_gpu == busiest
+    assert plan.par.data == 8 and plan.micro_batches == 256
+    assert plan.memory.weights == 2 * busiest and plan.memory.gradients == 4 * busiest
+    assert plan.memory.optimizer == 12 * busiest / 8
+    # Selective recompute with sequence parallelism: s*b*h/t * 34 bytes per layer. The first
+    # stage has p = 16 micro-batches in flight of its 6 layers, times 1 + (p-1)/(p*v).
+    per_layer = s * 1 * h / 8 * 34
+    assert plan.memory.activations == pytest.approx(per_layer * 6 * 16 * (1 + 15 / (16 * 6)))
+    assert plan.memory.total / 1e9 == pytest.approx(22.68, abs=0.01)
 
 
 def test_a_recipe_that_cannot_fit_is_refused_naming_the_key(tmp_path: Path) -> None:
