@@ -27,6 +27,9 @@ from typing import Any
 
 GB = 1e9
 GATED = ("swiglu", "fast-swiglu")
+# Every gated activation megatron names (the encoder models' recipes use the GeGLU ones).
+GATED_ALL = (*GATED, "geglu", "fast-geglu", "reglu", "fast-reglu")
+HALF_PRECISIONS = ("16", "bf16", "16-mixed", "bf16-mixed")
 
 
 def padded_vocab(vocab: int, model: Any, tensor: int) -> int:
@@ -46,7 +49,7 @@ def model_flops_per_sample(model: Any, seq_length: int, padded_vocab: int) -> fl
     heads = model.num_attention_heads
     groups = model.get("num_query_groups") or heads
     kv_channels = model.get("kv_channels") or hidden // heads
-    gated = 1.5 if model.activation in GATED else 1.0
+    gated = 1.5 if model.get("activation", "gelu") in GATED_ALL else 1.0
     attention = (1 + groups / heads + seq_length / hidden) * (kv_channels * heads / hidden)
     mlp = model.ffn_hidden_size / hidden * gated
     logits = padded_vocab / (2 * layers * hidden)
@@ -61,7 +64,7 @@ def layer_parameters(model: Any) -> int:
     bias = bool(model.get("bias", True))
     qkv = channels * (heads + 2 * groups)
     attention = hidden * qkv + channels * heads * hidden + (qkv + hidden if bias else 0)
-    fc1 = ffn * (2 if str(model.get("activation", "gelu")) in GATED else 1)
+    fc1 = ffn * (2 if str(model.get("activation", "gelu")) in GATED_ALL else 1)
     mlp = hidden * fc1 + ffn * hidden + (fc1 + hidden if bias else 0)
     return attention + mlp + 2 * norm_parameters(model)
 
@@ -141,19 +144,139 @@ def memory_per_gpu(
     micro_batch: int,
     micro_batches: int,
 ) -> Memory:
-    half = precision in ("16", "bf16", "16-mixed", "bf16-mixed")
-    weight_bytes, optimizer_bytes = (2, 12) if half else (4, 8)
-    optimizer = params.per_gpu * optimizer_bytes / (data if distributed_optimizer else 1)
     seq = int(model.encoder_seq_length) // context
     per_layer = activation_bytes_per_layer(model, seq, micro_batch, tensor, sequence_parallel)
     in_flight = min(pipeline, micro_batches)
     layers_held = int(model.num_layers) / pipeline * in_flight
     if virtual_pipeline:
         layers_held *= 1 + (pipeline - 1) / (pipeline * virtual_pipeline)
-    activations = per_layer * layers_held * (1 if half else 2)
+    return with_state(params, precision, distributed_optimizer, data, per_layer * layers_held)
+
+
+def with_state(
+    params: Parameters, precision: str, distributed_optimizer: bool, data: int, activations: float
+) -> Memory:
+    """Weights, gradients and optimizer state of `params.per_gpu` parameters, plus the
+    activations (given for 16-bit; doubled for fp32)."""
+    half = precision in HALF_PRECISIONS
+    weight_bytes, optimizer_bytes = (2, 12) if half else (4, 8)
     return Memory(
         weights=params.per_gpu * weight_bytes,
         gradients=params.per_gpu * 4,
-        optimizer=optimizer,
-        activations=activations,
+        optimizer=params.per_gpu * optimizer_bytes / (data if distributed_optimizer else 1),
+        activations=activations * (1 if half else 2),
     )
+
+
+# ----- encoder-decoder (T5) models ---------------------------------------------------------
+# The encoder and decoder are `model.encoder` / `model.decoder` blocks with GPT's layer keys;
+# decoder layers add cross-attention (queries from the decoder, keys and values from the
+# encoder's output). One embedding table serves both and the output layer (tied), and the LM
+# head has a bias. With pipeline parallelism the encoder runs on the `encoder_stages` first
+# stages and the decoder on the `decoder_stages` after them; each side's first stage holds the
+# embeddings.
+
+
+def cross_attention_parameters(block: Any) -> int:
+    hidden, heads = int(block.hidden_size), int(block.num_attention_heads)
+    inner = int(block.get("kv_channels") or hidden // heads) * heads
+    bias = bool(block.get("bias", True))
+    return 4 * hidden * inner + (3 * inner + hidden if bias else 0) + norm_parameters(block)
+
+
+def encoder_decoder_parameters(
+    model: Any, padded_vocab: int, tensor: int, pipeline: int, encoder_stages: int
+) -> Parameters:
+    encoder, decoder = model.encoder, model.decoder
+    hidden = int(encoder.hidden_size)
+    words = padded_vocab * hidden
+    learned = str(encoder.get("position_embedding_type", "learned_absolute")) == "learned_absolute"
+    embeddings = words + (int(model.max_position_embeddings) * hidden if learned else 0)
+    encoder_layer = layer_parameters(encoder)
+    decoder_layer = layer_parameters(decoder) + cross_attention_parameters(decoder)
+    head = padded_vocab + norm_parameters(decoder)  # LM-head bias and the decoder's final norm
+    encoder_stack = int(encoder.num_layers) * encoder_layer + norm_parameters(encoder)
+    total = embeddings + encoder_stack + int(decoder.num_layers) * decoder_layer + head
+    if pipeline == 1:
+        largest = total
+    else:
+        decoder_stages = pipeline - encoder_stages
+        encoder_stage = embeddings + int(encoder.num_layers) // encoder_stages * encoder_layer
+        decoder_stage = embeddings + int(decoder.num_layers) // decoder_stages * decoder_layer
+        largest = max(encoder_stage, decoder_stage + head)
+    return Parameters(total, -(-largest // tensor))
+
+
+def encoder_decoder_flops_per_sample(
+    model: Any, encoder_seq: int, decoder_seq: int, padded_vocab: int
+) -> float:
+    """Model FLOPs of one sample, forward and backward (3 x the forward's 2 FLOPs per
+    multiply-add), counted matmul by matmul as Megatron's GPT formula is (which it equals for
+    a decoder-only stack)."""
+
+    def stack(block: Any, seq: int, memory_seq: int | None) -> float:
+        hidden, heads = int(block.hidden_size), int(block.num_attention_heads)
+        groups = int(block.get("num_query_groups") or heads)
+        inner = int(block.get("kv_channels") or hidden // heads) * heads
+        ffn = int(block.ffn_hidden_size)
+        fc1 = ffn * (2 if str(block.get("activation", "gelu")) in GATED_ALL else 1)
+        projections = hidden * inner * (1 + 2 * groups / heads) + inner * hidden
+        per_layer = seq * (2 * (projections + hidden * fc1 + ffn * hidden) + 4 * seq * inner)
+        if memory_seq is not None:  # cross-attention
+            per_layer += 2 * 2 * hidden * inner * (seq + memory_seq) + 4 * seq * memory_seq * inner
+        return int(block.num_layers) * per_layer
+
+    forward = stack(model.encoder, encoder_seq, None) + stack(
+        model.decoder, decoder_seq, encoder_seq
+    )
+    forward += 2 * decoder_seq * int(model.decoder.hidden_size) * padded_vocab
+    return 3 * forward
+
+
+def cross_attention_bytes(
+    block: Any, seq: int, memory_seq: int, micro_batch: int, tensor: int, sequence_parallel: bool
+) -> float:
+    """What a cross-attention block keeps for backward, derived as Table 2 of Korthikanti et
+    al. derives self-attention's: queries, keys, values and the projection input (2 bytes per
+    element, split by TP), the q-length x kv-length scores, softmax and dropout (5*a*s*s_kv*b,
+    split by TP, gone under selective recompute), and the norm input, query-projection input
+    and dropout mask (5*s*b*h, split only under sequence parallelism)."""
+    if block.get("activations_checkpoint_granularity") == "full":
+        return 0.0  # only the layer input is kept, counted with the layer
+    hidden, heads = int(block.hidden_size), int(block.num_attention_heads)
+    b = micro_batch
+    split = (4 * seq + 4 * memory_seq) * b * hidden
+    if block.get("activations_checkpoint_granularity") != "selective":
+        split += 5 * heads * seq * memory_seq * b
+    replicated = 5 * seq * b * hidden
+    return split / tensor + replicated / (tensor if sequence_parallel else 1)
+
+
+def encoder_decoder_activations(
+    model: Any,
+    encoder_seq: int,
+    decoder_seq: int,
+    *,
+    tensor: int,
+    sequence_parallel: bool,
+    micro_batch: int,
+    micro_batches: int,
+    pipeline: int,
+    encoder_stages: int,
+) -> float:
+    """Bytes of activations on the busiest pipeline stage. Without pipelining the one stage holds
+    every layer for one micro-batch; with it, the first encoder stage keeps min(PP, m)
+    micro-batches in flight (1F1B) and the first decoder stage min(decoder stages, m)."""
+    encoder, decoder = model.encoder, model.decoder
+    args = (micro_batch, tensor, sequence_parallel)
+    encoder_layer = activation_bytes_per_layer(encoder, encoder_seq, *args)
+    decoder_layer = activation_bytes_per_layer(decoder, decoder_seq, *args)
+    decoder_layer += cross_attention_bytes(decoder, decoder_seq, encoder_seq, *args)
+    if pipeline == 1:
+        return int(encoder.num_layers) * encoder_layer + int(decoder.num_layers) * decoder_layer
+    decoder_stages = pipeline - encoder_stages
+    encoder_layers = int(encoder.num_layers) / encoder_stages
+    decoder_layers = int(decoder.num_layers) / decoder_stages
+    encoder_side = encoder_layers * encoder_layer * min(pipeline, micro_batches)
+    decoder_side = decoder_layers * decoder_layer * min(decoder_stages, micro_batches)
+    return max(encoder_side, decoder_side)

@@ -80,7 +80,9 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
                 )
             previous = spec
             written.update(spec.writes)
-            script_path = results_dir / f"{spec.name}_submission.sh"
+            # A backend may name its file's kind (k8s writes "_manifest.yaml").
+            suffix = getattr(backend, "script_suffix", "_submission.sh")
+            script_path = results_dir / f"{spec.name}{suffix}"
             jobs.append(PlannedJob(spec, script_path, backend.render(spec)))
         planned.append(
             PlannedStage(

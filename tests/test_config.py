@@ -59,18 +59,6 @@ def test_every_stage_group_has_a_recipe_directory() -> None:
         assert recipe_options(group), group
 
 
-@pytest.mark.parametrize(
-    ("group", "recipe"),
-    [(group, recipe) for group in STAGE_GROUPS for recipe in recipe_options(group)],
-)
-def test_every_recipe_composes_and_resolves(group: str, recipe: str) -> None:
-    cfg = compose_config([f"{group}={recipe}"])
-    resolved = resolve(cfg, [group])
-    run = resolved[group].run
-    assert run.name and run.results_dir and run.time_limit
-    assert str(run.results_dir).startswith(str(resolved.base_results_dir))
-
-
 def test_launcher_scripts_path_defaults_to_the_checkout() -> None:
     resolved = resolve(compose_config([]), ["data_preparation"])
     assert resolved.launcher_scripts_path == str(conf_dir().parent)

@@ -7,8 +7,10 @@ import gzip
 import io
 import json
 import random
+import re
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +21,14 @@ import tokenizers
 from tokenizers import Tokenizer
 
 from launcher_scripts.jobs.data_prep import indexed_writer, preprocess, readers
+from launcher_scripts.jobs.data_prep.sentences import split_sentences
 from launcher_scripts.jobs.data_prep.tokenizer import (
     PROBE_TEXTS,
     TokenizerError,
     TokenizerSpec,
     load_tokenizer,
 )
+from tests import wordpiece_corpus
 from tests.data_prep_corpus import (
     EOD,
     run_job,
@@ -677,3 +681,183 @@ def test_train_tokenizer_from_plain_text_and_failure(tmp_path: Path) -> None:
     assert (
         sentencepiece.SentencePieceProcessor(model_file=f"{prefix}.model").get_piece_size() == 300
     )
+
+
+# ---- WordPiece, sentence splitting and sentence-split datasets ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("One here. Two there! Three? Four.", ["One here.", "Two there!", "Three?", "Four."]),
+        ("Dr. Smith met Mr. Jones. Then he left.", ["Dr. Smith met Mr. Jones.", "Then he left."]),
+        ("J. R. R. Tolkien wrote it. It sold.", ["J. R. R. Tolkien wrote it.", "It sold."]),
+        ("In the U.S. Army, e.g. Paris. Yes.", ["In the U.S. Army, e.g. Paris.", "Yes."]),
+        ("See No. 5 and pp. 10. Said no. Then.", ["See No. 5 and pp. 10.", "Said no.", "Then."]),
+        ('He said "Stop." Then (Later) more.', ['He said "Stop."', "Then (Later) more."]),
+        ("Wait... 3 more. pi is 3.14 ok.", ["Wait...", "3 more. pi is 3.14 ok."]),
+        ("a list\n\n  next para\nsame one.", ["a list", "next para\nsame one."]),
+        ("lower. case start", ["lower. case start"]),
+        ("  \n\n ", []),
+        ("Ελλάδα είναι. Москва тоже.", ["Ελλάδα είναι.", "Москва тоже."]),
+    ],
+)
+def test_sentence_splitter_rules(text: str, expected: list[str]) -> None:
+    assert split_sentences(text) == expected
+
+
+def test_sentence_splitter_recovers_generated_documents() -> None:
+    for seed, document in enumerate(wordpiece_corpus.documents(200, seed=11)):
+        assert split_sentences(wordpiece_corpus.join(document, seed)) == document
+
+
+def test_wordpiece_encodes_bert_style(tmp_path: Path) -> None:
+    cased = wordpiece_corpus.write_vocab(tmp_path / "cased.txt", cased=True)
+    lower = wordpiece_corpus.write_vocab(tmp_path / "lower.txt", cased=False)
+    vocab = cased.read_text().split()
+    tokenizer = load_tokenizer(TokenizerSpec(vocab_file=str(cased)))
+    assert tokenizer.eod_id is None and "eod none appended" in tokenizer.describe()
+    [ids] = tokenizer.encode_batch(["The runner sat, Zebra! [SEP]"])
+    # No [CLS]/[SEP] added; "[SEP]" in the text stays text: "[", "SEP", "]" (all unknown here).
+    pieces = ["The", "run", "##ner", "sat", ",", "[UNK]", "!", "[UNK]", "[UNK]", "[UNK]"]
+    assert [vocab[i] for i in ids] == pieces
+    lowered = load_tokenizer(TokenizerSpec(vocab_file=str(lower), lower_case=True))
+    [ids] = lowered.encode_batch(["The RUNNER Café"])
+    assert [lower.read_text().split()[i] for i in ids] == ["the", "run", "##ner", "[UNK]"]
+    [ids] = load_tokenizer(TokenizerSpec(vocab_file=str(lower))).encode_batch(["The cat"])
+    assert lower.read_text().split()[ids[0]] == "[UNK]"  # cased: "The" is not in it
+    with_eod = load_tokenizer(TokenizerSpec(vocab_file=str(cased), eod_token="[SEP]"))
+    assert with_eod.eod_id == vocab.index("[SEP]")
+
+
+def test_wordpiece_errors_are_one_line(tmp_path: Path, bpe: dict) -> None:
+    no_unk = tmp_path / "no_unk.txt"
+    no_unk.write_text("a\nb\n")
+    vocab = wordpiece_corpus.write_vocab(tmp_path / "vocab.txt", cased=True)
+    cases = [
+        (TokenizerSpec(vocab_file=str(bpe["vocab"])), "--merge-file"),
+        (TokenizerSpec(vocab_file=str(no_unk)), "no [UNK]"),
+        (TokenizerSpec(vocab_file=str(tmp_path / "missing.txt")), "no such file"),
+        (TokenizerSpec(vocab_file=str(vocab), eod_token="<eos>"), "--eod-token"),
+        (TokenizerSpec(str(bpe["json"]), lower_case=True), "--lower-case"),
+        (TokenizerSpec(merge_file=str(bpe["merges"])), "both --vocab-file and --merge-file"),
+    ]
+    for spec, fragment in cases:
+        with pytest.raises(TokenizerError, match=re.escape(fragment)) as raised:
+            load_tokenizer(spec)
+        assert "\n" not in str(raised.value)
+
+
+def test_writer_groups_sequences_into_documents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    with indexed_writer.IndexedDatasetWriter(tmp_path / "a", np.uint16) as writer:
+        writer.add_sequences(np.array([1, 2, 3, 4]), np.array([1, 3]))
+        writer.end_document()
+        writer.add_documents(np.array([5, 6, 7, 8, 9]), np.array([2, 1, 2]), np.array([1, 2]))
+        writer.add_documents(np.array([10]), np.array([1]))
+    dataset = IndexedDataset(str(tmp_path / "a"))
+    assert dataset.document_indices.tolist() == [0, 2, 3, 5, 6]
+    assert [dataset[i].tolist() for i in range(len(dataset))] == [
+        [1], [2, 3, 4], [5, 6], [7], [8, 9], [10],
+    ]  # fmt: skip
+    indexed_writer.write_dataset(tmp_path / "b", [[11, 12]], np.uint16)
+    monkeypatch.setattr(indexed_writer, "MERGE_CHUNK", 2)  # the index streamed in slices
+    merged = indexed_writer.merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "ab")
+    assert merged.document_indices.tolist() == [0, 2, 3, 5, 6, 7]
+    both = IndexedDataset(str(tmp_path / "ab"))
+    assert both.document_indices.tolist() == [0, 2, 3, 5, 6, 7]
+    assert both[6].tolist() == [11, 12] and both.index.sequence_pointers[6] == 20
+    unended = indexed_writer.IndexedDatasetWriter(tmp_path / "c", np.uint16)
+    unended.add_sequences(np.array([1]), np.array([1]))
+    with pytest.raises(ValueError, match="not ended"):
+        unended.finalize()
+    assert not (tmp_path / "c.idx").exists() and not list(tmp_path.glob(".c.*"))
+
+
+def bert_tokenizer(vocab: list[str]) -> object:
+    class MegatronTokenizer:  # what the BERT dataset reads from a tokenizer
+        vocab_size = len(vocab)
+        inv_vocab = dict(enumerate(vocab))
+        cls, sep, mask, pad = (vocab.index(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]"))
+        unique_identifiers = {"class": "MegatronTokenizer"}
+
+    return MegatronTokenizer()
+
+
+@pytest.fixture
+def one_process_group(tmp_path: Path) -> Iterator[None]:
+    """A torch.distributed group of this process alone (gloo, a file store): the BERT dataset
+    asks for its rank, which needs one."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sentence_split_dataset_is_what_megatrons_bert_dataset_reads(
+    tmp_path: Path, small_ranges: None, one_process_group: None
+) -> None:
+    from megatron.core.datasets.bert_dataset import (
+        BERTMaskedWordPieceDataset,
+        BERTMaskedWordPieceDatasetConfig,
+    )
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    docs = wordpiece_corpus.documents(400, seed=5)
+    write_jsonl(tmp_path / "web.jsonl", [wordpiece_corpus.join(d, n) for n, d in enumerate(docs)])
+    vocab_file = wordpiece_corpus.write_vocab(tmp_path / "vocab.txt", cased=False)
+    code = preprocess_main(
+        "--input", tmp_path / "web.jsonl", "--output-dir", tmp_path, "--vocab-file", vocab_file,
+        "--lower-case", "--split-sentences", "--workers", "3",
+    )  # fmt: skip
+    assert code == 0
+    vocab = vocab_file.read_text().split()
+    prefix = str(tmp_path / "web_text_sentence")
+    dataset = IndexedDataset(prefix)
+    kept = [d for d in docs if d]
+    assert len(dataset) == sum(len(d) for d in kept)  # one sequence per sentence
+    assert len(dataset.document_indices) - 1 == len(kept)  # grouped by document
+    starts = dataset.document_indices
+    for number, document in enumerate(kept):
+        sentences = [dataset[i].tolist() for i in range(starts[number], starts[number + 1])]
+        assert [wordpiece_corpus.decode(s, vocab) for s in sentences] == [
+            s.lower() for s in document
+        ]
+
+    config = BERTMaskedWordPieceDatasetConfig(
+        random_seed=1234,
+        sequence_length=64,
+        blend=([prefix], None),
+        split="100,0,0",
+        tokenizer=bert_tokenizer(vocab),
+        path_to_cache=str(tmp_path / "cache"),
+        masking_probability=0.15,
+        short_sequence_probability=0.1,
+        masking_max_ngram=3,
+        masking_do_full_word=True,
+        masking_do_permutation=False,
+        masking_use_longer_ngrams=False,
+        masking_use_geometric_distribution=False,
+        classification_head=True,
+    )
+    train, _, _ = BlendedMegatronDatasetBuilder(
+        BERTMaskedWordPieceDataset, [40, None, None], lambda: True, config
+    ).build()
+    assert len(train) >= 40
+    document_of = np.searchsorted(starts, np.arange(len(dataset)), side="right") - 1
+    for begin, end, _ in train.sample_index:
+        # Each sample takes whole sentences, at least two (the next-sentence head), of one
+        # document: what the .idx's document indices are for.
+        assert end - begin >= 2 and document_of[begin] == document_of[end - 1]
+    sample = train[0]
+    assert sample["text"][0] == vocab.index("[CLS]") and vocab.index("[SEP]") in sample["text"]

@@ -57,6 +57,20 @@ CASES = {
         "data_preparation",
         ["data_preparation=gpt3/download_gpt3_pile", "data_preparation.file_numbers='0,3,5-7'"],
     ),
+    "download_t5_pile": (
+        "data_preparation",
+        ["data_preparation=t5/download_t5_pile", "data_preparation.file_numbers='0,3'"],
+    ),
+    "download_bert_pile": (
+        "data_preparation",
+        ["data_preparation=bert/download_bert_pile", "data_preparation.file_numbers='1-2'"],
+    ),
+    "download_mc4": (
+        "data_preparation",
+        ["data_preparation=mt5/download_mc4", "data_preparation.languages='cs,da'"],
+    ),
+    "training_t5_220m": ("training", ["training=t5/220m"]),
+    "training_bert_110m": ("training", ["training=bert/110m"]),
     "training_gpt3_tiny": ("training", ["training=gpt3/tiny"]),
     "training_gpt3_126m_container": (
         "training",
@@ -88,13 +102,27 @@ CASES = {
 }
 
 
+# What the k8s backend needs besides a case: an image, and volumes holding the fixed paths (one
+# of each kind of source).
+K8S = [
+    "cluster.volumes=[{name:code,mount_path:/opt/launcher,host_path:/opt/launcher},"
+    "{name:data,mount_path:/data,pvc:launcher-data},"
+    "{name:results,mount_path:/results,nfs:{server:nfs.example.com,path:/export/results}}]",
+]
+
+
 def rendered(case: str, backend_name: str) -> dict[str, str]:
     stage, overrides = CASES[case]
-    composed = [*PATHS, f"cluster_type={backend_name}", f"stages=[{stage}]", *overrides]
+    extra, suffix = [], ".sh"
+    if backend_name == "k8s":  # manifests, named .yaml
+        extra, suffix = list(K8S), ".yaml"
+        if not any(o.startswith("container=") for o in overrides):
+            extra.append("container=nvcr.io/nvidia/nemo:24.05")
+    composed = [*PATHS, f"cluster_type={backend_name}", *extra, f"stages=[{stage}]", *overrides]
     cfg = resolve(compose_config(composed), [stage])
     backend = BACKENDS[backend_name](cfg)
     jobs = STAGES[stage].jobs(StageContext(cfg, stage))
-    return {f"{job.name}.sh": backend.render(job) for job in jobs}
+    return {f"{job.name}{suffix}": backend.render(job) for job in jobs}
 
 
 @pytest.mark.parametrize("backend_name", sorted(BACKENDS))
@@ -109,10 +137,16 @@ def test_rendered_scripts_match_goldens(
         folder.mkdir(parents=True)
         for name, text in scripts.items():
             (folder / name).write_text(text)
-    expected = sorted(p.name for p in folder.glob("*.sh"))
+    pattern = "*.yaml" if backend_name == "k8s" else "*.sh"
+    expected = sorted(p.name for p in folder.glob(pattern))
     assert sorted(scripts) == expected, "jobs differ from the goldens; see --update-goldens"
     for name, text in scripts.items():
         assert text == (folder / name).read_text(), f"{folder / name} differs"
+        if backend_name == "k8s":  # a manifest: valid against the pinned Kubernetes schemas
+            from tests.k8s_schema import validate_manifest
+
+            validate_manifest(text)
+            continue
         script = tmp_path / name
         script.write_text(text)
         check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,14 +17,25 @@ def run_config_job(
     stage: str,
     job: Callable[[DictConfig], None],
     input_errors: Callable[[], tuple[type[BaseException], ...]],
+    families: Collection[str] = ("gpt",),
 ) -> int:
     """`input_errors` returns the exception types that mean bad inputs; it is called after the
-    arguments are parsed, so `--help` does not wait for the imports it needs."""
+    arguments are parsed, so `--help` does not wait for the imports it needs. `families`: the
+    recipes' `model_family` values the job handles (preflight refuses the others too)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help=f"the {stage} stage's resolved config")
     args = parser.parse_args(argv)
     cfg = OmegaConf.load(args.config)
     assert isinstance(cfg, DictConfig)
+    family = cfg.get("model_family", "gpt")
+    if family not in families:
+        print(
+            f"error: {stage}.model_family: this launcher version has no {stage} job program for "
+            f"{family} models yet",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     errors = input_errors()
     try:
         job(cfg)

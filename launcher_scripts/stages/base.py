@@ -61,6 +61,18 @@ class StageContext:
         return tuple(sorted(pairs.items()))
 
 
+def require_job_program(ctx: StageContext, name: str, value: str, runnable: bool) -> None:
+    """A recipe whose job program this launcher version lacks still composes, validates and
+    renders in a dry run; a real run stops here, before anything is written or submitted."""
+    if runnable or ctx.root.get("dry_run"):
+        return
+    raise ConfigError(
+        f"{ctx.stage}.{name}",
+        f"{value}: this launcher version has the recipe but no job program for it yet",
+        "Use dry_run=true to check and render it, or a recipe this version runs",
+    )
+
+
 class Stage(Protocol):
     name: str
 

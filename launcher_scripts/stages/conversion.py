@@ -8,9 +8,10 @@ from typing import Any
 from launcher_scripts.config.checks import require_int, require_layout
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.conversion.architectures import hf_architecture
-from launcher_scripts.jobs.conversion.convert import read_hparams
+from launcher_scripts.jobs.conversion.convert import CONVERTED_FAMILIES, read_hparams
+from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobspec import Command, JobSpec, Resources
-from launcher_scripts.stages.base import StageContext, make_job, register
+from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 
 CONVERT = "launcher_scripts.jobs.conversion.convert"
 
@@ -31,16 +32,19 @@ class Conversion:
             raise ConfigError(
                 f"{stage}.run.nemo_file_name", "does not end in .nemo", "Name it e.g. model.nemo"
             )
-        trained = self._trained_model(ctx)
-        if trained is None:
-            return
-        model, model_key = trained
         tp = require_int(
             f"{stage}.model.tensor_model_parallel_size", cfg.model.tensor_model_parallel_size
         )
         pp = require_int(
             f"{stage}.model.pipeline_model_parallel_size", cfg.model.pipeline_model_parallel_size
         )
+        family = family_of(cfg, stage).name
+        converted = family in CONVERTED_FAMILIES
+        require_job_program(ctx, "model_family", f"{family} checkpoints", converted)
+        trained = self._trained_model(ctx) if converted else None
+        if trained is None:
+            return
+        model, model_key = trained
         require_layout(model, tp, pp, f"{stage}.model")
         if cfg.run.get("hf_dir_name"):
             hf_architecture(model, key_prefix=model_key)

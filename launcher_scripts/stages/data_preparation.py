@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlparse
 
 from launcher_scripts.config.checks import (
     require_choice,
@@ -16,10 +16,19 @@ from launcher_scripts.config.checks import (
 )
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.data_prep.shards import parse_file_numbers
-from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.jobspec import Command, JobSpec
 from launcher_scripts.stages.base import StageContext, make_job, register
+from launcher_scripts.stages.data_prep_common import (
+    JOBS,
+    array_size,
+    cpu_resources,
+    program_job,
+    require_url,
+    stage_key,
+    workers_args,
+)
+from launcher_scripts.stages.mc4_dataset import Mc4Dataset
 
-JOBS = "launcher_scripts.jobs.data_prep"
 INPUT_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 SENTENCEPIECE_MODEL_TYPES = ("unigram", "bpe", "word", "char")
 
@@ -28,34 +37,6 @@ class Dataset(Protocol):
     def validate(self, ctx: StageContext) -> None: ...
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]: ...
-
-
-def _key(ctx: StageContext, name: str) -> str:
-    return f"{ctx.stage}.{name}"
-
-
-def _cpu_resources(ctx: StageContext) -> Resources:
-    """Data preparation needs CPUs, not GPUs: one node per array task, one task per node."""
-    run = ctx.cfg.run
-    return Resources(
-        nodes=1,
-        ntasks_per_node=1,
-        cpus_per_task=run.get("cpus_per_node"),
-        time_limit=str(run.time_limit),
-    )
-
-
-def _workers_args(ctx: StageContext) -> tuple[str, ...]:
-    workers = ctx.cfg.run.get("workers_per_node")
-    if workers is None:
-        return ()
-    require_int(_key(ctx, "run.workers_per_node"), workers)
-    return ("--workers", str(workers))
-
-
-def _array_size(ctx: StageContext, items: int) -> int:
-    wanted = require_int(_key(ctx, "run.node_array_size"), ctx.cfg.run.node_array_size)
-    return max(1, min(wanted, items))
 
 
 def output_stem(source: Path) -> str:
@@ -74,7 +55,7 @@ class CustomDataset:
         files = self._inputs(ctx)
         seen: dict[str, Path] = {}
         for index, source in enumerate(files):
-            key = _key(ctx, f"raw_dataset_files[{index}]")
+            key = stage_key(ctx, f"raw_dataset_files[{index}]")
             require_input(key, source, INPUT_SUFFIXES)
             stem = output_stem(source)
             if stem in seen:
@@ -84,8 +65,8 @@ class CustomDataset:
                     "Rename one of them",
                 )
             seen[stem] = source
-        require_fraction(_key(ctx, "max_bad_fraction"), cfg.max_bad_fraction)
-        _workers_args(ctx)
+        require_fraction(stage_key(ctx, "max_bad_fraction"), cfg.max_bad_fraction)
+        workers_args(ctx)
         if cfg.train_tokenizer:
             self._validate_training(ctx)
         elif cfg.preprocess_data:
@@ -93,7 +74,7 @@ class CustomDataset:
 
     def _validate_training(self, ctx: StageContext) -> None:
         args = ctx.cfg.train_tokenizer_args
-        prefix = _key(ctx, "train_tokenizer_args")
+        prefix = stage_key(ctx, "train_tokenizer_args")
         require_choice(f"{prefix}.model_type", args.model_type, SENTENCEPIECE_MODEL_TYPES)
         require_choice(f"{prefix}.input_format", args.input_format, ("text", "tsv"))
         require_int(f"{prefix}.vocab_size", args.vocab_size, minimum=8)
@@ -102,7 +83,7 @@ class CustomDataset:
         trained = self._trained_model(ctx)
         if ctx.cfg.preprocess_data and Path(str(ctx.cfg.tokenizer_model)) != trained:
             raise ConfigError(
-                _key(ctx, "tokenizer_model"),
+                stage_key(ctx, "tokenizer_model"),
                 f"is {ctx.cfg.tokenizer_model} but the tokenizer being trained is {trained}",
                 "Leave tokenizer_model at its default, or set train_tokenizer=false",
             )
@@ -110,19 +91,19 @@ class CustomDataset:
     def _validate_tokenizer(self, ctx: StageContext) -> None:
         cfg = ctx.cfg
         if cfg.vocab_file or cfg.merge_file:
-            require_file(_key(ctx, "vocab_file"), cfg.vocab_file)
-            require_file(_key(ctx, "merge_file"), cfg.merge_file)
+            require_file(stage_key(ctx, "vocab_file"), cfg.vocab_file)
+            require_file(stage_key(ctx, "merge_file"), cfg.merge_file)
         else:
-            require_file(_key(ctx, "tokenizer_model"), cfg.tokenizer_model)
+            require_file(stage_key(ctx, "tokenizer_model"), cfg.tokenizer_model)
 
     @staticmethod
     def _inputs(ctx: StageContext) -> list[Path]:
         files = ctx.cfg.raw_dataset_files
         if not files:
             raise ConfigError(
-                _key(ctx, "raw_dataset_files"),
+                stage_key(ctx, "raw_dataset_files"),
                 "is empty",
-                f"Set {_key(ctx, 'raw_dataset_files')}=[/data/a.jsonl,/data/b.jsonl.gz]",
+                f"Set {stage_key(ctx, 'raw_dataset_files')}=[/data/a.jsonl,/data/b.jsonl.gz]",
             )
         return [Path(str(f)) if f is not None else None for f in files]  # type: ignore[misc]
 
@@ -147,7 +128,7 @@ class CustomDataset:
             args = ["--input", *files, "--output-dir", str(cfg.preprocessed_dir)]
             args += ["--text-key", str(cfg.text_key)]
             args += self._tokenizer_args(ctx)
-            args += _workers_args(ctx)
+            args += workers_args(ctx)
             args += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
             if not cfg.append_eod:
                 args.append("--no-append-eod")
@@ -163,8 +144,8 @@ class CustomDataset:
                     ctx,
                     f"{name}-preprocess",
                     (Command(f"{JOBS}.preprocess", tuple(args)),),
-                    _cpu_resources(ctx),
-                    array_size=_array_size(ctx, len(files)),
+                    cpu_resources(ctx),
+                    array_size=array_size(ctx, len(files)),
                     reads=tuple(files),
                     writes=outputs,
                 )
@@ -192,48 +173,95 @@ class CustomDataset:
             ctx,
             f"{name}-train_tokenizer",
             (Command(f"{JOBS}.train_tokenizer", tuple(argv)),),
-            _cpu_resources(ctx),
+            cpu_resources(ctx),
             reads=tuple(inputs),
             writes=(str(model),),
         )
 
 
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """What a Megatron tokenizer_type needs: the files it is saved as, the preprocess flags."""
+
+    vocab_name: str  # in vocab_save_dir
+    merges_name: str | None = None  # in merges_save_dir; None: the type has no merges file
+    flags: tuple[str, ...] = ()
+
+
+# Every tokenizer_type a Pile recipe may name.
+TOKENIZER_TYPES: dict[str, TokenizerFiles] = {
+    "GPT2BPETokenizer": TokenizerFiles("vocab.json", "merges.txt"),
+    "BertWordPieceCase": TokenizerFiles("vocab.txt"),
+    "BertWordPieceLowerCase": TokenizerFiles("vocab.txt", flags=("--lower-case",)),
+}
+# The tokenizer types each Pile recipe allows, by its model_family: those the family's
+# models are trained with.
+PILE_TOKENIZERS: dict[str, tuple[str, ...]] = {
+    "gpt": ("GPT2BPETokenizer",),
+    "t5": ("BertWordPieceCase", "BertWordPieceLowerCase"),
+    "bert": ("BertWordPieceLowerCase", "BertWordPieceCase"),
+}
+
+
 class PileDataset:
-    """Shards of the Pile: download, extract and tokenize, each step a node array."""
+    """Shards of the Pile: download, extract and tokenize, each step a node array.
+
+    The recipe says everything model-specific: the tokenizer (tokenizer_type, looked up in
+    TOKENIZER_TYPES), the output names (output_prefix) and whether documents are split into
+    sentences (split_sentences, BERT's datasets).
+    """
 
     shard_name = "{:02d}.jsonl.zst"
 
     def validate(self, ctx: StageContext) -> None:
         cfg = ctx.cfg
         numbers = self._numbers(ctx)
-        _array_size(ctx, len(numbers))
-        _workers_args(ctx)
-        require_choice(_key(ctx, "tokenizer_type"), cfg.tokenizer_type, ("GPT2BPETokenizer",))
+        array_size(ctx, len(numbers))
+        workers_args(ctx)
+        family = ctx.cfg.model_family
+        require_choice(stage_key(ctx, "model_family"), family, PILE_TOKENIZERS)
+        require_choice(
+            stage_key(ctx, "tokenizer_type"), cfg.tokenizer_type, PILE_TOKENIZERS[family]
+        )
+        self._output_prefix(ctx)
+        if not isinstance(ctx.cfg.split_sentences, bool):
+            raise ConfigError(stage_key(ctx, "split_sentences"), "is not true or false", "Fix it")
         if cfg.download_the_pile:
-            self._require_url(ctx, "the_pile_url", allow_path=False)
+            require_url(ctx, "the_pile_url", allow_path=False)
         elif cfg.preprocess_data:
             for number in numbers:
-                require_file(_key(ctx, "file_numbers"), self._extracted(ctx, number))
+                require_file(stage_key(ctx, "file_numbers"), self._extracted(ctx, number))
         if cfg.preprocess_data:
-            self._require_url(ctx, "download_vocab_url", allow_path=True)
-            self._require_url(ctx, "download_merges_url", allow_path=True)
+            self._validate_tokenizer_files(ctx)
 
-    def _require_url(self, ctx: StageContext, name: str, *, allow_path: bool) -> None:
-        value = str(ctx.cfg[name] or "")
-        scheme = urlparse(value).scheme
-        if scheme in ("http", "https"):
-            return
-        if allow_path and scheme in ("", "file"):
-            require_file(_key(ctx, name), value.removeprefix("file://"))
-            return
-        raise ConfigError(_key(ctx, name), f"{value!r} is not an http(s) URL", "Fix the URL")
+    def _validate_tokenizer_files(self, ctx: StageContext) -> None:
+        tokenizer = TOKENIZER_TYPES[ctx.cfg.tokenizer_type]
+        require_url(ctx, "download_vocab_url", allow_path=True)
+        if tokenizer.merges_name:
+            require_url(ctx, "download_merges_url", allow_path=True)
+        elif ctx.cfg.get("download_merges_url"):
+            raise ConfigError(
+                stage_key(ctx, "download_merges_url"),
+                f"is set but {ctx.cfg.tokenizer_type} uses no merges file",
+                f"Set {stage_key(ctx, 'download_merges_url')}=null",
+            )
+
+    def _output_prefix(self, ctx: StageContext) -> str:
+        prefix = ctx.cfg.output_prefix
+        if not isinstance(prefix, str) or not prefix or "/" in prefix:
+            raise ConfigError(
+                stage_key(ctx, "output_prefix"),
+                f"{prefix!r} is not a file-name prefix",
+                "Give one without '/', such as my-t5_",
+            )
+        return prefix
 
     @staticmethod
     def _numbers(ctx: StageContext) -> list[int]:
         try:
             return parse_file_numbers(ctx.cfg.file_numbers)
         except ValueError as error:
-            raise ConfigError(_key(ctx, "file_numbers"), str(error), "Fix the value") from None
+            raise ConfigError(stage_key(ctx, "file_numbers"), str(error), "Fix the value") from None
 
     def _extracted(self, ctx: StageContext, number: int) -> Path:
         return Path(str(ctx.root.data_dir)) / self.shard_name.format(number).removesuffix(".zst")
@@ -242,66 +270,69 @@ class PileDataset:
         cfg, name = ctx.cfg, str(ctx.cfg.run.name)
         data_dir, spec = str(ctx.root.data_dir), str(cfg.file_numbers)
         numbers = self._numbers(ctx)
-        array = _array_size(ctx, len(numbers))
+        array = array_size(ctx, len(numbers))
         shards = ("--file-numbers", spec, "--name-format", self.shard_name)
-        vocab = str(Path(str(cfg.vocab_save_dir)) / "vocab.json")
-        merges = str(Path(str(cfg.merges_save_dir)) / "merges.txt")
+        tokenizer = TOKENIZER_TYPES[cfg.tokenizer_type]
+        vocab = str(Path(str(cfg.vocab_save_dir)) / tokenizer.vocab_name)
+        merges = None
+        if tokenizer.merges_name:
+            merges = str(Path(str(cfg.merges_save_dir)) / tokenizer.merges_name)
         downloaded = tuple(str(Path(data_dir) / self.shard_name.format(n)) for n in numbers)
         extracted = tuple(str(self._extracted(ctx, n)) for n in numbers)
         jobs = []
         if cfg.preprocess_data:
             files = ("--file", str(cfg.download_vocab_url), vocab)
-            files += ("--file", str(cfg.download_merges_url), merges)
+            if merges:
+                files += ("--file", str(cfg.download_merges_url), merges)
+            saved = (vocab, merges) if merges else (vocab,)
             jobs.append(
-                self._job(
-                    ctx, f"{name}-download_tokenizer", "download", files, None, (vocab, merges)
-                )
+                program_job(ctx, f"{name}-download_tokenizer", "download", files, None, saved)
             )
         if cfg.download_the_pile:
             args = ("--url-base", str(cfg.the_pile_url), *shards, "--output-dir", data_dir)
-            jobs.append(self._job(ctx, f"{name}-download", "download", args, array, downloaded))
+            jobs.append(program_job(ctx, f"{name}-download", "download", args, array, downloaded))
             args = ("--input-dir", data_dir, *shards, "--output-dir", data_dir)
             args += ("--remove-downloaded",) if cfg.rm_downloaded else ()
             jobs.append(
-                self._job(ctx, f"{name}-extract", "extract", args, array, extracted, chained=True)
+                program_job(ctx, f"{name}-extract", "extract", args, array, extracted, chained=True)
             )
         if cfg.preprocess_data:
-            args = ("--input", *extracted, "--output-dir", data_dir, "--output-prefix", "my-gpt3_")
-            args += ("--text-key", "text", "--vocab-file", vocab, "--merge-file", merges)
-            args += _workers_args(ctx)
-            args += ("--remove-inputs",) if cfg.rm_extracted else ()
-            outputs = tuple(str(Path(data_dir) / f"my-gpt3_{n:02d}_text_document") for n in numbers)
-            # Task i tokenizes exactly the shards extract task i wrote (both share by rank).
-            chained = bool(cfg.download_the_pile)
-            jobs.append(
-                self._job(ctx, f"{name}-preprocess", "preprocess", args, array, outputs, chained)
-            )
+            jobs.append(self._preprocess_job(ctx, extracted, numbers, vocab, merges, array))
         return jobs
 
-    @staticmethod
-    def _job(
+    def _preprocess_job(
+        self,
         ctx: StageContext,
-        name: str,
-        program: str,
-        args: tuple[str, ...],
-        array_size: int | None,
-        writes: tuple[str, ...],
-        chained: bool = False,
+        extracted: tuple[str, ...],
+        numbers: list[int],
+        vocab: str,
+        merges: str | None,
+        array: int,
     ) -> JobSpec:
-        command = Command(f"{JOBS}.{program}", args)
-        resources = _cpu_resources(ctx)
-        return make_job(
-            ctx,
-            name,
-            (command,),
-            resources,
-            array_size=array_size,
-            writes=writes,
-            task_to_task=chained,
-        )
+        cfg, data_dir = ctx.cfg, str(ctx.root.data_dir)
+        prefix = self._output_prefix(ctx)
+        split = bool(ctx.cfg.split_sentences)
+        args = ("--input", *extracted, "--output-dir", data_dir, "--output-prefix", prefix)
+        args += ("--text-key", "text", "--vocab-file", vocab)
+        args += ("--merge-file", merges) if merges else ()
+        args += TOKENIZER_TYPES[cfg.tokenizer_type].flags
+        args += ("--split-sentences",) if split else ()
+        args += workers_args(ctx)
+        args += ("--remove-inputs",) if cfg.rm_extracted else ()
+        # Megatron's names: sentence-split data ends in _sentence, other data in _document.
+        level = "sentence" if split else "document"
+        outputs = tuple(str(Path(data_dir) / f"{prefix}{n:02d}_text_{level}") for n in numbers)
+        # Task i tokenizes exactly the shards extract task i wrote (both share by rank).
+        chained = bool(cfg.download_the_pile)
+        name = f"{cfg.run.name}-preprocess"
+        return program_job(ctx, name, "preprocess", args, array, outputs, chained)
 
 
-DATASETS: dict[str, Dataset] = {"custom_dataset": CustomDataset(), "pile": PileDataset()}
+DATASETS: dict[str, Dataset] = {
+    "custom_dataset": CustomDataset(),
+    "pile": PileDataset(),
+    "mc4": Mc4Dataset(),
+}
 
 
 @register
@@ -310,7 +341,7 @@ class DataPreparation:
 
     def _dataset(self, ctx: StageContext) -> Dataset:
         kind = ctx.cfg.get("dataset")
-        require_choice(_key(ctx, "dataset"), kind, DATASETS)
+        require_choice(stage_key(ctx, "dataset"), kind, DATASETS)
         return DATASETS[kind]
 
     def validate(self, ctx: StageContext) -> None:

@@ -9,8 +9,9 @@ from typing import Any
 from launcher_scripts.config.checks import require_choice, require_int, require_layout
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.evaluation import recipe
+from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobspec import Command, JobSpec, Resources
-from launcher_scripts.stages.base import StageContext, make_job, register
+from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 from launcher_scripts.stages.conversion import Conversion
 
 EVALUATE = "launcher_scripts.jobs.evaluation.evaluate"
@@ -22,6 +23,31 @@ class Evaluation:
 
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
+        kind = cfg.get("evaluation_kind", "harness")
+        require_choice(f"{stage}.evaluation_kind", kind, recipe.KINDS)
+        family = family_of(cfg, stage).name
+        runnable = (kind, family) in recipe.EVALUATED
+        require_job_program(ctx, "evaluation_kind", f"{kind} evaluation of {family}", runnable)
+        if runnable:
+            self._validate_harness(ctx)
+        else:
+            self._validate_layout(ctx)
+
+    @staticmethod
+    def _validate_layout(ctx: StageContext) -> tuple[int, int]:
+        cfg, stage = ctx.cfg, ctx.stage
+        require_int(f"{stage}.model.eval_batch_size", cfg.model.eval_batch_size)
+        require_choice(f"{stage}.run.accelerator", str(cfg.run.accelerator), ("gpu", "cpu"))
+        tp = require_int(
+            f"{stage}.model.tensor_model_parallel_size", cfg.model.tensor_model_parallel_size
+        )
+        pp = require_int(
+            f"{stage}.model.pipeline_model_parallel_size", cfg.model.pipeline_model_parallel_size
+        )
+        return tp, pp
+
+    def _validate_harness(self, ctx: StageContext) -> None:
+        cfg, stage = ctx.cfg, ctx.stage
         model_file = ctx.require_input(
             "nemo_model",
             "Convert first (stages=[conversion,evaluation]), or set it to a .nemo file",
@@ -32,18 +58,11 @@ class Evaluation:
             recipe.user_task_names(paths),
             f"{stage}.run.tasks",
         )
-        require_int(f"{stage}.model.eval_batch_size", cfg.model.eval_batch_size)
         require_int(f"{stage}.run.bootstrap_iters", cfg.run.get("bootstrap_iters", 1000), 0)
         if cfg.run.get("num_fewshot") is not None:
             require_int(f"{stage}.run.num_fewshot", cfg.run.num_fewshot, 0)
         self._check_limit(f"{stage}.run.limit", cfg.run.get("limit"))
-        require_choice(f"{stage}.run.accelerator", str(cfg.run.accelerator), ("gpu", "cpu"))
-        tp = require_int(
-            f"{stage}.model.tensor_model_parallel_size", cfg.model.tensor_model_parallel_size
-        )
-        pp = require_int(
-            f"{stage}.model.pipeline_model_parallel_size", cfg.model.pipeline_model_parallel_size
-        )
+        tp, pp = self._validate_layout(ctx)
         model = self._model(ctx, model_file)
         if model is None:
             return
@@ -97,7 +116,11 @@ class Evaluation:
                     time_limit=str(cfg.run.time_limit),
                     exclusive=on_gpu,
                 ),
-                reads=(str(cfg.model.nemo_model),),
+                reads=tuple(
+                    str(path)
+                    for path in (cfg.model.get("nemo_model"), cfg.model.get("restore_from_path"))
+                    if path
+                ),
                 writes=(str(results / "results.json"), str(results / "results.md")),
             )
         ]

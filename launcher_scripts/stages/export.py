@@ -8,8 +8,9 @@ from pathlib import Path
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.export.interface import PARAMETER_NAMES, STREAM_SUFFIX
+from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobspec import Command, JobSpec, Resources
-from launcher_scripts.stages.base import StageContext, make_job, register
+from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 
 EXPORT = "launcher_scripts.jobs.export.export"
 MODEL_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -21,6 +22,8 @@ class Export:
 
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
+        family = family_of(cfg, stage).name
+        require_job_program(ctx, "model_family", f"{family} models", family == "gpt")
         ctx.require_input(
             "nemo_file", "Convert first (stages=[conversion,export]), or point it at a .nemo file"
         )

@@ -6,9 +6,10 @@ from pathlib import Path
 
 from launcher_scripts.jobs.training import plan as training_plan
 from launcher_scripts.jobs.training import recipe
+from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
-from launcher_scripts.stages.base import StageContext, make_job, register
+from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
 
@@ -18,7 +19,9 @@ class Training:
     name = "training"
 
     def validate(self, ctx: StageContext) -> None:
-        recipe.validate(ctx.cfg, ctx.stage, ctx.will_exist)
+        family = family_of(ctx.cfg, ctx.stage)
+        family.validate(ctx.cfg, ctx.stage, ctx.will_exist)
+        require_job_program(ctx, "model_family", family.name, family.trains)
         training_plan.check_fits(training_plan.make_plan(ctx.root, ctx.stage), ctx.stage)
 
     def plan(self, ctx: StageContext) -> list[str]:

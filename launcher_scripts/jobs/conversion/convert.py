@@ -26,6 +26,9 @@ class ConversionError(Exception):
     """Bad inputs: printed as one line."""
 
 
+CONVERTED_FAMILIES = ("gpt",)  # the recipes' model_family values this job reads
+
+
 def pick_checkpoint(folder: Path, name: str) -> Checkpoint:
     """`latest` is the newest complete checkpoint; anything else is a name pattern (fnmatch),
     of which the newest matching one is taken."""
@@ -127,7 +130,9 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_config_job(argv, __doc__.splitlines()[0], "conversion", convert, _input_errors)
+    return run_config_job(
+        argv, __doc__.splitlines()[0], "conversion", convert, _input_errors, CONVERTED_FAMILIES
+    )
 
 
 if __name__ == "__main__":

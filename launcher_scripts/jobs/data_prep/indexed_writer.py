@@ -8,6 +8,9 @@ The layout is the one megatron.core.datasets.indexed_dataset reads ("MMIDIDX"):
           the sequence count at the end)
     .bin: the token ids of every sequence back to back, in the dtype named by the code
 
+A document is one sequence (GPT data) or several (sentence-split BERT data, where each
+sentence is a sequence and the document indices group them): `add_documents` takes either.
+
 Pure numpy on purpose: job programs start in a fraction of a second and must not pull in
 torch or megatron. Every file is written under a temporary name and moved into place with
 os.replace only when complete, the .bin first and the .idx last, so a present .idx marks a
@@ -19,10 +22,10 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -103,29 +106,78 @@ def write_index(path: Path, index: IndexData) -> None:
         stream.write(memoryview(documents))
 
 
-def read_index(path: str | Path) -> IndexData:
-    """Read an .idx file; ValueError when it is not a complete MMIDIDX index."""
-    data = Path(path).read_bytes()
+@dataclass(frozen=True)
+class IndexHeader:
+    """The fixed header of an .idx file and where its three arrays lie."""
+
+    dtype: type[np.number]
+    sequences: int
+    documents: int
+
+    @property
+    def lengths_offset(self) -> int:
+        return _FIXED_HEADER.size
+
+    @property
+    def pointers_offset(self) -> int:
+        return self.lengths_offset + self.sequences * 4
+
+    @property
+    def documents_offset(self) -> int:
+        return self.pointers_offset + self.sequences * 8
+
+    @property
+    def file_size(self) -> int:
+        return self.documents_offset + self.documents * 8
+
+
+def read_header(path: str | Path) -> IndexHeader:
+    """The header of an .idx file whose size matches it; ValueError otherwise."""
+    with open(path, "rb") as stream:
+        data = stream.read(_FIXED_HEADER.size)
+        size = os.fstat(stream.fileno()).st_size
     if len(data) < _FIXED_HEADER.size:
         raise ValueError(f"{path}: too short for an MMIDIDX index")
-    header, version, code, sequences, documents = _FIXED_HEADER.unpack_from(data)
-    if header != INDEX_HEADER or version != INDEX_VERSION or code not in _DTYPES_BY_CODE:
+    magic, version, code, sequences, documents = _FIXED_HEADER.unpack(data)
+    if magic != INDEX_HEADER or version != INDEX_VERSION or code not in _DTYPES_BY_CODE:
         raise ValueError(f"{path}: not an MMIDIDX version 1 index")
-    expected = _FIXED_HEADER.size + sequences * (4 + 8) + documents * 8
-    if len(data) != expected:
-        raise ValueError(f"{path}: {len(data)} bytes, expected {expected}")
-    offset = _FIXED_HEADER.size
-    lengths = np.frombuffer(data, dtype=np.int32, count=sequences, offset=offset)
-    offset += sequences * 12  # lengths, then pointers (recomputed on write, so skipped)
-    document_indices = np.frombuffer(data, dtype=np.int64, count=documents, offset=offset)
-    return IndexData(_DTYPES_BY_CODE[code], lengths, document_indices)
+    header = IndexHeader(_DTYPES_BY_CODE[code], sequences, documents)
+    if size != header.file_size:
+        raise ValueError(f"{path}: {size} bytes, expected {header.file_size}")
+    return header
+
+
+def _mapped(path: str | Path, dtype: type, offset: int, count: int) -> npt.NDArray[Any]:
+    """`count` items at `offset` of a file, memory-mapped: an index may be tens of GB."""
+    if count == 0:
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+
+
+def read_index(path: str | Path) -> IndexData:
+    """Read an .idx file; ValueError when it is not a complete MMIDIDX index."""
+    header = read_header(path)
+    lengths = np.array(_mapped(path, np.int32, header.lengths_offset, header.sequences))
+    documents = _mapped(path, np.int64, header.documents_offset, header.documents)
+    return IndexData(header.dtype, lengths, np.array(documents))
 
 
 def is_complete(prefix: str | Path) -> bool:
-    """Whether `prefix` is a finished dataset: a valid .idx whose .bin has the expected size."""
+    """Whether `prefix` is a finished dataset: a valid .idx whose .bin has the expected size.
+
+    The expected size is the last sequence's pointer plus its length, so even an index of
+    billions of sequences is checked by reading a few bytes of it.
+    """
     try:
-        index = read_index(idx_path(prefix))
-        return bin_path(prefix).stat().st_size == index.bin_size
+        path = idx_path(prefix)
+        header = read_header(path)
+        expected = 0
+        if header.sequences:
+            last = header.sequences - 1
+            pointer = _mapped(path, np.int64, header.pointers_offset + last * 8, 1)[0]
+            length = _mapped(path, np.int32, header.lengths_offset + last * 4, 1)[0]
+            expected = int(pointer) + int(length) * np.dtype(header.dtype).itemsize
+        return bin_path(prefix).stat().st_size == expected
     except (OSError, ValueError):
         return False
 
@@ -137,10 +189,10 @@ def _publish(tmp_bin: Path, tmp_idx: Path, prefix: str | Path) -> None:
 
 
 class IndexedDatasetWriter:
-    """Stream documents (one sequence each) into a new dataset at `prefix`.
+    """Stream documents into a new dataset at `prefix`.
 
-    Tokens go to disk as they arrive; only the per-document lengths stay in memory.
-    Use as a context manager: leaving it by an exception removes the temporary files.
+    Tokens go to disk as they arrive; only the sequence lengths and document ends stay in
+    memory. Use as a context manager: leaving it by an exception removes the temporary files.
     """
 
     def __init__(self, prefix: str | Path, dtype: type[np.number]) -> None:
@@ -151,14 +203,19 @@ class IndexedDatasetWriter:
         self._tmp_bin = _tmp(bin_path(prefix))
         self._tmp_idx = _tmp(idx_path(prefix))
         self._lengths: list[npt.NDArray[np.int32]] = []
+        # The sequence count at the end of each document: megatron's document_indices[1:].
+        self._document_ends: list[npt.NDArray[np.int64]] = []
         self._stream: BinaryIO | None = open(self._tmp_bin, "wb")  # noqa: SIM115
         self.documents = 0
+        self.sequences = 0
         self.tokens = 0
+        self._open_sequences = 0  # sequences added since the last document ended
 
-    def add_documents(
+    def add_sequences(
         self, tokens: npt.NDArray[np.number], lengths: npt.NDArray[np.integer]
     ) -> None:
-        """Append documents given as one flat token array and the length of each document."""
+        """Append sequences (one flat token array and each sequence's length) to the
+        document being built; `end_document` closes it."""
         assert self._stream is not None, "writer already closed"
         if tokens.dtype != self.dtype:
             tokens = tokens.astype(self.dtype)
@@ -166,16 +223,55 @@ class IndexedDatasetWriter:
             raise ValueError(f"lengths add up to {int(lengths.sum())}, tokens are {tokens.size}")
         self._stream.write(memoryview(np.ascontiguousarray(tokens)))
         self._lengths.append(np.asarray(lengths, dtype=np.int32))
-        self.documents += lengths.size
+        self.sequences += lengths.size
+        self._open_sequences += lengths.size
         self.tokens += tokens.size
+
+    def end_document(self) -> None:
+        """End the current document after the sequences added so far."""
+        self._document_ends.append(np.array([self.sequences], dtype=np.int64))
+        self.documents += 1
+        self._open_sequences = 0
+
+    def add_documents(
+        self,
+        tokens: npt.NDArray[np.number],
+        lengths: npt.NDArray[np.integer],
+        sequences_per_document: npt.NDArray[np.integer] | None = None,
+    ) -> None:
+        """Append whole documents given as one flat token array and each sequence's length.
+
+        Without `sequences_per_document` every sequence is a document of its own; with it,
+        document k is the next sequences_per_document[k] sequences.
+        """
+        if self._open_sequences:
+            raise ValueError("a document is still open: call end_document first")
+        first = self.sequences
+        self.add_sequences(tokens, lengths)
+        self._open_sequences = 0
+        if sequences_per_document is None:
+            ends = np.arange(first + 1, self.sequences + 1, dtype=np.int64)
+        else:
+            counts = np.asarray(sequences_per_document, dtype=np.int64)
+            if int(counts.sum()) != lengths.size or (counts.size and counts.min() < 0):
+                raise ValueError(
+                    f"sequences per document add up to {int(counts.sum())}, "
+                    f"sequences are {lengths.size}"
+                )
+            ends = first + np.cumsum(counts, dtype=np.int64)
+        self._document_ends.append(ends)
+        self.documents += ends.size
 
     def finalize(self) -> None:
         """Write the index and move both files into place."""
         assert self._stream is not None, "writer already closed"
+        if self._open_sequences:
+            self.abort()
+            raise ValueError(f"{self.prefix}: the last document was not ended (end_document)")
         self._stream.close()
         self._stream = None
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
-        documents = np.arange(lengths.size + 1, dtype=np.int64)
+        documents = np.concatenate([np.zeros(1, np.int64), *self._document_ends])
         write_index(self._tmp_idx, IndexData(self.dtype, lengths, documents))
         _publish(self._tmp_bin, self._tmp_idx, self.prefix)
 
@@ -208,43 +304,109 @@ def write_dataset(
         writer.add_documents(flat, lengths)
 
 
+# Sequences per slice of an index when merging: bounded memory whatever the index size.
+MERGE_CHUNK = 1 << 22
+
+
 def merge_datasets(parts: Sequence[str | Path], prefix: str | Path) -> IndexData:
     """Concatenate the datasets `parts` (in order) into a new dataset at `prefix`.
 
-    Used to combine per-worker partial outputs. The parts are left in place; the caller
-    removes them once the merged dataset is published.
+    Used to combine per-worker partial outputs, and the per-file datasets of a language. The
+    indices are streamed slice by slice, so memory stays bounded even for billions of
+    sequences. The parts are left in place; the caller removes them once the merged dataset
+    is published. Returns the merged index, memory-mapped.
     """
     if not parts:
         raise ValueError("nothing to merge")
-    indices = [read_index(idx_path(part)) for part in parts]
-    dtypes = {index.dtype for index in indices}
+    headers = [read_header(idx_path(part)) for part in parts]
+    for part, header in zip(parts, headers, strict=True):
+        if header.documents < 1:  # megatron's document indices always start with a 0
+            raise ValueError(f"{idx_path(part)}: no document indices")
+    dtypes = {header.dtype for header in headers}
     if len(dtypes) != 1:
         raise ValueError(f"parts have different token dtypes: {sorted(map(str, dtypes))}")
+    dtype = headers[0].dtype
+    merged = IndexHeader(
+        dtype,
+        sum(header.sequences for header in headers),
+        sum(header.documents - 1 for header in headers) + 1,
+    )
     tmp_bin, tmp_idx = _tmp(bin_path(prefix)), _tmp(idx_path(prefix))
     try:
         _concatenate_files([bin_path(part) for part in parts], tmp_bin)
-        merged = _merge_indices(indices)
-        if tmp_bin.stat().st_size != merged.bin_size:
+        with open(tmp_idx, "wb") as out:
+            _write_merged_index(out, parts, headers, merged)
+        tokens = _merged_token_count(parts, headers)
+        if tmp_bin.stat().st_size != tokens * np.dtype(dtype).itemsize:
             raise ValueError(f"merged .bin of {prefix} does not match its index")
-        write_index(tmp_idx, merged)
         _publish(tmp_bin, tmp_idx, prefix)
     except BaseException:
         tmp_bin.unlink(missing_ok=True)
         tmp_idx.unlink(missing_ok=True)
         raise
-    return merged
+    path = idx_path(prefix)
+    return IndexData(
+        dtype,
+        _mapped(path, np.int32, merged.lengths_offset, merged.sequences),
+        _mapped(path, np.int64, merged.documents_offset, merged.documents),
+    )
 
 
-def _merge_indices(indices: Sequence[IndexData]) -> IndexData:
-    lengths = np.concatenate([index.sequence_lengths for index in indices])
-    documents = [np.zeros(1, dtype=np.int64)]
-    offset = 0
-    for index in indices:
+def _slices(count: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, count, MERGE_CHUNK):
+        yield start, min(start + MERGE_CHUNK, count)
+
+
+def _part_lengths(part: str | Path, header: IndexHeader) -> npt.NDArray[np.int32]:
+    return _mapped(idx_path(part), np.int32, header.lengths_offset, header.sequences)
+
+
+def _merged_token_count(parts: Sequence[str | Path], headers: Sequence[IndexHeader]) -> int:
+    return sum(
+        int(_part_lengths(part, header)[start:end].sum(dtype=np.int64))
+        for part, header in zip(parts, headers, strict=True)
+        for start, end in _slices(header.sequences)
+    )
+
+
+def _write_merged_index(
+    out: BinaryIO,
+    parts: Sequence[str | Path],
+    headers: Sequence[IndexHeader],
+    merged: IndexHeader,
+) -> None:
+    """The merged .idx, byte for byte what write_index writes for the concatenated arrays."""
+    out.write(
+        _FIXED_HEADER.pack(
+            INDEX_HEADER, INDEX_VERSION, DTYPE_CODES[merged.dtype], merged.sequences,
+            merged.documents,
+        )
+    )  # fmt: skip
+    for part, header in zip(parts, headers, strict=True):
+        lengths = _part_lengths(part, header)
+        for start, end in _slices(header.sequences):
+            out.write(memoryview(np.ascontiguousarray(lengths[start:end])))
+    itemsize = np.dtype(merged.dtype).itemsize
+    position = 0  # bytes of .bin before the current sequence
+    for part, header in zip(parts, headers, strict=True):
+        lengths = _part_lengths(part, header)
+        for start, end in _slices(header.sequences):
+            sizes = lengths[start:end].astype(np.int64) * itemsize
+            pointers = np.empty(sizes.size, dtype=np.int64)
+            pointers[0:1] = position
+            np.cumsum(sizes[:-1], out=pointers[1:])
+            pointers[1:] += position
+            position += int(sizes.sum())
+            out.write(memoryview(pointers))
+    out.write(memoryview(np.zeros(1, dtype=np.int64)))
+    offset = 0  # sequences of the parts before this one
+    for part, header in zip(parts, headers, strict=True):
         # Each part's document indices start at 0 and end at its sequence count; shift by
         # the sequences before it and drop the leading 0 (megatron's add_index does the same).
-        documents.append(index.document_indices[1:] + offset)
-        offset += index.sequence_lengths.size
-    return IndexData(indices[0].dtype, lengths, np.concatenate(documents))
+        documents = _mapped(idx_path(part), np.int64, header.documents_offset, header.documents)
+        for start, end in _slices(header.documents - 1):
+            out.write(memoryview(documents[start + 1 : end + 1] + offset))
+        offset += header.sequences
 
 
 def _concatenate_files(sources: Sequence[Path], target: Path) -> None:

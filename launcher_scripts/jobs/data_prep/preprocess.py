@@ -3,7 +3,9 @@
     python3 -m launcher_scripts.jobs.data_prep.preprocess --input data/*.jsonl \\
         --output-dir out --tokenizer-model tokenizer.json --workers 8
 
-Each input becomes one shard `<output-dir>/<output-prefix><stem>_<text-key>_document.{bin,idx}`.
+Each input becomes one shard `<output-dir>/<output-prefix><stem>_<text-key>_document.{bin,idx}`,
+or `..._sentence` with --split-sentences (BERT data: each sentence a sequence, grouped by
+document in the .idx; sentences.py has the splitting rules).
 Inputs are shared among the job's tasks by rank (shards.share); inside a task the work is cut
 into units (byte ranges of big JSONL files, whole gzip files, groups of text files) that
 `--workers` forked processes encode, each into a partial dataset that the main process merges
@@ -111,6 +113,7 @@ class EncodeOptions:
     text_key: str
     dtype: type
     append_eod: bool
+    split_sentences: bool = False
 
 
 @dataclass
@@ -150,8 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="SentencePiece .model, or Hugging Face tokenizer.json (by suffix .json)",
     )
-    parser.add_argument("--vocab-file", metavar="PATH", help="GPT-2 BPE vocab.json")
+    parser.add_argument(
+        "--vocab-file",
+        metavar="PATH",
+        help="GPT-2 BPE vocab.json (with --merge-file), or alone a BERT WordPiece vocab.txt",
+    )
     parser.add_argument("--merge-file", metavar="PATH", help="GPT-2 BPE merges.txt")
+    parser.add_argument(
+        "--lower-case",
+        action="store_true",
+        help="WordPiece: lower-case and strip accents first (BertWordPieceLowerCase)",
+    )
+    parser.add_argument(
+        "--split-sentences",
+        action="store_true",
+        help="one sequence per sentence, grouped by document (BERT); shards end in _sentence",
+    )
     parser.add_argument("--eod-token", metavar="STR", help="end-of-document token to append")
     parser.add_argument(
         "--no-append-eod",
@@ -161,9 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers",
         type=int,
-        default=os.cpu_count() or 1,
+        default=_usable_cpus(),
         metavar="N",
-        help="worker processes in this task (default: all CPUs)",
+        help="worker processes in this task (default: all CPUs this process may use)",
     )
     parser.add_argument("--rank", type=int, metavar="R", help="this task's rank")
     parser.add_argument("--world-size", type=int, metavar="W", help="number of tasks")
@@ -186,9 +203,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def shard_for(path: Path, output_dir: Path, output_prefix: str, text_key: str) -> Shard:
+def _usable_cpus() -> int:
+    # The CPUs of this process's affinity mask: a Slurm task confined to some of the node's
+    # cores must not start a worker for every core of the node.
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def shard_for(
+    path: Path, output_dir: Path, output_prefix: str, text_key: str, sentences: bool = False
+) -> Shard:
+    """Megatron's name for the dataset made from `path`: ..._document, or ..._sentence when
+    split into sentences."""
     stem = readers.dataset_stem(path)
-    return Shard(path, output_dir / f"{output_prefix}{stem}_{text_key}_document")
+    level = "sentence" if sentences else "document"
+    return Shard(path, output_dir / f"{output_prefix}{stem}_{text_key}_{level}")
 
 
 def plan_shards(args: argparse.Namespace) -> list[Shard]:
@@ -202,7 +232,7 @@ def plan_shards(args: argparse.Namespace) -> list[Shard]:
     seen: dict[str, Path] = {}
     for raw in args.input:
         path = Path(raw)
-        shard = shard_for(path, output_dir, args.output_prefix, args.text_key)
+        shard = shard_for(path, output_dir, args.output_prefix, args.text_key, args.split_sentences)
         if shard.name in seen:
             raise DataPrepError(
                 f"inputs {seen[shard.name]} and {path} both make shard {shard.name}"
@@ -329,16 +359,33 @@ def run_unit(
     with indexed_writer.IndexedDatasetWriter(unit.part_prefix(shard), options.dtype) as writer:
         for texts, consumed in _unit_batches(unit, options.text_key, stats):
             if texts:
-                flat, lengths = tokenizer.encode_documents(texts, options.dtype, options.append_eod)
-                writer.add_documents(flat, lengths)
-                documents += lengths.size
+                kept = _encode_into(writer, tokenizer, texts, options)
+                documents += kept
                 # Documents with no tokens (empty text, or whitespace a SentencePiece model
                 # normalises away) were dropped even though an EOD alone would be a sequence:
                 # it would carry no text, only a document boundary for GPTDataset to sample.
-                empty += len(texts) - lengths.size
+                empty += len(texts) - kept
             progress(consumed - reported, len(texts))
             reported = consumed
     return UnitResult(unit.shard, unit.part, documents, empty, writer.tokens, stats)
+
+
+def _encode_into(
+    writer: indexed_writer.IndexedDatasetWriter,
+    tokenizer: DocumentTokenizer,
+    texts: list[str],
+    options: EncodeOptions,
+) -> int:
+    """Encode a batch into `writer`; returns the number of documents kept."""
+    if options.split_sentences:
+        flat, lengths, per_document = tokenizer.encode_sentences(
+            texts, options.dtype, options.append_eod
+        )
+        writer.add_documents(flat, lengths, per_document)
+        return int(per_document.size)
+    flat, lengths = tokenizer.encode_documents(texts, options.dtype, options.append_eod)
+    writer.add_documents(flat, lengths)
+    return int(lengths.size)
 
 
 @dataclass
@@ -564,14 +611,22 @@ def encode_shards(
     shards: Sequence[Shard], todo: Sequence[int], args: argparse.Namespace, totals: Totals
 ) -> None:
     spec = TokenizerSpec(
-        args.tokenizer_model, args.vocab_file, args.merge_file, args.eod_token, args.engine
+        args.tokenizer_model,
+        args.vocab_file,
+        args.merge_file,
+        args.eod_token,
+        args.engine,
+        args.lower_case,
     )
     global _INHERITED
     tokenizer = load_tokenizer(spec)
     _INHERITED = tokenizer
     print(f"tokenizer: {tokenizer.describe()}")
     options = EncodeOptions(
-        args.text_key, indexed_writer.token_dtype(tokenizer.vocab_size), not args.no_append_eod
+        args.text_key,
+        indexed_writer.token_dtype(tokenizer.vocab_size),
+        not args.no_append_eod,
+        args.split_sentences,
     )
     units: list[WorkUnit] = []
     for index in todo:
@@ -650,10 +705,11 @@ def run(args: argparse.Namespace) -> int:
     all_shards = plan_shards(args)
     mine = shards.share(all_shards, rank, world_size)
     print(f"task {rank} of {world_size}: {len(mine)} of {len(all_shards)} inputs")
-    check_inputs(mine)
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     totals = Totals()
+    # Complete shards first: their inputs may be gone (--remove-inputs on an earlier run).
     todo = select_work(mine, args, totals)
+    check_inputs([mine[index] for index in todo])
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     if todo:
         encode_shards(mine, todo, args, totals)
     print(summary(totals, time.perf_counter() - started))

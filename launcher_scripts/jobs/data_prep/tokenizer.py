@@ -4,7 +4,18 @@ Formats:
   * SentencePiece `.model` (encoded with the sentencepiece library);
   * Hugging Face `tokenizer.json`;
   * GPT-2 `vocab.json` + `merges.txt`, built into the byte-level BPE that GPT-2's Hugging Face
-    tokenizer is (with its end-of-text token matched as a special token in text, as HF does).
+    tokenizer is (with its end-of-text token matched as a special token in text, as HF does);
+  * a BERT WordPiece `vocab.txt` alone (Megatron's BertWordPieceCase / BertWordPieceLowerCase),
+    built into the `tokenizers` library's BERT WordPiece: BertNormalizer (lower-casing and
+    accent stripping on or off together, as BERT's), BertPreTokenizer, WordPiece with [UNK].
+    Only the document text is encoded: no [CLS]/[SEP] is added, and "[SEP]" written in a
+    document stays text, as Megatron's own BERT tokenizer treats it.
+
+End of document: BPE and SentencePiece tokenizers have an EOD token, which the job appends to
+each document for GPT data. A WordPiece vocabulary has none (Megatron's BERT tokenizer invents
+ids past the vocabulary for it), and the datasets that read WordPiece data, megatron-core's
+BERT and T5 datasets, take document boundaries from the .idx and add [CLS]/[SEP] or their
+sentinels themselves: so nothing is appended for WordPiece unless --eod-token names a token.
 
 For the two BPE formats the ids are defined as those of the `tokenizers` library with
 add_special_tokens=False: document text only, no BOS or post-processor template, because
@@ -37,6 +48,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from launcher_scripts.jobs.data_prep.sentences import split_sentences
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 ENGINES = ("auto", "gigatoken", "tokenizers")
@@ -173,6 +186,7 @@ class TokenizerSpec:
     merge_file: str | None = None
     eod_token: str | None = None
     engine: str = "auto"
+    lower_case: bool = False  # WordPiece only: BertWordPieceLowerCase
 
 
 @dataclass
@@ -181,7 +195,7 @@ class DocumentTokenizer:
 
     engine: Engine
     vocab_size: int
-    eod_id: int
+    eod_id: int | None  # None: the tokenizer has no end-of-document token to append
     source: str
     note: str = ""  # how the engine was chosen, when worth telling
 
@@ -198,11 +212,36 @@ class DocumentTokenizer:
         """
         return self.engine.encode_documents(texts, dtype, self.eod_id if append_eod else None)
 
+    def encode_sentences(
+        self, texts: list[str], dtype: type[np.number], append_eod: bool = True
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Flat token ids, per-sentence lengths and sentences per document, for a batch split
+        into sentences (sentences.split_sentences): one sequence per sentence.
+
+        Sentences that encode to no tokens are dropped, and documents left with none; the
+        EOD, when appended, ends a document's last sentence (as Megatron's preprocessing does).
+        """
+        split = [split_sentences(text) for text in texts]
+        encoded = iter(self.engine.encode_batch([s for sentences in split for s in sentences]))
+        eod = self.eod_id if append_eod else None
+        sentences: list[list[int]] = []
+        per_document: list[int] = []
+        for document in split:
+            kept = [ids for ids in (next(encoded) for _ in document) if len(ids)]
+            if not kept:
+                continue
+            if eod is not None:
+                kept[-1] = [*kept[-1], eod]
+            sentences.extend(kept)
+            per_document.append(len(kept))
+        flat, lengths = _pack_lists(sentences, dtype, None)
+        return flat, lengths, np.array(per_document, dtype=np.int64)
+
     def describe(self) -> str:
         note = f"; {self.note}" if self.note else ""
+        eod = "none appended" if self.eod_id is None else self.eod_id
         return (
-            f"{self.source} (engine {self.engine.name}, vocab {self.vocab_size}, "
-            f"eod {self.eod_id}{note})"
+            f"{self.source} (engine {self.engine.name}, vocab {self.vocab_size}, eod {eod}{note})"
         )
 
 
@@ -212,16 +251,25 @@ def load_tokenizer(spec: TokenizerSpec) -> DocumentTokenizer:
         raise TokenizerError(f"unknown engine {spec.engine!r}: choose one of {', '.join(ENGINES)}")
     if spec.model and (spec.vocab_file or spec.merge_file):
         raise TokenizerError("give --tokenizer-model or --vocab-file/--merge-file, not both")
+    if spec.lower_case and not (spec.vocab_file and not spec.merge_file):
+        raise TokenizerError(
+            "--lower-case applies only to a WordPiece vocab.txt (--vocab-file without --merge-file)"
+        )
     if spec.model:
         path = _existing(spec.model, "--tokenizer-model")
         if path.suffix == ".json":
             return _load_hf_json(path, spec)
         return _load_sentencepiece(path, spec)
-    if spec.vocab_file or spec.merge_file:
-        if not (spec.vocab_file and spec.merge_file):
+    if spec.merge_file:
+        if not spec.vocab_file:
             raise TokenizerError("GPT-2 BPE needs both --vocab-file and --merge-file")
         return _load_gpt2(spec)
-    raise TokenizerError("no tokenizer: give --tokenizer-model, or --vocab-file and --merge-file")
+    if spec.vocab_file:
+        return _load_wordpiece(spec)
+    raise TokenizerError(
+        "no tokenizer: give --tokenizer-model, --vocab-file and --merge-file (GPT-2 BPE), "
+        "or --vocab-file alone (WordPiece vocab.txt)"
+    )
 
 
 def _existing(path: str, flag: str) -> Path:
@@ -275,6 +323,51 @@ def _load_gpt2(spec: TokenizerSpec) -> DocumentTokenizer:
     reference = gpt2_reference(spec.vocab_file or "", spec.merge_file or "", spec.eod_token)
     source = f"{spec.vocab_file} + {spec.merge_file}"
     return _hf_document_tokenizer(reference, reference.to_str(), spec, source)
+
+
+def _load_wordpiece(spec: TokenizerSpec) -> DocumentTokenizer:
+    reference = wordpiece_reference(spec.vocab_file or "", spec.lower_case)
+    eod = None
+    if spec.eod_token is not None:
+        eod = reference.token_to_id(spec.eod_token)
+        if eod is None:
+            raise TokenizerError(
+                f"--eod-token {spec.eod_token!r} is not in the vocabulary of {spec.vocab_file}"
+            )
+    case = "lower-cased" if spec.lower_case else "cased"
+    return DocumentTokenizer(
+        TokenizersEngine(reference),
+        reference.get_vocab_size(with_added_tokens=True),
+        eod,
+        f"{spec.vocab_file} (WordPiece, {case})",
+    )
+
+
+def wordpiece_reference(vocab_file: str, lower_case: bool) -> Any:
+    """BERT's WordPiece tokenizer for a vocab.txt, encoding text only (no [CLS]/[SEP])."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    path = _existing(vocab_file, "--vocab-file")
+    with open(path, "rb") as stream:
+        if stream.read(4096).lstrip().startswith(b"{"):
+            raise TokenizerError(
+                f"--vocab-file {path} is a JSON vocabulary (GPT-2 BPE): give its merges.txt "
+                "with --merge-file, or a WordPiece vocab.txt"
+            )
+    try:
+        vocab = models.WordPiece.read_file(str(path))
+    except Exception as error:  # the Rust reader raises plain Exception subclasses
+        raise TokenizerError(f"{path}: not a WordPiece vocab.txt ({error})") from None
+    if "[UNK]" not in vocab:
+        raise TokenizerError(f"{path} has no [UNK] token: it is not a BERT WordPiece vocab.txt")
+    reference = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    # strip_accents=None follows lowercase, as BERT's BasicTokenizer does.
+    reference.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lower_case
+    )
+    reference.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    reference.decoder = decoders.WordPiece(prefix="##")
+    return reference
 
 
 def gpt2_reference(vocab_file: str, merge_file: str, eod_token: str | None = None) -> Any:

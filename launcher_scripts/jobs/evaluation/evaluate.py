@@ -102,6 +102,12 @@ class _QuietCustomDatasets(logging.Filter):
 
 
 def evaluate(cfg: DictConfig) -> None:
+    kind = cfg.get("evaluation_kind", "harness")
+    if (kind, cfg.get("model_family", "gpt")) not in recipe.EVALUATED:
+        raise EvaluationError(
+            f"evaluation.evaluation_kind: {kind} evaluation has no job program in this launcher "
+            "version yet"
+        )
     offline = configure_hub()
     run, model = cfg.run, cfg.model
     paths = recipe.include_paths(run.get("include_path"))

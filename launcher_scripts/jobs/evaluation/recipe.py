@@ -36,6 +36,11 @@ TASKS_KEY = "evaluation.run.tasks"
 INCLUDE_KEY = "evaluation.run.include_path"
 PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "bf16-mixed": "bf16"}
 
+# The evaluation job runs lm-evaluation-harness tasks on GPT models; `fine_tuned` evaluation
+# (answers scored by exact match and F1) comes with the fine-tuning job.
+KINDS = ("harness", "fine_tuned")
+EVALUATED = {("harness", "gpt")}  # (evaluation_kind, model_family) pairs this job runs
+
 
 def requested_names(value: Any, key: str = TASKS_KEY) -> list[str]:
     """`tasks` as given: a comma-separated string or a list, in order, each name once."""

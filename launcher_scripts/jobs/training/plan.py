@@ -12,8 +12,11 @@ from typing import Any
 from launcher_scripts import estimates
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.training import recipe
+from launcher_scripts.jobs.training.families import family_of, t5_pipeline_split
 
 GPT2_VOCAB = 50257  # assumed when the tokenizer cannot be read yet
+# Other tokenizers' usual sizes, assumed likewise: BERT's uncased and cased WordPiece.
+ASSUMED_VOCAB = {"BertWordPieceLowerCase": 30522, "BertWordPieceCase": 28996}
 
 
 @dataclass(frozen=True)
@@ -45,15 +48,20 @@ class TrainingPlan:
         return self.steps * self.flops_per_step / (self.tflops_per_gpu * 1e12 * gpus) / 86400
 
 
-def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
-    cfg = root[stage]
+@dataclass(frozen=True)
+class Costs:
+    params: estimates.Parameters
+    memory: estimates.Memory
+    flops_per_sample: float
+    seq: int  # the tokens of one sample that `plan.num_tokens` counts
+
+
+def decoder_stack_costs(
+    cfg: Any, par: recipe.Parallelism, padded: int, micro_batches: int, stage: str
+) -> Costs:
+    """GPT, and BERT (the same layer stack; its small pooler and heads are left out)."""
     model = cfg.model
-    par = recipe.parallelism(cfg, stage)
-    micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
-    vocab, assumed = vocab_size(model.tokenizer)
-    padded = estimates.padded_vocab(vocab, model, par.tensor)
     params = estimates.parameters(model, padded, par.tensor, par.pipeline)
-    micro_batches = max(1, global_batch // (micro * par.data))
     memory = estimates.memory_per_gpu(
         model,
         params,
@@ -65,12 +73,59 @@ def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
         context=par.context,
         data=par.data,
         sequence_parallel=par.sequence_parallel,
-        micro_batch=micro,
+        micro_batch=int(model.micro_batch_size),
         micro_batches=micro_batches,
     )
     seq = int(model.encoder_seq_length)
+    return Costs(params, memory, estimates.model_flops_per_sample(model, seq, padded), seq)
+
+
+def encoder_decoder_costs(
+    cfg: Any, par: recipe.Parallelism, padded: int, micro_batches: int, stage: str
+) -> Costs:
+    """T5 and mT5: an encoder over seq_length tokens, a decoder over seq_length_dec."""
+    model = cfg.model
+    encoder_stages, _ = t5_pipeline_split(model, par.pipeline, stage)
+    encoder_seq, decoder_seq = int(model.data.seq_length), int(model.data.seq_length_dec)
+    params = estimates.encoder_decoder_parameters(
+        model, padded, par.tensor, par.pipeline, encoder_stages
+    )
+    activations = estimates.encoder_decoder_activations(
+        model,
+        encoder_seq,
+        decoder_seq,
+        tensor=par.tensor,
+        sequence_parallel=par.sequence_parallel,
+        micro_batch=int(model.micro_batch_size),
+        micro_batches=micro_batches,
+        pipeline=par.pipeline,
+        encoder_stages=encoder_stages,
+    )
+    memory = estimates.with_state(
+        params,
+        str(cfg.trainer.precision),
+        str(model.optim.name) == "distributed_fused_adam",
+        par.data,
+        activations,
+    )
+    flops = estimates.encoder_decoder_flops_per_sample(model, encoder_seq, decoder_seq, padded)
+    return Costs(params, memory, flops, encoder_seq)
+
+
+COSTS = {"gpt": decoder_stack_costs, "bert": decoder_stack_costs, "t5": encoder_decoder_costs}
+
+
+def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
+    cfg = root[stage]
+    model = cfg.model
+    par = recipe.parallelism(cfg, stage)
+    micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
+    vocab, assumed = vocab_size(model.tokenizer)
+    padded = estimates.padded_vocab(vocab, model, par.tensor)
+    micro_batches = max(1, global_batch // (micro * par.data))
+    costs = COSTS[family_of(cfg, stage).name](cfg, par, padded, micro_batches, stage)
     settings = root.get("plan") or {}
-    tokens = settings.get("num_tokens") or int(cfg.trainer.max_steps) * global_batch * seq
+    tokens = settings.get("num_tokens") or int(cfg.trainer.max_steps) * global_batch * costs.seq
     gpu_memory = (root.get("cluster") or {}).get("gpu_memory_gb")
     on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu"
     return TrainingPlan(
@@ -80,13 +135,13 @@ def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
         micro_batch=micro,
         global_batch=global_batch,
         micro_batches=micro_batches,
-        seq=seq,
+        seq=costs.seq,
         vocab=vocab,
         vocab_assumed=assumed,
-        params=params,
-        memory=memory,
+        params=costs.params,
+        memory=costs.memory,
         gpu_memory_gb=float(gpu_memory) if gpu_memory else None,
-        flops_per_step=estimates.model_flops_per_sample(model, seq, padded) * global_batch,
+        flops_per_step=costs.flops_per_sample * global_batch,
         tokens=float(tokens),
         tflops_per_gpu=float(settings.get("tflops_per_gpu") or 140),
         on_gpu=on_gpu,
@@ -94,22 +149,28 @@ def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
 
 
 def vocab_size(tokenizer: Any) -> tuple[int, bool]:
-    """The tokenizer's vocabulary when its file can be read now, else GPT-2's (assumed)."""
+    """The tokenizer's vocabulary (with T5's sentinel tokens) when its file can be read now,
+    else the usual size for its type (assumed)."""
     model, vocab = tokenizer.get("model"), tokenizer.get("vocab_file")
+    extra = int(tokenizer.get("num_sentinel_tokens") or 0)
     try:
         if model and Path(str(model)).is_file() and not str(model).endswith(".json"):
             import sentencepiece
 
             processor = sentencepiece.SentencePieceProcessor(model_file=str(model))
-            return int(processor.get_piece_size()), False
+            return int(processor.get_piece_size()) + extra, False
         if model and Path(str(model)).is_file():
             data = json.loads(Path(str(model)).read_text())
             return len(data["model"]["vocab"]) + len(data.get("added_tokens") or []), False
+        if vocab and Path(str(vocab)).is_file() and str(vocab).endswith(".txt"):
+            lines = Path(str(vocab)).read_text(encoding="utf-8").splitlines()
+            return len([line for line in lines if line.strip()]) + extra, False
         if vocab and Path(str(vocab)).is_file():
             return len(json.loads(Path(str(vocab)).read_text())), False
     except (OSError, ValueError, KeyError, RuntimeError):
         pass
-    return GPT2_VOCAB, True
+    assumed = ASSUMED_VOCAB.get(str(tokenizer.get("type")), GPT2_VOCAB)
+    return assumed + extra, True
 
 
 def check_fits(plan: TrainingPlan, stage: str = "training") -> None:

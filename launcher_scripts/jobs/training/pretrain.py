@@ -50,11 +50,18 @@ def main(argv: list[str] | None = None) -> int:
         cpu_compat.CudaDevicesOnCpu().__enter__()
     from launcher_scripts.errors import ConfigError
     from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
+    from launcher_scripts.jobs.training.families import family_of
     from launcher_scripts.jobs.training.recipe import rendezvous_timeout
     from launcher_scripts.jobs.training.runtime import JobError
     from launcher_scripts.jobs.training.trainer import Trainer
 
     try:
+        family = family_of(cfg, "training")
+        if not family.trains:
+            raise JobError(
+                f"training.model_family: {family.name} pretraining has no job program in this "
+                "launcher version yet (the launcher's preflight refuses such runs)"
+            )
         runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))
         trainer = Trainer(cfg, on_gpu, StopSignals())
         return trainer.fit()

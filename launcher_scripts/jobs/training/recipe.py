@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
 
 ACTIVATIONS = ("gelu", "fast-swiglu", "swiglu", "squared-relu")
@@ -64,28 +65,22 @@ def section(cfg: Any, name: str) -> Any:
     return value if value is not None else {}
 
 
-def _int(stage_key: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(stage_key, f"{value!r} is not an integer >= {minimum}", "Fix the value")
-    return value
-
-
 def parallelism(cfg: Any, stage: str = "training") -> Parallelism:
     model, trainer = cfg.model, cfg.trainer
     vp = model.get("virtual_pipeline_model_parallel_size")
-    devices = _int(key(stage, "trainer.devices"), trainer.devices)
-    nodes = _int(key(stage, "trainer.num_nodes"), trainer.num_nodes)
+    devices = require_int(key(stage, "trainer.devices"), trainer.devices)
+    nodes = require_int(key(stage, "trainer.num_nodes"), trainer.num_nodes)
     return Parallelism(
-        tensor=_int(
+        tensor=require_int(
             key(stage, "model.tensor_model_parallel_size"), model.tensor_model_parallel_size
         ),
-        pipeline=_int(
+        pipeline=require_int(
             key(stage, "model.pipeline_model_parallel_size"), model.pipeline_model_parallel_size
         ),
         virtual_pipeline=None
         if vp in (None, 1)
-        else _int(key(stage, "model.virtual_pipeline_model_parallel_size"), vp),
-        context=_int(
+        else require_int(key(stage, "model.virtual_pipeline_model_parallel_size"), vp),
+        context=require_int(
             key(stage, "model.context_parallel_size"), model.get("context_parallel_size", 1)
         ),
         sequence_parallel=bool(model.get("sequence_parallel", False)),
@@ -165,20 +160,25 @@ def rampup(model: Any, stage: str = "training") -> tuple[int, int, int] | None:
 
 
 def validate(cfg: Any, stage: str = "training", will_exist: Any = None) -> None:
-    """Every check that can be made before a job starts; the first failure is raised.
+    """Every check of a GPT recipe that can be made before a job starts; the first failure is
+    raised.
 
     `will_exist(path)` tells whether an earlier stage of the same run writes a file.
     """
     model = cfg.model
     par = parallelism(cfg, stage)
-    _check_parallel_layout(model, par, stage)
-    _check_batch(model, par, stage)
+    check_world(par, stage)
+    check_layer_split(model.num_layers, par.pipeline * (par.virtual_pipeline or 1), par, stage)
+    check_attention(model, par, key(stage, "model"))
+    check_sequence(model.data.seq_length, par, stage)
+    check_batch(model, par, stage)
     _check_architecture(model, stage)
     precision(cfg, stage)
     schedule(cfg, stage)
-    _check_trainer(cfg, stage)
+    check_trainer(cfg, stage)
+    _check_warmup(cfg, stage)
     rendezvous_timeout(cfg, stage)
-    _check_inputs(cfg, stage, will_exist or (lambda _path: False))
+    check_inputs(cfg, stage, will_exist or (lambda _path: False))
 
 
 DEFAULT_RENDEZVOUS_TIMEOUT = 600.0
@@ -197,22 +197,14 @@ def rendezvous_timeout(cfg: Any, stage: str = "training") -> float:
     return float(value)
 
 
-def _check_parallel_layout(model: Any, par: Parallelism, stage: str) -> None:
+def check_world(par: Parallelism, stage: str) -> None:
+    """The parallel sizes fit the processes and each other."""
     if par.world_size % par.model_parallel:
         raise ConfigError(
             key(stage, "model.tensor_model_parallel_size"),
             f"TP {par.tensor} x PP {par.pipeline} x CP {par.context} = {par.model_parallel} "
             f"does not divide the {par.world_size} processes (num_nodes x devices)",
             "Change the parallel sizes or trainer.devices/num_nodes so that it divides",
-        )
-    layers = _int(key(stage, "model.num_layers"), model.num_layers)
-    chunks = par.pipeline * (par.virtual_pipeline or 1)
-    if layers % chunks:
-        raise ConfigError(
-            key(stage, "model.num_layers"),
-            f"{layers} layers do not split into PP {par.pipeline} x VP "
-            f"{par.virtual_pipeline or 1} = {chunks} equal chunks",
-            "Choose num_layers divisible by PP x VP",
         )
     if par.virtual_pipeline and par.pipeline < 2:
         raise ConfigError(
@@ -226,24 +218,54 @@ def _check_parallel_layout(model: Any, par: Parallelism, stage: str) -> None:
             "needs tensor_model_parallel_size >= 2",
             "Set sequence_parallel=False, or raise tensor_model_parallel_size",
         )
-    heads = _int(key(stage, "model.num_attention_heads"), model.num_attention_heads)
+
+
+def check_layer_split(
+    value: Any, chunks: int, par: Parallelism, stage: str, name: str = "model.num_layers"
+) -> int:
+    """`value` layers split into `chunks` equal pipeline chunks."""
+    layers = require_int(key(stage, name), value)
+    if layers % chunks:
+        raise ConfigError(
+            key(stage, name),
+            f"{layers} layers do not split into {chunks} equal pipeline chunks (PP "
+            f"{par.pipeline}, VP {par.virtual_pipeline or 1})",
+            "Choose a number of layers divisible by the pipeline chunks",
+        )
+    return layers
+
+
+def check_attention(block: Any, par: Parallelism, prefix: str) -> None:
+    """Heads (and query groups) divide over tensor parallelism; a head has whole channels."""
+    heads = require_int(f"{prefix}.num_attention_heads", block.num_attention_heads)
     if heads % par.tensor:
         raise ConfigError(
-            key(stage, "model.num_attention_heads"),
+            f"{prefix}.num_attention_heads",
             f"{heads} heads do not divide by TP {par.tensor}",
             "Choose a TP that divides the number of heads",
         )
-    groups = model.get("num_query_groups")
+    groups = block.get("num_query_groups")
     if groups is not None:
-        groups = _int(key(stage, "model.num_query_groups"), groups)
+        groups = require_int(f"{prefix}.num_query_groups", groups)
         if heads % groups or groups % par.tensor:
             raise ConfigError(
-                key(stage, "model.num_query_groups"),
+                f"{prefix}.num_query_groups",
                 f"{groups} query groups must divide the {heads} heads and be divisible by "
                 f"TP {par.tensor}",
                 "Choose num_query_groups accordingly",
             )
-    seq = _int(key(stage, "model.data.seq_length"), model.data.seq_length)
+    hidden = require_int(f"{prefix}.hidden_size", block.hidden_size)
+    if block.get("kv_channels") is None and hidden % heads:
+        raise ConfigError(
+            f"{prefix}.hidden_size",
+            f"{hidden} is not divisible by the {heads} attention heads",
+            "Change hidden_size or num_attention_heads, or set kv_channels",
+        )
+    require_int(f"{prefix}.ffn_hidden_size", block.ffn_hidden_size)
+
+
+def check_sequence(value: Any, par: Parallelism, stage: str) -> int:
+    seq = require_int(key(stage, "model.data.seq_length"), value)
     if seq % (2 * par.context if par.context > 1 else 1) or (
         par.sequence_parallel and seq % par.tensor
     ):
@@ -252,11 +274,12 @@ def _check_parallel_layout(model: Any, par: Parallelism, stage: str) -> None:
             f"{seq} does not divide by 2 x CP ({par.context}) or by TP for sequence parallelism",
             "Choose a sequence length divisible by them",
         )
+    return seq
 
 
-def _check_batch(model: Any, par: Parallelism, stage: str) -> None:
-    mbs = _int(key(stage, "model.micro_batch_size"), model.micro_batch_size)
-    gbs = _int(key(stage, "model.global_batch_size"), model.global_batch_size)
+def check_batch(model: Any, par: Parallelism, stage: str) -> None:
+    mbs = require_int(key(stage, "model.micro_batch_size"), model.micro_batch_size)
+    gbs = require_int(key(stage, "model.global_batch_size"), model.global_batch_size)
     per_step = mbs * par.data
     if gbs % per_step:
         raise ConfigError(
@@ -296,15 +319,6 @@ def _check_architecture(model: Any, stage: str) -> None:
                 f"{value!r} is not supported",
                 f"Use one of: {', '.join(allowed)}",
             )
-    hidden = _int(key(stage, "model.hidden_size"), model.hidden_size)
-    heads = model.num_attention_heads
-    if model.get("kv_channels") is None and hidden % heads:
-        raise ConfigError(
-            key(stage, "model.hidden_size"),
-            f"{hidden} is not divisible by the {heads} attention heads",
-            "Change hidden_size or num_attention_heads, or set kv_channels",
-        )
-    _int(key(stage, "model.ffn_hidden_size"), model.ffn_hidden_size)
     seq = model.data.seq_length
     if model.position_embedding_type == "learned_absolute" and seq > model.max_position_embeddings:
         raise ConfigError(
@@ -312,22 +326,7 @@ def _check_architecture(model: Any, stage: str) -> None:
             f"{seq} is longer than max_position_embeddings {model.max_position_embeddings}",
             "Lower seq_length or raise max_position_embeddings",
         )
-    granularity = model.get("activations_checkpoint_granularity")
-    if granularity is not None and granularity not in RECOMPUTE_GRANULARITIES:
-        raise ConfigError(
-            key(stage, "model.activations_checkpoint_granularity"),
-            f"{granularity!r} is not valid",
-            "Use selective, full or null",
-        )
-    if (
-        granularity == "full"
-        and model.get("activations_checkpoint_method") not in RECOMPUTE_METHODS
-    ):
-        raise ConfigError(
-            key(stage, "model.activations_checkpoint_method"),
-            f"{model.get('activations_checkpoint_method')!r} is not valid with full recompute",
-            "Use uniform or block",
-        )
+    check_recompute(model, stage)
     optimizer = model.optim.name
     if optimizer not in OPTIMIZERS:
         raise ConfigError(
@@ -337,7 +336,35 @@ def _check_architecture(model: Any, stage: str) -> None:
         )
 
 
-def _check_trainer(cfg: Any, stage: str) -> None:
+def check_recompute(block: Any, stage: str, prefix: str = "model") -> None:
+    granularity = block.get("activations_checkpoint_granularity")
+    if granularity is not None and granularity not in RECOMPUTE_GRANULARITIES:
+        raise ConfigError(
+            key(stage, f"{prefix}.activations_checkpoint_granularity"),
+            f"{granularity!r} is not valid",
+            "Use selective, full or null",
+        )
+    method = block.get("activations_checkpoint_method")
+    if granularity == "full" and method not in RECOMPUTE_METHODS:
+        raise ConfigError(
+            key(stage, f"{prefix}.activations_checkpoint_method"),
+            f"{method!r} is not valid with full recompute",
+            "Use uniform or block",
+        )
+
+
+def _check_warmup(cfg: Any, stage: str) -> None:
+    schedule_ = schedule(cfg, stage)
+    if schedule_.warmup_steps + schedule_.constant_steps > cfg.trainer.max_steps:
+        raise ConfigError(
+            key(stage, "model.optim.sched.warmup_steps"),
+            f"warmup {schedule_.warmup_steps} + constant {schedule_.constant_steps} steps "
+            f"exceed max_steps {cfg.trainer.max_steps}",
+            "Lower the warm-up or raise trainer.max_steps",
+        )
+
+
+def check_trainer(cfg: Any, stage: str) -> None:
     trainer = cfg.trainer
     granularity = cfg.model.get("activations_checkpoint_granularity")
     if str(trainer.get("accelerator", "gpu")) == "cpu" and granularity is not None:
@@ -347,8 +374,8 @@ def _check_trainer(cfg: Any, stage: str) -> None:
             f"{granularity} recomputation needs CUDA and this run is on CPU",
             "Set it to null for CPU runs",
         )
-    max_steps = _int(key(stage, "trainer.max_steps"), trainer.max_steps)
-    _int(key(stage, "trainer.log_every_n_steps"), trainer.log_every_n_steps)
+    max_steps = require_int(key(stage, "trainer.max_steps"), trainer.max_steps)
+    require_int(key(stage, "trainer.log_every_n_steps"), trainer.log_every_n_steps)
     interval = trainer.get("val_check_interval")
     if isinstance(interval, float) and not interval.is_integer():
         if not 0 < interval <= 1:
@@ -358,20 +385,12 @@ def _check_trainer(cfg: Any, stage: str) -> None:
                 "Use an integer number of steps or a fraction in (0, 1]",
             )
     elif interval is not None:
-        _int(key(stage, "trainer.val_check_interval"), int(interval))
+        require_int(key(stage, "trainer.val_check_interval"), int(interval))
     if trainer.get("max_time"):
         parse_max_time(trainer.max_time, key(stage, "trainer.max_time"))
-    schedule_ = schedule(cfg, stage)
-    if schedule_.warmup_steps + schedule_.constant_steps > max_steps:
-        raise ConfigError(
-            key(stage, "model.optim.sched.warmup_steps"),
-            f"warmup {schedule_.warmup_steps} + constant {schedule_.constant_steps} steps "
-            f"exceed max_steps {max_steps}",
-            "Lower the warm-up or raise trainer.max_steps",
-        )
     params = section(cfg.exp_manager, "checkpoint_callback_params")
     if params:
-        _int(
+        require_int(
             key(stage, "exp_manager.checkpoint_callback_params.every_n_train_steps"),
             params.get("every_n_train_steps") or max_steps,
         )
@@ -404,7 +423,7 @@ def tokenizer_file(cfg: Any) -> str | None:
     return tokenizer.get("model") or tokenizer.get("vocab_file")
 
 
-def _check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
+def check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
     for prefix in data_blend(cfg, stage).prefixes:
         for suffix in (".bin", ".idx"):
             path = Path(prefix + suffix)
@@ -418,10 +437,9 @@ def _check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
     library = tokenizer.get("library")
     files = [("model", tokenizer.get("model"))]
     if library == "megatron" or tokenizer.get("vocab_file"):
-        files = [
-            ("vocab_file", tokenizer.get("vocab_file")),
-            ("merge_file", tokenizer.get("merge_file")),
-        ]
+        files = [("vocab_file", tokenizer.get("vocab_file"))]
+        if tokenizer.get("type", "GPT2BPETokenizer") == "GPT2BPETokenizer":
+            files.append(("merge_file", tokenizer.get("merge_file")))
     for name, path in files:
         if not path:
             raise ConfigError(

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Stage data_preparation, job download_mc4-download_tokenizer: rendered by launcher_scripts (local backend).
+# Run it again by hand with: bash <this file>
+set -euo pipefail
+
+# This job does all the work itself, whatever allocation it runs in.
+unset SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT NGC_ARRAY_INDEX NGC_ARRAY_SIZE RANK WORLD_SIZE SLURM_PROCID SLURM_NTASKS LOCAL_RANK
+export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+export TRANSFORMERS_OFFLINE=1
+cd /results/download_mc4
+
+python3 -u -m launcher_scripts.jobs.data_prep.download \
+    --file https://storage.googleapis.com/t5-data/vocabs/mc4.250000.100extra/sentencepiece.model /data/mc4/bpe/mt5_tokenizer.model \
+    --file https://storage.googleapis.com/t5-data/vocabs/mc4.250000.100extra/sentencepiece.vocab /data/mc4/bpe/vocab.txt

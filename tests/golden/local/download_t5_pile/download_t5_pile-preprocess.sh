@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Stage data_preparation, job download_t5_pile-preprocess: rendered by launcher_scripts (local backend).
+# Run it again by hand with: bash <this file>
+set -euo pipefail
+
+# This job does all the work itself, whatever allocation it runs in.
+unset SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT NGC_ARRAY_INDEX NGC_ARRAY_SIZE RANK WORLD_SIZE SLURM_PROCID SLURM_NTASKS LOCAL_RANK
+export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+export TRANSFORMERS_OFFLINE=1
+cd /results/download_t5_pile
+
+python3 -u -m launcher_scripts.jobs.data_prep.preprocess \
+    --input /data/00.jsonl /data/03.jsonl \
+    --output-dir /data \
+    --output-prefix my-t5_ \
+    --text-key text \
+    --vocab-file /data/bpe/vocab.txt \
+    --remove-inputs
