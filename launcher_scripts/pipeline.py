@@ -39,6 +39,7 @@ class PlannedStage:
     config_path: Path
     config_yaml: str
     jobs: tuple[PlannedJob, ...]
+    missing_inputs: tuple[str, ...] = ()  # a dry run's inputs that do not exist yet
 
 
 def make_backend(cluster_type: str, root: DictConfig) -> Backend:
@@ -86,7 +87,12 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
             jobs.append(PlannedJob(spec, script_path, backend.render(spec)))
         planned.append(
             PlannedStage(
-                stage, results_dir, ctx.config_path, OmegaConf.to_yaml(ctx.cfg), tuple(jobs)
+                stage,
+                results_dir,
+                ctx.config_path,
+                OmegaConf.to_yaml(ctx.cfg),
+                tuple(jobs),
+                tuple(dict.fromkeys(ctx.missing_inputs)),
             )
         )
     return backend, resolved, planned
@@ -112,6 +118,16 @@ def print_plan(planned: list[PlannedStage], backend: Backend, resolved: DictConf
             if job.spec.dependency == "aftercorr":
                 array += ", task i after task i of the job before"
             print(f"  job {job.spec.name} ({backend.name}{array}): {job.script_path}")
+        if stage.missing_inputs:
+            print(
+                "  not there yet (a real run stops unless they exist or an earlier stage of "
+                "the run writes them):"
+            )
+            shown = 4
+            for path in stage.missing_inputs[:shown]:
+                print(f"    {path}")
+            if len(stage.missing_inputs) > shown:
+                print(f"    ... and {len(stage.missing_inputs) - shown} more")
 
 
 def git_revision(path: str) -> str | None:

@@ -357,11 +357,19 @@ def test_training_preflight_names_the_key(
 
 def test_training_needs_its_data_unless_an_earlier_stage_writes_it(tmp_path: Path) -> None:
     paths = (f"base_results_dir={tmp_path}/results", f"data_dir={tmp_path}/data")
-    alone = run_main(*paths, "stages=[training]", "dry_run=true")
+    alone = run_main(*paths, "stages=[training]")
     assert alone.returncode == 2 and "data_prefix" in alone.stderr
     assert "Run data_preparation first" in alone.stderr
+    assert not (tmp_path / "results").exists()
+    # A dry run plans the run anyway and lists what is not there yet.
+    planned = run_main(*paths, "stages=[training]", "dry_run=true")
+    assert planned.returncode == 0, planned.stderr
+    assert "not there yet" in planned.stdout
+    prefix = tmp_path / "data" / "custom_dataset" / "preprocessed" / "tiny_corpus_text_document"
+    assert str(prefix) in planned.stdout
     both = run_main(*paths, "dry_run=true")
     assert both.returncode == 0, both.stderr
+    assert "not there yet" not in both.stdout
 
 
 def test_a_missing_process_fails_the_rendezvous_instead_of_hanging(

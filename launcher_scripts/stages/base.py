@@ -21,6 +21,9 @@ class StageContext:
     root: DictConfig
     stage: str
     upstream_writes: frozenset[str] = field(default_factory=frozenset)
+    # Inputs a dry run found missing: it goes on (so a run can be planned before its data
+    # exists) and lists them; a real run stops at the first one.
+    missing_inputs: list[str] = field(default_factory=list)
 
     @property
     def cfg(self) -> DictConfig:
@@ -33,12 +36,18 @@ class StageContext:
         return Path(str(run.results_dir)) / f"{run.name}_hydra.yaml"
 
     def will_exist(self, path: str | Path) -> bool:
-        """Whether an earlier stage of this run writes `path` (or a folder holding it)."""
+        """Whether an earlier stage of this run writes `path` (or a folder holding it). In a
+        dry run, also any other path, which is then noted in `missing_inputs`."""
         target = Path(str(path))
-        return any(
+        if any(
             target == Path(written) or Path(written) in target.parents
             for written in self.upstream_writes
-        )
+        ):
+            return True
+        if self.root.get("dry_run"):
+            self.missing_inputs.append(str(target))
+            return True
+        return False
 
     def require_input(self, name: str, fix: str) -> Path:
         """`<stage>.model.<name>` names a path that exists, or that an earlier stage of this
