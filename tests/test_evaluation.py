@@ -223,7 +223,12 @@ def test_unknown_task_names_the_key_and_the_choices(tmp_path: Path) -> None:
 
 
 def test_missing_model_names_the_key(tmp_path: Path) -> None:
-    line = one_line_error(preflight(tmp_path, "stages=[evaluation]"))
+    # A real run (a dry run lists missing inputs instead): preflight stops it before any file.
+    result = run_main(
+        f"base_results_dir={tmp_path}/results", f"data_dir={tmp_path}/data", "stages=[evaluation]"
+    )
+    assert not (tmp_path / "results").exists()
+    line = one_line_error(result)
     assert line.startswith("error: evaluation.model.nemo_model: ")
     assert "stages=[conversion,evaluation]" in line
 

@@ -50,12 +50,7 @@ class ModelFamily:
 
 def family_of(cfg: Any, stage: str) -> ModelFamily:
     name = cfg.get("model_family", "gpt")
-    if name not in FAMILIES:
-        raise ConfigError(
-            key(stage, "model_family"),
-            f"{name!r} is not a model family",
-            f"Use one of: {', '.join(FAMILIES)}",
-        )
+    require_choice(key(stage, "model_family"), name, FAMILIES)
     return FAMILIES[name]
 
 
