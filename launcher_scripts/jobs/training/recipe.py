@@ -230,7 +230,7 @@ def check_layer_split(
             key(stage, name),
             f"{layers} layers do not split into {chunks} equal pipeline chunks (PP "
             f"{par.pipeline}, VP {par.virtual_pipeline or 1})",
-            "Choose a number of layers divisible by the pipeline chunks",
+            "Choose num_layers divisible by PP x VP (T5: by each side's pipeline stages)",
         )
     return layers
 
