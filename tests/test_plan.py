@@ -39,13 +39,17 @@ def test_126m_as_published(tmp_path: Path) -> None:
     assert plan.vocab == 50257 and plan.vocab_assumed
     assert plan.params.total == TOTAL == plan.params.per_gpu
     assert plan.par.data == 64 and plan.micro_batches == 1  # 8 nodes x 8 GPUs, GBS 256 / MBS 4
+    assert plan.memory.stage == "only"
     assert plan.memory.weights == 2 * TOTAL  # bf16
     assert plan.memory.gradients == 4 * TOTAL  # fp32 gradient buffer
     assert plan.memory.optimizer == 12 * TOTAL / 64  # distributed optimizer over DP 64
     # Korthikanti et al. Table 2, no parallelism: s*b*h*(34 + 5*a*s/h) per layer, 12 layers.
-    assert plan.memory.activations == pytest.approx(
-        2048 * 4 * 768 * (34 + 5 * 12 * 2048 / 768) * 12
-    )
+    sbh = 2048 * 4 * 768
+    assert plan.memory.layer_activations == pytest.approx(sbh * (34 + 5 * 12 * 2048 / 768) * 12)
+    # Section 4.3 at t = 1, p = 1: the embedding dropout mask sbh, and 4sbh(1 + v/h) for the
+    # final norm's input, the output layer's input and the fp32 logits (v padded: 50304).
+    assert plan.memory.other_activations == pytest.approx(sbh + 4 * sbh * (1 + 50304 / 768))
+    assert plan.memory.recompute_workspace == 0  # no recomputation
 
 
 def test_126m_at_tp2_pp2_with_sequence_parallelism_and_selective_recompute(
@@ -59,14 +63,35 @@ def test_126m_at_tp2_pp2_with_sequence_parallelism_and_selective_recompute(
         "training.model.sequence_parallel=true",
         "training.model.activations_checkpoint_granularity=selective",
     )
-    # At TP 2 the vocabulary pads to a multiple of 128 x 2: 50432 rows. The first stage (words,
-    # positions, 6 layers) is larger than the last (6 layers, final norm, its copy of the words).
-    first_stage = 50432 * 768 + POSITIONS + 6 * LAYER
+    h = 768
+    # On one TP rank a layer holds half of its matrices and of the QKV and fc1 biases
+    # (12h^2 + 7h), and all of the row-parallel biases and both LayerNorms (2h + 4h).
+    layer_rank = (12 * h * h + 7 * h) // 2 + 6 * h
+    assert (12 * h * h + 7 * h) + 6 * h == LAYER
+    # At TP 2 the vocabulary pads to a multiple of 128 x 2: 50432 rows, half on each rank. The
+    # first stage also holds the (whole, not vocabulary-parallel) position table; the last
+    # the final norm and its copy of the word embeddings.
+    words_rank = 50432 * h // 2
+    first_params = words_rank + POSITIONS + 6 * layer_rank
+    last_params = 6 * layer_rank + FINAL_NORM + words_rank
     assert plan.par.data == 2 and plan.micro_batches == 32
-    assert plan.params.per_gpu == first_stage // 2
-    assert plan.memory.optimizer == 12 * (first_stage // 2) / 2
-    # s*b*h/t * 34 per layer; the first stage holds 6 layers for each of 2 micro-batches.
-    assert plan.memory.activations == pytest.approx(2048 * 4 * 768 / 2 * 34 * 12)
+    # Activations, s*b*h/t * 34 per layer (Table 2, TP + SP + selective), sbh/t = 3,145,728:
+    # the first stage holds its 6 layers for 2 micro-batches in flight and their embedding
+    # dropout masks (sbh/t each); the last stage 6 layers for 1 micro-batch, plus the final
+    # norm's and output layer's inputs (2sbh/t each) and the fp32 logits 4*s*b*v/t.
+    sbh_t = 2048 * 4 * h / 2
+    first_activations = 6 * 2 * 34 * sbh_t + 2 * sbh_t
+    last_activations = 6 * 34 * sbh_t + 4 * sbh_t + 4 * 2048 * 4 * 50432 / 2
+    # 12 bytes per parameter: 2 + 4 + 12 / DP 2. The last stage is the more loaded:
+    # 40.7M params (489 MB) + 1.48 GB against 42.3M params (507 MB) + 1.29 GB.
+    assert 12 * last_params + last_activations > 12 * first_params + first_activations
+    assert plan.memory.stage == "last"
+    assert plan.params.per_gpu == last_params
+    assert plan.memory.optimizer == 12 * last_params / 2
+    assert plan.memory.layer_activations == pytest.approx(6 * 34 * sbh_t)
+    assert plan.memory.other_activations == pytest.approx(last_activations - 6 * 34 * sbh_t)
+    # Selective recompute materialises one layer's attention scores again: 5as^2b/t.
+    assert plan.memory.recompute_workspace == pytest.approx(5 * 12 * 2048 * 2048 * 4 / 2)
 
 
 def test_175b_as_published(tmp_path: Path) -> None:
@@ -77,18 +102,27 @@ def test_175b_as_published(tmp_path: Path) -> None:
     words = 51200 * h  # 50257 padded to a multiple of 128 x TP 8 = 1024
     total = words + s * h + 96 * layer + 2 * h
     # Each GPU holds 96 / 16 = 6 layers (6 virtual chunks of 1); GPU 0 also the embeddings.
-    busiest = -(-(words + s * h + 6 * layer) // 8)
+    # Per TP rank a layer keeps 1/8 of 12h^2 + 7h (matrices, QKV and fc1 biases) and all of
+    # the 6h of row-parallel biases and LayerNorms; the position table is whole on each rank.
+    layer_rank = (12 * h * h + 7 * h) // 8 + 6 * h
+    busiest = words // 8 + s * h + 6 * layer_rank
     plan = plan_of(tmp_path, recipe="175b")
     assert layer == 12 * h * h + 13 * h == 1_812_099_072 and total == 174_615_846_912
-    assert plan.params.total == total and plan.params.per_gpu == busiest
+    assert plan.params.total == total and plan.params.per_gpu == busiest == 1_463_270_400
     assert plan.par.data == 8 and plan.micro_batches == 256
+    assert plan.memory.stage == "first"
     assert plan.memory.weights == 2 * busiest and plan.memory.gradients == 4 * busiest
     assert plan.memory.optimizer == 12 * busiest / 8
     # Selective recompute with sequence parallelism: s*b*h/t * 34 bytes per layer. The first
-    # stage has p = 16 micro-batches in flight of its 6 layers, times 1 + (p-1)/(p*v).
-    per_layer = s * 1 * h / 8 * 34
-    assert plan.memory.activations == pytest.approx(per_layer * 6 * 16 * (1 + 15 / (16 * 6)))
-    assert plan.memory.total / 1e9 == pytest.approx(22.68, abs=0.01)
+    # stage has p = 16 micro-batches in flight of its 6 layers, times 1 + (p-1)/(p*v): 111
+    # layer-micro-batches, and as many embedding dropout masks of sbh/t bytes per 6 of them.
+    sbh_t = s * 1 * h / 8
+    assert plan.memory.layer_activations == pytest.approx(34 * sbh_t * 6 * 16 * (1 + 15 / 96))
+    assert plan.memory.other_activations == pytest.approx(sbh_t * 16 * (1 + 15 / 96))
+    assert plan.memory.recompute_workspace == pytest.approx(5 * 96 * s * s / 8)
+    # 10.97 GB of weights and state, 11.87 GB of layer activations, 0.06 of the embedding's
+    # masks and 0.25 of one layer's recomputed scores.
+    assert plan.memory.total / 1e9 == pytest.approx(23.156, abs=0.001)
 
 
 def test_a_recipe_that_cannot_fit_is_refused_naming_the_key(tmp_path: Path) -> None:

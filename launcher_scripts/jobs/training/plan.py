@@ -4,19 +4,16 @@ dry runs use it)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from auto_configurator import throughput
+from auto_configurator.memory import MemoryBreakdown, bytes_per_parameter, memory_breakdown
+from auto_configurator.shapes import Layout, ModelShape, tokenizer_vocab
 from launcher_scripts import estimates
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.training import recipe
 from launcher_scripts.jobs.training.families import family_of, t5_pipeline_split
-
-GPT2_VOCAB = 50257  # assumed when the tokenizer cannot be read yet
-# Other tokenizers' usual sizes, assumed likewise: BERT's uncased and cased WordPiece.
-ASSUMED_VOCAB = {"BertWordPieceLowerCase": 30522, "BertWordPieceCase": 28996}
 
 
 @dataclass(frozen=True)
@@ -31,7 +28,7 @@ class TrainingPlan:
     vocab: int
     vocab_assumed: bool
     params: estimates.Parameters
-    memory: estimates.Memory
+    memory: MemoryBreakdown
     gpu_memory_gb: float | None
     flops_per_step: float
     tokens: float
@@ -51,46 +48,37 @@ class TrainingPlan:
 @dataclass(frozen=True)
 class Costs:
     params: estimates.Parameters
-    memory: estimates.Memory
+    memory: MemoryBreakdown
     flops_per_sample: float
     seq: int  # the tokens of one sample that `plan.num_tokens` counts
 
 
 def decoder_stack_costs(
-    cfg: Any, par: recipe.Parallelism, padded: int, micro_batches: int, stage: str
+    cfg: Any, par: recipe.Parallelism, vocab: int, micro_batches: int, stage: str
 ) -> Costs:
-    """GPT, and BERT (the same layer stack; its small pooler and heads are left out)."""
-    model = cfg.model
-    params = estimates.parameters(model, padded, par.tensor, par.pipeline)
-    memory = estimates.memory_per_gpu(
-        model,
-        params,
-        precision=str(cfg.trainer.precision),
-        distributed_optimizer=str(model.optim.name) == "distributed_fused_adam",
-        tensor=par.tensor,
-        pipeline=par.pipeline,
-        virtual_pipeline=par.virtual_pipeline,
-        context=par.context,
-        data=par.data,
-        sequence_parallel=par.sequence_parallel,
-        micro_batch=int(model.micro_batch_size),
-        micro_batches=micro_batches,
-    )
-    seq = int(model.encoder_seq_length)
-    return Costs(params, memory, estimates.model_flops_per_sample(model, seq, padded), seq)
+    """GPT, and BERT (the same layer stack; its small pooler and heads are left out), through
+    the AutoConfigurator's analytical model."""
+    shape = ModelShape.from_recipe(cfg.model, vocab_size=vocab, prefix=f"{stage}.model")
+    layout = Layout.from_recipe(cfg, prefix=f"{stage}.")
+    memory = memory_breakdown(shape, layout)
+    params = estimates.Parameters(shape.total_parameters(layout.tensor), memory.parameters_per_gpu)
+    flops = throughput.model_flops_per_sample(shape, shape.padded_vocab(layout.tensor))
+    return Costs(params, memory, flops, shape.seq_length)
 
 
 def encoder_decoder_costs(
-    cfg: Any, par: recipe.Parallelism, padded: int, micro_batches: int, stage: str
+    cfg: Any, par: recipe.Parallelism, vocab: int, micro_batches: int, stage: str
 ) -> Costs:
     """T5 and mT5: an encoder over seq_length tokens, a decoder over seq_length_dec."""
     model = cfg.model
+    padded = estimates.padded_vocab(vocab, model, par.tensor)
     encoder_stages, _ = t5_pipeline_split(model, par.pipeline, stage)
     encoder_seq, decoder_seq = int(model.data.seq_length), int(model.data.seq_length_dec)
     params = estimates.encoder_decoder_parameters(
         model, padded, par.tensor, par.pipeline, encoder_stages
     )
-    activations = estimates.encoder_decoder_activations(
+    dtype = recipe.precision(cfg, stage)
+    layers, other = estimates.encoder_decoder_activations(
         model,
         encoder_seq,
         decoder_seq,
@@ -100,13 +88,20 @@ def encoder_decoder_costs(
         micro_batches=micro_batches,
         pipeline=par.pipeline,
         encoder_stages=encoder_stages,
+        padded_vocab=padded,
+        precision=dtype,
     )
-    memory = estimates.with_state(
-        params,
-        str(cfg.trainer.precision),
-        str(model.optim.name) == "distributed_fused_adam",
-        par.data,
-        activations,
+    per_param = bytes_per_parameter(
+        dtype, str(model.optim.name) == "distributed_fused_adam", par.data * par.context
+    )
+    memory = MemoryBreakdown(
+        parameters_per_gpu=params.per_gpu,
+        weights=params.per_gpu * per_param.weights,
+        gradients=params.per_gpu * per_param.gradients,
+        optimizer=params.per_gpu * per_param.optimizer,
+        layer_activations=layers,
+        other_activations=other,
+        stage="only" if par.pipeline == 1 else "busiest",
     )
     flops = estimates.encoder_decoder_flops_per_sample(model, encoder_seq, decoder_seq, padded)
     return Costs(params, memory, flops, encoder_seq)
@@ -120,10 +115,9 @@ def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
     model = cfg.model
     par = recipe.parallelism(cfg, stage)
     micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
-    vocab, assumed = vocab_size(model.tokenizer)
-    padded = estimates.padded_vocab(vocab, model, par.tensor)
+    vocab, assumed = tokenizer_vocab(model.tokenizer)
     micro_batches = max(1, global_batch // (micro * par.data))
-    costs = COSTS[family_of(cfg, stage).name](cfg, par, padded, micro_batches, stage)
+    costs = COSTS[family_of(cfg, stage).name](cfg, par, vocab, micro_batches, stage)
     settings = root.get("plan") or {}
     tokens = settings.get("num_tokens") or int(cfg.trainer.max_steps) * global_batch * costs.seq
     gpu_memory = (root.get("cluster") or {}).get("gpu_memory_gb")
@@ -148,47 +142,34 @@ def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
     )
 
 
-def vocab_size(tokenizer: Any) -> tuple[int, bool]:
-    """The tokenizer's vocabulary (with T5's sentinel tokens) when its file can be read now,
-    else the usual size for its type (assumed)."""
-    model, vocab = tokenizer.get("model"), tokenizer.get("vocab_file")
-    extra = int(tokenizer.get("num_sentinel_tokens") or 0)
-    try:
-        if model and Path(str(model)).is_file() and not str(model).endswith(".json"):
-            import sentencepiece
-
-            processor = sentencepiece.SentencePieceProcessor(model_file=str(model))
-            return int(processor.get_piece_size()) + extra, False
-        if model and Path(str(model)).is_file():
-            data = json.loads(Path(str(model)).read_text())
-            return len(data["model"]["vocab"]) + len(data.get("added_tokens") or []), False
-        if vocab and Path(str(vocab)).is_file() and str(vocab).endswith(".txt"):
-            lines = Path(str(vocab)).read_text(encoding="utf-8").splitlines()
-            return len([line for line in lines if line.strip()]) + extra, False
-        if vocab and Path(str(vocab)).is_file():
-            return len(json.loads(Path(str(vocab)).read_text())), False
-    except (OSError, ValueError, KeyError, RuntimeError):
-        pass
-    assumed = ASSUMED_VOCAB.get(str(tokenizer.get("type")), GPT2_VOCAB)
-    return assumed + extra, True
-
-
 def check_fits(plan: TrainingPlan, stage: str = "training") -> None:
     """A GPU run whose estimate exceeds cluster.gpu_memory_gb is refused before submission."""
     if not plan.on_gpu or plan.gpu_memory_gb is None:
         return
     need = plan.memory.total / estimates.GB
     if need > plan.gpu_memory_gb:
-        m = plan.memory
         raise ConfigError(
             f"{stage}.model.micro_batch_size",
-            f"the estimated {need:.1f} GB per GPU (weights {m.weights / estimates.GB:.1f}, "
-            f"gradients {m.gradients / estimates.GB:.1f}, optimizer "
-            f"{m.optimizer / estimates.GB:.1f}, activations {m.activations / estimates.GB:.1f}) "
+            f"the estimated {need:.1f} GB per GPU ({memory_terms(plan.memory)}) "
             f"exceeds cluster.gpu_memory_gb={plan.gpu_memory_gb:g}",
             "Lower micro_batch_size, turn on activations_checkpoint_granularity, use the "
             "distributed optimizer, or raise tensor/pipeline_model_parallel_size",
         )
+
+
+def memory_terms(m: MemoryBreakdown, digits: int = 1) -> str:
+    """The memory breakdown's parts in GB, for one line."""
+    gb = estimates.GB
+    terms = [
+        f"weights {m.weights / gb:.{digits}f}",
+        f"gradients {m.gradients / gb:.{digits}f}",
+        f"optimizer {m.optimizer / gb:.{digits}f}",
+        f"activations {m.layer_activations / gb:.{digits}f}",
+        f"other activations {m.other_activations / gb:.{digits}f}",
+    ]
+    if m.recompute_workspace:
+        terms.append(f"recompute {m.recompute_workspace / gb:.{digits}f}")
+    return ", ".join(terms)
 
 
 def describe(plan: TrainingPlan) -> list[str]:
@@ -219,9 +200,8 @@ def describe(plan: TrainingPlan) -> list[str]:
         ),
         (
             "memory per GPU",
-            f"weights {m.weights / gb:.2f} + gradients {m.gradients / gb:.2f} + optimizer "
-            f"{m.optimizer / gb:.2f} + activations {m.activations / gb:.2f} = "
-            f"{m.total / gb:.2f} GB{budget}",
+            f"{memory_terms(m, 2).replace(', ', ' + ')} = {m.total / gb:.2f} GB{budget}"
+            + (f" ({m.stage} pipeline stage)" if m.stage != "only" else ""),
         ),
         ("model FLOPs per step", f"{plan.flops_per_step:.3e}"),
         (

@@ -1,0 +1,364 @@
+"""`estimate`: memory per GPU, model FLOPs and (on a described cluster) the step time of one
+training layout, from a recipe and/or the recipe keys on the command line.
+
+    python3 auto_configurator/main.py estimate training=gpt3/5b trainer.num_nodes=8
+    python3 -m auto_configurator.estimate model.num_layers=96 model.hidden_size=12288 \\
+        model.num_attention_heads=96 model.encoder_seq_length=2048 trainer.num_nodes=128 \\
+        model.tensor_model_parallel_size=8 model.pipeline_model_parallel_size=16 cluster=h100 --json
+
+Without a recipe: model.num_layers, model.hidden_size, model.num_attention_heads and
+model.encoder_seq_length are required; the rest default to 1 node x 8 GPUs, no model
+parallelism, bf16, the distributed optimizer, MBS 1, GBS = MBS x data-parallel size, FFN 4h,
+GPT-2's vocabulary. A cluster is described by `cluster=h100` (the ClusterSpec defaults: H100
+SXM, 989 dense bf16 TFLOP/s at 55%, NVLink 450 GB/s, 50 GB/s per GPU across nodes) or
+`cluster=a100`, and/or any `cluster.<field>=<value>`; only then is the step time predicted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from auto_configurator.memory import GIB, MemoryBreakdown, memory_breakdown
+from auto_configurator.shapes import (
+    GATED_ACTIVATIONS,
+    Layout,
+    ModelShape,
+    check_layout,
+    tokenizer_vocab,
+)
+from auto_configurator.throughput import (
+    CLUSTERS,
+    ClusterSpec,
+    StepPrediction,
+    model_flops_per_step,
+    predict_step,
+)
+from launcher_scripts.errors import ConfigError, LauncherError
+
+MODEL_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "encoder_seq_length",
+    "max_position_embeddings",
+    "micro_batch_size",
+    "global_batch_size",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "sequence_parallel",
+    "activations_checkpoint_granularity",
+    "activations_checkpoint_method",
+    "activations_checkpoint_num_layers",
+    "optim.name",
+    "padded_vocab_size",
+    "make_vocab_size_divisible_by",
+    "activation",
+    "normalization",
+    "bias",
+    "share_embeddings_and_output_weights",
+    "position_embedding_type",
+    "tokenizer.type",
+    "tokenizer.model",
+    "tokenizer.vocab_file",
+)
+TRAINER_KEYS = ("num_nodes", "devices", "precision")
+KNOWN_KEYS = (
+    *(f"model.{key}" for key in MODEL_KEYS),
+    *(f"trainer.{key}" for key in TRAINER_KEYS),
+)
+CHOICES = {
+    "model.activation": ("gelu", "squared-relu", "relu", *GATED_ACTIVATIONS),
+    "model.normalization": ("layernorm", "layernorm1p", "rmsnorm"),
+    "model.position_embedding_type": ("learned_absolute", "rope"),
+}
+DEFAULTS = {
+    "trainer": {"num_nodes": 1, "devices": 8, "precision": "bf16"},
+    "model": {"micro_batch_size": 1, "optim": {"name": "distributed_fused_adam"}},
+}
+USAGE = (
+    "usage: estimate [training=<recipe>] [model.<key>=<value> ...] [trainer.<key>=<value> ...]"
+    " [cluster=h100|a100] [cluster.<field>=<value> ...] [--json]"
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    recipe: str | None
+    overrides: dict[str, Any]  # model.* and trainer.* keys
+    cluster_preset: str | None
+    cluster_settings: dict[str, Any]
+    as_json: bool
+
+    @property
+    def cluster_described(self) -> bool:
+        return self.cluster_preset is not None or bool(self.cluster_settings)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    shape: ModelShape
+    layout: Layout
+    vocab_assumed: bool
+    memory: MemoryBreakdown
+    model_flops_per_step: float
+    cluster: ClusterSpec | None
+    step: StepPrediction | None
+
+    def to_json(self) -> dict:
+        result: dict[str, Any] = {
+            **self.memory.to_json(),
+            "parameters_total": self.shape.total_parameters(self.layout.tensor),
+            "model_flops_per_step": self.model_flops_per_step,
+            "model": asdict(self.shape),
+            "padded_vocab_size": self.shape.padded_vocab(self.layout.tensor),
+            "vocab_assumed": self.vocab_assumed,
+            "layout": {
+                **asdict(self.layout),
+                "data": self.layout.data,
+                "micro_batches": self.layout.micro_batches,
+            },
+        }
+        if self.cluster is not None and self.step is not None:
+            result["predicted_step_time_s"] = self.step.step_time_s
+            result["tflops_per_gpu"] = self.step.tflops_per_gpu
+            result["step"] = self.step.to_json()
+            result["cluster"] = asdict(self.cluster)
+            result["fits"] = self.memory.total_gib <= self.cluster.gpu_memory_gib
+        return result
+
+
+def parse_args(argv: Sequence[str]) -> Request:
+    recipe, preset, as_json = None, None, False
+    overrides: dict[str, Any] = {}
+    cluster: dict[str, Any] = {}
+    for arg in argv:
+        if arg == "--json":
+            as_json = True
+            continue
+        key, sep, text = arg.partition("=")
+        if not sep or not key:
+            raise ConfigError(
+                arg, "is not key=value", "Write overrides as e.g. model.num_layers=96"
+            )
+        value = parse_value(text)
+        if key == "training":
+            recipe = text
+        elif key == "cluster":
+            if text not in CLUSTERS:
+                raise ConfigError(
+                    key, f"{text!r} is not a cluster", f"Use one of: {', '.join(CLUSTERS)}"
+                )
+            preset = text
+        elif key.startswith("cluster."):
+            cluster[key.removeprefix("cluster.")] = value
+        elif key in KNOWN_KEYS:
+            if key in CHOICES and value not in CHOICES[key]:
+                raise ConfigError(
+                    key, f"{value!r} is not valid", f"Use one of: {', '.join(CHOICES[key])}"
+                )
+            overrides[key] = value
+        else:
+            close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+            hint = f"Did you mean {close[0]}? " if close else ""
+            raise ConfigError(
+                key, "is not a key estimate reads", f"{hint}Run with --help for the keys"
+            )
+    return Request(recipe, overrides, preset, cluster, as_json)
+
+
+def parse_value(text: str) -> Any:
+    """A value as YAML reads it (12 -> int, true -> bool, null -> None), else the text."""
+    try:
+        return yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return text
+
+
+def recipe_config(request: Request) -> DictConfig:
+    """The recipe's training section (or the defaults) with the command-line keys applied."""
+    if request.recipe is None:
+        cfg = OmegaConf.create(DEFAULTS)
+    else:
+        from launcher_scripts.config.compose import compose_config
+        from launcher_scripts.jobs.training.families import family_of
+
+        root = compose_config([f"training={request.recipe}"])
+        OmegaConf.set_struct(root, False)
+        cfg = root.training
+        if family_of(cfg, "training").name == "t5":
+            raise ConfigError(
+                f"training={request.recipe}",
+                "is an encoder-decoder recipe, which estimate does not model",
+                "Use a gpt3 or bert recipe (a training dry run prints T5 plans)",
+            )
+    for key, value in request.overrides.items():
+        OmegaConf.update(cfg, key, value, merge=True)
+    if cfg.model.get("global_batch_size") is None:
+        cfg.model.global_batch_size = default_global_batch(cfg)
+    return cfg
+
+
+def default_global_batch(cfg: DictConfig) -> Any:
+    """One micro-batch per data-parallel rank; left as is where the numbers are not numbers
+    (the model's own checks then name the key)."""
+    model, trainer = cfg.model, cfg.trainer
+    try:
+        world = int(trainer.num_nodes) * int(trainer.devices)
+        split = 1
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+        ):
+            split *= int(model.get(name) or 1)
+        return int(model.micro_batch_size) * max(1, world // split)
+    except (TypeError, ValueError):
+        return None
+
+
+def make_estimate(request: Request) -> Estimate:
+    cfg = recipe_config(request)
+    vocab, assumed = None, False
+    if cfg.model.get("padded_vocab_size") is None:
+        vocab, assumed = tokenizer_vocab(cfg.model.get("tokenizer") or {})
+    shape = ModelShape.from_recipe(cfg.model, vocab_size=vocab)
+    layout = Layout.from_recipe(cfg)
+    check_layout(shape, layout)
+    cluster = None
+    if request.cluster_described:
+        base = asdict(CLUSTERS[request.cluster_preset or "h100"])
+        cluster = ClusterSpec.from_settings({**base, **request.cluster_settings})
+    return Estimate(
+        shape=shape,
+        layout=layout,
+        vocab_assumed=assumed,
+        memory=memory_breakdown(shape, layout),
+        model_flops_per_step=model_flops_per_step(shape, layout),
+        cluster=cluster,
+        step=predict_step(shape, layout, cluster) if cluster else None,
+    )
+
+
+def table(estimate: Estimate) -> list[str]:
+    """The estimate as aligned lines."""
+    shape, layout, m = estimate.shape, estimate.layout, estimate.memory
+    vocab = f"vocab {shape.vocab_size}" + (" (assumed)" if estimate.vocab_assumed else "")
+    parallel = (
+        f"TP {layout.tensor}, PP {layout.pipeline}, VP {layout.virtual_pipeline or '-'}, "
+        f"CP {layout.context}, DP {layout.data}" + (", SP" if layout.sequence_parallel else "")
+    )
+    recompute = f"{layout.recompute} recompute" if layout.recompute else "no recompute"
+    optimizer = "distributed optimizer" if layout.distributed_optimizer else "optimizer per rank"
+    sections: list[tuple[str, list[tuple[str, str]]]] = [
+        (
+            "model",
+            [
+                (
+                    "shape",
+                    f"{shape.num_layers} layers, hidden {shape.hidden_size}, "
+                    f"{shape.num_attention_heads} heads ({shape.query_groups} query groups), "
+                    f"FFN {shape.ffn_hidden_size}{' gated' if shape.gated_mlp else ''}, "
+                    f"seq {shape.seq_length}",
+                ),
+                ("vocabulary", f"{vocab}, padded to {shape.padded_vocab(layout.tensor)}"),
+                (
+                    "parameters",
+                    f"{shape.total_parameters(layout.tensor) / 1e9:.3f} B, "
+                    f"{m.parameters_per_gpu / 1e9:.3f} B on the busiest GPU",
+                ),
+                (
+                    "layout",
+                    f"{layout.num_nodes} x {layout.gpus_per_node} GPUs: {parallel}; MBS "
+                    f"{layout.micro_batch}, GBS {layout.global_batch} "
+                    f"({layout.micro_batches} micro-batches)",
+                ),
+                ("training", f"{layout.dtype}, {recompute}, {optimizer}"),
+            ],
+        ),
+        (
+            f"memory per GPU, GiB ({m.stage} pipeline stage)"
+            if m.stage != "only"
+            else "memory per GPU, GiB",
+            [
+                ("weights", f"{m.weights_gib:10.3f}"),
+                ("gradients", f"{m.gradients_gib:10.3f}"),
+                ("optimizer", f"{m.optimizer_gib:10.3f}"),
+                ("layer activations", f"{m.layer_activations_gib:10.3f}"),
+                ("other activations", f"{m.other_activations_gib:10.3f}"),
+                ("recompute workspace", f"{m.recompute_workspace_gib:10.3f}"),
+                ("total", f"{m.total_gib:10.3f}" + fit_note(estimate)),
+            ],
+        ),
+        ("compute", [("model FLOPs per step", f"{estimate.model_flops_per_step:.4e}")]),
+    ]
+    step = estimate.step
+    if step is not None:
+        sections.append(
+            (
+                "predicted step, seconds",
+                [
+                    ("compute", f"{step.compute_s:10.4f}"),
+                    ("TP communication", f"{step.tp_comm_s:10.4f}"),
+                    ("CP communication", f"{step.cp_comm_s:10.4f}"),
+                    ("pipeline bubble", f"{step.pp_bubble_s:10.4f}"),
+                    (
+                        "DP gradient reduction",
+                        f"{step.dp_comm_s:10.4f} ({step.dp_exposed_s:.4f} exposed)",
+                    ),
+                    ("step time", f"{step.step_time_s:10.4f}"),
+                    ("model TFLOP/s per GPU", f"{step.tflops_per_gpu:10.1f}"),
+                ],
+            )
+        )
+    width = max(len(name) for _, rows in sections for name, _ in rows)
+    lines: list[str] = []
+    for title, rows in sections:
+        lines.append(title)
+        lines.extend(f"  {name:<{width}}  {value}" for name, value in rows)
+    return lines
+
+
+def fit_note(estimate: Estimate) -> str:
+    if estimate.cluster is None:
+        return ""
+    budget = estimate.cluster.gpu_memory_gib
+    verdict = "fits" if estimate.memory.total <= budget * GIB else "does NOT fit"
+    return f"  of {budget:g} GiB: {verdict}"
+
+
+def main(argv: Sequence[str]) -> int:
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(USAGE)
+        print("keys: " + ", ".join(KNOWN_KEYS))
+        print("cluster fields: " + ", ".join(asdict(ClusterSpec())))
+        return 0
+    try:
+        request = parse_args(argv)
+        estimate = make_estimate(request)
+    except (LauncherError, OmegaConfBaseException) as error:
+        message = " ".join(str(error).split())
+        print(f"error: {message}", file=sys.stderr)
+        return LauncherError.exit_code
+    if request.as_json:
+        print(json.dumps(estimate.to_json(), indent=2))
+    else:
+        print("\n".join(table(estimate)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,228 @@
+"""Step time of one training layout on a described cluster, from first principles.
+
+* Model FLOPs: the standard Megatron count. Narayanan et al. 2021, "Efficient Large-Scale
+  Language Model Training on GPU Clusters Using Megatron-LM" (arXiv:2104.04473), derive
+  96 B s L h^2 (1 + s/(6h) + V/(16 L h)) FLOPs per step of B sequences for the GPT-3 shape with
+  full recomputation (four passes over the layers, three over the logits); without
+  recomputation that is 72 B s L h^2 (1 + s/(6h) + V/(12 L h)), the model-FLOPs count of
+  Korthikanti et al. 2022 and of Megatron-LM's num_floating_point_operations. Here it is
+  counted matmul by matmul (2 FLOPs a multiply-add, backward twice the forward) so that it
+  holds for grouped-query attention, FFN != 4h and gated MLPs: per layer and sequence the QKV
+  projection s h (q + 2 kv), the attention output projection s q h, the scores and their
+  product with V 2 s^2 q, fc1 s h ffn (x2 gated) and fc2 s ffn h multiply-adds; the logits
+  s h V with V the padded vocabulary. For the GPT-3 shape it equals the 72 formula.
+  Recomputation does not change model FLOPs.
+* Hardware FLOPs add what recomputation runs again: one more forward of every recomputed
+  layer (full: the 96 formula above), or of the attention scores and their product with V
+  (selective).
+* Compute time: the busiest pipeline stage's hardware FLOPs for its micro-batches, split over
+  TP x CP, at `compute_efficiency` x `peak_tflops`.
+* Tensor-parallel communication: per layer and micro-batch two all-reduces of the s b h
+  activations in the forward and two in the backward (with sequence parallelism an all-gather
+  and a reduce-scatter each, the same volume), two more when the layer's forward is
+  recomputed; a ring moves 2 (t-1)/t of the bytes at NVLink bandwidth when the TP group fits in
+  a node, else at the inter-node bandwidth. Not overlapped with compute.
+* Context-parallel communication (cp > 1): the ring exchange of K and V, cp-1 hops of
+  2 (s/cp) b kv / t elements in the forward and twice that (K, V and their gradients) in the
+  backward, per layer and micro-batch; counted in full (Megatron hides part of it under the
+  attention kernels, so this is an upper bound).
+* Pipeline bubble: (p-1)/(m v) of the per-stage time (compute and TP/CP communication), m
+  micro-batches, v virtual stages (Narayanan et al. 2021, section 2.2).
+* Data-parallel gradient reduction over the DP x CP group: with the distributed optimizer a
+  reduce-scatter of the gradients and an all-gather of the updated weights, (d-1)/d of each;
+  otherwise an all-reduce, 2 (d-1)/d of the gradients; inter-node bandwidth when the group
+  spans nodes (ranks are ordered TP, CP, DP, PP). `dp_overlap` of it is hidden under the
+  backward pass.
+Left out: pipeline point-to-point sends, the embedding and output layer's small collectives,
+kernel launch and optimizer-step time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+
+from auto_configurator.memory import bytes_per_parameter, stage_parameters
+from auto_configurator.shapes import Layout, ModelShape
+from launcher_scripts.errors import ConfigError
+
+GB = 1e9  # bandwidths are GB/s
+FRACTIONS = ("compute_efficiency", "dp_overlap")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    gpus_per_node: int = 8
+    gpu_memory_gib: float = 80.0
+    peak_tflops: float = 989.0  # dense bf16 per GPU (H100 SXM)
+    compute_efficiency: float = 0.55  # fraction of peak the matmuls reach
+    intra_node_gbps: float = 450.0  # GB/s per GPU, NVLink (one direction)
+    inter_node_gbps: float = 50.0  # GB/s per GPU across nodes (e.g. 400 Gb/s IB)
+    dp_overlap: float = 0.5  # fraction of the DP gradient reduction hidden under compute
+
+    @classmethod
+    def from_settings(cls, settings: Mapping, prefix: str = "cluster") -> ClusterSpec:
+        """Keys named as the fields; each error names `<prefix>.<key>`."""
+        names = [field.name for field in fields(cls)]
+        values: dict[str, float | int] = {}
+        for name, value in settings.items():
+            key = f"{prefix}.{name}"
+            if name not in names:
+                raise ConfigError(
+                    key, "is not a cluster setting", f"Use one of: {', '.join(names)}"
+                )
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(key, f"{value!r} is not a number", "Give a number")
+            if value < 0 or (value == 0 and name != "dp_overlap"):
+                raise ConfigError(key, f"{value} is not positive", "Give a number above 0")
+            if name == "gpus_per_node" and not isinstance(value, int):
+                raise ConfigError(key, f"{value!r} is not an integer", "Give a whole number")
+            if name in FRACTIONS and value > 1:
+                raise ConfigError(key, f"{value} is above 1", "Give a fraction of at most 1")
+            values[name] = value
+        return cls(**values)  # type: ignore[arg-type]
+
+
+# Presets a user can name with `cluster=<name>`; "h100" is the default above.
+CLUSTERS = {
+    "h100": ClusterSpec(),
+    "a100": ClusterSpec(peak_tflops=312.0, intra_node_gbps=300.0, inter_node_gbps=25.0),
+}
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    model_flops_per_step: float
+    compute_s: float
+    tp_comm_s: float
+    pp_bubble_s: float
+    dp_comm_s: float  # the whole gradient reduction; (1 - dp_overlap) of it is exposed
+    step_time_s: float
+    tflops_per_gpu: float  # model FLOPs per second and GPU
+    cp_comm_s: float = 0.0
+    dp_exposed_s: float = 0.0
+    hardware_flops_per_step: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def layer_forward_flops(shape: ModelShape) -> float:
+    """One layer's forward FLOPs for one sequence (2 FLOPs a multiply-add)."""
+    s, h = shape.seq_length, shape.hidden_size
+    q, kv = shape.query_size, shape.kv_size
+    projections = h * (q + 2 * kv) + q * h + h * shape.fc1_size + shape.ffn_hidden_size * h
+    return 2 * s * projections + attention_score_flops(shape)
+
+
+def attention_score_flops(shape: ModelShape) -> float:
+    """Forward FLOPs of Q K^T and of the scores times V, one sequence: 2 x 2 s^2 q."""
+    return 4 * shape.seq_length**2 * shape.query_size
+
+
+def logits_forward_flops(shape: ModelShape, padded_vocab: int) -> float:
+    return 2 * shape.seq_length * shape.hidden_size * padded_vocab
+
+
+def model_flops_per_sample(shape: ModelShape, padded_vocab: int) -> float:
+    """Forward and backward (3 x forward) of one sequence, no recomputation."""
+    forward = shape.num_layers * layer_forward_flops(shape)
+    return 3 * (forward + logits_forward_flops(shape, padded_vocab))
+
+
+def model_flops_per_step(shape: ModelShape, layout: Layout) -> float:
+    """Megatron's model FLOPs of one step (global batch), vocabulary padded for the layout."""
+    return layout.global_batch * model_flops_per_sample(shape, shape.padded_vocab(layout.tensor))
+
+
+def recomputed_layer_fraction(shape: ModelShape, layout: Layout) -> float:
+    """Share of layers whose forward full recompute runs twice (the block method: the first
+    recompute_num_layers of each model chunk)."""
+    if layout.recompute != "full":
+        return 0.0
+    if layout.recompute_method != "block":
+        return 1.0
+    per_chunk = shape.num_layers // (layout.pipeline * (layout.virtual_pipeline or 1))
+    return min(layout.recompute_num_layers, per_chunk) / per_chunk
+
+
+def recompute_flops_per_layer(shape: ModelShape, layout: Layout) -> float:
+    """Hardware FLOPs recomputation adds per layer and sequence, averaged over layers."""
+    if layout.recompute == "selective":
+        return attention_score_flops(shape)
+    return recomputed_layer_fraction(shape, layout) * layer_forward_flops(shape)
+
+
+def stage_hardware_flops(shape: ModelShape, layout: Layout, stage: str) -> float:
+    """Hardware FLOPs of one sequence on the "only", "first" or "last" pipeline stage."""
+    layers = shape.num_layers // layout.pipeline
+    per_layer = 3 * layer_forward_flops(shape) + recompute_flops_per_layer(shape, layout)
+    flops = layers * per_layer
+    if stage in ("only", "last"):
+        flops += 3 * logits_forward_flops(shape, shape.padded_vocab(layout.tensor))
+    return flops
+
+
+def ring_seconds(volume_bytes: float, ranks: int, gbps: float) -> float:
+    """A ring all-gather or reduce-scatter: (n-1)/n of the bytes through each link."""
+    return (ranks - 1) / ranks * volume_bytes / (gbps * GB) if ranks > 1 else 0.0
+
+
+def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> StepPrediction:
+    """The predicted step time and its parts (see the module docstring)."""
+    t, p, cp = layout.tensor, layout.pipeline, layout.context
+    m, b, e = layout.micro_batches, layout.micro_batch, layout.element_bytes
+    node = layout.gpus_per_node
+    stages = ("only",) if p == 1 else ("first", "last")
+    stage_flops = max(stage_hardware_flops(shape, layout, stage) for stage in stages)
+    rate = cluster.peak_tflops * 1e12 * cluster.compute_efficiency
+    compute = m * b * stage_flops / (t * cp) / rate
+
+    layers = shape.num_layers // p
+    local_seq = shape.seq_length / cp
+    tp_bytes = e * local_seq * b * shape.hidden_size
+    collectives = 4 + 2 * recomputed_layer_fraction(shape, layout)
+    tp_gbps = cluster.intra_node_gbps if t <= node else cluster.inter_node_gbps
+    # An all-reduce is a reduce-scatter plus an all-gather: 2 (t-1)/t of the bytes.
+    tp_comm = m * layers * collectives * 2 * ring_seconds(tp_bytes, t, tp_gbps)
+
+    kv_bytes = 2 * e * local_seq * b * shape.kv_size / t
+    cp_gbps = cluster.intra_node_gbps if t * cp <= node else cluster.inter_node_gbps
+    hops = cp - 1
+    cp_comm = m * layers * 3 * hops * kv_bytes / (cp_gbps * GB)
+
+    bubble = (p - 1) / (m * (layout.virtual_pipeline or 1)) * (compute + tp_comm + cp_comm)
+
+    reduce_ranks = layout.data * cp
+    per_param = bytes_per_parameter(
+        layout.dtype, layout.distributed_optimizer, reduce_ranks, layout.fp32_grads
+    )
+    params = max(stage_parameters(shape, layout, stage) for stage in stages)
+    dp_gbps = cluster.intra_node_gbps if t * cp * layout.data <= node else cluster.inter_node_gbps
+    grads = ring_seconds(params * per_param.gradients, reduce_ranks, dp_gbps)
+    if layout.distributed_optimizer:
+        dp_comm = grads + ring_seconds(params * per_param.weights, reduce_ranks, dp_gbps)
+    else:
+        dp_comm = 2 * grads
+    dp_exposed = (1 - cluster.dp_overlap) * dp_comm
+
+    step = compute + tp_comm + cp_comm + bubble + dp_exposed
+    model_flops = model_flops_per_step(shape, layout)
+    return StepPrediction(
+        model_flops_per_step=model_flops,
+        compute_s=compute,
+        tp_comm_s=tp_comm,
+        pp_bubble_s=bubble,
+        dp_comm_s=dp_comm,
+        step_time_s=step,
+        tflops_per_gpu=model_flops / step / layout.world / 1e12,
+        cp_comm_s=cp_comm,
+        dp_exposed_s=dp_exposed,
+        hardware_flops_per_step=hardware_flops_per_step(shape, layout),
+    )
+
+
+def hardware_flops_per_step(shape: ModelShape, layout: Layout) -> float:
+    """Model FLOPs plus what recomputation runs again, for the whole step."""
+    extra = shape.num_layers * recompute_flops_per_layer(shape, layout)
+    return model_flops_per_step(shape, layout) + layout.global_batch * extra
