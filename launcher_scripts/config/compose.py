@@ -6,10 +6,13 @@ changing logging, and lets every composition error become one actionable line.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
@@ -40,6 +43,11 @@ def config_groups(root: Path | None = None) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def is_recipe_file(value: str) -> bool:
+    """A group value naming a recipe file outside conf/ (an absolute path to a .yaml)."""
+    return value.endswith((".yaml", ".yml")) and Path(value).is_absolute()
+
+
 def check_recipe_overrides(overrides: Sequence[str], root: Path | None = None) -> None:
     """Name the unknown recipe and list the available ones, before Hydra's longer message."""
     root = root or conf_dir()
@@ -47,13 +55,46 @@ def check_recipe_overrides(overrides: Sequence[str], root: Path | None = None) -
     for override in overrides:
         key, sep, value = override.partition("=")
         key = key.lstrip("+~")
-        if not sep or key not in groups:
+        if not sep or key not in groups or is_recipe_file(value):
             continue
         if not (root / key / f"{value}.yaml").is_file():
             available = ", ".join(recipe_options(key, root)) or "none"
             raise ConfigError(
                 f"{key}={value}", "no such recipe", f"Available {key} recipes: {available}"
             )
+
+
+def recipe_file_overrides(overrides: Sequence[str], root: Path | None = None) -> list[str]:
+    """`<group>=/abs/path/recipe.yaml` loads that group's recipe from a file outside conf/
+    (the AutoConfigurator writes such recipes): the file is registered in Hydra's config store
+    under a name made from its path, and the override names that entry instead."""
+    root = root or conf_dir()
+    groups = set(config_groups(root))
+    rewritten = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        group = key.lstrip("+~")
+        if sep and group in groups and is_recipe_file(value):
+            path = Path(value)
+            try:
+                node = OmegaConf.load(path)
+            except FileNotFoundError:
+                raise ConfigError(
+                    override,
+                    "no such file",
+                    f"Give the absolute path of an existing recipe, or a name from conf/{group}/",
+                ) from None
+            except (OSError, yaml.YAMLError) as error:
+                raise ConfigError(
+                    override, f"cannot be read: {_first_line(error)}", "Fix the recipe file"
+                ) from None
+            if not isinstance(node, DictConfig):
+                raise ConfigError(override, "is not a mapping of keys", "Fix the recipe file")
+            name = "file_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
+            ConfigStore.instance().store(group=group, name=name, node=node)
+            override = f"{key}={name}"
+        rewritten.append(override)
+    return rewritten
 
 
 def matching_cluster(
@@ -84,6 +125,7 @@ def compose_config(overrides: Sequence[str], config_name: str = "config") -> Dic
     """The composed, unresolved configuration. Raises ConfigError on any composition error."""
     root = conf_dir()
     check_recipe_overrides(overrides, root)
+    overrides = recipe_file_overrides(overrides, root)
     overrides = [*matching_cluster(overrides, root, config_name), *overrides]
     GlobalHydra.instance().clear()
     try:

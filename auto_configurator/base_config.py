@@ -1,0 +1,302 @@
+"""Base config generation: a training recipe for a model size that the training stage runs as is.
+
+It starts from a shipped recipe (search_config.train_settings.base_recipe, e.g. gpt3/126m),
+composed by the launcher so every key the stage reads is there, and changes the numbers: the
+architecture (sizing.py's rule), sequence length, batch, nodes, steps for the tokens, time
+limits and the parallel layout. For GPT and BERT the layout is the one the analytical model
+predicts fastest among those that fit (the search then measures the best few); T5 and mT5 (an
+encoder-decoder the analytical model does not describe) take the first layout, in order of
+least model parallelism and largest micro-batch, that the launcher's own plan says fits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from auto_configurator import sizing
+from auto_configurator.candidates import (
+    Candidate,
+    Evaluated,
+    SearchSpace,
+    evaluate,
+    require_feasible,
+    search_space,
+)
+from auto_configurator.recipes import (
+    STAGE,
+    check_family,
+    compose_recipe,
+    launcher_overrides,
+    resolved_stage,
+    set_keys,
+    write_recipe,
+)
+from auto_configurator.settings import PREFIX, TrainSettings
+from auto_configurator.shapes import Layout, ModelShape, tokenizer_vocab
+from auto_configurator.throughput import ClusterSpec, model_flops_per_step
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.training import plan as training_plan
+
+T5_MICRO_BATCHES = (64, 32, 16, 8, 4, 2, 1)
+STOP_BEFORE_LIMIT_S = 1800  # trainer.max_time stops this long before the job's time limit
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    path: Path
+    size_in_b: float
+    architecture: sizing.Architecture
+    recipe: DictConfig  # the written training recipe, unresolved
+    steps: int  # to train num_tokens_in_b
+    days: float  # at tflops_per_gpu, from the model FLOPs of the architecture
+    shape: ModelShape | None = None  # GPT and BERT: what the analytical model describes
+    layout: Layout | None = None
+    space: SearchSpace | None = None
+    evaluated: tuple[Evaluated, ...] = ()
+    on_gpu: bool = True
+
+    @property
+    def best(self) -> Evaluated | None:
+        chosen = [e for e in self.evaluated if e.layout == self.layout]
+        return chosen[0] if chosen else None
+
+
+def size_label(size_in_b: float) -> str:
+    """5 -> '5b', 0.126 -> '0.126b', 5.3763 -> '5.38b'."""
+    return f"{float(f'{size_in_b:.3g}'):g}b"
+
+
+def time_limit(days: float) -> str:
+    """Slurm's D-HH:MM:SS."""
+    seconds = max(60, int(days * sizing.SECONDS_PER_DAY))
+    d, rest = divmod(seconds, 86400)
+    return f"{d}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+
+
+def max_time(seconds: float) -> str:
+    """Lightning's DD:HH:MM:SS."""
+    seconds = max(60, int(seconds))
+    d, rest = divmod(seconds, 86400)
+    return f"{d:02d}:{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+
+
+def generate(cfg: DictConfig, settings: TrainSettings, size_in_b: float) -> BaseConfig:
+    """Write `<logs>/base_cfg_<size>.yaml` and return it with the model's view of it."""
+    recipe_key = f"{PREFIX}.base_recipe"
+    root = compose_recipe(settings.base_recipe, launcher_overrides(cfg), recipe_key)
+    recipe = root[STAGE]
+    check_family(recipe, settings.family, recipe_key)
+    encoder_decoder = settings.family in ("t5", "mt5")
+    if encoder_decoder:
+        arch = sizing.encoder_decoder_architecture(size_in_b, settings.vocab_size)
+    else:
+        arch = sizing.stack_architecture(size_in_b, settings.vocab_size, settings.seq_length)
+    seq = settings.seq_length
+    gbs = settings.global_batch_size or sizing.global_batch_size(size_in_b, seq, settings.gpus)
+    steps = max(1, math.ceil(settings.num_tokens_in_b * 1e9 / (gbs * seq)))
+    lr = arch.lr
+    common = {
+        "run.name": f"{settings.family}_{size_label(size_in_b)}",
+        "run.time_limit": time_limit(settings.max_training_days),
+        "trainer.num_nodes": settings.num_nodes,
+        "trainer.devices": settings.gpus_per_node,
+        "trainer.max_steps": steps,
+        "trainer.max_time": max_time(
+            settings.max_training_days * sizing.SECONDS_PER_DAY - STOP_BEFORE_LIMIT_S
+        ),
+        "model.global_batch_size": gbs,
+        "model.optim.lr": lr,
+        "model.optim.sched.min_lr": lr / 10,
+    }
+    sched = recipe.model.optim.sched
+    if "warmup_steps" in sched:
+        # About 0.1% of the steps warm up (the GPT-3 126m recipe: 636 of 600,000), no plateau.
+        common["model.optim.sched.warmup_steps"] = max(1, math.ceil(steps / 1000))
+    if "constant_steps" in sched:
+        common["model.optim.sched.constant_steps"] = 0
+    set_keys(recipe, common)
+    if encoder_decoder:
+        _set_encoder_decoder(recipe, arch, seq)
+    else:
+        _set_stack(recipe, arch, seq)
+    resolved = resolved_stage(root)
+    training = resolved[STAGE]
+    on_gpu = str(training.trainer.get("accelerator", "gpu")) != "cpu"
+    path = settings.logs / f"base_cfg_{size_label(size_in_b)}.yaml"
+    if encoder_decoder:
+        _choose_encoder_decoder_layout(root, recipe, settings, arch)
+        flops = 6 * arch.parameters * gbs * seq  # 6 N D: T5 is outside the FLOPs model
+        days = sizing.days_to_train(flops, steps, settings.gpus, settings.tflops_per_gpu)
+        base = BaseConfig(path, size_in_b, arch, recipe, steps, days, on_gpu=on_gpu)
+    else:
+        base = _choose_stack_layout(recipe, training, settings, cfg, size_in_b, arch, steps)
+        base = replace(base, path=path, on_gpu=on_gpu)
+    header = (
+        f"Base config for a {size_label(size_in_b)} {settings.family} model, written by the "
+        f"AutoConfigurator\nfrom the {settings.base_recipe} recipe: "
+        f"{arch.num_layers} layers, hidden {arch.hidden_size}, "
+        f"{arch.num_attention_heads} heads, FFN {arch.ffn_hidden_size}, about "
+        f"{arch.parameters / 1e9:.3g}B parameters.\n"
+        f"Run it: python3 main.py stages=[training] training={path}"
+    )
+    write_recipe(path, recipe, header)
+    return base
+
+
+def _set_stack(recipe: DictConfig, arch: sizing.Architecture, seq: int) -> None:
+    set_keys(
+        recipe,
+        {
+            "model.num_layers": arch.num_layers,
+            "model.hidden_size": arch.hidden_size,
+            "model.ffn_hidden_size": arch.ffn_hidden_size,
+            "model.num_attention_heads": arch.num_attention_heads,
+            "model.kv_channels": None,
+            "model.init_method_std": arch.init_method_std,
+            "model.encoder_seq_length": seq,
+            "model.max_position_embeddings": seq,
+        },
+    )
+
+
+def _set_encoder_decoder(recipe: DictConfig, arch: sizing.Architecture, seq: int) -> None:
+    values: dict[str, object] = {"model.seq_length": seq}
+    for block in ("encoder", "decoder"):
+        values.update(
+            {
+                f"model.{block}.num_layers": arch.num_layers,
+                f"model.{block}.hidden_size": arch.hidden_size,
+                f"model.{block}.ffn_hidden_size": arch.ffn_hidden_size,
+                f"model.{block}.num_attention_heads": arch.num_attention_heads,
+                f"model.{block}.kv_channels": sizing.T5_KV_CHANNELS,
+                f"model.{block}.init_method_std": arch.init_method_std,
+            }
+        )
+    set_keys(recipe, values)
+
+
+def model_of(training: DictConfig, settings: TrainSettings) -> tuple[ModelShape, Layout]:
+    """The analytical model's view of a resolved GPT or BERT training recipe. The vocabulary is
+    the tokenizer's when its file can be read now, else the search config's vocab_size."""
+    model = OmegaConf.to_container(training.model, resolve=True)
+    vocab, assumed = tokenizer_vocab(model.get("tokenizer") or {})
+    shape = ModelShape.from_recipe(
+        model, vocab_size=settings.vocab_size if assumed else vocab, prefix=f"{STAGE}.model"
+    )
+    layout = Layout.from_recipe(OmegaConf.to_container(training, resolve=True), f"{STAGE}.")
+    return shape, layout
+
+
+def cluster_spec(cfg: DictConfig, settings: TrainSettings) -> ClusterSpec:
+    values = OmegaConf.to_container(cfg.cluster_spec, resolve=True) or {}
+    values = {
+        **values,
+        "gpus_per_node": settings.gpus_per_node,
+        "gpu_memory_gib": settings.gpu_memory_gb,
+    }
+    return ClusterSpec.from_settings(values, prefix="cluster_spec")
+
+
+def _choose_stack_layout(
+    recipe: DictConfig,
+    training: DictConfig,
+    settings: TrainSettings,
+    cfg: DictConfig,
+    size_in_b: float,
+    arch: sizing.Architecture,
+    steps: int,
+) -> BaseConfig:
+    shape, layout = model_of(training, settings)
+    on_gpu = str(training.trainer.get("accelerator", "gpu")) != "cpu"
+    space = search_space(settings, shape, on_gpu)
+    evaluated = evaluate(
+        space.candidates(),
+        shape,
+        layout,
+        space,
+        cluster_spec(cfg, settings),
+        settings.memory_limit_bytes,
+    )
+    best = require_feasible(evaluated, shape, space, settings)[0]
+    apply_layout(recipe, best.candidate)
+    flops = model_flops_per_step(shape, best.layout)
+    days = sizing.days_to_train(flops, steps, settings.gpus, settings.tflops_per_gpu)
+    return BaseConfig(
+        Path(),
+        size_in_b,
+        arch,
+        recipe,
+        steps,
+        days,
+        shape,
+        best.layout,
+        space,
+        tuple(evaluated),
+    )
+
+
+def apply_layout(recipe: DictConfig, candidate: Candidate) -> None:
+    """Give the recipe the candidate's parallel sizes, micro-batch and recomputation (keys a
+    recipe may lack, such as BERT's context_parallel_size, are added)."""
+    values = {}
+    for override in candidate.overrides(STAGE):
+        key, _, text = override.partition("=")
+        values[key.removeprefix(f"{STAGE}.")] = _parse(text)
+    set_keys(recipe, values, add=True)
+
+
+def _parse(text: str) -> object:
+    """An override's value as YAML reads it (null, true, 4)."""
+    return OmegaConf.create(f"v: {text}").v
+
+
+def _choose_encoder_decoder_layout(
+    root: DictConfig, recipe: DictConfig, settings: TrainSettings, arch: sizing.Architecture
+) -> None:
+    """T5/mT5: the first (TP, PP, MBS) by least TP x PP, then largest micro-batch, whose memory
+    the launcher's plan estimates within the GPU's memory less the margin."""
+    world = settings.gpus
+    limit = settings.memory_limit_bytes
+    options = []
+    for tensor in (1, 2, 4, 8):
+        for pipeline in (1, 2, 4, 8):
+            fits_world = world % (tensor * pipeline) == 0 and tensor <= settings.gpus_per_node
+            heads_ok = arch.num_attention_heads % tensor == 0
+            stages_ok = pipeline == 1 or arch.num_layers % (pipeline // 2) == 0
+            if fits_world and heads_ok and stages_ok:
+                options.append((tensor * pipeline, tensor, pipeline))
+    gbs = int(recipe.model.global_batch_size)
+    smallest = math.inf
+    for _, tensor, pipeline in sorted(options):
+        data = world // (tensor * pipeline)
+        for micro in T5_MICRO_BATCHES:
+            if gbs % (micro * data):
+                continue
+            values = {
+                "model.tensor_model_parallel_size": tensor,
+                "model.pipeline_model_parallel_size": pipeline,
+                "model.micro_batch_size": micro,
+            }
+            if pipeline > 1:
+                values["model.pipeline_model_parallel_split_rank"] = pipeline // 2
+            set_keys(recipe, values)
+            plan = training_plan.make_plan(resolved_stage(root), STAGE)
+            if plan.memory.total <= limit:
+                return
+            smallest = min(smallest, plan.memory.total)
+    if smallest == math.inf:
+        raise ConfigError(
+            f"{PREFIX}.global_batch_size",
+            f"{gbs} splits over no layout's data-parallel ranks",
+            f"Use a multiple of the {world} GPUs, or auto",
+        )
+    raise ConfigError(
+        f"{PREFIX}.gpu_memory_gb",
+        f"no T5 layout up to TP 8 x PP 8 fits: the smallest needs {smallest / 2**30:.1f} GiB "
+        f"per GPU of {limit / 2**30:.1f} usable",
+        "Add nodes or GPUs, or choose a smaller model",
+    )

@@ -1,0 +1,368 @@
+"""The search space: candidate layouts, the rules that make a layout valid, the memory filter
+and the ranking by predicted step time.
+
+A candidate is TP, PP, VP (interleaved chunks), CP, sequence parallelism, micro-batch size and
+activation recomputation; nodes, GPUs, the global batch, precision and optimizer are the base
+config's. Memory and step time come from the analytical model (memory.py, throughput.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from auto_configurator.memory import MemoryBreakdown, memory_breakdown
+from auto_configurator.settings import PREFIX, TrainSettings
+from auto_configurator.shapes import Layout, ModelShape
+from auto_configurator.throughput import ClusterSpec, StepPrediction, predict_step
+from launcher_scripts.errors import ConfigError
+
+AUTO_MICRO_BATCHES = (1, 2, 4, 8, 16)
+AUTO_VIRTUAL_PIPELINE = (None, 2, 4, 8)
+LONG_SEQUENCE = 8192  # auto searches context parallelism from this sequence length up
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tensor: int
+    pipeline: int
+    virtual_pipeline: int | None
+    context: int
+    sequence_parallel: bool
+    micro_batch: int
+    recompute: str | None  # None | "selective" | "full" (every layer)
+
+    def layout(self, base: Layout) -> Layout:
+        return replace(
+            base,
+            tensor=self.tensor,
+            pipeline=self.pipeline,
+            virtual_pipeline=self.virtual_pipeline,
+            context=self.context,
+            sequence_parallel=self.sequence_parallel,
+            micro_batch=self.micro_batch,
+            recompute=self.recompute,
+            recompute_method="uniform",
+            recompute_num_layers=1,
+        )
+
+    def overrides(self, stage: str = "training") -> list[str]:
+        """The launcher overrides that give a recipe this layout."""
+        model = f"{stage}.model"
+        full = self.recompute == "full"
+        return [
+            f"{model}.tensor_model_parallel_size={self.tensor}",
+            f"{model}.pipeline_model_parallel_size={self.pipeline}",
+            f"{model}.virtual_pipeline_model_parallel_size={_yaml(self.virtual_pipeline)}",
+            f"{model}.context_parallel_size={self.context}",
+            f"{model}.sequence_parallel={_yaml(self.sequence_parallel)}",
+            f"{model}.micro_batch_size={self.micro_batch}",
+            f"{model}.activations_checkpoint_granularity={_yaml(self.recompute)}",
+            f"{model}.activations_checkpoint_method={'uniform' if full else 'null'}",
+            f"{model}.activations_checkpoint_num_layers={1 if full else 'null'}",
+        ]
+
+    @property
+    def label(self) -> str:
+        vp = f" VP{self.virtual_pipeline}" if self.virtual_pipeline else ""
+        sp = " SP" if self.sequence_parallel else ""
+        recompute = f" {self.recompute}" if self.recompute else ""
+        return (
+            f"TP{self.tensor} PP{self.pipeline}{vp} CP{self.context}{sp} "
+            f"MBS{self.micro_batch}{recompute}"
+        )
+
+
+def _yaml(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    tensor: tuple[int, ...]
+    pipeline: tuple[int, ...]
+    virtual_pipeline: tuple[int | None, ...]
+    context: tuple[int, ...]
+    sequence_parallel: tuple[bool, ...]
+    micro_batch: tuple[int, ...]
+    recompute: tuple[str | None, ...]
+    min_model_parallel: int
+    max_model_parallel: int
+    recompute_allowed: bool  # False on CPU: megatron-core's recomputation needs CUDA
+
+    def candidates(self) -> list[Candidate]:
+        return [
+            Candidate(*values)
+            for values in itertools.product(
+                self.tensor,
+                self.pipeline,
+                self.virtual_pipeline,
+                self.context,
+                self.sequence_parallel,
+                self.micro_batch,
+                self.recompute,
+            )
+        ]
+
+
+def _powers_of_two(limit: int) -> tuple[int, ...]:
+    return tuple(2**i for i in range(limit.bit_length()) if 2**i <= limit)
+
+
+def search_space(settings: TrainSettings, shape: ModelShape, on_gpu: bool = True) -> SearchSpace:
+    """The values each search key takes: the user's lists, or for `auto`: TP powers of two up to
+    a node, PP the divisors of the layer count up to the GPUs, VP none/2/4/8, CP 1 (powers of
+    two up to 8 from LONG_SEQUENCE tokens), SP on and off, MBS 1 to 16, recomputation none,
+    selective and full (none only on CPU), model parallel size TP x PP from 1 to all GPUs."""
+    world = settings.gpus
+    pipeline_auto = tuple(
+        d for d in range(1, shape.num_layers + 1) if shape.num_layers % d == 0 and d <= world
+    )
+    long = shape.seq_length >= LONG_SEQUENCE
+    return SearchSpace(
+        tensor=settings.tensor_parallel_sizes or _powers_of_two(min(settings.gpus_per_node, world)),
+        pipeline=settings.pipeline_parallel_sizes or pipeline_auto,
+        virtual_pipeline=settings.virtual_pipeline_sizes or AUTO_VIRTUAL_PIPELINE,
+        context=settings.context_parallel_sizes or (_powers_of_two(8) if long else (1,)),
+        sequence_parallel=settings.sequence_parallel or (False, True),
+        micro_batch=settings.micro_batch_sizes or AUTO_MICRO_BATCHES,
+        recompute=settings.recompute or ((None, "selective", "full") if on_gpu else (None,)),
+        min_model_parallel=settings.min_model_parallel_size or 1,
+        max_model_parallel=settings.max_model_parallel_size or world,
+        recompute_allowed=on_gpu,
+    )
+
+
+# ----- the rules ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str  # what candidates.csv says about a layout that breaks it
+    setting: str  # the train_settings key to change when no layout passes
+    holds: Callable[[ModelShape, Layout, SearchSpace], bool]
+    fix: Callable[[ModelShape, Layout, SearchSpace], str]
+
+
+def _micro_batches_exact(layout: Layout) -> bool:
+    """The global batch splits into whole micro-batches per data-parallel rank."""
+    return layout.data > 0 and layout.global_batch % (layout.micro_batch * layout.data) == 0
+
+
+RULES = (
+    Rule(
+        "heads % TP",
+        "tensor_parallel_sizes",
+        lambda s, lay, _: (
+            s.num_attention_heads % lay.tensor == 0 and s.query_groups % lay.tensor == 0
+        ),
+        lambda s, _lay, _sp: (
+            f"Choose TP sizes that divide the {s.num_attention_heads} heads "
+            f"and {s.query_groups} query groups, e.g. [1, 2, 4]"
+        ),
+    ),
+    Rule(
+        "ffn % TP",
+        "tensor_parallel_sizes",
+        lambda s, lay, _: s.ffn_hidden_size % lay.tensor == 0,
+        lambda s, _lay, _sp: f"Choose TP sizes that divide ffn_hidden_size {s.ffn_hidden_size}",
+    ),
+    Rule(
+        "layers % (PP x VP)",
+        "pipeline_parallel_sizes",
+        lambda s, lay, _: s.num_layers % (lay.pipeline * (lay.virtual_pipeline or 1)) == 0,
+        lambda s, _lay, _sp: (
+            f"Choose PP (and VP) sizes whose product divides the {s.num_layers} layers"
+        ),
+    ),
+    Rule(
+        "GPUs % (TP x PP x CP)",
+        "num_nodes",
+        lambda _s, lay, _sp: lay.world % (lay.tensor * lay.pipeline * lay.context) == 0,
+        lambda _s, lay, _sp: (
+            f"Choose TP, PP and CP sizes whose product divides the {lay.world} GPUs"
+        ),
+    ),
+    Rule(
+        "model parallel size (TP x PP) out of bounds",
+        "max_model_parallel_size",
+        lambda _s, lay, sp: (
+            sp.min_model_parallel <= lay.tensor * lay.pipeline <= sp.max_model_parallel
+        ),
+        lambda _s, _lay, sp: (
+            f"Allow TP x PP sizes between min_model_parallel_size "
+            f"{sp.min_model_parallel} and max_model_parallel_size {sp.max_model_parallel}"
+        ),
+    ),
+    Rule(
+        "GBS % (MBS x DP)",
+        "micro_batch_sizes",
+        # No data-parallel ranks at all (TP x PP x CP above the GPUs) is the GPU rule's case.
+        lambda _s, lay, _sp: lay.data == 0 or _micro_batches_exact(lay),
+        lambda _s, lay, _sp: (
+            f"Choose micro-batch sizes that divide the global batch "
+            f"{lay.global_batch} over the data-parallel ranks"
+        ),
+    ),
+    Rule(
+        "SP needs TP >= 2",
+        "sequence_parallel",
+        lambda _s, lay, _sp: not lay.sequence_parallel or lay.tensor >= 2,
+        lambda _s, _lay, _sp: "Allow sequence_parallel false, or TP sizes of 2 and more",
+    ),
+    Rule(
+        "seq % TP (SP)",
+        "sequence_parallel",
+        lambda s, lay, _: not lay.sequence_parallel or s.seq_length % lay.tensor == 0,
+        lambda s, _lay, _sp: f"Choose TP sizes that divide seq_length {s.seq_length}",
+    ),
+    Rule(
+        "seq % (2 x CP)",
+        "context_parallel_sizes",
+        lambda s, lay, _: lay.context == 1 or s.seq_length % (2 * lay.context) == 0,
+        lambda s, _lay, _sp: f"Choose CP sizes with 2 x CP dividing seq_length {s.seq_length}",
+    ),
+    Rule(
+        "VP needs PP >= 2",
+        "virtual_pipeline_sizes",
+        lambda _s, lay, _sp: lay.virtual_pipeline is None or lay.pipeline >= 2,
+        lambda _s, _lay, _sp: "Allow null in virtual_pipeline_sizes, or PP sizes of 2 and more",
+    ),
+    Rule(
+        "micro-batches % PP (interleaved)",
+        "virtual_pipeline_sizes",
+        lambda _s, lay, _sp: (
+            lay.virtual_pipeline is None
+            or not _micro_batches_exact(lay)
+            or lay.micro_batches % lay.pipeline == 0
+        ),
+        lambda _s, _lay, _sp: (
+            "Allow null in virtual_pipeline_sizes, or a global batch with "
+            "a multiple of PP micro-batches"
+        ),
+    ),
+    Rule(
+        "recomputation needs CUDA",
+        "act_ckpt_layers",
+        lambda _s, lay, sp: sp.recompute_allowed or lay.recompute is None,
+        lambda _s, _lay, _sp: "Set act_ckpt_layers=[0] for CPU runs",
+    ),
+)
+
+
+def broken_rule(shape: ModelShape, layout: Layout, space: SearchSpace) -> Rule | None:
+    """The first rule the layout breaks, or None when it is valid."""
+    return next((rule for rule in RULES if not rule.holds(shape, layout, space)), None)
+
+
+# ----- evaluation and ranking --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    candidate: Candidate
+    layout: Layout
+    broken: Rule | None = None
+    memory: MemoryBreakdown | None = None
+    prediction: StepPrediction | None = None
+    memory_limit: float = 0.0  # bytes a layout may use per GPU
+
+    @property
+    def valid(self) -> bool:
+        return self.broken is None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory is not None and self.memory.total <= self.memory_limit
+
+    @property
+    def feasible(self) -> bool:
+        return self.valid and self.fits
+
+    @property
+    def status(self) -> str:
+        if self.broken is not None:
+            return f"invalid: {self.broken.name}"
+        if not self.fits:
+            return "exceeds memory"
+        return "feasible"
+
+
+def evaluate(
+    candidates: Iterable[Candidate],
+    shape: ModelShape,
+    base: Layout,
+    space: SearchSpace,
+    cluster: ClusterSpec,
+    memory_limit: float,
+) -> list[Evaluated]:
+    """Every candidate with its broken rule, or its predicted memory and step time."""
+    evaluated = []
+    for candidate in candidates:
+        layout = candidate.layout(base)
+        rule = broken_rule(shape, layout, space)
+        if rule is not None:
+            evaluated.append(Evaluated(candidate, layout, rule, memory_limit=memory_limit))
+            continue
+        evaluated.append(
+            Evaluated(
+                candidate,
+                layout,
+                memory=memory_breakdown(shape, layout),
+                prediction=predict_step(shape, layout, cluster),
+                memory_limit=memory_limit,
+            )
+        )
+    return evaluated
+
+
+def ranked(evaluated: Sequence[Evaluated]) -> list[Evaluated]:
+    """The feasible candidates, predicted fastest first. Predictions equal to 3 significant
+    digits go to the larger micro-batch (real kernels run larger matrices more efficiently,
+    which the model leaves out), then to less memory."""
+    feasible = [e for e in evaluated if e.feasible]
+
+    def key(e: Evaluated) -> tuple[float, int, float]:
+        return (float(f"{e.prediction.step_time_s:.3g}"), -e.candidate.micro_batch, e.memory.total)
+
+    return sorted(feasible, key=key)
+
+
+def require_feasible(
+    evaluated: Sequence[Evaluated], shape: ModelShape, space: SearchSpace, settings: TrainSettings
+) -> list[Evaluated]:
+    """The ranked feasible candidates; a one-line ConfigError when there are none."""
+    best = ranked(evaluated)
+    if best:
+        return best
+    valid = [e for e in evaluated if e.valid]
+    if not valid:
+        # The rule that breaks the most layouts (counting every rule each layout breaks): the
+        # setting to change first.
+        counts = Counter(
+            rule.name for e in evaluated for rule in RULES if not rule.holds(shape, e.layout, space)
+        )
+        rule = max(RULES, key=lambda r: counts[r.name])
+        example = next(e for e in evaluated if not rule.holds(shape, e.layout, space))
+        count = counts[rule.name]
+        share = "all" if count == len(evaluated) else f"{count} of"
+        raise ConfigError(
+            f"{PREFIX}.{rule.setting}",
+            f"no candidate layout is valid: {share} {len(evaluated)} break '{rule.name}'",
+            rule.fix(shape, example.layout, space),
+        )
+    smallest = min(valid, key=lambda e: e.memory.total)
+    raise ConfigError(
+        f"{PREFIX}.gpu_memory_gb",
+        f"no valid layout fits: the smallest needs {smallest.memory.total_gib:.1f} GiB per GPU "
+        f"({smallest.candidate.label}) and {settings.gpu_memory_gb:g} GiB less the "
+        f"{settings.memory_safety_margin:.0%} margin is {settings.memory_limit_bytes / 2**30:.1f}",
+        "Add nodes, allow larger tensor/pipeline sizes, smaller micro-batches, or "
+        "act_ckpt_layers with selective/full",
+    )
