@@ -75,15 +75,11 @@ def train_settings(cfg: DictConfig) -> dict:
 
 
 def run(cfg: DictConfig) -> int:
-    from auto_configurator import base_config, search, sizing
+    from auto_configurator import base_config, inference_search, search, sizing
     from auto_configurator.settings import parse
 
-    if cfg.run_inference_hp_search:
-        raise ConfigError(
-            "run_inference_hp_search",
-            "the inference HP search is not in this launcher version yet",
-            "Set run_inference_hp_search=false",
-        )
+    # Checked first: a bad inference setting stops the run before any training search.
+    inference = inference_search.prepare(cfg) if cfg.run_inference_hp_search else None
     settings = parse(cfg.search_config_value, train_settings(cfg))
     gpus, tflops = settings.gpus, settings.tflops_per_gpu
     size = settings.model_size_in_b
@@ -106,10 +102,13 @@ def run(cfg: DictConfig) -> int:
         )
     base = base_config.generate(cfg, settings, size)
     describe_base(base, settings)
+    code = 0
     if cfg.run_training_hp_search:
         result = search.run(cfg, settings, base)
-        return 0 if result.best is not None else 1
-    return 0
+        code = 0 if result.best is not None else 1
+    if inference is not None:
+        code = max(code, inference_search.run(cfg, inference))
+    return code
 
 
 def describe_base(base: BaseConfig, settings: TrainSettings) -> None:
