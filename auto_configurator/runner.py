@@ -4,12 +4,16 @@ Each run is `python3 main.py stages=[training] training=<base config> <layout ov
 the run shortened to max_steps_per_run steps or max_minutes_per_run minutes, its results under
 `<logs>/candidate_<i>`. On cluster_type=local the launcher runs each job to its end, one after
 the other; on a cluster (bcm) every run is submitted first and then followed with
-`python3 -m launcher_scripts status <run dir> --json` until all have ended. The measured step
-time is the median `train_step_timing` of the logged steps after the warm-up steps.
+`python3 -m launcher_scripts status <run dir> --json` until all have ended (a status call that
+fails is retried at the next poll; Ctrl-C cancels the runs still queued or running). The
+measured step time is the median `train_step_timing` of the logged steps after the warm-up
+steps; failures are read from the exit status and from every log file the job's backend names
+(on Slurm: each attempt's log and sbatch's own output file).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,13 +32,24 @@ from auto_configurator.base_config import max_time, time_limit
 from auto_configurator.candidates import Candidate
 from auto_configurator.recipes import STAGE, launcher_overrides
 from auto_configurator.settings import TrainSettings
+from launcher_scripts.clusters import BACKENDS, JobRecord
+from launcher_scripts.clusters.base import TERMINAL_STATES
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.manifest import STAGE_LINK
 
-TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
-OOM_PATTERN = re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE)
+# torch's "CUDA out of memory", OutOfMemoryError, and Slurm's cgroup killer ("Detected 1
+# oom_kill event ... killed by the cgroup out-of-memory handler").
+OOM_PATTERN = re.compile(r"out[ -]of[ -]memory|OutOfMemoryError|oom[-_]kill", re.IGNORECASE)
 ERROR_PATTERN = re.compile(r"error", re.IGNORECASE)
 SLACK_S = 600  # a run's job time limit, and the local wait, beyond max_minutes_per_run
 LAUNCH_LOG = "autoconfig_launch.out"
+# Polls in a row at which `status` may fail (a scheduler too busy to answer squeue, say)
+# before a cluster run is given up as unknown.
+STATUS_FAILURES_ALLOWED = 10
+
+
+class StatusUnavailable(Exception):
+    """`python3 -m launcher_scripts status` failed for a run that has a manifest."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +171,7 @@ def launch(run: Run, cfg: DictConfig, timeout_s: float | None) -> int | None:
     """Start the launcher for one run, its output in <run dir>/autoconfig_launch.out; the
     launcher's exit code (None when it was stopped at `timeout_s`)."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    _forget_earlier_metrics(run.run_dir)
+    _forget_earlier_run(run.run_dir)
     with open(run.run_dir / LAUNCH_LOG, "wb") as out:
         process = subprocess.Popen(
             run.argv,
@@ -179,33 +194,50 @@ def launch(run: Run, cfg: DictConfig, timeout_s: float | None) -> int | None:
 
 
 def _stop(process: subprocess.Popen, sig: signal.Signals) -> None:
-    os.killpg(process.pid, sig)
+    _signal_group(process, sig)
     try:
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        _signal_group(process, signal.SIGKILL)
         process.wait()
 
 
-def _forget_earlier_metrics(run_dir: Path) -> None:
-    """A run folder reused from an earlier search must not lend its metrics to this one."""
+def _signal_group(process: subprocess.Popen, sig: signal.Signals) -> None:
+    # The launcher may have just ended (a submission returns in seconds): nothing to stop.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+
+
+def _forget_earlier_run(run_dir: Path) -> None:
+    """A run folder reused from an earlier search must not lend its metrics, nor its link to
+    the earlier run's manifest, to this one: a run the launcher refuses writes no manifest,
+    and must not be read as the earlier run."""
     for stale in run_dir.glob("*/metrics.jsonl"):
         stale.unlink()
+    (run_dir / STAGE_LINK).unlink(missing_ok=True)
 
 
 def job_status(run: Run, cfg: DictConfig) -> dict | None:
     """The run's training job record from `python3 -m launcher_scripts status --json`, or
-    None when the launcher wrote no manifest (it refused the run)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher_scripts", "status", str(run.run_dir), "--json"],
-        capture_output=True,
-        text=True,
-        cwd=str(cfg.launcher_scripts_path),
-        env=_environment(cfg),
-        timeout=300,
-    )
-    if result.returncode != 0:
+    None when the launcher wrote no manifest (it refused the run). StatusUnavailable when the
+    run has a manifest but the status command failed (it asks the scheduler, which may not
+    answer in time)."""
+    if not (run.run_dir / STAGE_LINK).exists():
         return None
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "launcher_scripts", "status", str(run.run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            cwd=str(cfg.launcher_scripts_path),
+            env=_environment(cfg),
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        raise StatusUnavailable("status did not answer in 300 s") from None
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines() or [f"exit code {result.returncode}"]
+        raise StatusUnavailable(lines[-1][:300])
     data = json.loads(result.stdout)
     jobs = [job for stage in data["stages"] if stage["stage"] == STAGE for job in stage["jobs"]]
     return jobs[0] if jobs else None
@@ -222,11 +254,13 @@ def run_local(
     timeout = settings.max_minutes_per_run * 60 + SLACK_S
     for run in runs:
         code = launch(run, cfg, timeout)
-        record = job_status(run, cfg)
         if code is None:
             measurement = Measurement("TIMEOUT", None, failure=f"still running after {timeout:g} s")
         else:
-            measurement = measure(run, record, code)
+            try:
+                measurement = measure(run, job_status(run, cfg), code)
+            except StatusUnavailable as error:
+                measurement = Measurement("UNKNOWN", code, failure=f"status failed: {error}")
         results[run.index] = measurement
         progress(run, measurement)
     return results
@@ -238,25 +272,71 @@ def run_cluster(
     progress: Callable[[Run, Measurement], None],
     poll_seconds: float,
 ) -> dict[int, Measurement]:
-    """Submit every run, then poll their states until each has ended."""
+    """Submit every run, then poll their states until each has ended. Ctrl-C cancels the
+    submitted runs that have not ended (nobody would read them) before it stops the search."""
     results: dict[int, Measurement] = {}
-    pending = []
-    for run in runs:
-        code = launch(run, cfg, timeout_s=SLACK_S)
-        if code != 0:
-            results[run.index] = measure(run, job_status(run, cfg), code)
+    started: list[Run] = []  # a run interrupted during its submission may have been queued
+    try:
+        for run in runs:
+            started.append(run)
+            code = launch(run, cfg, timeout_s=SLACK_S)
+            if code == 0:
+                continue  # submitted: the polls follow it
+            try:
+                record = job_status(run, cfg)
+            except StatusUnavailable:
+                record = None  # the launcher's own error line says why
+            results[run.index] = measure(run, record, code)
             progress(run, results[run.index])
-        else:
-            pending.append(run)
+        _follow([r for r in runs if r.index not in results], cfg, progress, poll_seconds, results)
+    except KeyboardInterrupt:
+        cancel_runs([r for r in started if r.index not in results], cfg)
+        raise
+    return results
+
+
+def _follow(
+    pending: list[Run],
+    cfg: DictConfig,
+    progress: Callable[[Run, Measurement], None],
+    poll_seconds: float,
+    results: dict[int, Measurement],
+) -> None:
+    """Poll the submitted runs until each has ended, its measurement then in `results`."""
+    failures = {run.index: 0 for run in pending}
     while pending:
         time.sleep(poll_seconds)
         for run in list(pending):
-            record = job_status(run, cfg)
-            if record is None or record["state"] in TERMINAL_STATES:
+            try:
+                record = job_status(run, cfg)
+            except StatusUnavailable as error:
+                failures[run.index] += 1
+                if failures[run.index] < STATUS_FAILURES_ALLOWED:
+                    continue
+                reason = f"status failed at {STATUS_FAILURES_ALLOWED} polls in a row: {error}"
+                results[run.index] = Measurement("UNKNOWN", None, failure=reason)
+            else:
+                failures[run.index] = 0
+                if record is not None and record["state"] not in TERMINAL_STATES:
+                    continue
                 results[run.index] = measure(run, record, 0)
-                progress(run, results[run.index])
-                pending.remove(run)
-    return results
+            progress(run, results[run.index])
+            pending.remove(run)
+
+
+def cancel_runs(runs: Sequence[Run], cfg: DictConfig) -> None:
+    """`python3 -m launcher_scripts cancel` for each run (its queued or running jobs)."""
+    for run in runs:
+        subprocess.run(
+            [sys.executable, "-m", "launcher_scripts", "cancel", str(run.run_dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=str(cfg.launcher_scripts_path),
+            env=_environment(cfg),
+            timeout=60,
+        )
+    if runs:
+        print(f"interrupted: cancelled the {len(runs)} submitted runs", file=sys.stderr)
 
 
 # ----- reading a run -----------------------------------------------------------------------
@@ -265,19 +345,20 @@ def run_cluster(
 def measure(run: Run, record: dict | None, launcher_code: int | None) -> Measurement:
     """What one run measured, or why it measured nothing."""
     launch_log = run.run_dir / LAUNCH_LOG
-    if record is None:
+    # No manifest, or one whose job never got an id (sbatch refused it): nothing ran.
+    if record is None or record.get("job_ids") == []:
         line = _last_error_line(launch_log) or f"exit code {launcher_code}"
         return Measurement(
             "REFUSED", launcher_code, failure=f"refused: {line}", log=str(launch_log)
         )
     state, code, log = record["state"], record.get("exit_code"), record.get("log")
-    logs = [Path(log)] if log else []
-    if log:
-        logs += sorted(p for p in Path(log).parent.glob(Path(log).stem + "*") if p not in logs)
-    text = "\n".join(_read(p) for p in [*logs, launch_log])
+    job_text = "\n".join(_read(p) for p in _job_logs(record))
     records = _metrics(run.run_dir)
     if state != "COMPLETED":
-        failure = _failure(state, code, text)
+        # The launcher's output holds the job's only when it ran the job (local); after a
+        # submission it says no more than where the job went.
+        launch_text = _read(launch_log) if launcher_code else ""
+        failure = _failure(state, code, job_text, launch_text)
         return Measurement(state, code, failure=failure, log=log, **_timing(records, 0))
     timing = _timing(records, run.warmup_steps)
     if timing["step_time_s"] is None:
@@ -285,14 +366,33 @@ def measure(run: Run, record: dict | None, launcher_code: int | None) -> Measure
     return Measurement(state, code, log=log, **timing)
 
 
-def _failure(state: str, code: int | None, text: str) -> str:
-    if OOM_PATTERN.search(text):
+def _job_logs(record: dict) -> list[Path]:
+    """The log the record names, files named after it, and every log file the job's backend
+    knows (on Slurm: each attempt's log and sbatch's --output file, which holds slurmstepd's
+    messages: a time limit, the cgroup out-of-memory killer)."""
+    log = record.get("log")
+    logs = [Path(log)] if log else []
+    if log:
+        logs += sorted(p for p in Path(log).parent.glob(Path(log).stem + "*") if p not in logs)
+    backend = BACKENDS.get(record.get("backend", ""))
+    if backend is not None and "job_ids" in record and "name" in record:
+        job = JobRecord.from_json(record)
+        logs += [found.path for found in backend().logs(job) if found.path not in logs]
+    return logs
+
+
+def _failure(state: str, code: int | None, job_text: str, launch_text: str) -> str:
+    """Why a job that ended other than COMPLETED measured nothing: out of memory when any log
+    says so, else the job logs' last error line, else the launcher's."""
+    if OOM_PATTERN.search(job_text) or OOM_PATTERN.search(launch_text):
         return "out of memory"
     if code == 137:
         return "killed (exit code 137: SIGKILL, e.g. the host's out-of-memory killer)"
-    line = _last_error_line_of(text)
+    line = _last_error_line_of(job_text) or _last_error_line_of(launch_text)
     detail = f": {line}" if line else ""
-    return f"{state.lower()} with exit code {code}{detail}"
+    # The Slurm backend's record has the scheduler's state but no exit code.
+    status = state.lower() if code is None else f"{state.lower()} with exit code {code}"
+    return f"{status}{detail}"
 
 
 def _read(path: Path) -> str:

@@ -149,7 +149,9 @@ def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_pa
         "custom_dataset-train_tokenizer": "COMPLETED",
         "custom_dataset-preprocess": "COMPLETED",
     }
-    local = ("stages=[training]", *SMALL_CLUSTER, *steps, "cluster_type=local")
+    # The same run on this machine: the Slurm cluster's keys left out (cluster/local.yaml).
+    on_this_machine = [o for o in SMALL_CLUSTER if not o.startswith("cluster")]
+    local = ("stages=[training]", *on_this_machine, *steps, "cluster_type=local")
     reference = run_main(f"base_results_dir={tmp_path}/reference", data, *local)
     assert reference.returncode == 0, reference.stderr[-2000:]
 

@@ -1,0 +1,276 @@
+"""How well the AutoConfigurator's predicted step times rank the layouts it measures.
+
+    python3 bench/autoconfig.py [--steps 12] [--warmup 3] [--repeat 2] [--workdir DIR]
+                                [override ...]
+
+For the tiny GPT search config (gpt3/tiny: 4 layers, hidden 128, two processes on the CPU,
+one thread each) it, in one run,
+  1. calibrates the ClusterSpec for this machine, in this process and the same way each time:
+       peak_tflops         the best fp32 matmul rate on one thread (the runs give each
+                           process one thread), best of 5 timings, of two workloads: a
+                           1024 x 1024 x 1024 matmul, and one transformer layer's four forward
+                           projections (QKV, attention output, fc1, fc2) for one sequence of
+                           the model (small enough to stay in cache, these are often faster);
+       compute_efficiency  the layer's projections' rate over that peak;
+       intra_node_gbps     a gloo all-reduce of 1 MiB between two processes (between the
+                           per-layer tensor-parallel activations, 0.1-0.3 MiB, and the
+                           gradients, 7 MiB), median of 20: the message size over the time, as
+                           the throughput model counts a two-rank ring all-reduce;
+       dp_overlap          0: on the CPU the training program does not overlap the gradient
+                           reduction with the backward pass (trainer.py, overlap_grad_reduce);
+  2. predicts every candidate of the search space with that spec, drops the invalid and the
+     ones that do not fit (as the search does), and ranks the rest by predicted step time;
+  3. measures EVERY feasible candidate with a short run (--steps steps, the first --warmup left
+     out) through the search's own runner (auto_configurator/runner.py, the local backend),
+     --repeat times, every other repeat in reverse order so drift in machine load does not
+     follow the predicted rank; a candidate's measured step time is the median over repeats;
+  4. prints the table, the Spearman rank correlation of predicted and measured step times over
+     all measured candidates, and how many measured runs the search (taking candidates in
+     predicted order) needs to reach the measured-best candidate, and to reach one within 5% of
+     it (runs of a tiny model differ by a few percent from one repeat to the next).
+Extra `key=value` arguments are overrides of the AutoConfigurator's config, e.g.
+`search_config.train_settings.micro_batch_sizes=[1,2,4]` for a larger space.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from auto_configurator import base_config, runner  # noqa: E402
+from auto_configurator.candidates import Evaluated, require_feasible  # noqa: E402
+from auto_configurator.config import compose_config  # noqa: E402
+from auto_configurator.main import train_settings  # noqa: E402
+from auto_configurator.report import spearman  # noqa: E402
+from auto_configurator.settings import parse  # noqa: E402
+from auto_configurator.shapes import ModelShape  # noqa: E402
+
+SEARCH_CONFIG = "gpt3/tiny"
+NEAR_BEST = 0.05  # "within 5% of the measured best"
+ALLREDUCE_BYTES = 2**20
+
+
+# ----- calibration -----------------------------------------------------------------------------
+
+
+def matmul_rate(m: int, k: int, n: int, repeats: int = 5) -> float:
+    """FLOP/s of an fp32 (m x k) @ (k x n) on this process's threads, best of `repeats`."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    calls = max(1, int(2e9 / (2 * m * k * n)))  # about 2 GFLOP per timing
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first warms the allocator and the kernels up
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.mm(a, b)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return 2 * m * k * n / best
+
+
+def layer_rate(shape: ModelShape, repeats: int = 5) -> float:
+    """FLOP/s of one layer's four forward projections for one sequence, best of `repeats`."""
+    s, h = shape.seq_length, shape.hidden_size
+    gemms = [
+        (s, h, shape.query_size + 2 * shape.kv_size),  # QKV
+        (s, shape.query_size, h),  # attention output
+        (s, h, shape.fc1_size),  # fc1
+        (s, shape.ffn_hidden_size, h),  # fc2
+    ]
+    operands = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in gemms]
+    flops = sum(2 * m * k * n for m, k, n in gemms)
+    calls = max(1, int(1e9 / flops))
+    best = float("inf")
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        for _ in range(calls):
+            for a, b in operands:
+                torch.mm(a, b)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return flops / best
+
+
+def _allreduce_worker(rank: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    tensor = torch.ones(ALLREDUCE_BYTES // 4)
+    for _ in range(5):
+        dist.all_reduce(tensor)
+    times = []
+    for _ in range(20):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        Path(out).write_text(str(statistics.median(times)))
+    dist.destroy_process_group()
+
+
+def allreduce_gbps() -> float:
+    """GB/s of a two-process gloo all-reduce of ALLREDUCE_BYTES: bytes over the median time."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.NamedTemporaryFile(suffix=".txt") as out:
+        mp.start_processes(_allreduce_worker, args=(port, out.name), nprocs=2, start_method="spawn")
+        seconds = float(Path(out.name).read_text())
+    return ALLREDUCE_BYTES / seconds / 1e9
+
+
+def calibrate(shape: ModelShape) -> dict[str, float]:
+    torch.set_num_threads(1)
+    layer = layer_rate(shape)
+    peak = max(matmul_rate(1024, 1024, 1024), layer)
+    return {
+        "peak_tflops": peak / 1e12,
+        "compute_efficiency": layer / peak,
+        "intra_node_gbps": allreduce_gbps(),
+        "dp_overlap": 0.0,
+    }
+
+
+# ----- the search's view and the measured runs -------------------------------------------------
+
+
+def search_view(overrides: list[str]):  # type: ignore[no-untyped-def]
+    """The composed config, settings, base config and the feasible candidates in the order the
+    search takes them."""
+    cfg = compose_config([f"search_config={SEARCH_CONFIG}", *overrides])
+    settings = parse(cfg.search_config_value, train_settings(cfg))
+    assert settings.model_size_in_b is not None
+    base = base_config.generate(cfg, settings, settings.model_size_in_b)
+    assert base.shape is not None and base.space is not None
+    ranking = require_feasible(base.evaluated, base.shape, base.space, settings)
+    return cfg, settings, base, ranking
+
+
+def prepare_data(work: Path) -> Path:
+    data = work / "data"
+    if not (data / "custom_dataset" / "preprocessed").is_dir():
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "main.py"),
+                "stages=[data_preparation]",
+                f"data_dir={data}",
+                f"base_results_dir={work}/prep",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    return data
+
+
+def measure_all(cfg, settings, base, ranking: list[Evaluated], repeat: int) -> dict[int, list]:  # type: ignore[no-untyped-def]
+    """Measured step times per predicted rank (1-based), one per repeat that measured it."""
+    runs = runner.plan_runs(cfg, settings, base.path, base.recipe, [e.candidate for e in ranking])
+    times: dict[int, list[float]] = {run.index: [] for run in runs}
+    failures: dict[int, str] = {}
+    for attempt in range(repeat):
+        order = runs if attempt % 2 == 0 else runs[::-1]
+
+        def progress(run: runner.Run, m: runner.Measurement, attempt: int = attempt) -> None:
+            shown = f"{m.step_time_s * 1e3:.1f} ms/step" if m.measured else m.failure
+            print(f"  repeat {attempt + 1}, {run.candidate.label}: {shown}", flush=True)
+
+        for index, m in runner.run_local(order, cfg, settings, progress).items():
+            if m.measured:
+                times[index].append(m.step_time_s)
+            else:
+                failures[index] = m.failure or m.state
+    for index, reason in failures.items():
+        print(f"  predicted rank {index} failed at least once: {reason}")
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12, help="training steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="steps left out of the timing")
+    parser.add_argument("--repeat", type=int, default=2, help="measurements per candidate")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("overrides", nargs="*", help="AutoConfigurator config overrides")
+    args = parser.parse_args()
+    if args.warmup >= args.steps:
+        parser.error("--warmup must be below --steps")
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-autoconfig-"))
+    data = prepare_data(work)
+    common = [
+        f"base_results_dir={work}/search",
+        f"data_dir={data}",
+        "cluster_type=local",
+        f"search_config.train_settings.max_steps_per_run={args.steps}",
+        f"search_config.train_settings.warmup_steps_per_run={args.warmup}",
+        *args.overrides,
+    ]
+    _, _, uncalibrated, _ = search_view(common)
+    assert uncalibrated.shape is not None
+    spec = calibrate(uncalibrated.shape)
+    print(f"cluster spec calibrated on this CPU ({os.cpu_count()} CPUs, one thread a process):")
+    for key, value in spec.items():
+        print(f"  {key:<20} {value:.4g}")
+    cfg, settings, base, ranking = search_view(
+        [*common, *(f"cluster_spec.{key}={value!r}" for key, value in spec.items())]
+    )
+    print(
+        f"{len(base.evaluated)} candidates, {len(ranking)} feasible; measuring all of them, "
+        f"{args.repeat} x {args.steps} steps each (steps {args.warmup + 1}..{args.steps} timed)",
+        flush=True,
+    )
+    times = measure_all(cfg, settings, base, ranking, args.repeat)
+    report(ranking, times, settings.limit_search_runs)
+    return 0
+
+
+def report(ranking: list[Evaluated], times: dict[int, list[float]], limit: int) -> None:
+    measured = {i: statistics.median(ts) for i, ts in times.items() if ts}
+    by_time = sorted(measured, key=measured.__getitem__)
+    measured_rank = {index: rank for rank, index in enumerate(by_time, start=1)}
+    print()
+    header = f"{'pred':>4}  {'layout':<22}{'predicted ms':>13}{'measured ms':>13}{'meas':>6}"
+    print(header)
+    for index, e in enumerate(ranking, start=1):
+        got = measured.get(index)
+        print(
+            f"{index:>4}  {e.candidate.label:<22}{e.prediction.step_time_s * 1e3:>13.1f}"
+            + (f"{got * 1e3:>13.1f}{measured_rank[index]:>6}" if got else f"{'failed':>13}")
+        )
+    indices = sorted(measured)
+    rho = spearman(
+        [ranking[i - 1].prediction.step_time_s for i in indices], [measured[i] for i in indices]
+    )
+    best = by_time[0]
+    near = min(i for i in indices if measured[i] <= measured[best] * (1 + NEAR_BEST))
+    print(
+        f"\nSpearman rank correlation, predicted vs measured step time over {len(indices)} "
+        f"candidates: {rho:.2f}"
+        if rho is not None
+        else "\nSpearman: undefined"
+    )
+    print(
+        f"measured runs the search needs (candidates in predicted order) to reach the "
+        f"measured-best ({ranking[best - 1].candidate.label}, {measured[best] * 1e3:.1f} ms): "
+        f"{best} of {len(ranking)}"
+    )
+    print(
+        f"  to reach one within {NEAR_BEST:.0%} of it: {near} of {len(ranking)}; "
+        f"gpt3/tiny's limit_search_runs={limit} "
+        + ("finds the best" if best <= limit else "misses the best")
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
