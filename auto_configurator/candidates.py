@@ -32,9 +32,21 @@ class Candidate:
     context: int
     sequence_parallel: bool
     micro_batch: int
-    recompute: str | None  # None | "selective" | "full" (every layer)
+    # None | "selective" | "full" (every layer) | N: full recomputation of the first N layers of
+    # each pipeline stage (NeMo's act_ckpt_layers; megatron's "block" method)
+    recompute: str | int | None
+
+    @property
+    def _recompute(self) -> tuple[str | None, str | None, int | None]:
+        """(granularity, method, layers) as the recipe keys say them."""
+        if isinstance(self.recompute, int):
+            return "full", "block", self.recompute
+        if self.recompute == "full":
+            return "full", "uniform", 1
+        return self.recompute, None, None
 
     def layout(self, base: Layout) -> Layout:
+        granularity, method, layers = self._recompute
         return replace(
             base,
             tensor=self.tensor,
@@ -43,15 +55,15 @@ class Candidate:
             context=self.context,
             sequence_parallel=self.sequence_parallel,
             micro_batch=self.micro_batch,
-            recompute=self.recompute,
-            recompute_method="uniform",
-            recompute_num_layers=1,
+            recompute=granularity,
+            recompute_method=method or "uniform",
+            recompute_num_layers=layers or 1,
         )
 
     def overrides(self, stage: str = "training") -> list[str]:
         """The launcher overrides that give a recipe this layout."""
         model = f"{stage}.model"
-        full = self.recompute == "full"
+        granularity, method, layers = self._recompute
         return [
             f"{model}.tensor_model_parallel_size={self.tensor}",
             f"{model}.pipeline_model_parallel_size={self.pipeline}",
@@ -59,16 +71,19 @@ class Candidate:
             f"{model}.context_parallel_size={self.context}",
             f"{model}.sequence_parallel={_yaml(self.sequence_parallel)}",
             f"{model}.micro_batch_size={self.micro_batch}",
-            f"{model}.activations_checkpoint_granularity={_yaml(self.recompute)}",
-            f"{model}.activations_checkpoint_method={'uniform' if full else 'null'}",
-            f"{model}.activations_checkpoint_num_layers={1 if full else 'null'}",
+            f"{model}.activations_checkpoint_granularity={_yaml(granularity)}",
+            f"{model}.activations_checkpoint_method={_yaml(method)}",
+            f"{model}.activations_checkpoint_num_layers={_yaml(layers)}",
         ]
 
     @property
     def label(self) -> str:
         vp = f" VP{self.virtual_pipeline}" if self.virtual_pipeline else ""
         sp = " SP" if self.sequence_parallel else ""
-        recompute = f" {self.recompute}" if self.recompute else ""
+        if isinstance(self.recompute, int):
+            recompute = f" full x{self.recompute}"
+        else:
+            recompute = f" {self.recompute}" if self.recompute else ""
         return (
             f"TP{self.tensor} PP{self.pipeline}{vp} CP{self.context}{sp} "
             f"MBS{self.micro_batch}{recompute}"
@@ -91,7 +106,7 @@ class SearchSpace:
     context: tuple[int, ...]
     sequence_parallel: tuple[bool, ...]
     micro_batch: tuple[int, ...]
-    recompute: tuple[str | None, ...]
+    recompute: tuple[str | int | None, ...]
     min_model_parallel: int
     max_model_parallel: int
     recompute_allowed: bool  # False on CPU: megatron-core's recomputation needs CUDA

@@ -50,7 +50,7 @@ class TrainSettings:
     virtual_pipeline_sizes: tuple[int | None, ...] | None
     context_parallel_sizes: tuple[int, ...] | None
     micro_batch_sizes: tuple[int, ...] | None
-    recompute: tuple[str | None, ...] | None  # from act_ckpt_layers
+    recompute: tuple[str | int | None, ...] | None  # from act_ckpt_layers
     sequence_parallel: tuple[bool, ...] | None
     min_model_parallel_size: int | None
     max_model_parallel_size: int | None
@@ -213,20 +213,23 @@ class _Reader:
             )
         return tuple(dict.fromkeys(values))
 
-    def recompute(self, name: str) -> tuple[str | None, ...] | None:
-        """act_ckpt_layers: 0 (none), selective, or full (every layer of the stage)."""
+    def recompute(self, name: str) -> tuple[str | int | None, ...] | None:
+        """act_ckpt_layers: 0 (none), N > 0 (full recomputation of the first N layers of each
+        pipeline stage, as NeMo counts them), selective, or full (every layer)."""
         values = self._values(name)
         if values is None:
             return None
-        choices = []
+        choices: list[str | int | None] = []
         for value in values:
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                choices.append(value)
+                continue
             text = "null" if value is None else str(value).lower()
             if text not in RECOMPUTE_CHOICES:
                 raise ConfigError(
                     self.key(name),
-                    f"{value!r} is not a recomputation choice (the memory model predicts "
-                    "no recomputation, selective, or full recomputation of every layer)",
-                    "Give auto or a list of 0, selective, full",
+                    f"{value!r} is not a recomputation choice",
+                    "Give auto or a list of 0, a number of layers, selective, full",
                 )
             choices.append(RECOMPUTE_CHOICES[text])
         return tuple(dict.fromkeys(choices))

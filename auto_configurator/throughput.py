@@ -21,7 +21,9 @@
   activations in the forward and two in the backward (with sequence parallelism an all-gather
   and a reduce-scatter each, the same volume), two more when the layer's forward is
   recomputed; a ring moves 2 (t-1)/t of the bytes at NVLink bandwidth when the TP group fits in
-  a node, else at the inter-node bandwidth. Not overlapped with compute.
+  a node, else at the inter-node bandwidth. Not overlapped with compute. Each of a ring's n-1
+  steps also pays `collective_latency_us` (the alpha of the alpha-beta model): on small
+  tensors, as with small models or many micro-batches, it is most of the time.
 * Context-parallel communication (cp > 1): the ring exchange of K and V, cp-1 hops of
   2 (s/cp) b kv / t elements in the forward and twice that (K, V and their gradients) in the
   backward, per layer and micro-batch; counted in full (Megatron hides part of it under the
@@ -48,6 +50,7 @@ from launcher_scripts.errors import ConfigError
 
 GB = 1e9  # bandwidths are GB/s
 FRACTIONS = ("compute_efficiency", "dp_overlap")
+MAY_BE_ZERO = ("dp_overlap", "collective_latency_us")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class ClusterSpec:
     intra_node_gbps: float = 450.0  # GB/s per GPU, NVLink (one direction)
     inter_node_gbps: float = 50.0  # GB/s per GPU across nodes (e.g. 400 Gb/s IB)
     dp_overlap: float = 0.5  # fraction of the DP gradient reduction hidden under compute
+    collective_latency_us: float = 10.0  # start-up of one step of a ring (NCCL on NVLink: ~10)
 
     @classmethod
     def from_settings(cls, settings: Mapping, prefix: str = "cluster") -> ClusterSpec:
@@ -73,7 +77,7 @@ class ClusterSpec:
                 )
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(key, f"{value!r} is not a number", "Give a number")
-            if value < 0 or (value == 0 and name != "dp_overlap"):
+            if value < 0 or (value == 0 and name not in MAY_BE_ZERO):
                 raise ConfigError(key, f"{value} is not positive", "Give a number above 0")
             if name == "gpus_per_node" and not isinstance(value, int):
                 raise ConfigError(key, f"{value!r} is not an integer", "Give a whole number")
@@ -163,9 +167,12 @@ def stage_hardware_flops(shape: ModelShape, layout: Layout, stage: str) -> float
     return flops
 
 
-def ring_seconds(volume_bytes: float, ranks: int, gbps: float) -> float:
-    """A ring all-gather or reduce-scatter: (n-1)/n of the bytes through each link."""
-    return (ranks - 1) / ranks * volume_bytes / (gbps * GB) if ranks > 1 else 0.0
+def ring_seconds(volume_bytes: float, ranks: int, gbps: float, latency_s: float = 0.0) -> float:
+    """A ring all-gather or reduce-scatter: n-1 steps, each paying the collective latency,
+    that move (n-1)/n of the bytes through each link."""
+    if ranks <= 1:
+        return 0.0
+    return (ranks - 1) * latency_s + (ranks - 1) / ranks * volume_bytes / (gbps * GB)
 
 
 def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> StepPrediction:
@@ -173,6 +180,7 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
     t, p, cp = layout.tensor, layout.pipeline, layout.context
     m, b, e = layout.micro_batches, layout.micro_batch, layout.element_bytes
     node = layout.gpus_per_node
+    latency = cluster.collective_latency_us * 1e-6
     stages = ("only",) if p == 1 else ("first", "last")
     stage_flops = max(stage_hardware_flops(shape, layout, stage) for stage in stages)
     rate = cluster.peak_tflops * 1e12 * cluster.compute_efficiency
@@ -184,12 +192,12 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
     collectives = 4 + 2 * recomputed_layer_fraction(shape, layout)
     tp_gbps = cluster.intra_node_gbps if t <= node else cluster.inter_node_gbps
     # An all-reduce is a reduce-scatter plus an all-gather: 2 (t-1)/t of the bytes.
-    tp_comm = m * layers * collectives * 2 * ring_seconds(tp_bytes, t, tp_gbps)
+    tp_comm = m * layers * collectives * 2 * ring_seconds(tp_bytes, t, tp_gbps, latency)
 
     kv_bytes = 2 * e * local_seq * b * shape.kv_size / t
     cp_gbps = cluster.intra_node_gbps if t * cp <= node else cluster.inter_node_gbps
     hops = cp - 1
-    cp_comm = m * layers * 3 * hops * kv_bytes / (cp_gbps * GB)
+    cp_comm = m * layers * 3 * hops * (latency + kv_bytes / (cp_gbps * GB))
 
     bubble = (p - 1) / (m * (layout.virtual_pipeline or 1)) * (compute + tp_comm + cp_comm)
 
@@ -199,9 +207,10 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
     )
     params = max(stage_parameters(shape, layout, stage) for stage in stages)
     dp_gbps = cluster.intra_node_gbps if t * cp * layout.data <= node else cluster.inter_node_gbps
-    grads = ring_seconds(params * per_param.gradients, reduce_ranks, dp_gbps)
+    grads = ring_seconds(params * per_param.gradients, reduce_ranks, dp_gbps, latency)
     if layout.distributed_optimizer:
-        dp_comm = grads + ring_seconds(params * per_param.weights, reduce_ranks, dp_gbps)
+        weights = ring_seconds(params * per_param.weights, reduce_ranks, dp_gbps, latency)
+        dp_comm = grads + weights
     else:
         dp_comm = 2 * grads
     dp_exposed = (1 - cluster.dp_overlap) * dp_comm

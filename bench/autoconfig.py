@@ -12,10 +12,12 @@ one thread each) it, in one run,
                            projections (QKV, attention output, fc1, fc2) for one sequence of
                            the model (small enough to stay in cache, these are often faster);
        compute_efficiency  the layer's projections' rate over that peak;
+       collective_latency_us  half a two-process gloo all-reduce of 4 bytes (a two-rank
+                           ring all-reduce is two steps, each paying it), median of 20;
        intra_node_gbps     a gloo all-reduce of 1 MiB between two processes (between the
                            per-layer tensor-parallel activations, 0.1-0.3 MiB, and the
-                           gradients, 7 MiB), median of 20: the message size over the time, as
-                           the throughput model counts a two-rank ring all-reduce;
+                           gradients, 7 MiB), median of 20: the message size over its time
+                           less the two latencies, as the throughput model counts it;
        dp_overlap          0: on the CPU the training program does not overlap the gradient
                            reduction with the backward pass (trainer.py, overlap_grad_reduce);
   2. predicts every candidate of the search space with that spec, drops the invalid and the
@@ -102,10 +104,10 @@ def layer_rate(shape: ModelShape, repeats: int = 5) -> float:
     return flops / best
 
 
-def _allreduce_worker(rank: int, port: int, out: str) -> None:
+def _allreduce_worker(rank: int, port: int, out: str, nbytes: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    tensor = torch.ones(ALLREDUCE_BYTES // 4)
+    tensor = torch.ones(max(1, nbytes // 4))
     for _ in range(5):
         dist.all_reduce(tensor)
     times = []
@@ -119,25 +121,38 @@ def _allreduce_worker(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def allreduce_gbps() -> float:
-    """GB/s of a two-process gloo all-reduce of ALLREDUCE_BYTES: bytes over the median time."""
+def allreduce_seconds(nbytes: int) -> float:
+    """Median time of a two-process gloo all-reduce of `nbytes`."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with tempfile.NamedTemporaryFile(suffix=".txt") as out:
-        mp.start_processes(_allreduce_worker, args=(port, out.name), nprocs=2, start_method="spawn")
-        seconds = float(Path(out.name).read_text())
-    return ALLREDUCE_BYTES / seconds / 1e9
+        mp.start_processes(
+            _allreduce_worker, args=(port, out.name, nbytes), nprocs=2, start_method="spawn"
+        )
+        return float(Path(out.name).read_text())
+
+
+def allreduce_link() -> tuple[float, float]:
+    """(GB/s, latency in us) of this machine's two-process gloo all-reduce, in the alpha-beta
+    terms of the throughput model: a two-rank ring all-reduce is 2 ring steps, each paying the
+    latency, moving the message's bytes once. A 4-byte all-reduce gives the latency; a 1 MiB
+    one, less that, the bandwidth."""
+    latency = allreduce_seconds(4) / 2
+    transfer = max(allreduce_seconds(ALLREDUCE_BYTES) - 2 * latency, 1e-9)
+    return ALLREDUCE_BYTES / transfer / 1e9, latency * 1e6
 
 
 def calibrate(shape: ModelShape) -> dict[str, float]:
     torch.set_num_threads(1)
     layer = layer_rate(shape)
     peak = max(matmul_rate(1024, 1024, 1024), layer)
+    gbps, latency_us = allreduce_link()
     return {
         "peak_tflops": peak / 1e12,
         "compute_efficiency": layer / peak,
-        "intra_node_gbps": allreduce_gbps(),
+        "intra_node_gbps": gbps,
+        "collective_latency_us": latency_us,
         "dp_overlap": 0.0,
     }
 

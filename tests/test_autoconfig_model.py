@@ -290,9 +290,11 @@ def test_compute_and_tp_time_by_hand() -> None:
     rate = 989e12 * 0.55
     assert layout.data == 1 and layout.micro_batches == 4
     assert step.compute_s == pytest.approx(model_flops_per_step(GPT_5B, layout) / 8 / rate)
-    # 4 all-reduces a layer and micro-batch of s*b*h bf16 values, ring 2 (t-1)/t, NVLink.
+    # 4 all-reduces a layer and micro-batch of s*b*h bf16 values, ring 2 (t-1)/t, NVLink;
+    # each all-reduce is 2 x (t-1) ring steps of 10 us latency.
     volume = 2 * 2048 * 4096
-    assert step.tp_comm_s == pytest.approx(4 * 24 * 4 * 2 * 7 / 8 * volume / 450e9)
+    per_all_reduce = 2 * 7 / 8 * volume / 450e9 + 2 * 7 * 10e-6
+    assert step.tp_comm_s == pytest.approx(4 * 24 * 4 * per_all_reduce)
     assert step.pp_bubble_s == 0 and step.dp_comm_s == 0 and step.cp_comm_s == 0
     assert step.step_time_s == pytest.approx(step.compute_s + step.tp_comm_s)
     world = 8
@@ -337,10 +339,11 @@ def test_data_parallel_reduction_and_its_overlap() -> None:
     step = predict_step(GPT_5B, inside, H100)
     params = memory_breakdown(GPT_5B, inside).parameters_per_gpu
     # Distributed optimizer: reduce-scatter fp32 gradients, all-gather bf16 weights, 7/8 each.
-    assert step.dp_comm_s == pytest.approx(7 / 8 * params * (4 + 2) / 450e9)
+    assert step.dp_comm_s == pytest.approx(7 / 8 * params * (4 + 2) / 450e9 + 2 * 7 * 10e-6)
     assert step.dp_exposed_s == pytest.approx(0.5 * step.dp_comm_s)
     plain = predict_step(GPT_5B, replace(inside, distributed_optimizer=False), H100)
-    assert plain.dp_comm_s == pytest.approx(2 * 7 / 8 * params * 4 / 450e9)  # all-reduce
+    all_reduce = 2 * (7 / 8 * params * 4 / 450e9 + 7 * 10e-6)
+    assert plain.dp_comm_s == pytest.approx(all_reduce)
     assert predict_step(GPT_5B, across, H100).dp_comm_s > step.dp_comm_s
     hidden = predict_step(GPT_5B, inside, replace(H100, dp_overlap=1.0))
     assert hidden.dp_exposed_s == 0 and hidden.step_time_s < step.step_time_s
@@ -351,7 +354,8 @@ def test_context_parallel_exchanges_keys_and_values() -> None:
     step = predict_step(GPT_5B, layout, H100)
     # Per layer and micro-batch: 3 x (cp - 1) hops of K and V for 1024 local tokens.
     kv = 2 * 2 * 1024 * 4096
-    assert step.cp_comm_s == pytest.approx(layout.micro_batches * 24 * 3 * kv / 450e9)
+    hop = 10e-6 + kv / 450e9
+    assert step.cp_comm_s == pytest.approx(layout.micro_batches * 24 * 3 * hop)
     assert predict_step(GPT_5B, replace(layout, context=1), H100).cp_comm_s == 0
 
 

@@ -206,6 +206,34 @@ def test_memory_filter_and_ranking_use_the_model() -> None:
     assert times == sorted(times) and len(order) == 3
 
 
+def test_a_number_of_checkpointed_layers_recomputes_the_first_layers_of_each_stage() -> None:
+    """NeMo's act_ckpt_layers=N: full recomputation of N layers per stage (megatron's block
+    method), between no recomputation and recomputing every layer."""
+    train = OmegaConf.to_container(
+        compose_autoconfig("search_config=gpt3/5b").search_config.train_settings, resolve=True
+    )
+    settings = parse("gpt3/5b", {**train, "act_ckpt_layers": [0, 2, "full"]})
+    assert settings.recompute == (None, 2, "full")
+    partial = Candidate(1, 2, None, 1, False, 1, 2)  # PP 2: 4 layers a stage, 2 recomputed
+    assert partial.overrides()[-3:] == [
+        "training.model.activations_checkpoint_granularity=full",
+        "training.model.activations_checkpoint_method=block",
+        "training.model.activations_checkpoint_num_layers=2",
+    ]
+    layout = partial.layout(BASE)
+    assert (layout.recompute, layout.recompute_method, layout.recompute_num_layers) == (
+        "full",
+        "block",
+        2,
+    )
+    memory = {
+        name: memory_breakdown(SHAPE, replace(partial, recompute=name).layout(BASE))
+        for name in (None, 2, "full")
+    }
+    assert memory["full"].layer_activations < memory[2].layer_activations
+    assert memory[2].layer_activations < memory[None].layer_activations
+
+
 def test_auto_search_space_on_cpu_has_no_recomputation() -> None:
     train = OmegaConf.to_container(
         compose_autoconfig("search_config=gpt3/5b").search_config.train_settings, resolve=True
@@ -245,8 +273,8 @@ def compose_autoconfig(*overrides: str):  # type: ignore[no-untyped-def]
             "error: search_config.train_settings.gpu_memory_gb: no valid layout fits",
         ),
         (
-            ["search_config.train_settings.act_ckpt_layers=[2]"],
-            "error: search_config.train_settings.act_ckpt_layers: 2 is not a recomputation",
+            ["search_config.train_settings.act_ckpt_layers=[-1]"],
+            "error: search_config.train_settings.act_ckpt_layers: -1 is not a recomputation",
         ),
         (
             ["search_config.train_settings.num_nodes=0"],
