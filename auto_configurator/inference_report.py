@@ -19,6 +19,7 @@ from typing import Any
 
 from auto_configurator.inference_runs import Point
 from auto_configurator.inference_settings import InferenceSettings
+from auto_configurator.report import pyplot
 from launcher_scripts.files import write_atomic
 
 COLUMNS = (
@@ -139,14 +140,8 @@ def plot(points: Sequence[Point], settings: InferenceSettings, path: Path) -> bo
     """Tokens/s per GPU against latency; False when nothing was measured or without
     matplotlib."""
     measured = [p for p in points if p.measured]
-    if not measured:
-        return False
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if not measured or plt is None:
         return False
     figure, axes = plt.subplots(figsize=(7, 4.5))
     series: dict[tuple[str, int, int], list[Point]] = {}

@@ -43,6 +43,7 @@ from auto_configurator.inference_settings import (
     parse,
     read_model,
 )
+from auto_configurator.runner import launcher_main
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.files import write_atomic
 from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
@@ -82,7 +83,7 @@ def prepare(cfg: DictConfig) -> Plan:
         )
     triton = (1, 1) in layouts(settings) and inference_triton.available(settings)
     if triton:
-        _launcher_main(Path(str(cfg.launcher_scripts_path)))  # the export stage runs from it
+        launcher_main(cfg)  # the export stage runs from it
     with tempfile.TemporaryDirectory(prefix="autoconfig-tokenizer-") as scratch:
         # Loaded whole into memory: the extracted files are not needed afterwards.
         try:
@@ -127,7 +128,7 @@ def run(cfg: DictConfig, plan: Plan) -> int:
     points: list[Point] = []
     if plan.triton:
         session = inference_triton.Session(
-            settings, plan.prompts, plan.tokenizer, _launcher_main(root), root, env
+            settings, plan.prompts, plan.tokenizer, launcher_main(cfg), root, env
         )
         points += _announce(inference_triton.measure(session))
     for tensor, pipeline in layouts(settings):
@@ -155,17 +156,6 @@ def _describe(plan: Plan, data_type: str) -> str:
         f"x PP {list(s.pipeline_parallel_sizes)} x batch {list(s.batch_sizes)}, {s.input_len} "
         f"tokens in, {s.output_len} out, on {where}; TP=PP=1 {paths}"
     )
-
-
-def _launcher_main(root: Path) -> Path:
-    path = root / "main.py"
-    if not path.is_file():
-        raise ConfigError(
-            "launcher_scripts_path",
-            f"{path} does not exist",
-            "Point launcher_scripts_path at the launcher checkout (the folder with main.py)",
-        )
-    return path
 
 
 def _announce(points: list[Point]) -> list[Point]:

@@ -17,6 +17,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from auto_configurator.candidates import Evaluated
 from auto_configurator.runner import Measurement, Run
@@ -190,17 +191,23 @@ def top_table(outcomes: Sequence[Outcome], top_n: int) -> str:
     )
 
 
-def plot(outcomes: Sequence[Outcome], path: Path, title: str) -> bool:
-    """Predicted against measured step time of each measured run; False without matplotlib."""
-    measured = measured_fastest(outcomes)
-    if not measured:
-        return False
+def pyplot() -> Any:
+    """matplotlib's pyplot drawing to files (Agg), or None when matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(outcomes: Sequence[Outcome], path: Path, title: str) -> bool:
+    """Predicted against measured step time of each measured run; False without matplotlib."""
+    measured = measured_fastest(outcomes)
+    plt = pyplot()
+    if not measured or plt is None:
         return False
     xs = [o.evaluated.prediction.step_time_s for o in measured]
     ys = [o.measurement.step_time_s for o in measured]
