@@ -129,6 +129,12 @@ def test_a_failed_upstream_cancels_its_dependents(slurm: None, tmp_path: Path) -
     states = wait_for_run(results)
     assert states["custom_dataset-preprocess"] == "FAILED", states
     assert states["gpt3_tiny"] == "CANCELLED", states
+    # The exit codes come from Slurm's job-completion records (sacct -c).
+    status = json.loads(run_ops("status", str(results), "--json").stdout)
+    codes = {job["name"]: job["exit_code"] for stage in status["stages"] for job in stage["jobs"]}
+    assert codes["custom_dataset-train_tokenizer"] == 0, codes
+    assert codes["custom_dataset-preprocess"] not in (None, 0), codes
+    assert codes["gpt3_tiny"] is None, codes
 
 
 def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_path: Path) -> None:
@@ -179,7 +185,7 @@ def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_pa
     assert "attempt 1" in second.splitlines()[0] and "resumed from" in second
     assert "requeueing" not in second
     header, row = run_ops("status", str(results)).stdout.splitlines()[1:3]
-    assert "ATTEMPTS" in header and re.search(rf"COMPLETED\s+{job_id}\s+2\s", row), row
+    assert "ATTEMPTS" in header and re.search(rf"COMPLETED\s+0\s+{job_id}\s+2\s", row), row
     expected = losses(tmp_path / "reference" / "gpt3_tiny" / "results")
     assert losses(log_dir) == expected
 

@@ -356,9 +356,14 @@ class SlurmBackend:
 
     def refresh(self, record: JobRecord) -> None:
         for job_id in record.job_ids:
-            state = _squeue_state(job_id) or _sacct_state(job_id)
+            state, exit_code = _squeue_state(job_id), None
+            if state is None:
+                state, exit_code = _sacct_status(job_id)
             if state:
                 record.state = state
+            # A job cancelled before it ran reports 0:0, which is no exit code of its own.
+            if exit_code is not None and state in ("COMPLETED", "FAILED"):
+                record.exit_code = exit_code
 
     def cancel(self, record: JobRecord) -> None:
         if record.job_ids:
@@ -415,24 +420,36 @@ def _squeue_state(job_id: str) -> str | None:
     return _combined(states)
 
 
-def _sacct_state(job_id: str) -> str | None:
-    """Finished jobs: from accounting, or from the job-completion file (`sacct -c`)."""
+def _sacct_status(job_id: str) -> tuple[str | None, int | None]:
+    """Finished jobs' state and exit code: from accounting, or from the job-completion file
+    (`sacct -c`). An array's exit code is its first failing task's."""
     for extra in ([], ["-c"]):
         result = subprocess.run(
-            ["sacct", *extra, "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State"],
+            ["sacct", *extra, "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State,ExitCode"],
             capture_output=True,
             text=True,
             timeout=60,
         )
         # A requeued job is listed once per attempt: its last line is its state now.
-        latest: dict[str, str] = {}
+        latest: dict[str, tuple[str, int | None]] = {}
         for line in result.stdout.splitlines():
-            if "|" in line:
-                name, state = line.split("|", 1)
-                latest[name] = SLURM_STATES.get(state.split()[0], state) if state else state
+            if line.count("|") == 2:
+                name, state, code = line.split("|")
+                mapped = SLURM_STATES.get(state.split()[0], state) if state else state
+                latest[name] = (mapped, _exit_code(code))
         if latest:
-            return _combined(list(latest.values()))
-    return None
+            codes = [code for _state, code in latest.values() if code is not None]
+            failing = next((code for code in codes if code), codes[0] if codes else None)
+            return _combined([state for state, _code in latest.values()]), failing
+    return None, None
+
+
+def _exit_code(text: str) -> int | None:
+    """Slurm's "code:signal" as a shell reports it: the code, or 128 + the signal."""
+    code, _, signal = text.partition(":")
+    if not code.isdigit():
+        return None
+    return 128 + int(signal) if signal.isdigit() and int(signal) else int(code)
 
 
 def _combined(states: list[str]) -> str | None:
