@@ -2,17 +2,17 @@
 passes preflight and renders its scripts (a dry run's planning, in process: nothing is written,
 run or submitted).
 
-Inputs a recipe reads (datasets, tokenizers, checkpoints) are made as empty placeholders in a
-temporary data_dir, from the one-line errors preflight gives for them, so a recipe whose other
-settings are wrong still fails here. Groups whose stage has no job program in this version yet
-(fine-tuning and the PEFT family, until their issue lands) are composed and resolved by
-tests/test_published_recipes.py. New recipes and cluster types are picked up without edits.
+Inputs a recipe reads (datasets, tokenizers) need not exist: a dry run lists the missing ones
+and goes on with every other check, so a recipe whose settings are wrong still fails here.
+Checkpoints come from the stages that write them, put before the stage in the same run.
+Groups whose stage has no job program in this version yet (fine-tuning and the PEFT family,
+until their issue lands) are composed and resolved by tests/test_published_recipes.py.
+New recipes and cluster types are picked up without edits.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import subprocess
 from pathlib import Path
 
@@ -22,14 +22,12 @@ import yaml
 from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.compose import compose_config, config_groups, recipe_options
 from launcher_scripts.config.preflight import CLUSTER_TYPES, resolve
-from launcher_scripts.errors import ConfigError
 from launcher_scripts.pipeline import plan
-from launcher_scripts.stages import STAGES, StageContext
+from launcher_scripts.stages import STAGES
 from tests.conftest import REPO
 
 GROUPS = [group for group in config_groups() if group != "cluster"]
 RUNNABLE = [group for group in GROUPS if group in STAGES]
-MISSING = re.compile(r"(/\S+?):? (?:does not exist|is not a folder)")
 IMAGE = "nvcr.io/nvidia/nemo:24.05"
 
 
@@ -95,41 +93,6 @@ def overrides(group: str, recipe: str, cluster_type: str, root: Path) -> list[st
     ]
 
 
-def plan_with_placeholders(args: list[str], root: Path):  # type: ignore[no-untyped-def]
-    """pipeline.plan, after creating each missing input the stage's preflight names (under
-    `root` only). The stage's checks are rerun alone until they pass, which is much faster
-    than planning again for each placeholder."""
-    cfg = compose_config(args)
-    stages = [str(name) for name in cfg.stages]
-    resolved = resolve(cfg, stages)
-    for _attempt in range(256):
-        try:
-            for name in stages:  # each stage sees what the stages before it write
-                STAGES[name].validate(StageContext(resolved, name, upstream_writes(resolved, name)))
-            return plan(cfg)
-        except ConfigError as error:
-            found = MISSING.search(str(error))
-            if not found or root not in Path(found.group(1)).parents:
-                raise
-            path = Path(found.group(1))
-            if "folder" in str(error) or "_dir" in str(error).split(":")[0] or not path.suffix:
-                path.mkdir(parents=True, exist_ok=True)
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.touch()
-    raise AssertionError("preflight kept asking for inputs")
-
-
-def upstream_writes(resolved, stage: str) -> frozenset[str]:  # type: ignore[no-untyped-def]
-    written: set[str] = set()
-    for name in resolved.stages:
-        if name == stage:
-            break
-        for job in STAGES[name].jobs(StageContext(resolved, name)):
-            written.update(job.writes)
-    return frozenset(written)
-
-
 def test_every_cluster_type_has_a_backend() -> None:
     assert set(CLUSTER_TYPES) == set(BACKENDS)
 
@@ -141,8 +104,8 @@ def test_recipe_validates_and_renders(
 ) -> None:
     if cluster_type not in BACKENDS:
         pytest.fail(f"cluster_type {cluster_type} has no backend")
-    backend, _resolved, planned = plan_with_placeholders(
-        overrides(group, recipe, cluster_type, tmp_path), tmp_path
+    backend, _resolved, planned = plan(
+        compose_config(overrides(group, recipe, cluster_type, tmp_path))
     )
     jobs = [job for stage in planned for job in stage.jobs]
     assert jobs, "the stage rendered no job"
