@@ -99,7 +99,7 @@ def parse(section: Mapping[str, Any] | None) -> InferenceSettings:
         raise ConfigError(
             run.key("serve_with_triton"), f"{triton!r} is not valid", "Use auto, true or false"
         )
-    from launcher_scripts.clusters.k8s_manifest import time_limit_seconds
+    from launcher_scripts.clusters.base import time_limit_seconds
 
     budgets = bench.get("max_latency_ms")
     return InferenceSettings(

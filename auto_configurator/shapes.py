@@ -35,6 +35,13 @@ GPT2_VOCAB = 50257  # assumed when the tokenizer cannot be read
 ASSUMED_VOCAB = {"BertWordPieceLowerCase": 30522, "BertWordPieceCase": 28996}
 
 
+def padded_vocab(vocab_size: int, divisible_by: int, tensor: int) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP so that
+    every tensor-parallel rank holds an equal, aligned slice of the table."""
+    multiple = divisible_by * tensor
+    return -(-vocab_size // multiple) * multiple
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """A decoder-only (GPT) or encoder (BERT) transformer stack."""
@@ -78,10 +85,7 @@ class ModelShape:
         return self.ffn_hidden_size * (2 if self.gated_mlp else 1)
 
     def padded_vocab(self, tensor: int = 1) -> int:
-        """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP so
-        that every tensor-parallel rank holds an equal, aligned slice of the table."""
-        multiple = self.make_vocab_size_divisible_by * tensor
-        return -(-self.vocab_size // multiple) * multiple
+        return padded_vocab(self.vocab_size, self.make_vocab_size_divisible_by, tensor)
 
     def norm_parameters(self) -> int:
         return self.hidden_size * (1 if self.rms_norm else 2)

@@ -13,16 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from auto_configurator import memory, throughput
+from auto_configurator import memory, shapes, throughput
 from auto_configurator.shapes import Layout, ModelShape
 
 GB = 1e9
 
 
 def padded_vocab(vocab: int, model: Any, tensor: int) -> int:
-    """Megatron pads the vocabulary so every TP rank holds an equal, aligned slice."""
-    multiple = int(model.get("make_vocab_size_divisible_by", 128)) * tensor
-    return -(-vocab // multiple) * multiple
+    """The vocabulary of a recipe's `model` section as Megatron pads it."""
+    return shapes.padded_vocab(vocab, int(model.get("make_vocab_size_divisible_by", 128)), tensor)
 
 
 def model_flops_per_sample(model: Any, seq_length: int, padded_vocab: int) -> float:

@@ -34,6 +34,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.clusters import BACKENDS, JobRecord
+from launcher_scripts.clusters.base import time_limit_seconds
 from launcher_scripts.clusters.k8s import (
     JobRef,
     K8sBackend,
@@ -42,7 +43,7 @@ from launcher_scripts.clusters.k8s import (
     pod_exit_code,
     stuck_pods,
 )
-from launcher_scripts.clusters.k8s_manifest import k8s_name, time_limit_seconds
+from launcher_scripts.clusters.k8s_manifest import k8s_name
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from tests.conftest import REPO, run_main

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.clusters.base import time_limit_seconds
 from launcher_scripts.config.compose import compose_config, conf_dir, recipe_options
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.errors import ConfigError
@@ -244,13 +245,6 @@ def keys_of(recipe: str) -> set[str]:
     return flat_keys(OmegaConf.to_container(training(recipe)))
 
 
-def slurm_seconds(limit: str) -> int:
-    """Slurm's "D-HH:MM:SS" or "HH:MM:SS" in seconds."""
-    days, _, clock = str(limit).rpartition("-")
-    hours, minutes, seconds = (int(part) for part in clock.split(":"))
-    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
 def blocks(model: DictConfig) -> list[DictConfig]:
     """The transformer stacks: T5's encoder and decoder, or BERT's single one."""
     return [model.encoder, model.decoder] if "encoder" in model else [model]
@@ -308,7 +302,9 @@ def test_recipe_numbers_are_consistent(recipe: str) -> None:
     assert model.data.seq_length <= model.max_position_embeddings
     assert isinstance(model.data.masked_lm_prob, float) and 0 < model.data.masked_lm_prob < 1
     check_schedule(cfg)
-    assert parse_max_time(trainer.max_time) <= slurm_seconds(cfg.run.time_limit)
+    assert parse_max_time(trainer.max_time) <= time_limit_seconds(
+        cfg.run.time_limit, "training.run.time_limit"
+    )
 
 
 def check_t5_layout(model: DictConfig, pp: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.clusters.base import time_limit_seconds
 from launcher_scripts.config.compose import compose_config, conf_dir
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.jobs.training.recipe import parse_max_time
@@ -75,13 +76,6 @@ def training(name: str, data_dir: str = "/data", results: str = "/results") -> D
     return resolve(cfg, ["training"]).training
 
 
-def slurm_seconds(limit: str) -> int:
-    """Slurm's "D-HH:MM:SS" or "HH:MM:SS" in seconds."""
-    days, _, clock = str(limit).rpartition("-")
-    hours, minutes, seconds = (int(part) for part in clock.split(":"))
-    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
 def flat_keys(node: dict[str, Any], prefix: str = "") -> set[str]:
     keys = set()
     for key, value in node.items():
@@ -135,7 +129,9 @@ def test_recipe_numbers_are_consistent(name: str) -> None:
     for value in (model.optim.lr, model.optim.sched.min_lr, model.init_method_std):
         assert isinstance(value, float), value
     assert model.optim.sched.min_lr <= model.optim.lr
-    assert parse_max_time(trainer.max_time) <= slurm_seconds(cfg.run.time_limit)
+    assert parse_max_time(trainer.max_time) <= time_limit_seconds(
+        cfg.run.time_limit, "training.run.time_limit"
+    )
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -9,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
+from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobspec import Command, JobSpec
 
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
@@ -128,3 +130,23 @@ def _option_lines(words: Sequence[str], starts_option: Sequence[bool], indent: s
 
 def export_lines(env: Iterable[tuple[str, str]]) -> list[str]:
     return [f"export {name}={shlex.quote(value)}" for name, value in env]
+
+
+def time_limit_seconds(limit: str, key: str) -> int:
+    """Slurm's time formats (as the recipes write them) in seconds: "MM", "MM:SS",
+    "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"."""
+    text = str(limit).strip()
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not match:
+        raise ConfigError(key, f"{limit!r} is not a time limit", 'Use "HH:MM:SS" or "D-HH:MM:SS"')
+    days, first, second, third = match.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+    elif third is not None:  # HH:MM:SS
+        hours, minutes, seconds = int(first), int(second), int(third)
+    else:  # MM[:SS]
+        hours, minutes, seconds = 0, int(first), int(second or 0)
+    total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total < 1:
+        raise ConfigError(key, f"{limit!r} is no time at all", 'Use e.g. "04:00:00"')
+    return total

@@ -45,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from launcher_scripts.clusters.base import time_limit_seconds
 from launcher_scripts.clusters.k8s_settings import SHM_VOLUME, K8sSettings
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.jobspec import Command, JobSpec
@@ -81,26 +82,6 @@ def pod_count(job: JobSpec) -> int:
 def is_multi_node(job: JobSpec) -> bool:
     """Whether the pods of this job talk to each other (and so need the Service)."""
     return job.array_size is None and job.resources.nodes > 1
-
-
-def time_limit_seconds(limit: str, key: str) -> int:
-    """Slurm's time formats (as the recipes write them) in seconds: "MM", "MM:SS",
-    "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"."""
-    text = str(limit).strip()
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if not match:
-        raise ConfigError(key, f"{limit!r} is not a time limit", 'Use "HH:MM:SS" or "D-HH:MM:SS"')
-    days, first, second, third = match.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
-    elif third is not None:  # HH:MM:SS
-        hours, minutes, seconds = int(first), int(second), int(third)
-    else:  # MM[:SS]
-        hours, minutes, seconds = 0, int(first), int(second or 0)
-    total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-    if total < 1:
-        raise ConfigError(key, f"{limit!r} is no time at all", 'Use e.g. "04:00:00"')
-    return total
 
 
 def program_argv(job: JobSpec, command: Command) -> list[str]:

@@ -91,15 +91,6 @@ def _common(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     recipe.check_inputs(cfg, stage, will_exist)
 
 
-def _positions(model: Any, seq: int, name: str, stage: str) -> None:
-    if seq > model.max_position_embeddings:
-        raise ConfigError(
-            key(stage, name),
-            f"{seq} is longer than max_position_embeddings {model.max_position_embeddings}",
-            "Lower it or raise model.max_position_embeddings",
-        )
-
-
 def validate_bert(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     model = cfg.model
     par = recipe.parallelism(cfg, stage)
@@ -109,7 +100,7 @@ def validate_bert(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> No
     )
     recipe.check_attention(model, par, key(stage, "model"))
     seq = recipe.check_sequence(model.data.seq_length, par, stage)
-    _positions(model, seq, "model.data.seq_length", stage)
+    recipe.check_positions(model, seq, "model.data.seq_length", stage)
     require_choice(
         key(stage, "model.activation"), model.get("activation", "gelu"), ENCODER_ACTIVATIONS
     )
@@ -147,9 +138,9 @@ def validate_t5(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None
             "Use one hidden size: the decoder attends to the encoder's output",
         )
     seq = recipe.check_sequence(model.data.seq_length, par, stage)
-    _positions(model, seq, "model.data.seq_length", stage)
+    recipe.check_positions(model, seq, "model.data.seq_length", stage)
     decoder_seq = require_int(key(stage, "model.data.seq_length_dec"), model.data.seq_length_dec)
-    _positions(model, decoder_seq, "model.data.seq_length_dec", stage)
+    recipe.check_positions(model, decoder_seq, "model.data.seq_length_dec", stage)
     sentinels = model.tokenizer.get("num_sentinel_tokens", 0)
     require_int(key(stage, "model.tokenizer.num_sentinel_tokens"), sentinels)
     _common(cfg, stage, will_exist)

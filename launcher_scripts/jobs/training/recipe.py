@@ -319,13 +319,8 @@ def _check_architecture(model: Any, stage: str) -> None:
                 f"{value!r} is not supported",
                 f"Use one of: {', '.join(allowed)}",
             )
-    seq = model.data.seq_length
-    if model.position_embedding_type == "learned_absolute" and seq > model.max_position_embeddings:
-        raise ConfigError(
-            key(stage, "model.data.seq_length"),
-            f"{seq} is longer than max_position_embeddings {model.max_position_embeddings}",
-            "Lower seq_length or raise max_position_embeddings",
-        )
+    if model.position_embedding_type == "learned_absolute":
+        check_positions(model, model.data.seq_length, "model.data.seq_length", stage)
     check_recompute(model, stage)
     optimizer = model.optim.name
     if optimizer not in OPTIMIZERS:
@@ -333,6 +328,16 @@ def _check_architecture(model: Any, stage: str) -> None:
             key(stage, "model.optim.name"),
             f"{optimizer!r} is not supported",
             f"Use one of: {', '.join(OPTIMIZERS)}",
+        )
+
+
+def check_positions(model: Any, seq: int, name: str, stage: str) -> None:
+    """A sequence of `seq` tokens (the key `name`) fits the learned position table."""
+    if seq > model.max_position_embeddings:
+        raise ConfigError(
+            key(stage, name),
+            f"{seq} is longer than max_position_embeddings {model.max_position_embeddings}",
+            f"Lower {name.rsplit('.', 1)[-1]} or raise max_position_embeddings",
         )
 
 
