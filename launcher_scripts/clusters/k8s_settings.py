@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
 
 # A DNS-1123 label: what Kubernetes accepts as a namespace, volume or container name.
@@ -98,12 +99,12 @@ def settings_from(root: Any) -> K8sSettings:
         service_account=_optional_str(cluster.get("service_account")),
         gpus_per_node=None
         if gpus_per_node is None
-        else _int("cluster.gpus_per_node", gpus_per_node, 1),
+        else require_int("cluster.gpus_per_node", gpus_per_node, 1),
         gpu_resource=_resource_name("cluster.gpu_resource", cluster.get("gpu_resource")),
         rdma_resources=tuple(
             (
                 _resource_name(f"cluster.rdma_resources.{name}", name),
-                _int(f"cluster.rdma_resources.{name}", count, 1),
+                require_int(f"cluster.rdma_resources.{name}", count, 1),
             )
             for name, count in _pairs("cluster.rdma_resources", cluster, strings=False)
         ),
@@ -116,11 +117,13 @@ def settings_from(root: Any) -> K8sSettings:
         env=tuple(_pairs("cluster.env", cluster)),
         labels=tuple(_pairs("cluster.labels", cluster)),
         annotations=tuple(_pairs("cluster.annotations", cluster)),
-        backoff_limit=_int("cluster.backoff_limit", cluster.get("backoff_limit", 0), 0),
+        backoff_limit=require_int("cluster.backoff_limit", cluster.get("backoff_limit", 0), 0),
         ttl_seconds_after_finished=None
         if cluster.get("ttl_seconds_after_finished") is None
-        else _int("cluster.ttl_seconds_after_finished", cluster["ttl_seconds_after_finished"], 0),
-        termination_grace_seconds=_int(
+        else require_int(
+            "cluster.ttl_seconds_after_finished", cluster["ttl_seconds_after_finished"], 0
+        ),
+        termination_grace_seconds=require_int(
             "cluster.termination_grace_seconds", cluster.get("termination_grace_seconds", 120), 0
         ),
         poll_seconds=_seconds("cluster.poll_seconds", cluster.get("poll_seconds", 10)),
@@ -271,12 +274,6 @@ def _absolute(key: str, value: Any) -> str:
     if not text.startswith("/"):
         raise ConfigError(key, f"{value!r} is not an absolute path", "Give a path such as /data")
     return str(PurePosixPath(text))
-
-
-def _int(key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(key, f"{value!r} is not an integer >= {minimum}", "Fix the value")
-    return value
 
 
 def _seconds(key: str, value: Any) -> float:

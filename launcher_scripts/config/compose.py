@@ -127,12 +127,28 @@ def compose_config(overrides: Sequence[str], config_name: str = "config") -> Dic
     check_recipe_overrides(overrides, root)
     overrides = recipe_file_overrides(overrides, root)
     overrides = [*matching_cluster(overrides, root, config_name), *overrides]
+    return compose_in(root, config_name, overrides, "Check the recipe names")
+
+
+def compose_in(
+    root: Path,
+    config_name: str,
+    overrides: Sequence[str],
+    missing_fix: str,
+    return_hydra_config: bool = False,
+) -> DictConfig:
+    """Hydra's compose of `<root>/<config_name>.yaml`, each composition error one line
+    (`missing_fix` says how to fix a missing config)."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(root), version_base="1.3"):
-            return compose(config_name=config_name, overrides=list(overrides))
+            return compose(
+                config_name=config_name,
+                overrides=list(overrides),
+                return_hydra_config=return_hydra_config,
+            )
     except MissingConfigException as error:
-        raise ConfigError("config", _first_line(error), "Check the recipe names") from error
+        raise ConfigError("config", _first_line(error), missing_fix) from error
     except HydraException as error:
         raise LauncherError(f"bad override: {_first_line(error)}") from error
 
