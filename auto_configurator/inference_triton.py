@@ -127,7 +127,7 @@ def export_dir(session: Session) -> Path:
 
 
 def _serve_and_measure(session: Session) -> list[Point]:
-    from launcher_scripts.jobs.export.serve import free_port
+    from launcher_scripts.ports import free_port
 
     settings = session.settings
     http_port = free_port()

@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher_scripts.jobs.export.serve import free_port  # noqa: E402
+from launcher_scripts.ports import free_port  # noqa: E402
 
 TARGET = 0.8
 MODEL_NAME = "gpt3_tiny"

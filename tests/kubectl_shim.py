@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,8 @@ from typing import Any
 
 import kubernetes_validate
 import yaml
+
+from launcher_scripts.ports import free_port
 
 STATE = Path(os.environ["KUBECTL_SHIM_STATE"])
 VERSION = os.environ.get("KUBECTL_SHIM_K8S_VERSION", "1.30")
@@ -217,12 +218,6 @@ def pod_zero_name(job: dict[str, Any]) -> str | None:
         return None
     selector = json.loads(service.read_text())["spec"].get("selector", {})
     return f"{name}-0.{subdomain}" if selector == {JOB_NAME_LABEL: name} else None
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def kubelet(folder: Path) -> int:

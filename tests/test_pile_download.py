@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import zstandard
 
 from launcher_scripts.jobs.data_prep import download, extract
 from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
+from launcher_scripts.ports import free_port
 from tests.http_site import Site
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -50,12 +50,6 @@ def run_module(module: str, *args: str, env: dict[str, str] | None = None) -> An
 
 def run_download(*args: str, env: dict[str, str] | None = None) -> Any:
     return run_module("download", "--retry-wait", "0", "--timeout", "5", *args, env=env)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- download: end to end -------------------------------------------------------------------

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher_scripts.ports import free_port
 from tests.conftest import REPO
-from tests.test_pile_download import free_port
 
 PROMPTS = ["The history of", "In the morning the", "A small village near the river was"]
 ONE_THREAD = os.environ | {"OMP_NUM_THREADS": "1"}

@@ -32,6 +32,7 @@ from pathlib import Path
 from launcher_scripts.files import write_atomic
 from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
 from launcher_scripts.jobs.export.install import bundled_server, default_venv, site_packages
+from launcher_scripts.ports import free_port
 
 # Each served model is a process of its own, not a rank of the job that started the server.
 JOB_VARIABLES = frozenset(RANK_VARIABLES) | {"SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT"}
@@ -183,12 +184,6 @@ def port(value: str) -> int:
     if not 0 < number < 65536:
         raise argparse.ArgumentTypeError(f"{value} is not a port number")
     return number
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_endpoint(path: Path, http_port: int, grpc_port: int) -> None:

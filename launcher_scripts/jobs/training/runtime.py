@@ -13,6 +13,7 @@ from megatron.core import parallel_state, tensor_parallel
 
 from launcher_scripts.jobs.training import cpu_compat
 from launcher_scripts.jobs.training.recipe import Parallelism
+from launcher_scripts.ports import free_port
 
 COLLECTIVE_TIMEOUT_MINUTES = 30
 
@@ -46,18 +47,12 @@ def process_info(environ: dict[str, str] | None = None) -> ProcessInfo:
     return ProcessInfo(0, 1, 0, "single")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def init_distributed(info: ProcessInfo, on_gpu: bool, rendezvous_timeout: float) -> None:
     """Join the process group, or raise JobError once `rendezvous_timeout` seconds have passed
     without every process of the job (a node that never started, a wrong MASTER_ADDR)."""
     if info.launcher == "single":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port("127.0.0.1")))
     elif "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
         raise JobError(
             "MASTER_ADDR and MASTER_PORT are not set: start the job with torchrun, or with srun "
