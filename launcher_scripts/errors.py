@@ -13,3 +13,12 @@ class ConfigError(LauncherError):
     def __init__(self, key: str, problem: str, fix: str) -> None:
         self.key, self.problem, self.fix = key, problem, fix
         super().__init__(f"{key}: {problem}. {fix}")
+
+
+class RecipeError(ConfigError):
+    """A ConfigError written as one sentence: "<key>: <problem and fix>"."""
+
+    def __init__(self, message: str) -> None:
+        key, _, problem = message.partition(": ")
+        LauncherError.__init__(self, message)
+        self.key, self.problem, self.fix = key, problem, ""

@@ -36,9 +36,9 @@ def test_unknown_stage(results: Path) -> None:
     assert not results.exists()
 
 
-def test_known_group_without_job_program(results: Path) -> None:
+def test_tuning_stage_without_its_base_model(results: Path) -> None:
     result = launch(results, "stages=[data_preparation,ia3_learning]")
-    assert_one_line_error(result, "ia3_learning", "Runnable stages")
+    assert_one_line_error(result, "ia3_learning.model.language_model_path", "does not exist")
     assert not results.exists()
 
 

@@ -5,6 +5,7 @@ from launcher_scripts.stages import (  # noqa: F401
     data_preparation,
     evaluation,
     export,
+    fine_tuning,
     training,
 )
 from launcher_scripts.stages.base import STAGES, Stage, StageContext

@@ -28,6 +28,7 @@ from launcher_scripts.stages.data_prep_common import (
     workers_args,
 )
 from launcher_scripts.stages.mc4_dataset import Mc4Dataset
+from launcher_scripts.stages.sft_dataset import DollySftDataset, SquadSftDataset
 
 INPUT_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 SENTENCEPIECE_MODEL_TYPES = ("unigram", "bpe", "word", "char")
@@ -332,6 +333,8 @@ DATASETS: dict[str, Dataset] = {
     "custom_dataset": CustomDataset(),
     "pile": PileDataset(),
     "mc4": Mc4Dataset(),
+    "sft_squad": SquadSftDataset(),
+    "sft_dolly": DollySftDataset(),
 }
 
 

@@ -56,23 +56,23 @@ def write(path: Path, model_config: DictConfig, tensors: dict[str, torch.Tensor]
         save_file({k: t.contiguous() for k, t in tensors.items()}, str(weights))
         partial = Path(scratch) / path.name
         with tarfile.open(partial, "w") as tar:
-            _add_bytes(tar, CONFIG, OmegaConf.to_yaml(config).encode())
-            tar.add(weights, arcname=WEIGHTS, filter=_readable)
+            add_bytes(tar, CONFIG, OmegaConf.to_yaml(config).encode())
+            tar.add(weights, arcname=WEIGHTS, filter=readable)
             for member, source in tokenizer_files.items():
-                tar.add(source, arcname=member, filter=_readable)
+                tar.add(source, arcname=member, filter=readable)
             names = tar.getnames()
         os.replace(partial, path)
     return names
 
 
-def _readable(info: tarfile.TarInfo) -> tarfile.TarInfo:
+def readable(info: tarfile.TarInfo) -> tarfile.TarInfo:
     """Members anyone may read, owned by nobody in particular (the file is shared)."""
     info.mode, info.uid, info.gid, info.uname, info.gname = 0o644, 0, 0, "", ""
     return info
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = _readable(tarfile.TarInfo(name))
+def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = readable(tarfile.TarInfo(name))
     info.size = len(data)
     info.mtime = int(time.time())
     tar.addfile(info, io.BytesIO(data))

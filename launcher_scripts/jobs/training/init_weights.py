@@ -25,17 +25,17 @@ RESIDUAL_OUTPUTS = ("linear_proj.weight", "linear_fc2.weight")
 NORM_WEIGHTS = ("layer_norm_weight", "layernorm.weight", "norm.weight")
 
 
-def _sharded_tensors(state: Any) -> Iterator[ShardedTensor]:
+def sharded_tensors(state: Any) -> Iterator[ShardedTensor]:
     if isinstance(state, ShardedTensor):
         yield state
     elif isinstance(state, ShardedTensorFactory):
-        yield from _sharded_tensors(state.build())
+        yield from sharded_tensors(state.build())
     elif isinstance(state, dict):
         for value in state.values():
-            yield from _sharded_tensors(value)
+            yield from sharded_tensors(value)
     elif isinstance(state, list | tuple):
         for value in state:
-            yield from _sharded_tensors(value)
+            yield from sharded_tensors(value)
 
 
 def _global_values(tensor: ShardedTensor, config: TransformerConfig, seed: int, device: Any):
@@ -59,9 +59,14 @@ def initialize(chunks: list[torch.nn.Module], config: TransformerConfig, seed: i
     assign_global(chunks, lambda tensor: _global_values(tensor, config, seed, tensor.data.device))
 
 
-def load_full_tensors(chunks: list[torch.nn.Module], tensors: dict[str, torch.Tensor]) -> None:
-    """Overwrite every parameter of `chunks` with its slice of the full tensor of its key (what
-    a portable checkpoint holds), whatever this rank's share of the layout."""
+def load_full_tensors(
+    chunks: list[torch.nn.Module],
+    tensors: dict[str, torch.Tensor],
+    wanted: Callable[[str], bool] | None = None,
+) -> None:
+    """Overwrite every parameter of `chunks` (or those whose key `wanted` accepts) with its
+    slice of the full tensor of its key (what a portable checkpoint holds), whatever this
+    rank's share of the layout."""
 
     def value(tensor: ShardedTensor) -> torch.Tensor:
         if tensor.key not in tensors:
@@ -74,21 +79,26 @@ def load_full_tensors(chunks: list[torch.nn.Module], tensors: dict[str, torch.Te
             )
         return full
 
-    assign_global(chunks, value)
+    assign_global(chunks, value, wanted)
 
 
 @torch.no_grad()
 def assign_global(
-    chunks: list[torch.nn.Module], global_value: Callable[[ShardedTensor], torch.Tensor]
+    chunks: list[torch.nn.Module],
+    global_value: Callable[[ShardedTensor], torch.Tensor],
+    wanted: Callable[[str], bool] | None = None,
 ) -> None:
-    """Give each parameter its slice of `global_value(sharded tensor)`, the full tensor."""
+    """Give each parameter (whose key `wanted` accepts) its slice of
+    `global_value(sharded tensor)`, the full tensor."""
     done: set[int] = set()
     for chunk in chunks:
-        for tensor in _sharded_tensors(chunk.sharded_state_dict()):
+        for tensor in sharded_tensors(chunk.sharded_state_dict()):
             data = tensor.data
             if data is None or tensor.key.endswith("_extra_state") or not data.is_floating_point():
                 continue
             if tensor.flattened_range is not None or id(data) in done:
+                continue
+            if wanted is not None and not wanted(tensor.key):
                 continue
             local = global_value(tensor)[tensor.global_slice()]
             data.copy_(local.reshape(data.shape).to(device=data.device, dtype=data.dtype))

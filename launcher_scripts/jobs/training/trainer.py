@@ -103,13 +103,18 @@ class Trainer:
         tmp.write_text(OmegaConf.to_yaml({"cfg": model}))
         os.replace(tmp, path)
 
-    def _build_model(self) -> list[Any]:
+    def _make_chunks(self) -> list[Any]:
+        """This rank's model chunks with their starting weights, before any wrapping."""
         chunks = model_builder.build_chunks(
             self.cfg, self.config, self.vocab.vocab_size, self.use_te
         )
         if self.on_gpu:
             chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
         init_weights.initialize(chunks, self.config, self.seed)
+        return chunks
+
+    def _build_model(self) -> list[Any]:
+        chunks = self._make_chunks()
         if self.config.fp16 or self.config.bf16:
             chunks = [Float16Module(self.config, chunk) for chunk in chunks]
         ddp_config = DistributedDataParallelConfig(

@@ -1,0 +1,1 @@
+"""Fine-tuning and parameter-efficient tuning of GPT models."""

@@ -1,0 +1,162 @@
+"""Fine-tuning and PEFT on megatron-core: `python -m launcher_scripts.jobs.fine_tuning.finetune
+--config F --stage S` (S: fine_tuning, peft, prompt_learning, adapter_learning, ia3_learning).
+
+The base model comes from a portable checkpoint (the conversion stage's .nemo) at whatever
+TP/PP the recipe asks for; the architecture is the checkpoint's, the recipe gives the layout,
+batch sizes, dropout, optimizer and data. Training reuses the pretraining loop (checkpoints,
+resume, signals, metrics); what differs is the model set-up, the SFT data, the validation
+metrics and the outputs:
+  - PEFT methods: only the added tensors, in a small PEFT file (`spec.output_file`);
+  - full SFT: a portable checkpoint of the whole tuned model at the same path;
+  - with a test set: greedy generations, one JSON line per sample, beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from launcher_scripts.errors import ConfigError, RecipeError
+from launcher_scripts.jobs.fine_tuning import sft_data
+from launcher_scripts.jobs.fine_tuning.tuning import TuningSpec, read_spec
+
+EMBEDDINGS = "embedding.word_embeddings.weight"
+# The recipe keys that replace the base model's for the tuning run.
+LAYOUT_KEYS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "micro_batch_size",
+    "global_batch_size",
+    "seed",
+    "hidden_dropout",
+    "attention_dropout",
+    "activations_checkpoint_granularity",
+    "activations_checkpoint_method",
+    "activations_checkpoint_num_layers",
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the stage's resolved YAML")
+    parser.add_argument("--stage", required=True, help="the stage the recipe belongs to")
+    return parser.parse_args(argv)
+
+
+def training_cfg(cfg: Any, spec: TuningSpec, base_model: DictConfig) -> DictConfig:
+    """The pretraining loop's config: the base model's architecture and tokenizer with the
+    recipe's layout, batches, optimizer and sequence length."""
+    model = OmegaConf.to_container(base_model, resolve=True)
+    assert isinstance(model, dict)
+    for unused in ("data", "optim", "nsys_profile", "precision", "rampup_batch_size"):
+        model.pop(unused, None)
+    recipe_model = cfg.model
+    for key in LAYOUT_KEYS:
+        if recipe_model.get(key) is not None:
+            model[key] = OmegaConf.to_container(recipe_model, resolve=True)[key]
+    model |= {
+        "virtual_pipeline_model_parallel_size": None,
+        "context_parallel_size": 1,
+        "sequence_parallel": bool(recipe_model.get("sequence_parallel", False)),
+        # The embedding rows are already padded: take them as they are.
+        "make_vocab_size_divisible_by": 1,
+        # PEFT hooks sit on the local layer spec's linears (TE fuses the norm into qkv).
+        "transformer_engine": bool(model.get("transformer_engine")) and spec.method == "sft",
+        "optim": OmegaConf.to_container(recipe_model.optim, resolve=True),
+        "data": {"seq_length": int(spec.train.section.get("max_seq_length") or 2048)},
+    }
+    return OmegaConf.create(
+        {
+            "run": OmegaConf.to_container(cfg.run, resolve=True),
+            "trainer": OmegaConf.to_container(cfg.trainer, resolve=True),
+            "exp_manager": OmegaConf.to_container(cfg.exp_manager, resolve=True),
+            "model": model,
+        }
+    )
+
+
+def check_positions(cfg: DictConfig, spec: TuningSpec) -> None:
+    positions = int(cfg.model.max_position_embeddings)
+    wanted = int(cfg.model.data.seq_length)
+    if wanted > positions:
+        key = spec.train.key.rsplit(".", 1)[0]
+        raise RecipeError(
+            f"{key}.max_seq_length: {wanted} exceeds the base model's {positions} positions: "
+            f"set it to {positions} or less"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    recipe_cfg = OmegaConf.load(args.config)
+    from launcher_scripts.jobs.training import cpu_compat, runtime
+
+    on_gpu = (
+        str(recipe_cfg.trainer.get("accelerator", "gpu")) != "cpu" and torch.cuda.is_available()
+    )
+    info = runtime.process_info()
+    if not on_gpu:
+        cpu_compat.patch_cuda_queries()
+        cpu_compat.CudaDevicesOnCpu().__enter__()
+    from launcher_scripts.jobs.conversion import portable
+    from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
+    from launcher_scripts.jobs.training.pretrain import StopSignals
+    from launcher_scripts.jobs.training.recipe import rendezvous_timeout
+    from launcher_scripts.jobs.training.runtime import JobError
+
+    try:
+        spec = read_spec(recipe_cfg, args.stage)
+        log_dir = Path(str(recipe_cfg.exp_manager.explicit_log_dir))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=log_dir, prefix=".base-") as scratch:
+            try:
+                base = portable.read(spec.base_model, Path(scratch))
+            except (OSError, ValueError) as error:
+                raise JobError(f"{spec.base_key}: cannot read {spec.base_model}: {error}") from None
+            cfg = training_cfg(recipe_cfg, spec, base.config)
+            check_positions(cfg, spec)
+            runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))
+            from launcher_scripts.jobs.fine_tuning.tuner import FineTuner
+
+            tuner = FineTuner(cfg, spec, base, on_gpu, StopSignals())
+            code = tuner.fit()
+            if code == 0 and tuner.finished:
+                tuner.write_outputs()
+            return code
+    except (JobError, TokenizerError, ConfigError, sft_data.SftDataError) as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        runtime.shutdown()
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    from launcher_scripts.files import write_atomic
+
+    write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
+def exact_match(prediction: str, answers: list[str]) -> bool:
+    return prediction.strip() in {a.strip() for a in answers}
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""The pretraining loop specialised for tuning: base weights from a portable checkpoint, PEFT
+modules attached and the base frozen, SFT data, exact-match validation, and the outputs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from launcher_scripts.jobs.conversion import portable
+from launcher_scripts.jobs.conversion.portable import Portable
+from launcher_scripts.jobs.fine_tuning import peft, peft_file, sft_data
+from launcher_scripts.jobs.fine_tuning.finetune import EMBEDDINGS, exact_match, write_jsonl
+from launcher_scripts.jobs.fine_tuning.tuning import TuningSpec
+from launcher_scripts.jobs.inference.generation import generate
+from launcher_scripts.jobs.inference.params import GenerationParams
+from launcher_scripts.jobs.inference.runner import ModelRunner
+from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
+from launcher_scripts.jobs.training import data, init_weights
+from launcher_scripts.jobs.training import model as model_builder
+from launcher_scripts.jobs.training.runtime import JobError
+from launcher_scripts.jobs.training.trainer import Trainer
+
+GENERATION_BATCH = 16
+
+
+class FineTuner(Trainer):
+    def __init__(
+        self, cfg: Any, spec: TuningSpec, base: Portable, on_gpu: bool, stop_signals: Any
+    ) -> None:
+        self.spec, self.base = spec, base
+        self.tokenizer = load_text_tokenizer(cfg.model.tokenizer)
+        self.attached: peft.Attached | None = None
+        self.finished = False
+        super().__init__(cfg, on_gpu, stop_signals)
+
+    # ----- model ------------------------------------------------------------------------
+
+    def _make_chunks(self) -> list[Any]:
+        rows = int(self.base.tensors[EMBEDDINGS].shape[0])
+        chunks = model_builder.build_chunks(self.cfg, self.config, rows, self.use_te)
+        if self.on_gpu:
+            chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
+        settings = self.spec.peft
+        if settings is not None:
+            settings.check_layers(f"{self.spec.stage}.model", self.config.num_layers)
+            self.attached = peft.attach(chunks, settings, self.config)
+        init_weights.load_full_tensors(
+            chunks, self.base.tensors, wanted=lambda key: not peft.is_peft_key(key)
+        )
+        if self.attached is not None and settings is not None:
+            start = peft.initial_values(self.attached, self.seed, settings.init_std)
+            init_weights.assign_global(chunks, start, wanted=peft.is_peft_key)
+            if self.spec.peft_restore is not None:
+                restored = peft_file.read(self.spec.peft_restore)
+                init_weights.load_full_tensors(chunks, restored.tensors, wanted=peft.is_peft_key)
+            peft.freeze_base(chunks)
+            if self.on_gpu:  # the added modules were made on the CPU
+                chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
+        self.base.tensors.clear()  # loaded: free the host copy
+        trainable = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
+        total = sum(p.numel() for c in chunks for p in c.parameters())
+        print(
+            f"rank {self.rank}: {self.spec.method}: {trainable:,} of {total:,} parameters "
+            f"trainable on this rank",
+            flush=True,
+        )
+        return chunks
+
+    # ----- data -------------------------------------------------------------------------
+
+    def _format(self, split: Any) -> sft_data.SftFormat:
+        answer_only = bool(split.section.get("answer_only_loss", self.spec.answer_only_loss))
+        fmt = sft_data.SftFormat.from_section(
+            split.section, split.key.rsplit(".", 1)[0], answer_only, self.spec.virtual_tokens
+        )
+        seq = int(self.cfg.model.data.seq_length)
+        if fmt.max_seq_length > seq:  # every split is padded to the training length
+            fmt = sft_data.SftFormat(**{**fmt.__dict__, "max_seq_length": seq})
+        return fmt
+
+    def _load(self, split: Any, label: str) -> list[sft_data.SftFile]:
+        files, report = sft_data.load_files(
+            list(split.files), self.tokenizer, self._format(split), label
+        )
+        if report:
+            self._say(report)
+        return files
+
+    def _build_data(self) -> None:
+        model, trainer = self.cfg.model, self.cfg.trainer
+        seq, pad = int(model.data.seq_length), self.tokenizer.eod_id
+        gbs, mbs = int(model.global_batch_size), int(model.micro_batch_size)
+        train = self.spec.train
+        files = self._load(train, "training data")
+        samples = sft_data.MixedSamples(
+            files,
+            train.weights or (1.0,),
+            int(trainer.max_steps) * gbs,
+            seq,
+            pad,
+            self.seed,
+            bool(train.section.get("shuffle", True)),
+        )
+        self.train_stream = data.SampleStream(samples, mbs)
+        self.valid_stream, self.val_batches = None, 0
+        self.valid_records: list[sft_data.Record] = []
+        if self.spec.validation is not None:
+            valid_files = self._load(self.spec.validation, "validation data")
+            valid = sft_data.EvalSamples(valid_files, gbs, seq, pad)
+            self.valid_records = valid.records
+            self.valid_stream = data.SampleStream(valid, mbs)
+            limit = trainer.get("limit_val_batches", 1.0)
+            if isinstance(limit, int) and not isinstance(limit, bool):
+                self.val_batches = min(limit, valid.batches)
+            else:
+                self.val_batches = max(1, math.ceil(float(limit or 0) * valid.batches))
+
+    # ----- validation -------------------------------------------------------------------
+
+    def validate(self) -> float:
+        loss = super().validate()
+        if not math.isnan(loss):
+            self.state.metrics["validation_loss"] = loss
+        if self.spec.metric == "exact_string_match" and self.valid_records:
+            rows = self.generate_for(self.valid_records)
+            score = sum(row["exact_match"] for row in rows) / len(rows)
+            self.state.metrics["validation_exact_string_match"] = score
+            self._record({"step": self.state.step, "validation_exact_string_match": score})
+            self._say(f"validation at step {self.state.step}: exact_string_match {score:.3f}")
+        return loss
+
+    def _runner(self) -> ModelRunner:
+        chunks = [_unwrap(chunk) for chunk in self.model]
+        return ModelRunner(
+            chunks=chunks,
+            tokenizer=self.tokenizer,
+            max_length=int(self.cfg.model.max_position_embeddings),
+            vocab_size=self.tokenizer.vocab_size,
+            tensor=self.par.tensor,
+            pipeline=self.par.pipeline,
+            on_gpu=self.on_gpu,
+        )
+
+    @torch.no_grad()
+    def generate_for(self, records: list[sft_data.Record]) -> list[dict[str, Any]]:
+        """Greedy answers to each record's prompt (after the virtual-token placeholders)."""
+        runner = self._runner()
+        prefix = [self.tokenizer.eod_id] * self.spec.virtual_tokens
+        if self._format(self.spec.train).add_bos:
+            prefix.append(getattr(self.tokenizer, "bos_id", self.tokenizer.eod_id))
+
+        def logits(batch: list[list[int]]) -> torch.Tensor:
+            return runner.logits([prefix + row for row in batch])[:, len(prefix) :, :]
+
+        params = GenerationParams(tokens_to_generate=self.spec.tokens_to_generate)
+        limit = runner.max_length - len(prefix)
+        for chunk in self.model:
+            chunk.eval()
+        rows: list[dict[str, Any]] = []
+        usable = [r for r in records if r.prompt]
+        try:
+            for start in range(0, len(usable), GENERATION_BATCH):
+                batch = usable[start : start + GENERATION_BATCH]
+                fits = [
+                    r
+                    for r in batch
+                    if len(self.tokenizer.encode(r.prompt)) + params.tokens_to_generate <= limit
+                ]
+                outputs = generate(
+                    logits, self.tokenizer, [r.prompt for r in fits], params, max_length=limit
+                )
+                for record, output in zip(fits, outputs, strict=True):
+                    rows.append(
+                        {
+                            "input": record.prompt,
+                            "pred": output.text.strip(),
+                            "label": record.answers[0] if record.answers else record.answer,
+                            "exact_match": exact_match(output.text, record.answers),
+                            "source": record.source,
+                        }
+                    )
+        finally:
+            for chunk in self.model:
+                chunk.train()
+        if len(rows) < len(usable):
+            self._say(
+                f"{len(usable) - len(rows)} prompts left out of generation: prompt plus "
+                f"tokens_to_generate exceed the model's {limit} positions"
+            )
+        if not rows:
+            raise JobError("no prompt fits the model for generation: shorten the prompts")
+        return rows
+
+    # ----- outputs ----------------------------------------------------------------------
+
+    def _finish(self) -> int:
+        self.finished = self.state.step >= int(self.cfg.trainer.max_steps)
+        return super()._finish()
+
+    def write_outputs(self) -> None:
+        spec = self.spec
+        if spec.peft is not None:
+            tensors = peft_file.gather_full(self.model, peft.is_peft_key)
+            if self.rank == 0 and tensors is not None:
+                extra = {
+                    "stage": spec.stage,
+                    "base_model": str(spec.base_model),
+                    "data": {
+                        "virtual_tokens": spec.virtual_tokens,
+                        "prompt_template": str(spec.train.section.get("prompt_template") or ""),
+                    },
+                }
+                peft_file.write(spec.output_file, spec.peft, extra, tensors)
+                self._say(f"PEFT weights ({_size(spec.output_file)}): {spec.output_file}")
+        else:
+            tensors = peft_file.gather_full(self.model, lambda key: True)
+            if self.rank == 0 and tensors is not None:
+                config = self.base.config.copy()
+                config.tensor_model_parallel_size = self.par.tensor
+                config.pipeline_model_parallel_size = self.par.pipeline
+                portable.write(spec.output_file, config, tensors)
+                self._say(f"fine-tuned model ({_size(spec.output_file)}): {spec.output_file}")
+        if spec.test is not None:
+            records = [r for f in self._load(spec.test, "test data") for r in f.records]
+            rows = self.generate_for(records)
+            path = self.log_dir / "test_predictions.jsonl"
+            if self.rank == 0:
+                write_jsonl(path, rows)
+                score = sum(row["exact_match"] for row in rows) / len(rows)
+                self._say(f"test set: exact_string_match {score:.3f} over {len(rows)}; {path}")
+        dist.barrier()
+
+
+def _unwrap(chunk: Any) -> Any:
+    """The GPTModel inside DDP (and Float16Module) wrappers."""
+    while not hasattr(chunk, "decoder") and hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
+
+
+def _size(path: Path) -> str:
+    size = path.stat().st_size
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"

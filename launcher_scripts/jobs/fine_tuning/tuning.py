@@ -1,0 +1,377 @@
+"""What a fine-tuning recipe asks for, read the same way from every stage's recipe shape.
+
+The fine_tuning and peft recipes describe data as `model.data.<split>_ds` sections (NeMo's SFT
+layout); prompt_learning, adapter_learning and ia3_learning use the older layout: file lists
+under `model.data` and one `task_templates` entry. Both become a TuningSpec. Pure Python: the
+launcher's preflight and the job program read recipes through this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from launcher_scripts.config.checks import require_int
+from launcher_scripts.errors import RecipeError
+
+VIRTUAL_PROMPT_MARKER = "<|VIRTUAL_PROMPT_0|>"
+PEFT_SCHEMES = ("lora", "adapter", "ia3", "ptuning", "prompt_tuning")
+INIT_METHODS = ("xavier", "normal", "zero")
+ADAPTER_ACTIVATIONS = ("swish", "silu", "gelu", "relu")
+PROMPT_ENCODERS = ("mlp", "tpmlp")
+LORA_TARGET_NAMES = ("attention_qkv", "attention_dense", "mlp_fc1", "mlp_fc2")
+# stage -> the scheme its recipes train ("peft" reads model.peft.peft_scheme)
+STAGE_METHODS = {
+    "fine_tuning": "sft",
+    "adapter_learning": "adapter",
+    "ia3_learning": "ia3",
+}
+PROMPT_STYLES = {"p-tuning": "ptuning", "prompt-tuning": "prompt_tuning"}
+
+
+@dataclass(frozen=True)
+class PeftSettings:
+    """One method's settings, with the defaults NeMo documents."""
+
+    scheme: str
+    rank: int = 32  # LoRA rank and adapter bottleneck
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("attention_qkv",)
+    column_init: str = "xavier"
+    row_init: str = "zero"
+    layer_selection: tuple[int, ...] | None = None  # 1-based layers; None: all
+    norm_position: str | None = "pre"  # adapter: pre | post | None
+    activation: str = "swish"
+    virtual_tokens: int = 0
+    encoder_hidden: int = 1024  # P-tuning MLP width
+    encoder_layers: int = 2
+    encoder_type: str = "mlp"
+    init_std: float = 0.023
+
+    def check(self, key: str) -> None:
+        if self.scheme not in PEFT_SCHEMES:
+            raise RecipeError(f"{key}: {self.scheme!r} is not one of {', '.join(PEFT_SCHEMES)}")
+        unknown = [t for t in self.target_modules if t not in LORA_TARGET_NAMES]
+        if self.scheme == "lora" and (unknown or not self.target_modules):
+            raise RecipeError(
+                f"{key}.target_modules: {list(self.target_modules)}: choose from "
+                f"{', '.join(LORA_TARGET_NAMES)} (or all)"
+            )
+        if self.scheme in ("lora", "adapter") and self.rank < 1:
+            raise RecipeError(f"{key}.adapter_dim must be at least 1, not {self.rank}")
+        for name in (self.column_init, self.row_init):
+            if name not in INIT_METHODS:
+                raise RecipeError(f"{key}: init method {name!r} is not one of {INIT_METHODS}")
+        if self.scheme in ("ptuning", "prompt_tuning") and self.virtual_tokens < 1:
+            raise RecipeError(f"{key}: {self.scheme} needs at least one virtual token")
+        if self.scheme == "ptuning" and self.encoder_type not in PROMPT_ENCODERS:
+            raise RecipeError(
+                f"{key}.encoder_type: {self.encoder_type!r}: this version has "
+                f"{', '.join(PROMPT_ENCODERS)} (an MLP prompt encoder)"
+            )
+        if self.scheme == "ptuning" and self.encoder_layers < 1:
+            raise RecipeError(f"{key}.num_layers: the prompt encoder needs at least one layer")
+        if self.norm_position not in ("pre", "post", None):
+            raise RecipeError(f"{key}.norm_position must be pre, post or null")
+        if self.activation not in ADAPTER_ACTIVATIONS:
+            raise RecipeError(f"{key}.activation must be one of {', '.join(ADAPTER_ACTIVATIONS)}")
+
+    def check_layers(self, key: str, num_layers: int) -> None:
+        if self.layer_selection is not None:
+            bad = [n for n in self.layer_selection if not 1 <= n <= num_layers]
+            if bad:
+                raise RecipeError(
+                    f"{key}.layer_selection: {bad} outside 1..{num_layers} (the base model's "
+                    "layers, counted from 1)"
+                )
+
+    def chosen(self, layer_number: int) -> bool:
+        return self.layer_selection is None or layer_number in self.layer_selection
+
+    def as_dict(self) -> dict[str, Any]:
+        values = dict(self.__dict__)
+        values["target_modules"] = list(self.target_modules)
+        if self.layer_selection is not None:
+            values["layer_selection"] = list(self.layer_selection)
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> PeftSettings:
+        values = dict(values)
+        values["target_modules"] = tuple(values.get("target_modules") or ())
+        if values.get("layer_selection") is not None:
+            values["layer_selection"] = tuple(values["layer_selection"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class DataSplit:
+    key: str  # the recipe key that names the files, for messages
+    files: tuple[Path, ...]
+    weights: tuple[float, ...] | None
+    section: dict[str, Any]  # what SftFormat.from_section reads
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    stage: str
+    method: str  # sft, or one of PEFT_SCHEMES
+    base_model: Path
+    base_key: str
+    peft: PeftSettings | None
+    peft_restore: Path | None
+    answer_only_loss: bool
+    train: DataSplit
+    validation: DataSplit | None
+    test: DataSplit | None
+    metric: str  # loss | exact_string_match
+    tokens_to_generate: int
+    output_file: Path  # PEFT weights, or the fine-tuned model for SFT
+
+    @property
+    def virtual_tokens(self) -> int:
+        return self.peft.virtual_tokens if self.peft else 0
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _files(key: str, value: Any) -> tuple[Path, ...]:
+    value = _plain(value)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RecipeError(f"{key}: expected a list of JSONL file paths, got {value!r}")
+    return tuple(Path(v) for v in value)
+
+
+def _weights(key: str, value: Any, count: int) -> tuple[float, ...] | None:
+    value = _plain(value)
+    if value is None:
+        if count > 1:
+            raise RecipeError(f"{key}: {count} files need one sampling weight each (summing to 1)")
+        return None
+    if not isinstance(value, list) or len(value) != count:
+        raise RecipeError(f"{key}: give one weight per file ({count}), got {value!r}")
+    weights = tuple(float(v) for v in value)
+    if any(w < 0 for w in weights) or abs(sum(weights) - 1) > 1e-6:
+        raise RecipeError(f"{key}: {list(weights)} must be non-negative and sum to 1")
+    return weights
+
+
+def _sft_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None, DataSplit | None]:
+    data = cfg.model.data
+    splits: list[DataSplit | None] = []
+    for name in ("train_ds", "validation_ds", "test_ds"):
+        section = data.get(name)
+        key = f"{stage}.model.data.{name}"
+        files = _files(f"{key}.file_names", section.get("file_names") if section else None)
+        if not files:
+            splits.append(None)
+            continue
+        weights = (
+            _weights(
+                f"{key}.concat_sampling_probabilities",
+                section.get("concat_sampling_probabilities"),
+                len(files),
+            )
+            if name == "train_ds"
+            else None
+        )
+        plain = _plain(section)
+        splits.append(DataSplit(f"{key}.file_names", files, weights, plain))
+    train, validation, test = splits
+    if train is None:
+        raise RecipeError(f"{stage}.model.data.train_ds.file_names: give the training JSONL files")
+    return train, validation, test
+
+
+def _template_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None, DataSplit | None]:
+    """The prompt_learning-style layout: one task template, file lists under model.data."""
+    model = cfg.model
+    templates = _plain(model.get("task_templates")) or []
+    if not templates:
+        raise RecipeError(f"{stage}.model.task_templates: give one task template")
+    task = templates[0]
+    answer = str(task.get("answer_field") or "answer")
+    template = str(task.get("prompt_template") or "").replace(VIRTUAL_PROMPT_MARKER, "")
+    truncate = task.get("truncate_field")
+    section = {
+        "prompt_template": template.lstrip(),
+        "label_key": answer,
+        "context_key": str(truncate or "input"),
+        "max_seq_length": int(model.get("encoder_seq_length") or 2048),
+        "add_eos": bool(model.data.get("add_eos", True)),
+        "truncation_field": "answer" if truncate == answer else "context",
+        "answer_only_loss": bool(task.get("answer_only_loss", True)),
+        "shuffle": bool(model.data.get("shuffle", True)),
+    }
+    splits: list[DataSplit | None] = []
+    for name in ("train_ds", "validation_ds", "test_ds"):
+        key = f"{stage}.model.data.{name}"
+        files = _files(key, model.data.get(name))
+        weights = None
+        if files and name == "train_ds" and len(files) > 1:
+            weights = tuple(1 / len(files) for _ in files)
+        splits.append(DataSplit(key, files, weights, section) if files else None)
+    train, validation, test = splits
+    if train is None:
+        raise RecipeError(f"{stage}.model.data.train_ds: give the training JSONL files")
+    return train, validation, test
+
+
+def _lora(section: Any, key: str) -> PeftSettings:
+    targets = _plain(section.get("target_modules")) or ["attention_qkv"]
+    if targets in ("all", ["all"]):
+        targets = list(LORA_TARGET_NAMES)
+    rank = require_int(f"{key}.adapter_dim", section.get("adapter_dim", 32))
+    return PeftSettings(
+        scheme="lora",
+        rank=rank,
+        alpha=float(section.get("alpha") or rank),
+        dropout=float(section.get("adapter_dropout") or 0.0),
+        target_modules=tuple(targets),
+        column_init=str(section.get("column_init_method") or "xavier"),
+        row_init=str(section.get("row_init_method") or "zero"),
+        layer_selection=_layers(section),
+    )
+
+
+def _adapter(section: Any, key: str) -> PeftSettings:
+    norm = section.get("norm_position", "pre")
+    return PeftSettings(
+        scheme="adapter",
+        rank=require_int(f"{key}.adapter_dim", section.get("adapter_dim", 32)),
+        dropout=float(section.get("adapter_dropout") or 0.0),
+        column_init=str(section.get("column_init_method") or "xavier"),
+        row_init=str(section.get("row_init_method") or "zero"),
+        norm_position=None if norm in (None, "none") else str(norm),
+        activation=str(section.get("activation") or "swish"),
+        layer_selection=_layers(section),
+    )
+
+
+def _prompt(scheme: str, section: Any, tokens: int) -> PeftSettings:
+    return PeftSettings(
+        scheme=scheme,
+        virtual_tokens=tokens,
+        encoder_hidden=int(section.get("encoder_hidden") or section.get("bottleneck_dim") or 1024),
+        encoder_layers=int(section.get("num_layers") or 2),
+        encoder_type=str(section.get("encoder_type") or "mlp"),
+        init_std=float(section.get("init_std") or 0.023),
+        dropout=float(section.get("dropout") or 0.0),
+    )
+
+
+def _layers(section: Any) -> tuple[int, ...] | None:
+    value = _plain(section.get("layer_selection"))
+    return None if value is None else tuple(int(v) for v in value)
+
+
+def _peft_stage(cfg: Any, stage: str) -> tuple[str, PeftSettings]:
+    peft = cfg.model.peft
+    scheme = str(peft.get("peft_scheme") or "")
+    key = f"{stage}.model.peft"
+    if scheme == "lora":
+        return scheme, _lora(peft.get("lora_tuning") or {}, f"{key}.lora_tuning")
+    if scheme == "adapter":
+        return scheme, _adapter(peft.get("adapter_tuning") or {}, f"{key}.adapter_tuning")
+    if scheme == "ia3":
+        return scheme, PeftSettings("ia3", layer_selection=_layers(peft.get("ia3_tuning") or {}))
+    if scheme in ("ptuning", "prompt_tuning"):
+        section = peft.get("p_tuning") or {}
+        tokens = require_int(f"{key}.p_tuning.virtual_tokens", section.get("virtual_tokens", 10))
+        return scheme, _prompt(scheme, section, tokens)
+    raise RecipeError(
+        f"{key}.peft_scheme: {scheme!r} is not one of lora, ptuning, prompt_tuning, adapter, ia3"
+    )
+
+
+def read_spec(cfg: Any, stage: str) -> TuningSpec:
+    model = cfg.model
+    peft_restore: Path | None = None
+    log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
+    output = log_dir / f"{cfg.exp_manager.get('name') or stage}.nemo"
+    if stage in ("fine_tuning", "peft"):
+        base_key = f"{stage}.model.restore_from_path"
+        base = model.get("restore_from_path")
+        train, validation, test = _sft_splits(cfg, stage)
+        answer_only = bool(model.get("answer_only_loss", True))
+        if stage == "peft":
+            method, settings = _peft_stage(cfg, stage)
+            restore = model.peft.get("restore_from_path")
+            peft_restore = Path(str(restore)) if restore else None
+        else:
+            method, settings = "sft", None
+        metric_section = (validation.section if validation else {}).get("metric") or {}
+        metric = str(metric_section.get("name") or "loss")
+        tokens = int((validation.section if validation else {}).get("tokens_to_generate") or 32)
+    else:
+        base_key = f"{stage}.model.language_model_path"
+        base = model.get("language_model_path")
+        train, validation, test = _template_splits(cfg, stage)
+        answer_only = bool(train.section["answer_only_loss"])
+        task = (_plain(model.get("task_templates")) or [{}])[0]
+        if stage == "prompt_learning":
+            style = str(model.get("virtual_prompt_style") or "p-tuning")
+            if style not in PROMPT_STYLES:
+                raise RecipeError(
+                    f"{stage}.model.virtual_prompt_style: {style!r} trains nothing; use "
+                    f"{' or '.join(PROMPT_STYLES)}"
+                )
+            method = PROMPT_STYLES[style]
+            tokens = int(task.get("total_virtual_tokens") or 0)
+            source = model.get("p_tuning") if method == "ptuning" else {}
+            settings = _prompt(method, source or {}, tokens)
+        elif stage == "adapter_learning":
+            method = "adapter"
+            settings = _adapter(model.get("adapter_tuning") or {}, f"{stage}.model.adapter_tuning")
+        else:
+            method, settings = "ia3", PeftSettings("ia3")
+        restore = model.get("restore_path")
+        peft_restore = Path(str(restore)) if restore else None
+        if model.get("nemo_path"):
+            output = Path(str(model.nemo_path))
+        metric, tokens = "loss", 32
+    if not base:
+        raise RecipeError(f"{base_key}: give the base model (the conversion stage's .nemo file)")
+    if settings is not None:
+        settings.check(f"{stage}.model.peft" if stage == "peft" else f"{stage}.model")
+    if metric not in ("loss", "exact_string_match"):
+        raise RecipeError(
+            f"{stage}.model.data.validation_ds.metric.name: {metric!r}; this version computes "
+            "loss and exact_string_match"
+        )
+    return TuningSpec(
+        stage=stage,
+        method=method,
+        base_model=Path(str(base)),
+        base_key=base_key,
+        peft=settings,
+        peft_restore=peft_restore,
+        answer_only_loss=answer_only,
+        train=train,
+        validation=validation,
+        test=test,
+        metric=metric,
+        tokens_to_generate=tokens,
+        output_file=output,
+    )
+
+
+def all_inputs(spec: TuningSpec) -> list[tuple[str, Path]]:
+    """(recipe key, path) of every file the job reads."""
+    inputs = [(spec.base_key, spec.base_model)]
+    if spec.peft_restore:
+        inputs.append((f"{spec.stage} PEFT restore path", spec.peft_restore))
+    for split in (spec.train, spec.validation, spec.test):
+        if split is not None:
+            inputs += [(f"{split.key}[{i}]", path) for i, path in enumerate(split.files)]
+    return inputs

@@ -1,0 +1,104 @@
+"""The tuning stages: fine_tuning (full SFT), peft, prompt_learning, adapter_learning and
+ia3_learning. One distributed job each, running the fine-tuning program on the recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher_scripts.errors import RecipeError
+from launcher_scripts.jobs.conversion import portable
+from launcher_scripts.jobs.fine_tuning.tuning import all_inputs, read_spec
+from launcher_scripts.jobs.training import recipe
+from launcher_scripts.jobs.training.families import family_of
+from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
+from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
+
+FINETUNE = "launcher_scripts.jobs.fine_tuning.finetune"
+
+
+class TuningStage:
+    name = ""
+
+    def validate(self, ctx: StageContext) -> None:
+        cfg, stage = ctx.cfg, ctx.stage
+        family = family_of(cfg, stage)
+        require_job_program(ctx, "model_family", family.name, family.name == "gpt")
+        if family.name != "gpt":
+            return  # T5 tuning recipes compose and render; their job program is not written
+        spec = read_spec(cfg, stage)
+        for key, path in all_inputs(spec):
+            if not path.exists() and not ctx.will_exist(path):
+                raise RecipeError(
+                    f"{key}: {path} does not exist and no earlier stage of this run writes it: "
+                    "give an existing file (see the README's fine-tuning section)"
+                )
+        par = recipe.parallelism(cfg, stage)
+        recipe.check_world(par, stage)
+        recipe.check_batch(cfg.model, par, stage)
+        if spec.base_model.is_file():
+            self._check_base(spec, par, stage)
+
+    @staticmethod
+    def _check_base(spec, par, stage: str) -> None:  # type: ignore[no-untyped-def]
+        try:
+            base = portable.read_config(spec.base_model)
+        except (OSError, ValueError) as error:
+            raise RecipeError(
+                f"{spec.base_key}: {error}: give a conversion stage .nemo file"
+            ) from None
+        prefix = f"{spec.base_key} ({spec.base_model.name})"
+        recipe.check_attention(base, par, prefix)
+        layers = int(base.num_layers)
+        if layers % par.pipeline:
+            raise RecipeError(
+                f"{stage}.model.pipeline_model_parallel_size: the base model's {layers} layers "
+                f"do not split over {par.pipeline} pipeline stages: choose a divisor"
+            )
+        if spec.peft is not None:
+            spec.peft.check_layers(f"{stage}.model", layers)
+        seq = int(spec.train.section.get("max_seq_length") or 2048)
+        if seq > int(base.max_position_embeddings):
+            raise RecipeError(
+                f"{spec.train.key.rsplit('.', 1)[0]}.max_seq_length: {seq} exceeds the base "
+                f"model's {base.max_position_embeddings} positions: lower it"
+            )
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        cfg = ctx.cfg
+        devices, nodes = int(cfg.trainer.devices), int(cfg.trainer.num_nodes)
+        on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu"
+        log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
+        reads: tuple[str, ...] = ()
+        writes: tuple[str, ...] = (str(log_dir),)
+        if family_of(cfg, ctx.stage).name == "gpt":
+            spec = read_spec(cfg, ctx.stage)
+            reads = tuple(str(path) for _, path in all_inputs(spec))
+            writes = (str(log_dir / "checkpoints"), str(spec.output_file))
+        argv = ("--config", str(ctx.config_path), "--stage", ctx.stage)
+        return [
+            make_job(
+                ctx,
+                str(cfg.run.name),
+                (Command(FINETUNE, argv, nproc_per_node=devices),),
+                Resources(
+                    nodes=nodes,
+                    ntasks_per_node=devices,
+                    gpus_per_node=devices if on_gpu else 0,
+                    time_limit=str(cfg.run.time_limit),
+                    exclusive=on_gpu,
+                ),
+                reads=reads,
+                writes=writes,
+                checkpoint_exit_code=EXIT_PREEMPTED,
+                progress_dir=str(log_dir / "checkpoints"),
+            )
+        ]
+
+
+def _stage(stage_name: str) -> type[TuningStage]:
+    return type(f"{stage_name.title().replace('_', '')}Stage", (TuningStage,), {"name": stage_name})
+
+
+for _name in ("fine_tuning", "peft", "prompt_learning", "adapter_learning", "ia3_learning"):
+    register(_stage(_name))
