@@ -1,4 +1,5 @@
 """`python3 -m launcher_scripts status|logs|cancel RUN_DIR`, `serve EXPORT_DIR`, `install-triton`,
+`merge-lora BASE PEFT OUT`,
 or overrides to launch, as main.py."""
 
 import sys
@@ -11,6 +12,10 @@ if __name__ == "__main__":
         from launcher_scripts.ops import main
     elif command == "serve":
         from launcher_scripts.jobs.export.serve import main
+
+        sys.argv.pop(1)
+    elif command == "merge-lora":
+        from launcher_scripts.jobs.fine_tuning.merge_lora import main
 
         sys.argv.pop(1)
     elif command == "install-triton":

@@ -74,14 +74,40 @@ def training_cfg(cfg: Any, spec: TuningSpec, base_model: DictConfig) -> DictConf
         "optim": OmegaConf.to_container(recipe_model.optim, resolve=True),
         "data": {"seq_length": int(spec.train.section.get("max_seq_length") or 2048)},
     }
+    trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
+    assert isinstance(trainer, dict)
+    trainer["max_steps"] = max_steps(cfg, spec)
     return OmegaConf.create(
         {
             "run": OmegaConf.to_container(cfg.run, resolve=True),
-            "trainer": OmegaConf.to_container(cfg.trainer, resolve=True),
+            "trainer": trainer,
             "exp_manager": OmegaConf.to_container(cfg.exp_manager, resolve=True),
             "model": model,
         }
     )
+
+
+def max_steps(cfg: Any, spec: TuningSpec) -> int:
+    """trainer.max_steps, or with max_steps -1 (NeMo's "bounded by epochs"), the steps that
+    make trainer.max_epochs passes over the training records."""
+    steps = cfg.trainer.get("max_steps")
+    if steps is not None and int(steps) > 0:
+        return int(steps)
+    epochs = cfg.trainer.get("max_epochs")
+    if not epochs or int(epochs) < 1:
+        raise ConfigError(
+            f"{spec.stage}.trainer.max_steps",
+            f"is {steps} and max_epochs is {epochs}: nothing bounds the run",
+            "Set trainer.max_steps, or max_steps=-1 with trainer.max_epochs",
+        )
+    records = 0
+    for path in spec.train.files:
+        with path.open(encoding="utf-8") as lines:
+            records += sum(1 for line in lines if line.strip())
+    batch = int(cfg.model.global_batch_size)
+    steps = max(1, math.ceil(records * int(epochs) / batch))
+    print(f"max_steps: {steps} ({epochs} epochs of {records} records at global batch {batch})")
+    return steps
 
 
 def check_positions(cfg: DictConfig, spec: TuningSpec) -> None:

@@ -3,6 +3,7 @@ modules attached and the base frozen, SFT data, exact-match validation, and the 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher_scripts.files import write_atomic
 from launcher_scripts.jobs.conversion import portable
 from launcher_scripts.jobs.conversion.portable import Portable
 from launcher_scripts.jobs.fine_tuning import peft, peft_file, sft_data
@@ -19,7 +21,7 @@ from launcher_scripts.jobs.inference.generation import generate
 from launcher_scripts.jobs.inference.params import GenerationParams
 from launcher_scripts.jobs.inference.runner import ModelRunner
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
-from launcher_scripts.jobs.training import data, init_weights
+from launcher_scripts.jobs.training import checkpointing, data, init_weights
 from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.jobs.training.trainer import Trainer
@@ -35,6 +37,7 @@ class FineTuner(Trainer):
         self.tokenizer = load_text_tokenizer(cfg.model.tokenizer)
         self.attached: peft.Attached | None = None
         self.finished = False
+        self._check_log_dir(cfg)
         super().__init__(cfg, on_gpu, stop_signals)
 
     # ----- model ------------------------------------------------------------------------
@@ -121,6 +124,38 @@ class FineTuner(Trainer):
 
     # ----- validation -------------------------------------------------------------------
 
+    def _identity(self) -> dict[str, Any]:
+        return {"method": self.spec.method, "peft": self.spec.peft and self.spec.peft.as_dict()}
+
+    def _check_log_dir(self, cfg: Any) -> None:
+        """A run of another method given the same log dir stops (on every rank) instead of
+        resuming checkpoints it cannot load; tuning.json records what the dir tunes."""
+        log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
+        path = log_dir / "tuning.json"
+        if not path.exists() or not checkpointing.complete_checkpoints(log_dir / "checkpoints"):
+            return
+        before = json.loads(path.read_text())
+        if before != json.loads(json.dumps(self._identity())):
+            raise JobError(
+                f"{self.spec.stage}.exp_manager.explicit_log_dir: {log_dir} holds checkpoints "
+                f"of a {before['method']} run with other settings: give this run its own "
+                "results dir (e.g. another run.task_name) or remove them"
+            )
+
+    def _write_hparams(self) -> None:
+        super()._write_hparams()
+        identity = json.dumps(self._identity(), sort_keys=True)
+        write_atomic(self.log_dir / "tuning.json", identity + "\n")
+
+    def _before_first_step(self) -> None:
+        """On a fresh start, measure the untuned model: the baseline of the validation curve."""
+        if self.state.step == 0 and self.valid_stream is not None:
+            loss = self.validate()
+            self.state.metrics.clear()  # no checkpoint is named after the baseline
+            if not math.isnan(loss):
+                self._record({"step": 0, "val_loss": loss})
+                self._say(f"validation before tuning: val_loss {loss:.4f}")
+
     def validate(self) -> float:
         loss = super().validate()
         if not math.isnan(loss):
@@ -133,10 +168,12 @@ class FineTuner(Trainer):
             self._say(f"validation at step {self.state.step}: exact_string_match {score:.3f}")
         return loss
 
+    def _chunks(self) -> list[Any]:
+        return [_unwrap(chunk) for chunk in self.model]
+
     def _runner(self) -> ModelRunner:
-        chunks = [_unwrap(chunk) for chunk in self.model]
         return ModelRunner(
-            chunks=chunks,
+            chunks=self._chunks(),
             tokenizer=self.tokenizer,
             max_length=int(self.cfg.model.max_position_embeddings),
             vocab_size=self.tokenizer.vocab_size,
@@ -153,8 +190,16 @@ class FineTuner(Trainer):
         if self._format(self.spec.train).add_bos:
             prefix.append(getattr(self.tokenizer, "bos_id", self.tokenizer.eod_id))
 
+        # Sequence parallelism splits the sequence over TP ranks: pad the widest row (later
+        # positions do not change earlier logits under causal attention).
+        multiple = self.par.tensor if self.par.sequence_parallel else 1
+
         def logits(batch: list[list[int]]) -> torch.Tensor:
-            return runner.logits([prefix + row for row in batch])[:, len(prefix) :, :]
+            rows = [prefix + row for row in batch]
+            width = max(len(row) for row in rows)
+            widest = max(range(len(rows)), key=lambda i: len(rows[i]))
+            rows[widest] = rows[widest] + [self.tokenizer.eod_id] * (-width % multiple)
+            return runner.logits(rows)[:, len(prefix) : width, :]
 
         params = GenerationParams(tokens_to_generate=self.spec.tokens_to_generate)
         limit = runner.max_length - len(prefix)
@@ -204,7 +249,7 @@ class FineTuner(Trainer):
     def write_outputs(self) -> None:
         spec = self.spec
         if spec.peft is not None:
-            tensors = peft_file.gather_full(self.model, peft.is_peft_key)
+            tensors = peft_file.gather_full(self._chunks(), peft.is_peft_key)
             if self.rank == 0 and tensors is not None:
                 extra = {
                     "stage": spec.stage,
@@ -217,7 +262,7 @@ class FineTuner(Trainer):
                 peft_file.write(spec.output_file, spec.peft, extra, tensors)
                 self._say(f"PEFT weights ({_size(spec.output_file)}): {spec.output_file}")
         else:
-            tensors = peft_file.gather_full(self.model, lambda key: True)
+            tensors = peft_file.gather_full(self._chunks(), lambda key: True)
             if self.rank == 0 and tensors is not None:
                 config = self.base.config.copy()
                 config.tensor_model_parallel_size = self.par.tensor

@@ -70,7 +70,7 @@ class PeftSettings:
             raise RecipeError(f"{key}: {self.scheme} needs at least one virtual token")
         if self.scheme == "ptuning" and self.encoder_type not in PROMPT_ENCODERS:
             raise RecipeError(
-                f"{key}.encoder_type: {self.encoder_type!r}: this version has "
+                f"{key}.p_tuning.encoder_type: {self.encoder_type!r}: this version has "
                 f"{', '.join(PROMPT_ENCODERS)} (an MLP prompt encoder)"
             )
         if self.scheme == "ptuning" and self.encoder_layers < 1:

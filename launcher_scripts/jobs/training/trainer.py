@@ -388,6 +388,7 @@ class Trainer:
         if self.state.step >= max_steps:
             self._say(f"training already finished: step {self.state.step} of {max_steps}")
             return self._finish()
+        self._before_first_step()
         flops_per_sample = estimates.model_flops_per_sample(
             self.cfg.model,
             int(self.cfg.model.data.seq_length),
@@ -432,6 +433,9 @@ class Trainer:
                 self._say(f"trainer.max_time reached at step {step}; checkpoint saved")
                 break
         return self._finish()
+
+    def _before_first_step(self) -> None:
+        """Runs once the data, the resumed state and the metrics log are ready."""
 
     def _log_train(
         self, step: int, record: dict[str, float], window: list[float], flops_per_sample: float

@@ -1,0 +1,84 @@
+"""`python3 -m launcher_scripts merge-lora BASE.nemo PEFT.nemo OUTPUT.nemo`: fold LoRA into the
+base weights (W + alpha/rank x B A for every adapted linear of every adapted layer) and write a
+portable checkpoint that export, evaluation and conversion read like any other model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from launcher_scripts.jobs.conversion import portable
+from launcher_scripts.jobs.fine_tuning import peft_file
+from launcher_scripts.jobs.fine_tuning.tuning import PeftSettings
+
+# LoRA target -> the base weight it adapts (stacked over layers: [layers, out, in])
+BASE_WEIGHTS = {
+    "attention_qkv": "decoder.layers.self_attention.linear_qkv.weight",
+    "attention_dense": "decoder.layers.self_attention.linear_proj.weight",
+    "mlp_fc1": "decoder.layers.mlp.linear_fc1.weight",
+    "mlp_fc2": "decoder.layers.mlp.linear_fc2.weight",
+}
+
+
+class MergeError(ValueError):
+    pass
+
+
+def merged(
+    tensors: dict[str, torch.Tensor], lora: dict[str, torch.Tensor], settings: PeftSettings
+) -> dict[str, torch.Tensor]:
+    """The base tensors with every LoRA update added (new tensors; the inputs are unchanged)."""
+    if settings.scheme != "lora":
+        raise MergeError(f"the PEFT file holds {settings.scheme}, not LoRA: only LoRA merges")
+    out = dict(tensors)
+    scale = settings.alpha / settings.rank
+    for key, a in lora.items():
+        if not key.endswith(".lora_a"):
+            continue
+        layer, target = key.removesuffix(".lora_a").split("peft.", 1)[1].split(".", 1)
+        base_key = BASE_WEIGHTS[target]
+        if base_key not in out:
+            raise MergeError(f"the base model has no {base_key} for LoRA target {target}")
+        b = lora[key.removesuffix("lora_a") + "lora_b"]
+        weights = out[base_key].clone() if out[base_key] is tensors[base_key] else out[base_key]
+        index = int(layer) - 1
+        update = (b.double() @ a.double()) * scale
+        if tuple(update.shape) != tuple(weights[index].shape):
+            raise MergeError(
+                f"{key}: the update has shape {tuple(update.shape)}, the base weight "
+                f"{tuple(weights[index].shape)}: was the PEFT file tuned on this base model?"
+            )
+        weights[index] = (weights[index].double() + update).to(weights.dtype)
+        out[base_key] = weights
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m launcher_scripts merge-lora", description=__doc__
+    )
+    parser.add_argument("base", type=Path, help="the base model's portable .nemo file")
+    parser.add_argument("peft", type=Path, help="the PEFT .nemo file the peft stage wrote")
+    parser.add_argument("output", type=Path, help="where to write the merged .nemo file")
+    args = parser.parse_args(argv)
+    try:
+        if args.output.resolve() in (args.base.resolve(), args.peft.resolve()):
+            raise MergeError("the output must not overwrite an input: choose another path")
+        lora = peft_file.read(args.peft)
+        with tempfile.TemporaryDirectory() as scratch:
+            base = portable.read(args.base, Path(scratch))
+            tensors = merged(base.tensors, lora.tensors, lora.settings)
+            portable.write(args.output, base.config, tensors)
+    except (OSError, ValueError, KeyError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"merged LoRA from {args.peft} into {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

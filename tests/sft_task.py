@@ -1,0 +1,52 @@
+"""A small supervised task for the fine-tuning tests: a fixed, arbitrary mapping from words to
+words that a model cannot know zero-shot.
+
+The answers are words the tokenizer keeps as one token, chosen among those whose output
+embeddings are largest: a frozen-embedding method (every PEFT method) can only raise a token's
+logit as far as its embedding's norm allows, and the briefly trained tiny model has left most
+rows near their small initial values. Full fine-tuning has no such limit.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+KEYS = "river mountain village morning garden window market winter forest island".split()
+CANDIDATES = (
+    "the of and to in is was for on that with as by at from his her it an be are this had "
+    "not but have one which were all they their been has more two its who after first new "
+    "also time other into when there would can only out some year so up does A Why The "
+    "Every In"
+).split()
+
+
+def answer_words(tokenizer, embeddings: torch.Tensor, count: int) -> list[str]:  # type: ignore[no-untyped-def]
+    """`count` single-token words, those with the largest embedding rows first."""
+    ids = {w: tokenizer.encode(" " + w) for w in CANDIDATES}
+    single = [w for w in CANDIDATES if len(ids[w]) == 1]
+    single.sort(key=lambda w: -float(embeddings[ids[w][0]].norm()))
+    if len(single) < count:
+        raise AssertionError(f"only {len(single)} single-token words: {single}")
+    return single[:count]
+
+
+def write_task(
+    folder: Path,
+    tokenizer,  # type: ignore[no-untyped-def]
+    embeddings: torch.Tensor,
+    pairs: int = 8,
+) -> dict[str, Path]:
+    """train.jsonl, val.jsonl and test.jsonl, all the same mapping: the task is to learn it."""
+    values = answer_words(tokenizer, embeddings, pairs)
+    random.Random(0).shuffle(values)
+    rows = [{"input": k, "output": v} for k, v in zip(KEYS[:pairs], values, strict=True)]
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name in ("train", "val", "test"):
+        paths[name] = folder / f"{name}.jsonl"
+        paths[name].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return paths
