@@ -15,13 +15,81 @@ from pathlib import Path
 
 import torch
 
-KEYS = "river mountain village morning garden window market winter forest island".split()
-CANDIDATES = (
-    "the of and to in is was for on that with as by at from his her it an be are this had "
-    "not but have one which were all they their been has more two its who after first new "
-    "also time other into when there would can only out some year so up does A Why The "
-    "Every In"
-).split()
+KEYS = [
+    "river",
+    "mountain",
+    "village",
+    "morning",
+    "garden",
+    "window",
+    "market",
+    "winter",
+    "forest",
+    "island",
+]
+CANDIDATES = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "it",
+    "an",
+    "be",
+    "are",
+    "this",
+    "had",
+    "not",
+    "but",
+    "have",
+    "one",
+    "which",
+    "were",
+    "all",
+    "they",
+    "their",
+    "been",
+    "has",
+    "more",
+    "two",
+    "its",
+    "who",
+    "after",
+    "first",
+    "new",
+    "also",
+    "time",
+    "other",
+    "into",
+    "when",
+    "there",
+    "would",
+    "can",
+    "only",
+    "out",
+    "some",
+    "year",
+    "so",
+    "up",
+    "does",
+    "A",
+    "Why",
+    "The",
+    "Every",
+    "In",
+]
 
 
 def answer_words(tokenizer, embeddings: torch.Tensor, count: int) -> list[str]:  # type: ignore[no-untyped-def]

@@ -371,10 +371,10 @@ def freeze_base(chunks: list[Any]) -> None:
     """Only the added modules learn."""
     for chunk in chunks:
         for name, param in chunk.named_parameters():
-            param.requires_grad = _is_peft_name(name)
+            param.requires_grad = is_peft_parameter(name)
 
 
-def _is_peft_name(name: str) -> bool:
+def is_peft_parameter(name: str) -> bool:
     parts = name.split(".")
     return any(
         part.startswith(("lora_", "adapter_", "ia3_")) or part == "virtual_prompt"

@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.jobs.conversion.portable import add_bytes, readable
 from launcher_scripts.jobs.fine_tuning.tuning import PeftSettings
-from launcher_scripts.jobs.training.init_weights import sharded_tensors
 
 CONFIG = "peft_config.yaml"
 WEIGHTS = "peft_weights.safetensors"
@@ -83,6 +81,8 @@ def gather_full(chunks: list[Any], wanted: Any) -> dict[str, torch.Tensor] | Non
     Each shard is sent once, by its main replica, as a CPU object: meant for the small PEFT
     tensors, and for whole models only at the sizes a single host holds anyway.
     """
+    from launcher_scripts.jobs.training.init_weights import sharded_tensors
+
     pieces = []
     done: set[int] = set()
     for chunk in chunks:
@@ -104,6 +104,8 @@ def gather_full(chunks: list[Any], wanted: Any) -> dict[str, torch.Tensor] | Non
                         data.detach().float().cpu(),
                     )
                 )
+    import torch.distributed as dist
+
     gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
     dist.gather_object(pieces, gathered if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:

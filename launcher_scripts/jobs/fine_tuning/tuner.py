@@ -201,7 +201,7 @@ class FineTuner(Trainer):
             rows[widest] = rows[widest] + [self.tokenizer.eod_id] * (-width % multiple)
             return runner.logits(rows)[:, len(prefix) : width, :]
 
-        params = GenerationParams(tokens_to_generate=self.spec.tokens_to_generate)
+        params = GenerationParams(tokens_to_generate=self.spec.tokens_to_generate, top_k=1)
         limit = runner.max_length - len(prefix)
         for chunk in self.model:
             chunk.eval()
