@@ -196,6 +196,29 @@ def test_merged_lora_generates_what_base_plus_lora_generates(
     }
 
 
+def test_evaluation_stage_scores_base_plus_peft_at_another_layout(
+    lora: Path, tiny_portable: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """Tuned at TP=1, evaluated at TP=2: the PEFT file is layout-independent."""
+    run_stage(
+        "stages=[evaluation]",
+        "evaluation=peft_gpt3/squad",
+        f"base_results_dir={tmp_path}",
+        f"evaluation.model.language_model_path={tiny_portable}",
+        f"evaluation.model.peft_model_file={lora / 'megatron_gpt_peft_lora.nemo'}",
+        f"evaluation.data.test_ds=[{task['test']}]",
+        "evaluation.model.tensor_model_parallel_size=2",
+        "evaluation.model.eval_batch_size=4",
+        "evaluation.run.accelerator=cpu",
+        "evaluation.inference.tokens_to_generate=1",
+    )
+    results_dir = tmp_path / "gpt3_126m" / "peft_squad_eval"
+    results = json.loads((results_dir / "results.json").read_text())
+    assert results["samples"] == 8 and results["exact_match"] >= 75.0, results
+    evaluated = [json.loads(line) for line in (results_dir / "predictions.jsonl").open()]
+    assert [row["pred"] for row in evaluated] == [row["pred"] for row in predictions(lora)]
+
+
 def test_merge_refuses_a_non_lora_file(lora: Path, tiny_portable: Path, tmp_path: Path) -> None:
     ia3 = tmp_path / "ia3.nemo"
     loaded = peft_file.read(lora / "megatron_gpt_peft_lora.nemo")

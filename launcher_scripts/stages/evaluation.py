@@ -9,12 +9,14 @@ from typing import Any
 from launcher_scripts.config.checks import require_choice, require_int, require_layout
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.evaluation import recipe
+from launcher_scripts.jobs.fine_tuning import evaluate_tuned
 from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 from launcher_scripts.stages.conversion import Conversion
 
 EVALUATE = "launcher_scripts.jobs.evaluation.evaluate"
+EVALUATE_TUNED = "launcher_scripts.jobs.fine_tuning.evaluate_tuned"
 
 
 @register
@@ -28,10 +30,41 @@ class Evaluation:
         family = family_of(cfg, stage).name
         runnable = (kind, family) in recipe.EVALUATED
         require_job_program(ctx, "evaluation_kind", f"{kind} evaluation of {family}", runnable)
-        if runnable:
+        if runnable and kind == "harness":
             self._validate_harness(ctx)
+        elif runnable:
+            self._validate_tuned(ctx)
         else:
             self._validate_layout(ctx)
+
+    def _validate_tuned(self, ctx: StageContext) -> None:
+        cfg, stage = ctx.cfg, ctx.stage
+        tp, pp = self._validate_layout(ctx)
+        for key, path in self._tuned_inputs(cfg):
+            if not path.exists() and not ctx.will_exist(path):
+                raise ConfigError(
+                    f"{stage}.{key}",
+                    f"{path} does not exist and no earlier stage of this run writes it",
+                    "Run the tuning stage first, or point it at an existing file",
+                )
+        model_file = evaluate_tuned.model_file_of(cfg.model)
+        if model_file.is_file():
+            require_layout(recipe.portable_model_config(model_file), tp, pp, f"{stage}.model")
+
+    @staticmethod
+    def _tuned_inputs(cfg: Any) -> list[tuple[str, Path]]:
+        model = cfg.model
+        base_key = (
+            "model.restore_from_path"
+            if model.get("restore_from_path")
+            else ("model.language_model_path")
+        )
+        inputs = [(base_key, evaluate_tuned.model_file_of(model))]
+        for key in evaluate_tuned.PEFT_KEYS:
+            if model.get(key):
+                inputs.append((f"model.{key}", Path(str(model[key]))))
+        inputs += [(f"data.test_ds[{i}]", Path(str(p))) for i, p in enumerate(cfg.data.test_ds)]
+        return inputs
 
     @staticmethod
     def _validate_layout(ctx: StageContext) -> tuple[int, int]:
@@ -103,11 +136,22 @@ class Evaluation:
         )
         on_gpu = str(cfg.run.accelerator) != "cpu"
         results = Path(str(cfg.run.results_dir))
+        tuned = cfg.get("evaluation_kind", "harness") == "fine_tuned"
+        program = EVALUATE_TUNED if tuned else EVALUATE
+        reads = (
+            tuple(str(path) for _, path in self._tuned_inputs(cfg))
+            if tuned and family_of(cfg, ctx.stage).name == "gpt"
+            else tuple(
+                str(path)
+                for path in (cfg.model.get("nemo_model"), cfg.model.get("restore_from_path"))
+                if path
+            )
+        )
         return [
             make_job(
                 ctx,
                 str(cfg.run.name),
-                (Command(EVALUATE, ("--config", str(ctx.config_path)), nproc_per_node=processes),),
+                (Command(program, ("--config", str(ctx.config_path)), nproc_per_node=processes),),
                 # Model parallelism only, within one node: every rank runs every request.
                 Resources(
                     nodes=1,
@@ -116,11 +160,7 @@ class Evaluation:
                     time_limit=str(cfg.run.time_limit),
                     exclusive=on_gpu,
                 ),
-                reads=tuple(
-                    str(path)
-                    for path in (cfg.model.get("nemo_model"), cfg.model.get("restore_from_path"))
-                    if path
-                ),
+                reads=reads,
                 writes=(str(results / "results.json"), str(results / "results.md")),
             )
         ]

@@ -36,10 +36,13 @@ TASKS_KEY = "evaluation.run.tasks"
 INCLUDE_KEY = "evaluation.run.include_path"
 PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "bf16-mixed": "bf16"}
 
-# The evaluation job runs lm-evaluation-harness tasks on GPT models; `fine_tuned` evaluation
-# (answers scored by exact match and F1) comes with the fine-tuning job.
+# `harness`: lm-evaluation-harness tasks (jobs/evaluation/evaluate.py); `fine_tuned`: a tuned
+# model's answers scored by exact match and F1 (jobs/fine_tuning/evaluate_tuned.py).
 KINDS = ("harness", "fine_tuned")
-EVALUATED = {("harness", "gpt")}  # (evaluation_kind, model_family) pairs this job runs
+EVALUATED = {
+    ("harness", "gpt"),
+    ("fine_tuned", "gpt"),
+}  # (evaluation_kind, model_family) pairs this job runs
 
 
 def requested_names(value: Any, key: str = TASKS_KEY) -> list[str]:

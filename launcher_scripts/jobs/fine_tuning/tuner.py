@@ -257,6 +257,7 @@ class FineTuner(Trainer):
                     "data": {
                         "virtual_tokens": spec.virtual_tokens,
                         "prompt_template": str(spec.train.section.get("prompt_template") or ""),
+                        "label_key": str(spec.train.section.get("label_key") or "output"),
                     },
                 }
                 peft_file.write(spec.output_file, spec.peft, extra, tensors)
