@@ -25,6 +25,7 @@ from launcher_scripts.config.preflight import CLUSTER_TYPES, resolve
 from launcher_scripts.pipeline import plan
 from launcher_scripts.stages import STAGES
 from tests.conftest import REPO
+from tests.test_published_recipes import FILLS
 
 GROUPS = [group for group in config_groups() if group != "cluster"]
 RUNNABLE = [group for group in GROUPS if group in STAGES]
@@ -85,6 +86,7 @@ def overrides(group: str, recipe: str, cluster_type: str, root: Path) -> list[st
         *([f"cluster.volumes=[{volumes}]"] if cluster_type == "k8s" else []),
         *upstream(group, recipe),
         f"{group}={recipe}",
+        *FILLS.get((group, recipe), []),
         f"cluster_type={cluster_type}",
         f"data_dir={root / 'data'}",
         f"base_results_dir={root / 'results'}",

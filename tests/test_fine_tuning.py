@@ -133,7 +133,7 @@ def test_lora_learns_the_mapping(lora: Path) -> None:
 
 
 def test_peft_file_holds_only_the_adapters(lora: Path, tiny_portable: Path) -> None:
-    path = lora / "megatron_gpt_peft_lora.nemo"
+    path = lora / "checkpoints" / "megatron_gpt_peft_lora.nemo"
     loaded = peft_file.read(path)
     assert loaded.settings.scheme == "lora" and loaded.settings.rank == 16
     assert all(".peft." in key for key in loaded.tensors), sorted(loaded.tensors)
@@ -169,7 +169,7 @@ def test_merged_lora_generates_what_base_plus_lora_generates(
             "launcher_scripts",
             "merge-lora",
             str(tiny_portable),
-            str(lora / "megatron_gpt_peft_lora.nemo"),
+            str(lora / "checkpoints" / "megatron_gpt_peft_lora.nemo"),
             str(merged),
         ],
         capture_output=True,
@@ -205,7 +205,7 @@ def test_evaluation_stage_scores_base_plus_peft_at_another_layout(
         "evaluation=peft_gpt3/squad",
         f"base_results_dir={tmp_path}",
         f"evaluation.model.language_model_path={tiny_portable}",
-        f"evaluation.model.peft_model_file={lora / 'megatron_gpt_peft_lora.nemo'}",
+        f"evaluation.model.peft_model_file={lora / 'checkpoints' / 'megatron_gpt_peft_lora.nemo'}",
         f"evaluation.data.test_ds=[{task['test']}]",
         "evaluation.model.tensor_model_parallel_size=2",
         "evaluation.model.eval_batch_size=4",
@@ -221,7 +221,7 @@ def test_evaluation_stage_scores_base_plus_peft_at_another_layout(
 
 def test_merge_refuses_a_non_lora_file(lora: Path, tiny_portable: Path, tmp_path: Path) -> None:
     ia3 = tmp_path / "ia3.nemo"
-    loaded = peft_file.read(lora / "megatron_gpt_peft_lora.nemo")
+    loaded = peft_file.read(lora / "checkpoints" / "megatron_gpt_peft_lora.nemo")
     peft_file.write(ia3, type(loaded.settings)(scheme="ia3"), {}, {})
     out = tmp_path / "out.nemo"
     result = subprocess.run(
@@ -266,8 +266,8 @@ def test_tensor_parallel_lora_trains_like_one_process(
         zip(*val_losses(runs[t]), strict=True) for t in (1, 2)
     )
     assert steps_one == steps_two and val_one == pytest.approx(val_two, rel=1e-5)
-    first = peft_file.read(runs[1] / "megatron_gpt_peft_lora.nemo").tensors
-    second = peft_file.read(runs[2] / "megatron_gpt_peft_lora.nemo").tensors
+    first = peft_file.read(runs[1] / "checkpoints" / "megatron_gpt_peft_lora.nemo").tensors
+    second = peft_file.read(runs[2] / "checkpoints" / "megatron_gpt_peft_lora.nemo").tensors
     assert sorted(first) == sorted(second)
     for key, value in first.items():
         assert value.shape == second[key].shape
@@ -298,7 +298,7 @@ def test_each_method_lowers_validation_loss(
     (start, before), (end, after) = val_losses(log_dir)[0], val_losses(log_dir)[-1]
     assert (start, end) == (0, 40)
     assert after < 0.7 * before, (scheme, before, after)
-    assert (log_dir / f"megatron_gpt_peft_{scheme}.nemo").stat().st_size < 2**20
+    assert (log_dir / "checkpoints" / f"megatron_gpt_peft_{scheme}.nemo").stat().st_size < 2**20
 
 
 def test_full_fine_tuning_reaches_exact_match_and_writes_a_model(
@@ -313,7 +313,7 @@ def test_full_fine_tuning_reaches_exact_match_and_writes_a_model(
     log_dir = tmp_path / "gpt3_126m" / "squad" / "results"
     assert val_losses(log_dir)[-1][1] < 0.1
     assert exact_match(log_dir) == 1.0, predictions(log_dir)
-    tuned = portable.read_config(log_dir / "megatron_gpt3_squad.nemo")
+    tuned = portable.read_config(log_dir / "checkpoints" / "megatron_gpt3_squad.nemo")
     assert tuned.num_layers == portable.read_config(tiny_portable).num_layers
 
 

@@ -298,7 +298,8 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
     model = cfg.model
     peft_restore: Path | None = None
     log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
-    output = log_dir / f"{cfg.exp_manager.get('name') or stage}.nemo"
+    # Where NeMo saves a tuning run's .nemo at the end: checkpoints/<exp_manager.name>.nemo
+    output = log_dir / "checkpoints" / f"{cfg.exp_manager.get('name') or stage}.nemo"
     if stage in ("fine_tuning", "peft"):
         base_key = f"{stage}.model.restore_from_path"
         base = model.get("restore_from_path")
