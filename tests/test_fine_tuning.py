@@ -349,3 +349,40 @@ def test_adapter_learning_stage_reads_its_task_template(
     losses = val_losses(log_dir)
     assert [s for s, _ in losses] == [0, 40] and losses[1][1] < 0.6 * losses[0][1], losses
     assert (log_dir / "megatron_gpt_adapter.nemo").is_file()
+
+
+def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and all(f in lines[0] for f in fragments), result.stderr[-2000:]
+
+
+def test_preflight_refuses_a_sequence_longer_than_the_base_model(
+    tiny_portable: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    overrides = common("peft", tmp_path, tiny_portable, task)
+    result = run_main(*overrides, "peft.model.data.train_ds.max_seq_length=4096")
+    one_line_error(result, "peft.model.data.train_ds.max_seq_length", "4096", "positions")
+    assert not (tmp_path / "gpt3_126m").exists()
+
+
+def test_preflight_refuses_a_sequence_that_does_not_split_over_tp(
+    tiny_portable: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    overrides = common("peft", tmp_path, tiny_portable, task)
+    result = run_main(
+        *overrides,
+        "peft.model.data.train_ds.max_seq_length=31",
+        "peft.trainer.devices=2",
+        "peft.model.tensor_model_parallel_size=2",
+        "peft.model.sequence_parallel=True",
+    )
+    one_line_error(result, "peft.model.data.train_ds.max_seq_length", "31", "sequence_parallel")
+
+
+def test_preflight_names_a_missing_training_file(
+    tiny_portable: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    overrides = common("peft", tmp_path, tiny_portable, task)
+    result = run_main(*overrides, f"peft.model.data.train_ds.file_names=[{tmp_path / 'no.jsonl'}]")
+    one_line_error(result, "peft.model.data.train_ds.file_names[0]", "does not exist")

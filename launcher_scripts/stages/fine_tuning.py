@@ -36,6 +36,12 @@ class TuningStage:
         par = recipe.parallelism(cfg, stage)
         recipe.check_world(par, stage)
         recipe.check_batch(cfg.model, par, stage)
+        seq = int(spec.train.section.get("max_seq_length") or 2048)
+        if par.sequence_parallel and seq % par.tensor:
+            raise RecipeError(
+                f"{spec.train.key.rsplit('.', 1)[0]}.max_seq_length: {seq} does not split over "
+                f"tensor_model_parallel_size {par.tensor} (sequence_parallel): use a multiple"
+            )
         if spec.base_model.is_file():
             self._check_base(spec, par, stage)
 
