@@ -95,6 +95,22 @@ CASES = {
         ],
     ),
     "export_gpt3": ("export", ["export.run.model_train_name=gpt3_126m"]),
+    "sft_squad": ("data_preparation", ["data_preparation=sft/squad"]),
+    "sft_dolly": ("data_preparation", ["data_preparation=sft/dolly"]),
+    "fine_tuning_gpt3_squad": ("fine_tuning", ["fine_tuning=gpt3/squad"]),
+    "peft_gpt3_lora_tp2": (
+        "peft",
+        [
+            "peft=gpt3/squad",
+            "peft.trainer.devices=2",
+            "peft.model.tensor_model_parallel_size=2",
+            "peft.model.peft.peft_scheme=lora",
+        ],
+    ),
+    "prompt_learning_gpt3": ("prompt_learning", ["prompt_learning=gpt3/squad"]),
+    "adapter_learning_gpt3": ("adapter_learning", ["adapter_learning=gpt3/squad"]),
+    "ia3_learning_gpt3": ("ia3_learning", ["ia3_learning=gpt3/squad"]),
+    "evaluation_peft_gpt3": ("evaluation", ["evaluation=peft_gpt3/squad"]),
     "training_gpt3_126m_two_devices": (
         "training",
         ["training=gpt3/126m", "training.trainer.devices=2", "training.trainer.num_nodes=1"],

@@ -74,8 +74,16 @@ class SquadSftDataset:
 
     FIX = "Download SQuAD v1.1 (rajpurkar.github.io/SQuAD-explorer) or set {key}=/path/to/it"
 
-    def _files(self, ctx: StageContext) -> list[tuple[Path, Path, bool]]:
+    @staticmethod
+    def _files(ctx: StageContext) -> list[tuple[Path, Path, bool]]:
         """(input, output, keep every answer) for the train file and the dev file."""
+        cfg = ctx.cfg
+        return [
+            (Path(str(cfg.train_file)), Path(str(cfg.train_output)), False),
+            (Path(str(cfg.dev_file)), Path(str(cfg.dev_output)), True),
+        ]
+
+    def validate(self, ctx: StageContext) -> None:
         inputs = {name: require_source(ctx, name, self.FIX) for name in ("train_file", "dev_file")}
         train = require_output(ctx, "train_output", inputs)
         dev = require_output(ctx, "dev_output", inputs)
@@ -83,10 +91,6 @@ class SquadSftDataset:
             raise ConfigError(
                 stage_key(ctx, "dev_output"), "is train_output too", "Give each its own file"
             )
-        return [(inputs["train_file"], train, False), (inputs["dev_file"], dev, True)]
-
-    def validate(self, ctx: StageContext) -> None:
-        self._files(ctx)
         require_fraction(stage_key(ctx, "max_bad_fraction"), ctx.cfg.max_bad_fraction)
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Stage evaluation, job eval_peft_squad_gpt3_126m: rendered by launcher_scripts (Slurm backend).
+#SBATCH --job-name=launcher:eval_peft_squad_gpt3_126m
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=04:00:00
+#SBATCH --output=/results/gpt3_126m/peft_squad_eval/slurm-eval_peft_squad_gpt3_126m_%j.out
+#SBATCH --gpus-per-node=1
+#SBATCH --mem=0
+#SBATCH --exclusive
+set -euo pipefail
+
+export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+export TRANSFORMERS_OFFLINE=1
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+export MASTER_ADDR MASTER_PORT
+cd /results/gpt3_126m/peft_squad_eval
+
+srun \
+    --ntasks-per-node=1 \
+    --kill-on-bad-exit=1 python3 -u -m launcher_scripts.jobs.fine_tuning.evaluate_tuned \
+    --config /results/gpt3_126m/peft_squad_eval/eval_peft_squad_gpt3_126m_hydra.yaml

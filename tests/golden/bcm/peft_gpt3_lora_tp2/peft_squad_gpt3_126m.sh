@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Stage peft, job peft_squad_gpt3_126m: rendered by launcher_scripts (Slurm backend).
+#SBATCH --job-name=launcher:peft_squad_gpt3_126m
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=2
+#SBATCH --time=04:00:00
+#SBATCH --output=/results/gpt3_126m/peft_squad/slurm-peft_squad_gpt3_126m_%j.out
+#SBATCH --gpus-per-node=2
+#SBATCH --mem=0
+#SBATCH --exclusive
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
+set -euo pipefail
+exec >>"/results/gpt3_126m/peft_squad/log-peft_squad_gpt3_126m_${SLURM_JOB_ID}_attempt${SLURM_RESTART_COUNT:-0}.out" 2>&1
+
+export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+export TRANSFORMERS_OFFLINE=1
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+export MASTER_ADDR MASTER_PORT
+cd /results/gpt3_126m/peft_squad
+
+step_before=$(python3 -m launcher_scripts.jobs.training.progress /results/gpt3_126m/peft_squad/results/checkpoints)
+srun \
+    --ntasks-per-node=2 \
+    --kill-on-bad-exit=1 python3 -u -m launcher_scripts.jobs.fine_tuning.finetune \
+    --config /results/gpt3_126m/peft_squad/peft_squad_gpt3_126m_hydra.yaml \
+    --stage peft &
+step_pid=$!
+trap 'echo "launcher: USR1 received, asking the job step to checkpoint"; kill -USR1 "$step_pid"' USR1
+set +e
+while :; do
+    wait "$step_pid"; code=$?
+    kill -0 "$step_pid" 2>/dev/null || break  # wait was interrupted by the trap
+done
+set -e
+step_after=$(python3 -m launcher_scripts.jobs.training.progress /results/gpt3_126m/peft_squad/results/checkpoints)
+if [ "$code" -eq 75 ]; then
+    if [ "${SLURM_RESTART_COUNT:-0}" -ge 3 ]; then
+        echo "launcher: not requeued: max_restarts (3) reached"
+    elif [ "$step_after" -le "$step_before" ]; then
+        echo "launcher: not requeued: no new checkpoint since the last attempt"
+    else
+        echo "launcher: checkpoint at step $step_after; requeueing"
+        scontrol requeue "$SLURM_JOB_ID"
+        exit 0
+    fi
+fi
+exit "$code"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Stage data_preparation, job sft_squad-convert: rendered by launcher_scripts (Slurm backend).
+#SBATCH --job-name=launcher:sft_squad-convert
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=1:00:00
+#SBATCH --output=/results/sft_squad/slurm-sft_squad-convert_%j.out
+#SBATCH --cpus-per-task=1
+set -euo pipefail
+
+export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+export TRANSFORMERS_OFFLINE=1
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+export MASTER_ADDR MASTER_PORT
+cd /results/sft_squad
+
+srun \
+    --ntasks-per-node=1 \
+    --kill-on-bad-exit=1 python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad \
+    --input /data/squad_data/v1.1/train-v1.1.json \
+    --output /data/squad_data/v1.1/train-v1.1_gpt.json \
+    --max-bad-fraction 0.01
+
+srun \
+    --ntasks-per-node=1 \
+    --kill-on-bad-exit=1 python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad \
+    --input /data/squad_data/v1.1/dev-v1.1.json \
+    --output /data/squad_data/v1.1/dev-v1.1_gpt.json \
+    --max-bad-fraction 0.01 \
+    --all-answers

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Stage data_preparation, job sft_dolly-convert: rendered by launcher_scripts (BCP backend).
+# Run it on node 0 of a Base Command Platform job: bash <this file>
+set -euo pipefail
+
+export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+export TRANSFORMERS_OFFLINE=1
+nodes=1
+# Node 0, where this script runs, hosts the rendezvous.
+MASTER_ADDR="${NGC_MASTER_ADDR:-$(hostname)}"
+MASTER_PORT=29400
+export MASTER_ADDR MASTER_PORT
+cd /results/sft_dolly
+
+# shellcheck disable=SC2016  # expanded on each node
+bcprun \
+    --nnodes "$nodes" \
+    --npernode 1 \
+    --workdir /results/sft_dolly \
+    --env "PYTHONPATH=$PYTHONPATH" \
+    --env TORCH_NCCL_AVOID_RECORD_STREAMS=1 \
+    --env TRANSFORMERS_OFFLINE=1 \
+    --env "MASTER_ADDR=$MASTER_ADDR" \
+    --env "MASTER_PORT=$MASTER_PORT" \
+    --env "LAUNCHER_NNODES=$nodes" \
+    -c 'python3 -u -m launcher_scripts.jobs.data_prep.sft_convert dolly --input /data/dolly/databricks-dolly-15k.jsonl --split train 0.9 /data/dolly/dolly_train.jsonl --split validation 0.05 /data/dolly/dolly_validation.jsonl --split test 0.05 /data/dolly/dolly_test.jsonl --seed 1234 --max-bad-fraction 0.01'
