@@ -243,13 +243,16 @@ def test_merge_refuses_a_non_lora_file(lora: Path, tiny_portable: Path, tmp_path
     assert "ia3" in result.stderr and not out.exists()
 
 
-def test_tensor_parallel_lora_trains_like_one_process(
+LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}
+
+
+def test_tensor_and_pipeline_parallel_lora_train_like_one_process(
     tiny_portable: Path, task: dict[str, Path], tmp_path: Path
 ) -> None:
     runs = {}
-    for tensor in (1, 2):
-        runs[tensor] = peft_run(
-            tmp_path / f"tp{tensor}",
+    for name, (tensor, pipeline) in LAYOUTS.items():
+        runs[name] = peft_run(
+            tmp_path / name,
             tiny_portable,
             task,
             "lora",
@@ -257,21 +260,56 @@ def test_tensor_parallel_lora_trains_like_one_process(
             "peft.model.optim.lr=3e-3",
             "peft.trainer.max_steps=15",
             "peft.trainer.val_check_interval=15",
-            f"peft.trainer.devices={tensor}",
+            f"peft.trainer.devices={tensor * pipeline}",
             f"peft.model.tensor_model_parallel_size={tensor}",
+            f"peft.model.pipeline_model_parallel_size={pipeline}",
         )
-    one, two = (train_losses(runs[t]) for t in (1, 2))
-    assert len(one) == 3 and one == pytest.approx(two, rel=1e-5), (one, two)
-    (steps_one, val_one), (steps_two, val_two) = (
-        zip(*val_losses(runs[t]), strict=True) for t in (1, 2)
+    reference = train_losses(runs["tp1"])
+    reference_val = val_losses(runs["tp1"])
+    weights = peft_file.read(runs["tp1"] / "checkpoints" / "megatron_gpt_peft_lora.nemo").tensors
+    assert len(reference) == 3 and [s for s, _ in reference_val] == [0, 15]
+    for name in ("tp2", "pp2"):
+        assert train_losses(runs[name]) == pytest.approx(reference, rel=1e-5), name
+        losses = val_losses(runs[name])
+        assert [s for s, _ in losses] == [0, 15]
+        assert [v for _, v in losses] == pytest.approx([v for _, v in reference_val], rel=1e-5)
+        other = peft_file.read(runs[name] / "checkpoints" / "megatron_gpt_peft_lora.nemo").tensors
+        assert sorted(other) == sorted(weights)
+        for key, value in weights.items():
+            assert value.shape == other[key].shape
+            assert (value - other[key]).abs().max() < 1e-4, (name, key)
+
+
+def test_packed_samples_give_the_losses_they_give_alone(lora: Path) -> None:
+    config = next(lora.parent.glob("*_hydra.yaml"))
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.scripts.packed_losses", str(config), "peft", "8"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
     )
-    assert steps_one == steps_two and val_one == pytest.approx(val_two, rel=1e-5)
-    first = peft_file.read(runs[1] / "checkpoints" / "megatron_gpt_peft_lora.nemo").tensors
-    second = peft_file.read(runs[2] / "checkpoints" / "megatron_gpt_peft_lora.nemo").tensors
-    assert sorted(first) == sorted(second)
-    for key, value in first.items():
-        assert value.shape == second[key].shape
-        assert (value - second[key]).abs().max() < 1e-4, key
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["packed"] >= 3 and report["max_difference"] < 1e-4, report
+
+
+def test_packed_training_lowers_validation_loss(
+    tiny_portable: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    log_dir = peft_run(
+        tmp_path,
+        tiny_portable,
+        task,
+        "lora",
+        f"peft.model.peft.lora_tuning.target_modules={ALL_TARGETS}",
+        "peft.model.optim.lr=3e-3",
+        "peft.model.data.train_ds.packed_sequence=True",
+        "peft.trainer.max_steps=20",
+        "peft.trainer.val_check_interval=20",
+    )
+    (_, before), (_, after) = val_losses(log_dir)[0], val_losses(log_dir)[-1]
+    assert after < 0.5 * before, (before, after)
 
 
 @pytest.mark.parametrize(

@@ -178,3 +178,21 @@ def test_unknown_lora_target_is_refused() -> None:
     cfg.model.peft.lora_tuning.target_modules = ["attention_qkv", "mlp_up"]
     with pytest.raises(ConfigError, match="target_modules"):
         read_spec(cfg, "peft")
+
+
+def test_packing_restarts_positions_and_isolates_samples(tmp_path: Path) -> None:
+    from launcher_scripts.jobs.fine_tuning.packing import PackedSamples
+
+    rows = [{"input": "ab", "output": "c"}, {"input": "de", "output": "fg"}]
+    files, _ = sft_data.load_files([write(tmp_path / "t.jsonl", rows)], Chars(), SftFormat(), "t")
+    stream = sft_data.MixedSamples(files, (1.0,), 4, 12, EOD, seed=0, shuffle=False)
+    packed = PackedSamples(stream, 2, 12, EOD)
+    item = packed[0]
+    # "ab c" + EOD (4 positions) then "de fg" + EOD (5 positions): both fit in 12.
+    assert Chars().decode(item["tokens"][:9].tolist()) == "ab cde fg"
+    assert item["position_ids"][:9].tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 4]
+    assert item["loss_mask"].tolist() == [0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 0]
+    mask = item["attention_mask"][0]
+    assert not mask[5, 4] and mask[5, 3]  # the second sample sees itself, not the first
+    assert mask[0, 1] and not mask[1, 0]  # causal
+    assert packed._span(1) == (2, 4)  # the next pack starts where this one ended

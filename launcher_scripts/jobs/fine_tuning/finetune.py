@@ -70,7 +70,10 @@ def training_cfg(cfg: Any, spec: TuningSpec, base_model: DictConfig) -> DictConf
         # The embedding rows are already padded: take them as they are.
         "make_vocab_size_divisible_by": 1,
         # PEFT hooks sit on the local layer spec's linears (TE fuses the norm into qkv).
-        "transformer_engine": bool(model.get("transformer_engine")) and spec.method == "sft",
+        # Packed samples need the attention mask, which TE's causal kernels do not read.
+        "transformer_engine": bool(model.get("transformer_engine"))
+        and spec.method == "sft"
+        and not spec.train.section.get("packed_sequence"),
         "optim": OmegaConf.to_container(recipe_model.optim, resolve=True),
         "data": {"seq_length": int(spec.train.section.get("max_seq_length") or 2048)},
     }

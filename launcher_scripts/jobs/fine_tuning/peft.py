@@ -281,17 +281,14 @@ class VirtualPrompt(PeftModule):
     def hook(self, _module: Any, _args: tuple, output: torch.Tensor) -> torch.Tensor:
         # output: [sequence (this rank's slice under sequence parallelism), batch, hidden]
         local = output.shape[0]
-        start = parallel_state.get_tensor_model_parallel_rank() * local if self.sp_split else 0
+        rank = parallel_state.get_tensor_model_parallel_rank()
+        start = rank * local if self.sequence_parallel else 0
         first, last = max(start, 0), min(start + local, self.tokens)
         if first >= last:
             return output
         prompt = self.embeddings()[first:last].to(output.dtype)
         prompt = prompt.unsqueeze(1).expand(-1, output.shape[1], -1)
         return torch.cat([output[: first - start], prompt, output[last - start :]], dim=0)
-
-    @property
-    def sp_split(self) -> bool:
-        return self.sequence_parallel
 
 
 # ---------------------------------------------------------------------------------------------

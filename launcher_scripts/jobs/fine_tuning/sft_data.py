@@ -338,18 +338,25 @@ class MixedSamples:
         seed: int,
         shuffle: bool,
     ) -> None:
-        self.files, self.seq_length, self.pad_id = files, seq_length, pad_id
-        self.seed, self.shuffle = seed, shuffle
-        counts = [0] * len(files)
+        self.files, self.weights, self.seq_length, self.pad_id = files, weights, seq_length, pad_id
+        self.seed, self.shuffle, self.total = seed, shuffle, total
+        self._counts = [0] * len(files)
         self.choice: list[tuple[int, int]] = []
-        for k in range(total):
-            source = max(range(len(files)), key=lambda i: weights[i] * (k + 1) - counts[i])
-            self.choice.append((source, counts[source]))
-            counts[source] += 1
+        self._extend(total)
         self._orders: dict[tuple[int, int], list[int]] = {}
 
+    def _extend(self, count: int) -> None:
+        """Draw sources until `count` samples are drawn."""
+        counts = self._counts
+        for k in range(len(self.choice), count):
+            source = max(
+                range(len(self.files)), key=lambda i: self.weights[i] * (k + 1) - counts[i]
+            )
+            self.choice.append((source, counts[source]))
+            counts[source] += 1
+
     def __len__(self) -> int:
-        return len(self.choice)
+        return self.total
 
     def _order(self, source: int, epoch: int) -> list[int]:
         key = (source, epoch)
@@ -360,12 +367,16 @@ class MixedSamples:
             self._orders[key] = order
         return self._orders[key]
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        source, nth = self.choice[index % len(self.choice)]
+    def encoded(self, index: int) -> Encoded:
+        """The `index`-th sample of the stream (which goes on past `total` when asked)."""
+        self._extend(index + 1)
+        source, nth = self.choice[index]
         records = self.files[source].records
         epoch, position = divmod(nth, len(records))
-        record = records[self._order(source, epoch)[position]]
-        return to_tensors(record.encoded, self.seq_length, self.pad_id)
+        return records[self._order(source, epoch)[position]].encoded
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return to_tensors(self.encoded(index % self.total), self.seq_length, self.pad_id)
 
 
 class EvalSamples:

@@ -16,6 +16,7 @@ from launcher_scripts.jobs.conversion import portable
 from launcher_scripts.jobs.conversion.portable import Portable
 from launcher_scripts.jobs.fine_tuning import peft, peft_file, sft_data
 from launcher_scripts.jobs.fine_tuning.finetune import EMBEDDINGS, exact_match, write_jsonl
+from launcher_scripts.jobs.fine_tuning.packing import PackedSamples
 from launcher_scripts.jobs.fine_tuning.tuning import TuningSpec
 from launcher_scripts.jobs.inference.generation import generate
 from launcher_scripts.jobs.inference.params import GenerationParams
@@ -108,6 +109,8 @@ class FineTuner(Trainer):
             self.seed,
             bool(train.section.get("shuffle", True)),
         )
+        if train.section.get("packed_sequence"):
+            samples = PackedSamples(samples, len(samples), seq, pad)
         self.train_stream = data.SampleStream(samples, mbs)
         self.valid_stream, self.val_batches = None, 0
         self.valid_records: list[sft_data.Record] = []

@@ -110,6 +110,10 @@ def build_datasets(
     return train, valid, test
 
 
+# What a micro-batch holds; packed fine-tuning data adds its attention mask.
+BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
+
+
 class SampleStream:
     """A dataset read as consecutive global batches, this data-parallel rank's share of each."""
 
@@ -130,5 +134,6 @@ class SampleStream:
             ]
             yield {
                 name: torch.stack([item[name] for item in items])
-                for name in ("tokens", "labels", "loss_mask", "position_ids")
+                for name in BATCH_KEYS
+                if name in items[0]
             }

@@ -225,7 +225,8 @@ class Trainer:
             batch = get_batch_on_this_cp_rank(batch)
         if self.on_gpu:
             batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
-        output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        mask = batch.get("attention_mask")  # None: causal over the whole sequence
+        output = model(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
         return output, partial(token_loss, batch["loss_mask"])
 
     def _run_schedule(self, start: int, micro_batches: int, forward_only: bool, stream: Any):

@@ -1,0 +1,40 @@
+"""A tuning stage's FineTuner built in this process (one rank, CPU), for the in-process checks
+of tests/scripts/peft_frozen.py and tests/scripts/packed_losses.py."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+
+@contextmanager
+def built_tuner(config: str, stage: str) -> Iterator[Any]:
+    from launcher_scripts.jobs.training import cpu_compat, runtime
+
+    cpu_compat.patch_cuda_queries()
+    cpu_compat.CudaDevicesOnCpu().__enter__()
+    from launcher_scripts.jobs.conversion import portable
+    from launcher_scripts.jobs.fine_tuning.finetune import training_cfg
+    from launcher_scripts.jobs.fine_tuning.tuner import FineTuner
+    from launcher_scripts.jobs.fine_tuning.tuning import read_spec
+    from launcher_scripts.jobs.training.pretrain import StopSignals
+    from launcher_scripts.ports import free_port
+
+    recipe = OmegaConf.load(config)
+    with tempfile.TemporaryDirectory() as scratch:
+        recipe.exp_manager.explicit_log_dir = str(Path(scratch) / "log")
+        spec = read_spec(recipe, stage)
+        base = portable.read(spec.base_model, Path(scratch))
+        cfg = training_cfg(recipe, spec, base.config)
+        os.environ["MASTER_PORT"] = str(free_port("127.0.0.1"))
+        runtime.init_distributed(runtime.process_info(), False, 60)
+        try:
+            yield FineTuner(cfg, spec, base, False, StopSignals())
+        finally:
+            runtime.shutdown()
