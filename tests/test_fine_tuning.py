@@ -142,18 +142,23 @@ def test_peft_file_holds_only_the_adapters(lora: Path, tiny_portable: Path) -> N
     assert path.stat().st_size < 0.1 * tiny_portable.stat().st_size
 
 
-def test_base_weights_stay_bit_identical(lora: Path) -> None:
-    """A few more steps in-process, comparing every base tensor before and after."""
-    config = next(lora.parent.glob("*_hydra.yaml"))
+def in_process_check(script: str, log_dir: Path, *args: str) -> dict[str, Any]:
+    """Run tests/scripts/<script>.py on the tuning run in `log_dir`; its JSON report."""
+    config = next(log_dir.parent.glob("*_hydra.yaml"))
     result = subprocess.run(
-        [sys.executable, "-m", "tests.scripts.peft_frozen", str(config), "peft", "5"],
+        [sys.executable, "-m", f"tests.scripts.{script}", str(config), "peft", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_base_weights_stay_bit_identical(lora: Path) -> None:
+    """A few more steps in-process, comparing every base tensor before and after."""
+    report = in_process_check("peft_frozen", lora, "5")
     assert report["base_tensors"] > 10 and report["base_changed"] == [], report
     assert report["peft_changed"] == report["peft_tensors"] > 0, report
 
@@ -281,16 +286,7 @@ def test_tensor_and_pipeline_parallel_lora_train_like_one_process(
 
 
 def test_packed_samples_give_the_losses_they_give_alone(lora: Path) -> None:
-    config = next(lora.parent.glob("*_hydra.yaml"))
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.scripts.packed_losses", str(config), "peft", "8"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = in_process_check("packed_losses", lora, "8")
     assert report["packed"] >= 3 and report["max_difference"] < 1e-4, report
 
 
