@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -372,12 +373,19 @@ def delete(namespace: str, targets: list[str], ignore_not_found: bool) -> int:
             folder = job_dir(namespace, name)
             found = folder.exists()
             if found:
-                # The kubelet and every pod (they may all have ended).
+                # The kubelet and every pod (they may all have ended). Wait until they are gone:
+                # a kubelet killed mid-step could still write a file into the folder.
+                group = int((folder / "kubelet.pid").read_text())
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(int((folder / "kubelet.pid").read_text()), signal.SIGKILL)
-                for path in sorted(folder.iterdir()):
-                    path.unlink()
-                folder.rmdir()
+                    os.killpg(group, signal.SIGKILL)
+                deadline = time.monotonic() + 2  # unreaped zombies keep the group "alive"
+                while time.monotonic() < deadline:
+                    try:
+                        os.killpg(group, 0)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(0.01)
+                shutil.rmtree(folder)
         elif kind == "service":
             path = STATE / "services" / namespace / f"{name}.json"
             found = path.exists()
