@@ -7,7 +7,7 @@ from pathlib import Path
 
 from launcher_scripts.errors import RecipeError
 from launcher_scripts.jobs.conversion import portable
-from launcher_scripts.jobs.fine_tuning.tuning import all_inputs, read_spec
+from launcher_scripts.jobs.fine_tuning.tuning import all_inputs, check_positions, read_spec
 from launcher_scripts.jobs.training import recipe
 from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
@@ -36,10 +36,10 @@ class TuningStage:
         par = recipe.parallelism(cfg, stage)
         recipe.check_world(par, stage)
         recipe.check_batch(cfg.model, par, stage)
-        seq = int(spec.train.section.get("max_seq_length") or 2048)
+        seq = spec.train.max_seq_length
         if par.sequence_parallel and seq % par.tensor:
             raise RecipeError(
-                f"{spec.train.key.rsplit('.', 1)[0]}.max_seq_length: {seq} does not split over "
+                f"{spec.train.length_key}: {seq} does not split over "
                 f"tensor_model_parallel_size {par.tensor} (sequence_parallel): use a multiple"
             )
         if spec.base_model.is_file():
@@ -63,12 +63,7 @@ class TuningStage:
             )
         if spec.peft is not None:
             spec.peft.check_layers(f"{stage}.model", layers)
-        seq = int(spec.train.section.get("max_seq_length") or 2048)
-        if seq > int(base.max_position_embeddings):
-            raise RecipeError(
-                f"{spec.train.key.rsplit('.', 1)[0]}.max_seq_length: {seq} exceeds the base "
-                f"model's {base.max_position_embeddings} positions: lower it"
-            )
+        check_positions(spec, int(base.max_position_embeddings))
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg

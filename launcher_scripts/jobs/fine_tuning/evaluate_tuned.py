@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from launcher_scripts.files import write_atomic
     from launcher_scripts.jobs.fine_tuning import peft, peft_file, sft_data
+    from launcher_scripts.jobs.fine_tuning.answers import prompt_logits, write_jsonl
     from launcher_scripts.jobs.inference.generation import generate
     from launcher_scripts.jobs.inference.params import GenerationParams
     from launcher_scripts.jobs.inference.runner import InferenceError, close_runner, open_runner
@@ -134,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             temperature=float(inference.get("temperature") or 1.0),
             repetition_penalty=float(inference.get("repetition_penalty") or 1.0),
         )
-        prefix = [runner.tokenizer.eod_id] * virtual
-
-        def logits(batch: list[list[int]]) -> Any:
-            return runner.logits([prefix + row for row in batch])[:, len(prefix) :, :]
+        logits = prompt_logits(runner, [runner.tokenizer.eod_id] * virtual)
 
         batch_size = int(model.get("eval_batch_size") or 1)
         rows = []
@@ -171,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             pred_file = Path(
                 str(cfg.data.get("pred_file_path") or results_dir / "predictions.jsonl")
             )
-            write_atomic(pred_file, "".join(json.dumps(r) + "\n" for r in rows))
+            write_jsonl(pred_file, rows)
             write_atomic(results_dir / "results.json", json.dumps(results, indent=2) + "\n")
             table = "| metric | value |\n|---|---|\n" + "".join(
                 f"| {k} | {v:.2f} |\n" for k, v in results.items() if k != "samples"

@@ -14,7 +14,6 @@ metrics and the outputs:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -22,14 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.errors import ConfigError, RecipeError
+from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.fine_tuning import sft_data
-from launcher_scripts.jobs.fine_tuning.tuning import TuningSpec, read_spec
+from launcher_scripts.jobs.fine_tuning.tuning import TuningSpec, check_positions, read_spec
 
-EMBEDDINGS = "embedding.word_embeddings.weight"
 # The recipe keys that replace the base model's for the tuning run.
 LAYOUT_KEYS = (
     "tensor_model_parallel_size",
@@ -75,7 +72,7 @@ def training_cfg(cfg: Any, spec: TuningSpec, base_model: DictConfig) -> DictConf
         and spec.method == "sft"
         and not spec.train.section.get("packed_sequence"),
         "optim": OmegaConf.to_container(recipe_model.optim, resolve=True),
-        "data": {"seq_length": int(spec.train.section.get("max_seq_length") or 2048)},
+        "data": {"seq_length": spec.train.max_seq_length},
     }
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer, dict)
@@ -113,17 +110,6 @@ def max_steps(cfg: Any, spec: TuningSpec) -> int:
     return steps
 
 
-def check_positions(cfg: DictConfig, spec: TuningSpec) -> None:
-    positions = int(cfg.model.max_position_embeddings)
-    wanted = int(cfg.model.data.seq_length)
-    if wanted > positions:
-        key = spec.train.key.rsplit(".", 1)[0]
-        raise RecipeError(
-            f"{key}.max_seq_length: {wanted} exceeds the base model's {positions} positions: "
-            f"set it to {positions} or less"
-        )
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     recipe_cfg = OmegaConf.load(args.config)
@@ -152,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, ValueError) as error:
                 raise JobError(f"{spec.base_key}: cannot read {spec.base_model}: {error}") from None
             cfg = training_cfg(recipe_cfg, spec, base.config)
-            check_positions(cfg, spec)
+            check_positions(spec, int(cfg.model.max_position_embeddings))
             runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))
             from launcher_scripts.jobs.fine_tuning.tuner import FineTuner
 
@@ -166,25 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         runtime.shutdown()
-
-
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    from launcher_scripts.files import write_atomic
-
-    write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-
-
-def exact_match(prediction: str, answers: list[str]) -> bool:
-    return prediction.strip() in {a.strip() for a in answers}
-
-
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 if __name__ == "__main__":

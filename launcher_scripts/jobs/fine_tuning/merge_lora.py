@@ -44,7 +44,9 @@ def merged(
         if base_key not in out:
             raise MergeError(f"the base model has no {base_key} for LoRA target {target}")
         b = lora[key.removesuffix("lora_a") + "lora_b"]
-        weights = out[base_key].clone() if out[base_key] is tensors[base_key] else out[base_key]
+        if out[base_key] is tensors[base_key]:  # first update of this weight: copy it
+            out[base_key] = tensors[base_key].clone()
+        weights = out[base_key]
         index = int(layer) - 1
         update = (b.double() @ a.double()) * scale
         if tuple(update.shape) != tuple(weights[index].shape):
@@ -53,7 +55,6 @@ def merged(
                 f"{tuple(weights[index].shape)}: was the PEFT file tuned on this base model?"
             )
         weights[index] = (weights[index].double() + update).to(weights.dtype)
-        out[base_key] = weights
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,13 +57,6 @@ ADAPTER_ACTIVATIONS = {"swish": F.silu, "silu": F.silu, "gelu": F.gelu, "relu": 
 # Sharded parameters
 
 
-@dataclass(frozen=True)
-class Sharding:
-    """How a parameter's global tensor is laid out: split over TP along `axis`, or whole."""
-
-    axis: int | None = None
-
-
 class PeftModule(torch.nn.Module):
     """A module whose parameters carry layout-independent checkpoint keys."""
 
@@ -72,7 +65,7 @@ class PeftModule(torch.nn.Module):
         self.key = key  # e.g. "3.attention_qkv": layer 3's LoRA on qkv
         self.child_name = ""  # its attribute name in the owning module, set when attached
         self.sequence_parallel = sequence_parallel
-        self.shardings: dict[str, Sharding] = {}
+        self.axes: dict[str, int | None] = {}  # the TP-split axis of each, or None: whole
         self.inits: dict[str, str] = {}
 
     def add(self, name: str, local_shape: tuple[int, ...], init: str, axis: int | None) -> None:
@@ -83,7 +76,7 @@ class PeftModule(torch.nn.Module):
         else:
             tp.set_tensor_model_parallel_attributes(param, True, axis, 1)
         self.register_parameter(name, param)
-        self.shardings[name] = Sharding(axis)
+        self.axes[name] = axis
         self.inits[name] = init
 
     def sharded_state_dict(
@@ -96,7 +89,7 @@ class PeftModule(torch.nn.Module):
         result: dict[str, Any] = {}
         for name, param in self.named_parameters(recurse=False):
             key = f"{owner}{PEFT_SEGMENT}{self.key}.{name}"
-            axis = self.shardings[name].axis
+            axis = self.axes[name]
             result[f"{prefix}{name}"] = (
                 make_sharded_tensor_for_checkpoint(param, key)
                 if axis is None
@@ -392,10 +385,3 @@ def initial_values(attached: Attached, seed: int, std: float) -> Callable[[Any],
 
 def is_peft_key(key: str) -> bool:
     return key.startswith(PEFT_SEGMENT) or f".{PEFT_SEGMENT}" in key
-
-
-def iter_peft(chunks: list[Any]) -> Iterator[PeftModule]:
-    for chunk in chunks:
-        for module in chunk.modules():
-            if isinstance(module, PeftModule):
-                yield module

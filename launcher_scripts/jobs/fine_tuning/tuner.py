@@ -13,9 +13,10 @@ import torch.distributed as dist
 
 from launcher_scripts.files import write_atomic
 from launcher_scripts.jobs.conversion import portable
+from launcher_scripts.jobs.conversion.load import EMBEDDINGS
 from launcher_scripts.jobs.conversion.portable import Portable
 from launcher_scripts.jobs.fine_tuning import peft, peft_file, sft_data
-from launcher_scripts.jobs.fine_tuning.finetune import EMBEDDINGS, exact_match, write_jsonl
+from launcher_scripts.jobs.fine_tuning.answers import exact_match, prompt_logits, write_jsonl
 from launcher_scripts.jobs.fine_tuning.packing import PackedSamples
 from launcher_scripts.jobs.fine_tuning.tuning import TuningSpec
 from launcher_scripts.jobs.inference.generation import generate
@@ -46,12 +47,12 @@ class FineTuner(Trainer):
     def _make_chunks(self) -> list[Any]:
         rows = int(self.base.tensors[EMBEDDINGS].shape[0])
         chunks = model_builder.build_chunks(self.cfg, self.config, rows, self.use_te)
-        if self.on_gpu:
-            chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
         settings = self.spec.peft
         if settings is not None:
             settings.check_layers(f"{self.spec.stage}.model", self.config.num_layers)
             self.attached = peft.attach(chunks, settings, self.config)
+        if self.on_gpu:  # after attaching: the added modules are made on the CPU
+            chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
         init_weights.load_full_tensors(
             chunks, self.base.tensors, wanted=lambda key: not peft.is_peft_key(key)
         )
@@ -62,8 +63,6 @@ class FineTuner(Trainer):
                 restored = peft_file.read(self.spec.peft_restore)
                 init_weights.load_full_tensors(chunks, restored.tensors, wanted=peft.is_peft_key)
             peft.freeze_base(chunks)
-            if self.on_gpu:  # the added modules were made on the CPU
-                chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
         self.base.tensors.clear()  # loaded: free the host copy
         trainable = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
         total = sum(p.numel() for c in chunks for p in c.parameters())
@@ -79,7 +78,7 @@ class FineTuner(Trainer):
     def _format(self, split: Any) -> sft_data.SftFormat:
         answer_only = bool(split.section.get("answer_only_loss", self.spec.answer_only_loss))
         fmt = sft_data.SftFormat.from_section(
-            split.section, split.key.rsplit(".", 1)[0], answer_only, self.spec.virtual_tokens
+            split.section, split.format_key, answer_only, self.spec.virtual_tokens
         )
         seq = int(self.cfg.model.data.seq_length)
         if fmt.max_seq_length > seq:  # every split is padded to the training length
@@ -193,17 +192,7 @@ class FineTuner(Trainer):
         if self._format(self.spec.train).add_bos:
             prefix.append(getattr(self.tokenizer, "bos_id", self.tokenizer.eod_id))
 
-        # Sequence parallelism splits the sequence over TP ranks: pad the widest row (later
-        # positions do not change earlier logits under causal attention).
-        multiple = self.par.tensor if self.par.sequence_parallel else 1
-
-        def logits(batch: list[list[int]]) -> torch.Tensor:
-            rows = [prefix + row for row in batch]
-            width = max(len(row) for row in rows)
-            widest = max(range(len(rows)), key=lambda i: len(rows[i]))
-            rows[widest] = rows[widest] + [self.tokenizer.eod_id] * (-width % multiple)
-            return runner.logits(rows)[:, len(prefix) : width, :]
-
+        logits = prompt_logits(runner, prefix, self.par.tensor if self.par.sequence_parallel else 1)
         params = GenerationParams(tokens_to_generate=self.spec.tokens_to_generate, top_k=1)
         limit = runner.max_length - len(prefix)
         for chunk in self.model:

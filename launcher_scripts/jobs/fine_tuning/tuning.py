@@ -114,6 +114,12 @@ class DataSplit:
     files: tuple[Path, ...]
     weights: tuple[float, ...] | None
     section: dict[str, Any]  # what SftFormat.from_section reads
+    format_key: str  # the recipe section the format's keys come from, for messages
+    length_key: str  # the recipe key of max_seq_length
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.section.get("max_seq_length") or 2048)
 
 
 @dataclass(frozen=True)
@@ -186,7 +192,9 @@ def _sft_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None, Data
             else None
         )
         plain = _plain(section)
-        splits.append(DataSplit(f"{key}.file_names", files, weights, plain))
+        splits.append(
+            DataSplit(f"{key}.file_names", files, weights, plain, key, f"{key}.max_seq_length")
+        )
     train, validation, test = splits
     if train is None:
         raise RecipeError(f"{stage}.model.data.train_ds.file_names: give the training JSONL files")
@@ -214,13 +222,16 @@ def _template_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None,
         "shuffle": bool(model.data.get("shuffle", True)),
     }
     splits: list[DataSplit | None] = []
+    template_key = f"{stage}.model.task_templates[0]"
+    length_key = f"{stage}.model.encoder_seq_length"
     for name in ("train_ds", "validation_ds", "test_ds"):
         key = f"{stage}.model.data.{name}"
         files = _files(key, model.data.get(name))
         weights = None
         if files and name == "train_ds" and len(files) > 1:
             weights = tuple(1 / len(files) for _ in files)
-        splits.append(DataSplit(key, files, weights, section) if files else None)
+        split = DataSplit(key, files, weights, section, template_key, length_key)
+        splits.append(split if files else None)
     train, validation, test = splits
     if train is None:
         raise RecipeError(f"{stage}.model.data.train_ds: give the training JSONL files")
@@ -365,6 +376,16 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
         tokens_to_generate=tokens,
         output_file=output,
     )
+
+
+def check_positions(spec: TuningSpec, positions: int) -> None:
+    """The training sequences fit the base model's position embeddings."""
+    wanted = spec.train.max_seq_length
+    if wanted > positions:
+        raise RecipeError(
+            f"{spec.train.length_key}: {wanted} exceeds the base model's {positions} positions: "
+            f"set it to {positions} or less"
+        )
 
 
 def all_inputs(spec: TuningSpec) -> list[tuple[str, Path]]:
