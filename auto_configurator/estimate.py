@@ -312,9 +312,11 @@ def table(estimate: Estimate) -> list[str]:
                 "predicted step, seconds",
                 [
                     ("compute", f"{step.compute_s:10.4f}"),
+                    ("fixed per-layer cost", f"{step.overhead_s:10.4f}"),
                     ("TP communication", f"{step.tp_comm_s:10.4f}"),
                     ("CP communication", f"{step.cp_comm_s:10.4f}"),
                     ("pipeline bubble", f"{step.pp_bubble_s:10.4f}"),
+                    ("pipeline sends", f"{step.pp_comm_s:10.4f}"),
                     (
                         "DP gradient reduction",
                         f"{step.dp_comm_s:10.4f} ({step.dp_exposed_s:.4f} exposed)",

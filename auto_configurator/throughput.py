@@ -35,8 +35,17 @@
   otherwise an all-reduce, 2 (d-1)/d of the gradients; inter-node bandwidth when the group
   spans nodes (ranks are ordered TP, CP, DP, PP). `dp_overlap` of it is hidden under the
   backward pass.
-Left out: pipeline point-to-point sends, the embedding and output layer's small collectives,
-kernel launch and optimizer-step time.
+* Fixed cost per layer: `layer_overhead_us` per layer, micro-batch and pass (forward and
+  backward together) that does not shrink with the micro-batch or with TP: operator dispatch
+  and kernel launches that the compute does not hide. Negligible for large models on GPUs
+  (launches run ahead of long kernels: the default is 0), but it dominates small models and
+  micro-batches, and on a CPU it is most of the step (bench/autoconfig.py measures it). It
+  is what makes TP lose to DP on small models: TP splits the FLOPs, not the operator count.
+* Pipeline point-to-point: per micro-batch and model chunk, each stage boundary sends the s b h
+  activations forward and their gradient back (divided by t under sequence parallelism),
+  each paying `collective_latency_us`; inter-node bandwidth unless the whole model-parallel
+  group fits in a node.
+Left out: the embedding and output layer's small collectives and the optimizer step.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ from launcher_scripts.errors import ConfigError
 
 GB = 1e9  # bandwidths are GB/s
 FRACTIONS = ("compute_efficiency", "dp_overlap")
-MAY_BE_ZERO = ("dp_overlap", "collective_latency_us")
+MAY_BE_ZERO = ("dp_overlap", "collective_latency_us", "layer_overhead_us")
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class ClusterSpec:
     inter_node_gbps: float = 50.0  # GB/s per GPU across nodes (e.g. 400 Gb/s IB)
     dp_overlap: float = 0.5  # fraction of the DP gradient reduction hidden under compute
     collective_latency_us: float = 10.0  # start-up of one step of a ring (NCCL on NVLink: ~10)
+    layer_overhead_us: float = 0.0  # fixed time per layer and micro-batch, forward + backward
 
     @classmethod
     def from_settings(cls, settings: Mapping, prefix: str = "cluster") -> ClusterSpec:
@@ -106,6 +116,8 @@ class StepPrediction:
     cp_comm_s: float = 0.0
     dp_exposed_s: float = 0.0
     hardware_flops_per_step: float = 0.0
+    overhead_s: float = 0.0  # the fixed per-layer cost, busiest stage, all micro-batches
+    pp_comm_s: float = 0.0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -199,7 +211,12 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
     hops = cp - 1
     cp_comm = m * layers * 3 * hops * (latency + kv_bytes / (cp_gbps * GB))
 
-    bubble = (p - 1) / (m * (layout.virtual_pipeline or 1)) * (compute + tp_comm + cp_comm)
+    v = layout.virtual_pipeline or 1
+    overhead = m * layers * cluster.layer_overhead_us * 1e-6
+    bubble = (p - 1) / (m * v) * (compute + overhead + tp_comm + cp_comm)
+    p2p_bytes = tp_bytes / t if layout.sequence_parallel else tp_bytes
+    pp_gbps = cluster.intra_node_gbps if layout.world <= node else cluster.inter_node_gbps
+    pp_comm = 0.0 if p == 1 else m * v * 2 * (latency + p2p_bytes / (pp_gbps * GB))
 
     reduce_ranks = layout.data * cp
     per_param = bytes_per_parameter(
@@ -215,7 +232,7 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
         dp_comm = 2 * grads
     dp_exposed = (1 - cluster.dp_overlap) * dp_comm
 
-    step = compute + tp_comm + cp_comm + bubble + dp_exposed
+    step = compute + overhead + tp_comm + cp_comm + bubble + pp_comm + dp_exposed
     model_flops = model_flops_per_step(shape, layout)
     return StepPrediction(
         model_flops_per_step=model_flops,
@@ -228,6 +245,8 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
         cp_comm_s=cp_comm,
         dp_exposed_s=dp_exposed,
         hardware_flops_per_step=hardware_flops_per_step(shape, layout),
+        overhead_s=overhead,
+        pp_comm_s=pp_comm,
     )
 
 

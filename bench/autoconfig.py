@@ -11,7 +11,14 @@ one thread each) it, in one run,
                            1024 x 1024 x 1024 matmul, and one transformer layer's four forward
                            projections (QKV, attention output, fc1, fc2) for one sequence of
                            the model (small enough to stay in cache, these are often faster);
-       compute_efficiency  the layer's projections' rate over that peak;
+       compute_efficiency, layer_overhead_us
+                           from a real megatron-core GPT of the model's shape (local layer
+                           spec, one process, one thread): forward and backward timed at
+                           micro-batches 1, 2 and 4 and fitted to a line, time = fixed +
+                           samples x per-sample. The per-sample slope against the model's
+                           FLOPs per sample gives the efficiency, the fixed part over the layers
+                           the per-layer overhead (operator dispatch: on a CPU and a tiny model
+                           it is most of the time, and it does not shrink with TP);
        collective_latency_us  half a two-process gloo all-reduce of 4 bytes (a two-rank
                            ring all-reduce is two steps, each paying it), median of 20;
        intra_node_gbps     a gloo all-reduce of 1 MiB between two processes (between the
@@ -37,8 +44,8 @@ Extra `key=value` arguments are overrides of the AutoConfigurator's config, e.g.
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +67,8 @@ from auto_configurator.main import train_settings  # noqa: E402
 from auto_configurator.report import spearman  # noqa: E402
 from auto_configurator.settings import parse  # noqa: E402
 from auto_configurator.shapes import ModelShape  # noqa: E402
+from auto_configurator.throughput import model_flops_per_sample  # noqa: E402
+from launcher_scripts.ports import free_port  # noqa: E402
 
 SEARCH_CONFIG = "gpt3/tiny"
 NEAR_BEST = 0.05  # "within 5% of the measured best"
@@ -123,12 +132,12 @@ def _allreduce_worker(rank: int, port: int, out: str, nbytes: int) -> None:
 
 def allreduce_seconds(nbytes: int) -> float:
     """Median time of a two-process gloo all-reduce of `nbytes`."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     with tempfile.NamedTemporaryFile(suffix=".txt") as out:
         mp.start_processes(
-            _allreduce_worker, args=(port, out.name, nbytes), nprocs=2, start_method="spawn"
+            _allreduce_worker,
+            args=(free_port("127.0.0.1"), out.name, nbytes),
+            nprocs=2,
+            start_method="spawn",
         )
         return float(Path(out.name).read_text())
 
@@ -143,14 +152,90 @@ def allreduce_link() -> tuple[float, float]:
     return ALLREDUCE_BYTES / transfer / 1e9, latency * 1e6
 
 
+PASS_BATCHES = (1, 2, 4)
+
+
+def _model_pass_worker(rank: int, port: int, out: str, shape: ModelShape) -> None:
+    """Median forward + backward time of the whole GPT at each of PASS_BATCHES."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer import TransformerConfig
+
+    from launcher_scripts.jobs.training import cpu_compat
+    from launcher_scripts.jobs.training.model import layer_spec
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    cpu_compat.install()
+    cpu_compat.seed_model_parallel_rngs(1234)
+    cpu_compat.patch_cuda_queries()
+    cpu_compat.CudaDevicesOnCpu().__enter__()  # as the training program does on a CPU
+    config = TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_query_groups,
+        use_cpu_initialization=True,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        calculate_per_token_loss=True,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(config, use_te=False, vp_stage=None),
+        vocab_size=shape.padded_vocab(1),
+        max_sequence_length=shape.seq_length,
+    )
+    medians = {}
+    for batch in PASS_BATCHES:
+        tokens = torch.randint(0, shape.vocab_size, (batch, shape.seq_length))
+        positions = torch.arange(shape.seq_length).expand(batch, -1)
+        times = []
+        for _ in range(12):  # the first two warm up
+            start = time.perf_counter()
+            loss = model(tokens, positions, None, labels=tokens)
+            loss.sum().backward()
+            times.append(time.perf_counter() - start)
+        medians[batch] = statistics.median(times[2:])
+    Path(out).write_text(json.dumps(medians))
+    dist.destroy_process_group()
+
+
+def model_pass_line(shape: ModelShape) -> tuple[float, float]:
+    """(fixed seconds, seconds per sample) of one forward + backward of the whole model: the
+    least-squares line through its times at PASS_BATCHES."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        mp.start_processes(
+            _model_pass_worker,
+            args=(free_port("127.0.0.1"), out.name, shape),
+            nprocs=1,
+            start_method="spawn",
+        )
+        medians = {int(b): t for b, t in json.loads(Path(out.name).read_text()).items()}
+    xs, ys = list(medians), list(medians.values())
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mean_x) ** 2 for x in xs
+    )
+    return max(mean_y - slope * mean_x, 0.0), slope
+
+
 def calibrate(shape: ModelShape) -> dict[str, float]:
     torch.set_num_threads(1)
-    layer = layer_rate(shape)
-    peak = max(matmul_rate(1024, 1024, 1024), layer)
+    peak = max(matmul_rate(1024, 1024, 1024), layer_rate(shape))
+    fixed, per_sample = model_pass_line(shape)
+    achieved = model_flops_per_sample(shape, shape.padded_vocab(1)) / per_sample
     gbps, latency_us = allreduce_link()
     return {
         "peak_tflops": peak / 1e12,
-        "compute_efficiency": layer / peak,
+        "compute_efficiency": min(achieved / peak, 1.0),
+        "layer_overhead_us": fixed / shape.num_layers * 1e6,
         "intra_node_gbps": gbps,
         "collective_latency_us": latency_us,
         "dp_overlap": 0.0,

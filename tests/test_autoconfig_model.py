@@ -333,6 +333,43 @@ def test_more_micro_batches_shrink_the_bubble() -> None:
     )
 
 
+def test_fixed_per_layer_cost_and_pipeline_sends_by_hand() -> None:
+    layout = Layout(num_nodes=1, gpus_per_node=8, pipeline=2, micro_batch=1, global_batch=8)
+    assert layout.data == 4 and layout.micro_batches == 2
+    step = predict_step(GPT_5B, layout, replace(H100, layer_overhead_us=100.0))
+    plain = predict_step(GPT_5B, layout, H100)
+    # 2 micro-batches x the stage's 12 layers x 100 us.
+    assert step.overhead_s == pytest.approx(2 * 12 * 100e-6)
+    assert plain.overhead_s == 0 and step.compute_s == plain.compute_s
+    # The bubble is (p - 1) / m of everything the stage does per step.
+    assert step.pp_bubble_s == pytest.approx(1 / 2 * (step.compute_s + step.overhead_s))
+    # Per micro-batch one send forward and one back of s*b*h bf16 values, 10 us each, NVLink.
+    send = 10e-6 + 2 * 2048 * 4096 / 450e9
+    assert step.pp_comm_s == pytest.approx(2 * 2 * send)
+    interleaved = predict_step(GPT_5B, replace(layout, virtual_pipeline=2), H100)
+    assert interleaved.pp_comm_s == pytest.approx(2 * 2 * 2 * send)  # a pair per model chunk
+    assert step.step_time_s == pytest.approx(
+        step.compute_s + step.overhead_s + step.pp_bubble_s + step.pp_comm_s + step.dp_exposed_s
+    )
+
+
+def test_tp_splits_the_flops_but_not_the_fixed_cost() -> None:
+    """On a small model the fixed cost decides: TP 2 runs every micro-batch through every
+    layer on both processes, data parallelism half of them on each."""
+    tiny = ModelShape(
+        num_layers=4, hidden_size=128, ffn_hidden_size=512, num_attention_heads=4,
+        seq_length=128, vocab_size=8000,
+    )  # fmt: skip
+    cpu = replace(H100, peak_tflops=0.2, compute_efficiency=1.0, layer_overhead_us=3000.0)
+    data_parallel = Layout(num_nodes=1, gpus_per_node=2, micro_batch=4, global_batch=8)
+    tensor_parallel = replace(data_parallel, tensor=2)
+    dp_step = predict_step(tiny, data_parallel, cpu)
+    tp_step = predict_step(tiny, tensor_parallel, cpu)
+    assert tp_step.compute_s == pytest.approx(dp_step.compute_s, rel=0.02)  # vocab padding
+    assert tp_step.overhead_s == pytest.approx(2 * dp_step.overhead_s)
+    assert tp_step.step_time_s > dp_step.step_time_s
+
+
 def test_data_parallel_reduction_and_its_overlap() -> None:
     inside = Layout(num_nodes=1, gpus_per_node=8, global_batch=8)
     across = replace(inside, num_nodes=2, global_batch=16)

@@ -5,9 +5,7 @@ run or submitted).
 Inputs a recipe reads (datasets, tokenizers) need not exist: a dry run lists the missing ones
 and goes on with every other check, so a recipe whose settings are wrong still fails here.
 Checkpoints come from the stages that write them, put before the stage in the same run.
-Groups whose stage has no job program in this version yet (fine-tuning and the PEFT family,
-until their issue lands) are composed and resolved by tests/test_published_recipes.py.
-New recipes and cluster types are picked up without edits.
+New recipes, stage groups and cluster types are picked up without edits.
 """
 
 from __future__ import annotations
