@@ -57,13 +57,14 @@ def recipe_of_family(group: str, family: str) -> str:
     raise AssertionError(f"no {group} recipe for {family} models")
 
 
-def upstream(group: str, recipe: str) -> list[str]:
+@functools.cache
+def upstream(group: str, recipe: str) -> tuple[str, ...]:
     """Overrides that put the run producing this recipe's inputs before it: the training run it
     names (run.model_train_name) and, where needed, a conversion of the same family."""
     target = compose_config([f"{group}={recipe}"])[group]
     trained = training_recipes_by_run_name().get(str(target.run.get("model_train_name")))
     if group not in UPSTREAM or trained is None:
-        return [f"stages=[{group}]"]
+        return (f"stages=[{group}]",)
     family = str(target.get("model_family", "gpt"))
     args = [f"stages=[{','.join((*UPSTREAM[group], group))}]", f"training={trained}"]
     if "conversion" in UPSTREAM[group]:
@@ -71,7 +72,7 @@ def upstream(group: str, recipe: str) -> list[str]:
             f"conversion={recipe_of_family('conversion', family)}",
             f"conversion.run.model_train_name={target.run.model_train_name}",
         ]
-    return args
+    return tuple(args)
 
 
 def overrides(group: str, recipe: str, cluster_type: str, root: Path) -> list[str]:

@@ -88,7 +88,11 @@ def test_default_run_prepares_the_sample_corpus(tmp_path: Path) -> None:
     # A second run redoes nothing and keeps the first run's logs.
     first_logs = sorted(stage_dir.glob("log-*.out"))
     before = prefix.with_suffix(".bin").stat().st_mtime_ns
-    again = run_main(*overrides, "data_preparation.train_tokenizer_args.vocab_size=1000")
+    again = run_main(
+        *overrides,
+        "stages=[data_preparation]",
+        "data_preparation.train_tokenizer_args.vocab_size=1000",
+    )
     assert again.returncode == 0, again.stderr
     assert prefix.with_suffix(".bin").stat().st_mtime_ns == before
     assert set(first_logs) < set(stage_dir.glob("log-*.out"))
