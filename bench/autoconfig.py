@@ -20,11 +20,15 @@ one thread each) it, in one run,
                            the per-layer overhead (operator dispatch: on a CPU and a tiny model
                            it is most of the time, and it does not shrink with TP);
        collective_latency_us  half a two-process gloo all-reduce of 4 bytes (a two-rank
-                           ring all-reduce is two steps, each paying it), median of 20;
+                           ring all-reduce is two steps, each paying it), timed in context:
+                           each process computes about a millisecond between all-reduces, as
+                           in training, and the time beyond that compute is the all-reduce's.
+                           Back to back, gloo answers in about a fifth of that; in training
+                           the processes arrive apart and each must wake the other;
        intra_node_gbps     a gloo all-reduce of 1 MiB between two processes (between the
                            per-layer tensor-parallel activations, 0.1-0.3 MiB, and the
-                           gradients, 7 MiB), median of 20: the message size over its time
-                           less the two latencies, as the throughput model counts it;
+                           gradients, 7 MiB), in context as above: the message size over its
+                           time less the two latencies, as the throughput model counts it;
        dp_overlap          0: on the CPU the training program does not overlap the gradient
                            reduction with the backward pass (trainer.py, overlap_grad_reduce);
   2. predicts every candidate of the search space with that spec, drops the invalid and the
@@ -113,25 +117,38 @@ def layer_rate(shape: ModelShape, repeats: int = 5) -> float:
     return flops / best
 
 
+ALLREDUCE_CALLS = 200
+
+
 def _allreduce_worker(rank: int, port: int, out: str, nbytes: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     tensor = torch.ones(max(1, nbytes // 4))
-    for _ in range(5):
-        dist.all_reduce(tensor)
-    times = []
-    for _ in range(20):
+    a, b = torch.randn(512, 128), torch.randn(128, 512)
+
+    def compute() -> None:  # about a millisecond, like a layer's work between two all-reduces
+        for _ in range(3):
+            torch.mm(a, b)
+
+    def timed(with_all_reduce: bool) -> float:
         dist.barrier()
         start = time.perf_counter()
-        dist.all_reduce(tensor)
-        times.append(time.perf_counter() - start)
+        for _ in range(ALLREDUCE_CALLS):
+            compute()
+            if with_all_reduce:
+                dist.all_reduce(tensor)
+        return time.perf_counter() - start
+
+    timed(True)  # warm-up
+    compute_only = min(timed(False) for _ in range(3))
+    with_all_reduce = statistics.median(timed(True) for _ in range(3))
     if rank == 0:
-        Path(out).write_text(str(statistics.median(times)))
+        Path(out).write_text(str(max(with_all_reduce - compute_only, 0.0) / ALLREDUCE_CALLS))
     dist.destroy_process_group()
 
 
 def allreduce_seconds(nbytes: int) -> float:
-    """Median time of a two-process gloo all-reduce of `nbytes`."""
+    """Time a two-process gloo all-reduce of `nbytes` adds to each process's compute."""
     with tempfile.NamedTemporaryFile(suffix=".txt") as out:
         mp.start_processes(
             _allreduce_worker,
