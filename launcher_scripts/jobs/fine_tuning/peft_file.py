@@ -81,29 +81,23 @@ def gather_full(chunks: list[Any], wanted: Any) -> dict[str, torch.Tensor] | Non
     Each shard is sent once, by its main replica, as a CPU object: meant for the small PEFT
     tensors, and for whole models only at the sizes a single host holds anyway.
     """
-    from launcher_scripts.jobs.training.init_weights import sharded_tensors
+    from launcher_scripts.jobs.training.init_weights import model_tensors
 
     pieces = []
-    done: set[int] = set()
-    for chunk in chunks:
-        for tensor in sharded_tensors(chunk.sharded_state_dict()):
-            data = tensor.data
-            if data is None or not wanted(tensor.key) or id(data) in done:
-                continue
-            if tensor.flattened_range is not None or not data.is_floating_point():
-                continue
-            done.add(id(data))
-            replica = tensor.replica_id
-            main = all(r == 0 for r in replica) if isinstance(replica, tuple) else replica == 0
-            if main:
-                pieces.append(
-                    (
-                        tensor.key,
-                        tuple(tensor.global_shape),
-                        tensor.global_slice(),
-                        data.detach().float().cpu(),
-                    )
+    for tensor in model_tensors(chunks):
+        if not wanted(tensor.key):
+            continue
+        replica = tensor.replica_id
+        main = all(r == 0 for r in replica) if isinstance(replica, tuple) else replica == 0
+        if main:
+            pieces.append(
+                (
+                    tensor.key,
+                    tuple(tensor.global_shape),
+                    tensor.global_slice(),
+                    tensor.data.detach().float().cpu(),
                 )
+            )
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []

@@ -38,6 +38,25 @@ def sharded_tensors(state: Any) -> Iterator[ShardedTensor]:
             yield from sharded_tensors(value)
 
 
+def model_tensors(chunks: list[torch.nn.Module]) -> Iterator[ShardedTensor]:
+    """Each floating-point tensor of the chunks' sharded state dicts once (a tied weight appears
+    twice), whole (not flattened), without extra state."""
+    # Held, not just their ids: the views a ShardedTensorFactory builds (swiglu's two halves
+    # of fc1) are new objects that die after use, and a later tensor could get a dead one's id
+    # and be skipped. That happened now and then, depending on when the garbage collector ran,
+    # and left a tensor with megatron's own initial values or without its loaded ones.
+    seen: dict[int, torch.Tensor] = {}
+    for chunk in chunks:
+        for tensor in sharded_tensors(chunk.sharded_state_dict()):
+            data = tensor.data
+            if data is None or tensor.key.endswith("_extra_state") or not data.is_floating_point():
+                continue
+            if tensor.flattened_range is not None or id(data) in seen:
+                continue
+            seen[id(data)] = data
+            yield tensor
+
+
 def _global_values(tensor: ShardedTensor, config: TransformerConfig, seed: int, device: Any):
     name = tensor.key
     shape = tuple(tensor.global_shape)
@@ -90,16 +109,9 @@ def assign_global(
 ) -> None:
     """Give each parameter (whose key `wanted` accepts) its slice of
     `global_value(sharded tensor)`, the full tensor."""
-    done: set[int] = set()
-    for chunk in chunks:
-        for tensor in sharded_tensors(chunk.sharded_state_dict()):
-            data = tensor.data
-            if data is None or tensor.key.endswith("_extra_state") or not data.is_floating_point():
-                continue
-            if tensor.flattened_range is not None or id(data) in done:
-                continue
-            if wanted is not None and not wanted(tensor.key):
-                continue
-            local = global_value(tensor)[tensor.global_slice()]
-            data.copy_(local.reshape(data.shape).to(device=data.device, dtype=data.dtype))
-            done.add(id(data))
+    for tensor in model_tensors(chunks):
+        if wanted is not None and not wanted(tensor.key):
+            continue
+        data = tensor.data
+        local = global_value(tensor)[tensor.global_slice()]
+        data.copy_(local.reshape(data.shape).to(device=data.device, dtype=data.dtype))
