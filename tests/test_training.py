@@ -160,9 +160,9 @@ def test_parallel_layouts_match_a_single_process(
 def test_interleaved_pipeline_matches_the_plain_pipeline(prepared: Path, tmp_path: Path) -> None:
     """PP=2 with two virtual chunks per stage against PP=2 without, both on two processes.
 
-    Both runs read one dataset index cache. When each built its own, the first run's step-1
-    loss (before any update) now and then came out up to 6e-4 away, on CI and locally; the
-    cause is not known yet, and a shared cache removes one suspect.
+    Its step-1 losses (before any update) used to differ now and then by up to 6e-4: the
+    initialisation skipped half of a swiglu fc1 weight when a dead view's id was reused
+    (tests/test_init_weights.py). Both runs read one dataset index cache.
     """
     improved = (
         "training.trainer.max_steps=4",
