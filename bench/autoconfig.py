@@ -55,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -147,16 +148,22 @@ def _allreduce_worker(rank: int, port: int, out: str, nbytes: int) -> None:
     dist.destroy_process_group()
 
 
-def allreduce_seconds(nbytes: int) -> float:
-    """Time a two-process gloo all-reduce of `nbytes` adds to each process's compute."""
-    with tempfile.NamedTemporaryFile(suffix=".txt") as out:
+def spawned_result(worker: Callable[..., None], processes: int, *args: object) -> str:
+    """Run worker(rank, port, out_file, *args) in `processes` fresh processes (a gloo group on
+    a free port); returns what they wrote to out_file."""
+    with tempfile.NamedTemporaryFile(suffix=".out") as out:
         mp.start_processes(
-            _allreduce_worker,
-            args=(free_port("127.0.0.1"), out.name, nbytes),
-            nprocs=2,
+            worker,
+            args=(free_port("127.0.0.1"), out.name, *args),
+            nprocs=processes,
             start_method="spawn",
         )
-        return float(Path(out.name).read_text())
+        return Path(out.name).read_text()
+
+
+def allreduce_seconds(nbytes: int) -> float:
+    """Time a two-process gloo all-reduce of `nbytes` adds to each process's compute."""
+    return float(spawned_result(_allreduce_worker, 2, nbytes))
 
 
 def allreduce_link() -> tuple[float, float]:
@@ -227,14 +234,8 @@ def _model_pass_worker(rank: int, port: int, out: str, shape: ModelShape) -> Non
 def model_pass_line(shape: ModelShape) -> tuple[float, float]:
     """(fixed seconds, seconds per sample) of one forward + backward of the whole model: the
     least-squares line through its times at PASS_BATCHES."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        mp.start_processes(
-            _model_pass_worker,
-            args=(free_port("127.0.0.1"), out.name, shape),
-            nprocs=1,
-            start_method="spawn",
-        )
-        medians = {int(b): t for b, t in json.loads(Path(out.name).read_text()).items()}
+    written = json.loads(spawned_result(_model_pass_worker, 1, shape))
+    medians = {int(batch): seconds for batch, seconds in written.items()}
     xs, ys = list(medians), list(medians.values())
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
