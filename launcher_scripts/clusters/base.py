@@ -129,7 +129,35 @@ def _option_lines(words: Sequence[str], starts_option: Sequence[bool], indent: s
 
 
 def export_lines(env: Iterable[tuple[str, str]]) -> list[str]:
+    """`export NAME=value` lines; names are checked where the configuration gives them (see
+    launcher_scripts.stages.base.common_env), values single-quoted."""
     return [f"export {name}={shlex.quote(value)}" for name, value in env]
+
+
+@dataclass(frozen=True)
+class ShellVar:
+    """A parameter expansion the shell does when the script runs, e.g. ShellVar("SLURM_JOB_ID")
+    or ShellVar("SLURM_RESTART_COUNT:-0")."""
+
+    expression: str
+
+
+def shell_word(*parts: str | ShellVar) -> str:
+    """One shell word of literal text and expansions: each literal part single-quoted (where it
+    needs quotes at all) and each expansion double-quoted, side by side, so a `$(...)` or a
+    backtick in a configured path stays text while `${SLURM_JOB_ID}` still expands."""
+    words: list[str] = []
+    literal = ""
+    for part in parts:
+        if isinstance(part, ShellVar):
+            words += [shlex.quote(literal)] if literal else []
+            words.append(f'"${{{part.expression}}}"')
+            literal = ""
+        else:
+            literal += part
+    if literal or not words:
+        words.append(shlex.quote(literal))
+    return "".join(words)
 
 
 def time_limit_seconds(limit: str, key: str) -> int:

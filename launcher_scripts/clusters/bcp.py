@@ -28,8 +28,15 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launcher_scripts.clusters.base import export_lines, format_argv, format_quoted
+from launcher_scripts.clusters.base import (
+    ShellVar,
+    export_lines,
+    format_argv,
+    format_quoted,
+    shell_word,
+)
 from launcher_scripts.clusters.local import LocalBackend
+from launcher_scripts.config.checks import require_env_name
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import Command, JobSpec
@@ -138,9 +145,13 @@ class BcpBackend(LocalBackend):
         if job.array_size is None and job.resources.nodes > 1:
             lines += [
                 'if [ "$nodes" -gt "$replicas" ]; then',
-                f'    echo "launcher: job {job.name} needs {nodes} nodes but this BCP job has '
-                "$replicas replicas (NGC_ARRAY_SIZE); start it with --replicas "
-                f'{nodes} or more" >&2',
+                "    echo "
+                + shell_word(
+                    f"launcher: job {job.name} needs {nodes} nodes but this BCP job has ",
+                    ShellVar("replicas"),
+                    f" replicas (NGC_ARRAY_SIZE); start it with --replicas {nodes} or more",
+                )
+                + " >&2",
                 "    exit 1",
                 "fi",
             ]
@@ -203,9 +214,18 @@ def ngc_batch_run(
     argv += ["--image", image, "--replicas", str(replicas), "--array-type", "PYTORCH"]
     argv += ["--total-runtime", str(cluster.get("total_runtime") or "24h")]
     argv += ["--result", str(cluster.get("result_dir") or "/results")]
-    for workspace in cluster.get("workspaces") or ():
+    for index, workspace in enumerate(cluster.get("workspaces") or ()):
+        for part in ("id", "mount"):
+            if ":" in str(workspace[part]):
+                raise ConfigError(
+                    f"cluster.workspaces[{index}].{part}",
+                    f"{workspace[part]!r} holds a colon, which ngc's --workspace ID:MOUNT:MODE "
+                    "cannot hold",
+                    "Remove it",
+                )
         argv += ["--workspace", f"{workspace['id']}:{workspace['mount']}:RW"]
     for key, value in sorted((cluster.get("env") or {}).items()):
+        require_env_name(f"cluster.env.{key}", key)
         argv += ["--env-var", f"{key}:{value}"]
     argv += ["--commandline", commandline]
     return "#!/usr/bin/env bash\n" + format_argv(argv) + "\n"

@@ -6,6 +6,7 @@ byte the same each time. Submission, status and cancel call sbatch, squeue/sacct
 
 from __future__ import annotations
 
+import glob
 import shlex
 import shutil
 import subprocess
@@ -16,8 +17,10 @@ from typing import Any
 from launcher_scripts.clusters.base import (
     JobLog,
     JobRecord,
+    ShellVar,
     export_lines,
     format_argv,
+    shell_word,
     utc_now,
 )
 from launcher_scripts.errors import ConfigError, LauncherError
@@ -67,9 +70,16 @@ PASSTHROUGH_OPTIONS = frozenset(
 CHECKPOINT_SIGNAL = "USR1"
 
 
+def attempt_log_parts(
+    job: str, job_id: str | ShellVar, attempt: str | ShellVar
+) -> list[str | ShellVar]:
+    """The log of one attempt of a requeueable job (the script redirects into it), in parts:
+    the script names it with the job id and attempt still to expand."""
+    return ["log-", job, "_", job_id, "_attempt", attempt, ".out"]
+
+
 def attempt_log_name(job: str, job_id: str, attempt: str) -> str:
-    """The log of one attempt of a requeueable job (the script redirects into it)."""
-    return f"log-{job}_{job_id}_attempt{attempt}.out"
+    return "".join(str(part) for part in attempt_log_parts(job, job_id, attempt))
 
 
 def slurm_log_name(job: str, job_id: str, task: str | None = None) -> str:
@@ -112,6 +122,49 @@ def slurm_time(limit: str) -> str:
     if not text or any(c not in "0123456789:-" for c in text):
         raise ConfigError("run.time_limit", f"{limit!r} is not a Slurm time", 'Use "HH:MM:SS"')
     return text
+
+
+def one_line(key: str, value: str) -> str:
+    """`value` for an #SBATCH line, which sbatch reads with shell-like quoting up to the end of
+    the line: a newline would end the directive and put the rest in the script's body."""
+    if any(ord(char) < 32 or ord(char) == 127 for char in value):
+        raise ConfigError(
+            key,
+            f"{value!r} holds a control character (a newline, say), which an #SBATCH line "
+            "cannot hold",
+            "Remove it",
+        )
+    return value
+
+
+def check_output_path(key: str, value: str) -> None:
+    """sbatch expands `%` patterns in the --output file name (and a backslash turns them off),
+    so the log would not be where the launcher looks for it."""
+    for char in "%\\":
+        if char in value:
+            raise ConfigError(
+                key,
+                f"{value!r} holds {char!r}, which Slurm reads as part of a file-name pattern in "
+                "the job's --output file",
+                f"Remove the {char!r}",
+            )
+
+
+def check_mount(key: str, value: str, own_destination: bool) -> None:
+    """pyxis's --container-mounts is a comma-separated list of SRC[:DST[:FLAGS]]: a comma
+    splits an entry, and a colon in a path it mounts at itself would be read as SRC:DST."""
+    if "," in value:
+        raise ConfigError(
+            key,
+            f"{value!r} holds a comma, which splits pyxis's --container-mounts list",
+            "Use a path without commas (a symbolic link to it, say)",
+        )
+    if own_destination and ":" in value:
+        raise ConfigError(
+            key,
+            f"{value!r} holds a colon, which pyxis's --container-mounts reads as SRC:DST",
+            "Use a path without colons (a symbolic link to it, say)",
+        )
 
 
 class SlurmBackend:
@@ -194,48 +247,64 @@ class SlurmBackend:
             if job.array_size
             else slurm_log_name(job.name, "%j")
         )
-        options: list[tuple[str, str | None]] = [
-            ("job-name", f"{prefix}{job.name}"),
-            ("nodes", str(resources.nodes)),
-            ("ntasks-per-node", str(resources.ntasks_per_node)),
-            ("time", slurm_time(resources.time_limit)),
-            ("output", str(Path(job.results_dir) / output)),
+        check_output_path(f"{job.stage}.run.results_dir", job.results_dir)
+        check_output_path(f"{job.stage}.run.name", job.name)
+        # (option, value, the key that sets it): None is a flag without a value.
+        options: list[tuple[str, str | None, str]] = [
+            ("job-name", f"{prefix}{job.name}", "cluster.job_name_prefix"),
+            ("nodes", str(resources.nodes), f"{job.stage}.run"),
+            ("ntasks-per-node", str(resources.ntasks_per_node), f"{job.stage}.run"),
+            ("time", slurm_time(resources.time_limit), f"{job.stage}.run.time_limit"),
+            ("output", str(Path(job.results_dir) / output), f"{job.stage}.run.results_dir"),
         ]
         for key in ("partition", "account", "qos", "reservation", "comment", "nodelist", "exclude"):
             if cluster.get(key):
-                options.append((key, str(cluster[key])))
+                options.append((key, str(cluster[key]), f"cluster.{key}"))
         if resources.cpus_per_task:
-            options.append(("cpus-per-task", str(resources.cpus_per_task)))
+            options.append(("cpus-per-task", str(resources.cpus_per_task), f"{job.stage}.run"))
         if resources.gpus_per_node:
             if cluster.get("gpus_per_node") is not None:
-                options.append(("gpus-per-node", str(resources.gpus_per_node)))
+                options.append(("gpus-per-node", str(resources.gpus_per_node), f"{job.stage}"))
             if cluster.get("gpus_per_task") is not None:
-                options.append(("gpus-per-task", str(cluster.gpus_per_task)))
+                options.append(
+                    ("gpus-per-task", str(cluster.gpus_per_task), "cluster.gpus_per_task")
+                )
             if cluster.get("mem") is not None:
-                options.append(("mem", str(cluster.mem)))
+                options.append(("mem", str(cluster.mem), "cluster.mem"))
         if resources.exclusive and cluster.get("exclusive", True):
-            options.append(("exclusive", None))
+            options.append(("exclusive", None, "cluster.exclusive"))
         if cluster.get("overcommit"):
-            options.append(("overcommit", None))
+            options.append(("overcommit", None, "cluster.overcommit"))
         if job.array_size:
-            options.append(("array", f"0-{job.array_size - 1}"))
+            options.append(("array", f"0-{job.array_size - 1}", f"{job.stage}"))
         if job.checkpoint_exit_code is not None:
             grace = int(cluster.get("signal_grace_seconds") or 120)
-            options += [("signal", f"B:{CHECKPOINT_SIGNAL}@{grace}"), ("requeue", None)]
-            options.append(("open-mode", "append"))
+            options += [
+                ("signal", f"B:{CHECKPOINT_SIGNAL}@{grace}", "cluster.signal_grace_seconds"),
+                ("requeue", None, "cluster.max_restarts"),
+                ("open-mode", "append", "cluster.max_restarts"),
+            ]
         for name, value in sorted((cluster.get("sbatch_options") or {}).items()):
-            options.append((str(name), None if value is True else str(value)))
+            key = f"cluster.sbatch_options.{name}"
+            options.append((str(name), None if value is True else str(value), key))
         return [
-            f"#SBATCH --{name}" if value is None else f"#SBATCH --{name}={shlex.quote(value)}"
-            for name, value in options
+            f"#SBATCH --{name}"
+            if value is None
+            else f"#SBATCH --{name}={shlex.quote(one_line(key, value))}"
+            for name, value, key in options
         ]
 
     def _container_flags(self, job: JobSpec) -> list[str]:
         if not job.container:
             return []
         root = self.root
-        mounts = [str(root.launcher_scripts_path), str(root.data_dir), str(root.base_results_dir)]
-        mounts += list(job.container_mounts)
+        mounts = []
+        for key in ("launcher_scripts_path", "data_dir", "base_results_dir"):
+            check_mount(key, str(root[key]), own_destination=True)
+            mounts.append(str(root[key]))
+        for index, mount in enumerate(job.container_mounts):
+            check_mount(f"container_mounts[{index}]", mount, own_destination=False)
+            mounts.append(mount)
         unique = list(dict.fromkeys(mounts))
         return [
             f"--container-image={job.container}",
@@ -259,8 +328,11 @@ class SlurmBackend:
         ]
         if job.checkpoint_exit_code is not None:
             # One log per attempt: a requeued job keeps its id, so the attempt is in the name.
-            name = attempt_log_name(job.name, "${SLURM_JOB_ID}", "${SLURM_RESTART_COUNT:-0}")
-            lines.append(f'exec >>"{Path(job.results_dir) / name}" 2>&1')
+            name = attempt_log_parts(
+                job.name, ShellVar("SLURM_JOB_ID"), ShellVar("SLURM_RESTART_COUNT:-0")
+            )
+            log = shell_word(f"{Path(job.results_dir)}/", *name)
+            lines.append(f"exec >>{log} 2>&1")
         lines += [
             "",
             f"export PYTHONPATH={shlex.quote(job.pythonpath)}${{PYTHONPATH:+:${{PYTHONPATH}}}}",
@@ -378,7 +450,7 @@ class SlurmBackend:
         found = []
         attempts = attempt_log_name(record.name, job_id, "\0")
         tasks = slurm_log_name(record.name, job_id, "\0")
-        for path in folder.glob(f"*{record.name}_{job_id}*.out"):
+        for path in folder.glob(f"*{glob.escape(record.name)}_{job_id}*.out"):
             if (attempt := _number_in(path.name, attempts)) is not None:
                 found.append(JobLog(path, attempt=attempt))
             elif (task := _number_in(path.name, tasks)) is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,21 @@ def require_input(key: str, path: Any, suffixes: Collection[str]) -> Path:
             f"Use a folder of text files or a file ending in {', '.join(sorted(suffixes))}",
         )
     return require_file(key, source)
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def require_env_name(key: str, name: Any) -> str:
+    """A name a shell can export (scripts write `export NAME=...` with it as it is)."""
+    text = str(name)
+    if not ENV_NAME.fullmatch(text):
+        raise ConfigError(
+            key,
+            f"{text!r} is not an environment variable name",
+            "Use letters, digits and _, not starting with a digit",
+        )
+    return text
 
 
 def require_choice(key: str, value: Any, choices: Collection[str]) -> None:

@@ -5,6 +5,7 @@ Everything here runs before anything is written or submitted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,9 +14,11 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from launcher_scripts.config.checks import require_choice, require_file, require_int
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.numa_binding import CORES as NUMA_CORES
+from launcher_scripts.jobs.numa_binding import MODES as NUMA_MODES
+from launcher_scripts.jobs.numa_binding import SCOPES as NUMA_SCOPES
 
 CLUSTER_TYPES = ("local", "bcm", "bcp", "k8s")
-NUMA_MODES = ("all", "single", "single_unique", "unique_interleaved", "unique_contiguous")
 GLOBAL_KEYS = (
     "stages",
     "cluster_type",
@@ -78,7 +81,21 @@ def resolve(cfg: DictConfig, stages: list[str]) -> DictConfig:
         except OmegaConfBaseException as error:
             message = str(error).splitlines()[0]
             raise ConfigError(error.full_key or key, message, "Fix the value") from None
-    return OmegaConf.create(resolved)
+    return OmegaConf.create(_as_literals(resolved))
+
+
+def _as_literals(value: Any) -> Any:
+    """Resolved values with OmegaConf's interpolation syntax escaped, so a `${` that was text in
+    the configuration (written `\\${`) stays text rather than becoming an interpolation again
+    when the resolved values are made a config once more."""
+    if isinstance(value, dict):
+        return {key: _as_literals(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_literals(item) for item in value]
+    if isinstance(value, str):
+        # Backslashes just before an escaped `${` escape themselves in OmegaConf's grammar.
+        return re.sub(r"(\\*)\$\{", lambda match: match[1] * 2 + "\\${", value)
+    return value
 
 
 def check_globals(cfg: DictConfig) -> None:
@@ -87,9 +104,14 @@ def check_globals(cfg: DictConfig) -> None:
         if not cfg.get(key):
             raise ConfigError(key, "is not set", f"Set {key}=/absolute/path")
     numa = cfg.numa_mapping
+    for flag in ("enable", "balanced"):
+        if not isinstance(numa.get(flag), bool):
+            raise ConfigError(
+                f"numa_mapping.{flag}", f"{numa.get(flag)!r} is not true or false", "Fix it"
+            )
     require_choice("numa_mapping.mode", numa.mode, NUMA_MODES)
-    require_choice("numa_mapping.scope", numa.scope, ("node", "socket"))
-    require_choice("numa_mapping.cores", numa.cores, ("all_logical", "single_logical"))
+    require_choice("numa_mapping.scope", numa.scope, NUMA_SCOPES)
+    require_choice("numa_mapping.cores", numa.cores, NUMA_CORES)
     require_int("numa_mapping.min_cores", numa.min_cores)
     if numa.max_cores is not None and require_int("numa_mapping.max_cores", numa.max_cores) < (
         numa.min_cores

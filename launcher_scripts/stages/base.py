@@ -9,9 +9,12 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.config.checks import require_choice
+from launcher_scripts.config.checks import require_choice, require_env_name
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.numa_binding import NumaPolicy
 from launcher_scripts.jobspec import USER_DEPENDENCIES, Command, JobSpec, Resources
+
+NUMA_BINDING = "launcher_scripts.jobs.numa_binding"
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,11 @@ class StageContext:
     def common_env(self) -> tuple[tuple[str, str], ...]:
         """`env_vars` without null values, plus where jobs find the W&B key file."""
         env: dict[str, Any] = OmegaConf.to_container(self.root.env_vars, resolve=True) or {}
-        pairs = {name: str(value) for name, value in env.items() if value is not None}
+        pairs = {
+            require_env_name(f"env_vars.{name}", name): str(value)
+            for name, value in env.items()
+            if value is not None
+        }
         if self.root.get("wandb_api_key_file"):
             pairs["WANDB_API_KEY_FILE"] = str(self.root.wandb_api_key_file)
         return tuple(sorted(pairs.items()))
@@ -128,9 +135,9 @@ def make_job(
     require_choice(f"{ctx.stage}.run.dependency", dependency, USER_DEPENDENCIES)
     return JobSpec(
         stage=ctx.stage,
-        name=name,
+        name=require_job_name(f"{ctx.stage}.run.name", name),
         results_dir=results_dir or str(run.results_dir),
-        commands=commands,
+        commands=tuple(numa_bound(root, command, resources) for command in commands),
         resources=resources,
         env=ctx.common_env(),
         pythonpath=str(root.launcher_scripts_path),
@@ -143,3 +150,38 @@ def make_job(
         checkpoint_exit_code=checkpoint_exit_code,
         progress_dir=progress_dir,
     )
+
+
+def require_job_name(key: str, name: str) -> str:
+    """A job's name becomes file names (its script, its logs), a scheduler's job name and a
+    comment line of its script: no '/', no newline or other control character."""
+    if not name or "/" in name or any(ord(char) < 32 or ord(char) == 127 for char in name):
+        raise ConfigError(
+            key,
+            f"{name!r} cannot name a job (it names its script, its log files and the "
+            "scheduler's job): it is empty or holds a '/' or a control character such as a "
+            "newline",
+            "Use letters, digits, '_', '-' and '.'",
+        )
+    return name
+
+
+def numa_bound(root: Any, command: Command, resources: Resources) -> Command:
+    """`command` started through the NUMA binding wrapper when numa_mapping.enable is set and
+    the job runs one process per GPU (CPU jobs, and GPU jobs whose one process drives several
+    GPUs, are left as they are)."""
+    numa = root.get("numa_mapping")
+    if not numa or not numa.get("enable"):
+        return command
+    if not resources.gpus_per_node or command.nproc_per_node != resources.gpus_per_node:
+        return command
+    policy = NumaPolicy(
+        mode=str(numa.mode),
+        scope=str(numa.scope),
+        cores=str(numa.cores),
+        balanced=bool(numa.balanced),
+        min_cores=int(numa.min_cores),
+        max_cores=None if numa.max_cores is None else int(numa.max_cores),
+    )
+    args = (*policy.args(command.nproc_per_node), "--", command.module, *command.args)
+    return Command(NUMA_BINDING, args, command.nproc_per_node)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
+# process_info is part of this module's interface (the job programs call runtime.process_info).
+from launcher_scripts.jobs.process import ProcessInfo, process_info  # noqa: F401
 from launcher_scripts.jobs.training import cpu_compat
 from launcher_scripts.jobs.training.recipe import Parallelism
 from launcher_scripts.ports import free_port
@@ -20,31 +21,6 @@ COLLECTIVE_TIMEOUT_MINUTES = 30
 
 class JobError(RuntimeError):
     """A problem with the job's inputs or settings, reported as one line, not a traceback."""
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    rank: int
-    world_size: int
-    local_rank: int
-    launcher: str  # torchrun | slurm | single
-
-
-def process_info(environ: dict[str, str] | None = None) -> ProcessInfo:
-    """torchrun's variables first; else Slurm's, so `srun python -m ...` works without torchrun."""
-    env = os.environ if environ is None else environ
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return ProcessInfo(
-            int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), "torchrun"
-        )
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        return ProcessInfo(
-            int(env["SLURM_PROCID"]),
-            int(env["SLURM_NTASKS"]),
-            int(env.get("SLURM_LOCALID", 0)),
-            "slurm",
-        )
-    return ProcessInfo(0, 1, 0, "single")
 
 
 def init_distributed(info: ProcessInfo, on_gpu: bool, rendezvous_timeout: float) -> None:

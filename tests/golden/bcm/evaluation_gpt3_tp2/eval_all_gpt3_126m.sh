@@ -20,5 +20,13 @@ cd /results/gpt3_126m/eval_all
 
 srun \
     --ntasks-per-node=2 \
-    --kill-on-bad-exit=1 python3 -u -m launcher_scripts.jobs.evaluation.evaluate \
+    --kill-on-bad-exit=1 python3 -u -m launcher_scripts.jobs.numa_binding \
+    --mode=unique_contiguous \
+    --scope=node \
+    --cores=all_logical \
+    --balanced=true \
+    --min-cores=1 \
+    --max-cores=8 \
+    --local-ranks=2 \
+    -- launcher_scripts.jobs.evaluation.evaluate \
     --config /results/gpt3_126m/eval_all/eval_all_gpt3_126m_hydra.yaml

@@ -12,7 +12,7 @@
 #SBATCH --requeue
 #SBATCH --open-mode=append
 set -euo pipefail
-exec >>"/results/gpt3_126m/squad/log-squad_gpt3_126m_${SLURM_JOB_ID}_attempt${SLURM_RESTART_COUNT:-0}.out" 2>&1
+exec >>/results/gpt3_126m/squad/log-squad_gpt3_126m_"${SLURM_JOB_ID}"_attempt"${SLURM_RESTART_COUNT:-0}".out 2>&1
 
 export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
 export TORCH_NCCL_AVOID_RECORD_STREAMS=1
@@ -25,7 +25,15 @@ cd /results/gpt3_126m/squad
 step_before=$(python3 -m launcher_scripts.jobs.training.progress /results/gpt3_126m/squad/results/checkpoints)
 srun \
     --ntasks-per-node=8 \
-    --kill-on-bad-exit=1 python3 -u -m launcher_scripts.jobs.fine_tuning.finetune \
+    --kill-on-bad-exit=1 python3 -u -m launcher_scripts.jobs.numa_binding \
+    --mode=unique_contiguous \
+    --scope=node \
+    --cores=all_logical \
+    --balanced=true \
+    --min-cores=1 \
+    --max-cores=8 \
+    --local-ranks=8 \
+    -- launcher_scripts.jobs.fine_tuning.finetune \
     --config /results/gpt3_126m/squad/squad_gpt3_126m_hydra.yaml \
     --stage fine_tuning &
 step_pid=$!

@@ -15,7 +15,7 @@
 #SBATCH --open-mode=append
 #SBATCH --constraint=h100
 set -euo pipefail
-exec >>"/results/gpt3_126m/log-gpt3_126m_${SLURM_JOB_ID}_attempt${SLURM_RESTART_COUNT:-0}.out" 2>&1
+exec >>/results/gpt3_126m/log-gpt3_126m_"${SLURM_JOB_ID}"_attempt"${SLURM_RESTART_COUNT:-0}".out 2>&1
 
 export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
 export TORCH_NCCL_AVOID_RECORD_STREAMS=1
@@ -33,7 +33,15 @@ srun \
     --container-mounts=/opt/launcher,/data,/results,/lustre/shared,/scratch:/mnt/scratch \
     --container-workdir=/results/gpt3_126m \
     --no-container-mount-home \
-    --mpi=pmix python3 -u -m launcher_scripts.jobs.training.pretrain \
+    --mpi=pmix python3 -u -m launcher_scripts.jobs.numa_binding \
+    --mode=unique_contiguous \
+    --scope=node \
+    --cores=all_logical \
+    --balanced=true \
+    --min-cores=1 \
+    --max-cores=8 \
+    --local-ranks=8 \
+    -- launcher_scripts.jobs.training.pretrain \
     --config /results/gpt3_126m/gpt3_126m_hydra.yaml &
 step_pid=$!
 trap 'echo "launcher: USR1 received, asking the job step to checkpoint"; kill -USR1 "$step_pid"' USR1

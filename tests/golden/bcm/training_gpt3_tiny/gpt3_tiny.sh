@@ -9,7 +9,7 @@
 #SBATCH --requeue
 #SBATCH --open-mode=append
 set -euo pipefail
-exec >>"/results/gpt3_tiny/log-gpt3_tiny_${SLURM_JOB_ID}_attempt${SLURM_RESTART_COUNT:-0}.out" 2>&1
+exec >>/results/gpt3_tiny/log-gpt3_tiny_"${SLURM_JOB_ID}"_attempt"${SLURM_RESTART_COUNT:-0}".out 2>&1
 
 export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
 export TORCH_NCCL_AVOID_RECORD_STREAMS=1

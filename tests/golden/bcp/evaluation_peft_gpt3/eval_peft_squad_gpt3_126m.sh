@@ -24,4 +24,4 @@ bcprun \
     --env "MASTER_ADDR=$MASTER_ADDR" \
     --env "MASTER_PORT=$MASTER_PORT" \
     --env "LAUNCHER_NNODES=$nodes" \
-    -c 'python3 -u -m launcher_scripts.jobs.fine_tuning.evaluate_tuned --config /results/gpt3_126m/peft_squad_eval/eval_peft_squad_gpt3_126m_hydra.yaml'
+    -c 'python3 -u -m launcher_scripts.jobs.numa_binding --mode=unique_contiguous --scope=node --cores=all_logical --balanced=true --min-cores=1 --max-cores=8 --local-ranks=1 -- launcher_scripts.jobs.fine_tuning.evaluate_tuned --config /results/gpt3_126m/peft_squad_eval/eval_peft_squad_gpt3_126m_hydra.yaml'

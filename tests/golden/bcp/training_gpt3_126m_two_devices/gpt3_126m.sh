@@ -24,4 +24,4 @@ bcprun \
     --env "MASTER_ADDR=$MASTER_ADDR" \
     --env "MASTER_PORT=$MASTER_PORT" \
     --env "LAUNCHER_NNODES=$nodes" \
-    -c 'unset SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT NGC_ARRAY_INDEX NGC_ARRAY_SIZE RANK WORLD_SIZE SLURM_PROCID SLURM_NTASKS LOCAL_RANK; exec python3 -u -m torch.distributed.run --standalone --nproc-per-node=2 -m launcher_scripts.jobs.training.pretrain --config /results/gpt3_126m/gpt3_126m_hydra.yaml'
+    -c 'unset SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT NGC_ARRAY_INDEX NGC_ARRAY_SIZE RANK WORLD_SIZE SLURM_PROCID SLURM_NTASKS LOCAL_RANK; exec python3 -u -m torch.distributed.run --standalone --nproc-per-node=2 -m launcher_scripts.jobs.numa_binding --mode=unique_contiguous --scope=node --cores=all_logical --balanced=true --min-cores=1 --max-cores=8 --local-ranks=2 -- launcher_scripts.jobs.training.pretrain --config /results/gpt3_126m/gpt3_126m_hydra.yaml'

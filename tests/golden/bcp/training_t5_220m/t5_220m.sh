@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE=1
 replicas="${NGC_ARRAY_SIZE:-1}"
 nodes=4
 if [ "$nodes" -gt "$replicas" ]; then
-    echo "launcher: job t5_220m needs 4 nodes but this BCP job has $replicas replicas (NGC_ARRAY_SIZE); start it with --replicas 4 or more" >&2
+    echo 'launcher: job t5_220m needs 4 nodes but this BCP job has '"${replicas}"' replicas (NGC_ARRAY_SIZE); start it with --replicas 4 or more' >&2
     exit 1
 fi
 # Node 0, where this script runs, hosts the rendezvous.
@@ -29,4 +29,4 @@ bcprun \
     --env "MASTER_ADDR=$MASTER_ADDR" \
     --env "MASTER_PORT=$MASTER_PORT" \
     --env "LAUNCHER_NNODES=$nodes" \
-    -c 'unset SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT NGC_ARRAY_INDEX NGC_ARRAY_SIZE RANK WORLD_SIZE SLURM_PROCID SLURM_NTASKS LOCAL_RANK; exec python3 -u -m torch.distributed.run --nnodes="$LAUNCHER_NNODES" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id=t5_220m --nproc-per-node=8 -m launcher_scripts.jobs.training.pretrain --config /results/t5_220m/t5_220m_hydra.yaml'
+    -c 'unset SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT NGC_ARRAY_INDEX NGC_ARRAY_SIZE RANK WORLD_SIZE SLURM_PROCID SLURM_NTASKS LOCAL_RANK; exec python3 -u -m torch.distributed.run --nnodes="$LAUNCHER_NNODES" --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id=t5_220m --nproc-per-node=8 -m launcher_scripts.jobs.numa_binding --mode=unique_contiguous --scope=node --cores=all_logical --balanced=true --min-cores=1 --max-cores=8 --local-ranks=8 -- launcher_scripts.jobs.training.pretrain --config /results/t5_220m/t5_220m_hydra.yaml'

@@ -12,5 +12,13 @@ cd /results/gpt3_126m/eval_all
 
 python3 -u -m torch.distributed.run \
     --standalone \
-    --nproc-per-node=2 -m launcher_scripts.jobs.evaluation.evaluate \
+    --nproc-per-node=2 -m launcher_scripts.jobs.numa_binding \
+    --mode=unique_contiguous \
+    --scope=node \
+    --cores=all_logical \
+    --balanced=true \
+    --min-cores=1 \
+    --max-cores=8 \
+    --local-ranks=2 \
+    -- launcher_scripts.jobs.evaluation.evaluate \
     --config /results/gpt3_126m/eval_all/eval_all_gpt3_126m_hydra.yaml

@@ -12,6 +12,14 @@ cd /results/gpt3_126m/prompt_learning_squad
 
 python3 -u -m torch.distributed.run \
     --standalone \
-    --nproc-per-node=8 -m launcher_scripts.jobs.fine_tuning.finetune \
+    --nproc-per-node=8 -m launcher_scripts.jobs.numa_binding \
+    --mode=unique_contiguous \
+    --scope=node \
+    --cores=all_logical \
+    --balanced=true \
+    --min-cores=1 \
+    --max-cores=8 \
+    --local-ranks=8 \
+    -- launcher_scripts.jobs.fine_tuning.finetune \
     --config /results/gpt3_126m/prompt_learning_squad/prompt_learning_squad_gpt3_126m_hydra.yaml \
     --stage prompt_learning

@@ -12,5 +12,13 @@ cd /results/gpt3_126m
 
 python3 -u -m torch.distributed.run \
     --standalone \
-    --nproc-per-node=2 -m launcher_scripts.jobs.training.pretrain \
+    --nproc-per-node=2 -m launcher_scripts.jobs.numa_binding \
+    --mode=unique_contiguous \
+    --scope=node \
+    --cores=all_logical \
+    --balanced=true \
+    --min-cores=1 \
+    --max-cores=8 \
+    --local-ranks=2 \
+    -- launcher_scripts.jobs.training.pretrain \
     --config /results/gpt3_126m/gpt3_126m_hydra.yaml

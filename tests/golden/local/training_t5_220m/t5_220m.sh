@@ -12,5 +12,13 @@ cd /results/t5_220m
 
 python3 -u -m torch.distributed.run \
     --standalone \
-    --nproc-per-node=8 -m launcher_scripts.jobs.training.pretrain \
+    --nproc-per-node=8 -m launcher_scripts.jobs.numa_binding \
+    --mode=unique_contiguous \
+    --scope=node \
+    --cores=all_logical \
+    --balanced=true \
+    --min-cores=1 \
+    --max-cores=8 \
+    --local-ranks=8 \
+    -- launcher_scripts.jobs.training.pretrain \
     --config /results/t5_220m/t5_220m_hydra.yaml
