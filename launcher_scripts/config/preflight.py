@@ -81,17 +81,17 @@ def resolve(cfg: DictConfig, stages: list[str]) -> DictConfig:
         except OmegaConfBaseException as error:
             message = str(error).splitlines()[0]
             raise ConfigError(error.full_key or key, message, "Fix the value") from None
-    return OmegaConf.create(_as_literals(resolved))
+    return OmegaConf.create(escape_interpolations(resolved))
 
 
-def _as_literals(value: Any) -> Any:
+def escape_interpolations(value: Any) -> Any:
     """Resolved values with OmegaConf's interpolation syntax escaped, so a `${` that was text in
     the configuration (written `\\${`) stays text rather than becoming an interpolation again
     when the resolved values are made a config once more."""
     if isinstance(value, dict):
-        return {key: _as_literals(item) for key, item in value.items()}
+        return {key: escape_interpolations(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_as_literals(item) for item in value]
+        return [escape_interpolations(item) for item in value]
     if isinstance(value, str):
         # Backslashes just before an escaped `${` escape themselves in OmegaConf's grammar.
         return re.sub(r"(\\*)\$\{", lambda match: match[1] * 2 + "\\${", value)
