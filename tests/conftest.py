@@ -6,6 +6,7 @@ Regenerate golden scripts with: python3 -m pytest tests/test_golden_scripts.py -
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,19 @@ def run_ops(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         cwd=REPO,
         timeout=timeout,
     )
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    """A running Slurm (`.ci/slurm-up.sh` starts one): skipped without, failed in CI."""
+    ready = shutil.which("sbatch") and subprocess.run(
+        ["scontrol", "ping"], capture_output=True, text=True
+    ).stdout.count("UP")
+    if not ready:
+        message = "no running Slurm: start one with bash .ci/slurm-up.sh"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 @pytest.fixture(scope="session")

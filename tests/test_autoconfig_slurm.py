@@ -21,7 +21,6 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO, run_ops
 from tests.test_autoconfig_search import AUTOCONFIG, validate_training
-from tests.test_slurm import slurm  # noqa: F401  (the fixture)
 
 LOGS = Path("gpt3") / "tiny_2gb"  # the gpt3/tiny search config's logs folder under base_results_dir
 ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")

@@ -31,7 +31,7 @@ from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import escape_interpolations
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.pipeline import plan
-from tests.conftest import CASES, REPO, case_overrides, run_main
+from tests.conftest import CASES, REPO, case_overrides, run_main, run_ops
 
 # Shell syntax that creates a marker file wherever it reaches a shell unquoted.
 HOSTILE = "x $(touch M1) `touch M2`;touch M3 'q' \"d\" ${IFS}y |touch M4 &"
@@ -356,3 +356,77 @@ def test_a_refused_name_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     assert result.stderr.startswith("error: training.run.name: ")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert not results.exists()
+
+
+# ----- for real -------------------------------------------------------------------------------
+
+
+def test_a_local_run_with_shell_syntax_in_every_path_runs(tmp_path: Path) -> None:
+    """Data preparation for real (local backend), its paths and run name full of shell syntax:
+    it completes, writes where it was told, and `status` reads its run."""
+    hostile = Hostile(tmp_path, "local")
+    name = f"prep {HOSTILE}"
+    result = run_main(
+        f"base_results_dir={hydra_text(hostile.paths['base_results_dir'])}",
+        f"data_dir={hydra_text(hostile.paths['data_dir'])}",
+        f"data_preparation.run.name={hydra_text(name)}",
+        f"+env_vars.LAUNCHER_TEST={hydra_text(hostile.env_value)}",
+        "stages=[data_preparation]",
+        cwd=tmp_path,
+    )
+    assert not markers(tmp_path) and not markers(REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    shards = Path(hostile.paths["data_dir"]) / "custom_dataset" / "preprocessed"
+    assert list(shards.glob("*_text_document.bin"))
+    results = Path(hostile.paths["base_results_dir"])
+    status = run_ops("status", str(results), "--json")
+    assert status.returncode == 0, status.stderr
+    states = [
+        job["state"] for stage in json.loads(status.stdout)["stages"] for job in stage["jobs"]
+    ]
+    assert states == ["COMPLETED", "COMPLETED"]
+
+
+@pytest.mark.usefixtures("slurm")
+def test_sbatch_reads_the_directives_as_written(tmp_path: Path) -> None:
+    """The #SBATCH lines of a requeueable job with shell syntax in its name, results folder and
+    comment, as the real sbatch reads them (held, so it never runs)."""
+    hostile = Hostile(tmp_path, "bcm")
+    _, composed = case_overrides("training_gpt3_tiny", "bcm")
+    composed += [
+        f"base_results_dir={hydra_text(hostile.paths['base_results_dir'])}",
+        f"training.run.name={hydra_text('run ' + HOSTILE)}",
+        f"++cluster.comment={hydra_text(HOSTILE)}",
+        f"++cluster.job_name_prefix={hydra_text('p ' + HOSTILE + ':')}",
+        "dry_run=true",
+    ]
+    _, _, planned = plan(compose_config(composed))
+    [job] = [job for stage in planned for job in stage.jobs]
+    assert job.spec.checkpoint_exit_code is not None  # the job whose log path was the hole
+    script = tmp_path / "job.sh"
+    script.write_text(job.script)
+    Path(job.spec.results_dir).mkdir(parents=True)
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--hold", str(script)], capture_output=True, text=True
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:
+
+        def squeue(field: str) -> str:
+            return subprocess.run(
+                ["squeue", "-h", "-j", job_id, "-o", field], capture_output=True, text=True
+            ).stdout.rstrip("\n")
+
+        assert squeue("%j") == f"p {HOSTILE}:{job.spec.name}"
+        assert squeue("%k") == HOSTILE
+        shown = subprocess.run(
+            ["scontrol", "show", "job", job_id], capture_output=True, text=True
+        ).stdout
+        [output] = [
+            line.strip()[len("StdOut=") :] for line in shown.splitlines() if "StdOut=" in line
+        ]
+        assert output == f"{job.spec.results_dir}/slurm-{job.spec.name}_{job_id}.out"
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    assert not markers(tmp_path)

@@ -6,14 +6,11 @@ Without Slurm these tests skip on a developer machine and fail in CI (CI=true).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import REPO, run_main, run_ops
 from tests.http_site import Site
@@ -35,18 +32,6 @@ SMALL_CLUSTER = (
     "training.model.hidden_size=64",
     "training.model.ffn_hidden_size=256",
 )
-
-
-@pytest.fixture(scope="module")
-def slurm() -> None:
-    ready = shutil.which("sbatch") and subprocess.run(
-        ["scontrol", "ping"], capture_output=True, text=True
-    ).stdout.count("UP")
-    if not ready:
-        message = "no running Slurm: start one with bash .ci/slurm-up.sh"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 def wait_for_run(results: Path, timeout: float = 600) -> dict[str, str]:
