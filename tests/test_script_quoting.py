@@ -283,6 +283,14 @@ def test_a_job_name_no_file_or_scheduler_can_hold_is_refused(
 
 
 @pytest.mark.parametrize("backend_name", sorted(BACKENDS))
+def test_a_code_path_pythonpath_cannot_hold_is_refused(backend_name: str) -> None:
+    _, overrides = case_overrides("training_gpt3_tiny", backend_name)
+    with pytest.raises(ConfigError) as error:
+        plan(compose_config([*overrides, "dry_run=true", "launcher_scripts_path='/opt/a:b'"]))
+    assert error.value.key == "launcher_scripts_path", str(error.value)
+
+
+@pytest.mark.parametrize("backend_name", sorted(BACKENDS))
 def test_an_env_var_name_a_shell_cannot_export_is_refused(backend_name: str) -> None:
     for name in BAD_ENV_NAMES:
         _, overrides = case_overrides("training_gpt3_tiny", backend_name)

@@ -103,6 +103,13 @@ def check_globals(cfg: DictConfig) -> None:
     for key in ("launcher_scripts_path", "data_dir", "base_results_dir"):
         if not cfg.get(key):
             raise ConfigError(key, "is not set", f"Set {key}=/absolute/path")
+    if ":" in str(cfg.launcher_scripts_path):
+        raise ConfigError(
+            "launcher_scripts_path",
+            f"{cfg.launcher_scripts_path!r} holds a colon, which splits PYTHONPATH, where jobs "
+            "find the code",
+            "Use a path without colons (a symbolic link to it, say)",
+        )
     numa = cfg.numa_mapping
     for flag in ("enable", "balanced"):
         if not isinstance(numa.get(flag), bool):
