@@ -285,14 +285,51 @@ def test_the_wrapper_binds_or_says_why_not_on_this_machine() -> None:
     assert printed["cpus"] == list(expected.cpus)
 
 
-def test_settings_a_machine_cannot_meet_stop_the_job_with_one_line(tmp_path: Path) -> None:
-    """Through the wrapper's main(), on a topology given as data: min_cores too high."""
+def test_the_binding_is_applied_to_the_process() -> None:
+    """bind() in a child process, on this machine's CPUs given as one NUMA node with one GPU:
+    the process's affinity becomes the chosen CPU, and the line says so."""
+    code = (
+        "import json, os\n"
+        "from launcher_scripts.jobs.numa_binding import NumaPolicy, bind\n"
+        "from launcher_scripts.jobs.numa_topology import Topology\n"
+        "cpus = tuple(sorted(os.sched_getaffinity(0)))\n"
+        "line = bind(NumaPolicy(mode='single'), 1, Topology({0: cpus}, (0,)))\n"
+        "print(json.dumps([line, sorted(os.sched_getaffinity(0)), cpus[0]]))\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK")}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**environment, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    line, affinity, first = json.loads(result.stdout)
+    assert affinity == [first]
+    assert line == (
+        f"numa_mapping: local rank 0: GPU 0 on NUMA node 0: 1 physical cores, CPUs {first} "
+        "(single, scope node, all_logical)"
+    )
+
+
+def test_settings_a_machine_cannot_meet_stop_the_job_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The wrapper's main() on a machine given as data, with min_cores above what it has: exit 2
+    and one line, before the program would start."""
     from launcher_scripts.jobs import numa_binding
 
-    policy, ranks, program = parse([*NumaPolicy(min_cores=99).args(8), "--", "mod", "a"])
-    assert (ranks, program) == (8, ["mod", "a"])
-    with pytest.raises(BindingError, match="fewer than numa_mapping.min_cores=99"):
-        numa_binding.bind(policy, ranks, dgx_a100())
+    monkeypatch.setattr(numa_binding, "read_topology", lambda _visible: dgx_a100())
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    code = numa_binding.main([*NumaPolicy(min_cores=99).args(8), "--", "never.started"])
+    out, err = capsys.readouterr()
+    assert code == numa_binding.EXIT_BAD_BINDING and out == ""
+    assert err.startswith("error: numa_mapping: GPU 0 (NUMA node 3) gets 8 physical cores")
+    assert err.count("\n") == 1 and "numa_mapping.min_cores=99" in err
 
 
 def test_the_wrapper_options_round_trip() -> None:

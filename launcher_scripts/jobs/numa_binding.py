@@ -95,6 +95,8 @@ def select_cpus(
 
     NoNumaInformation when a GPU's NUMA node is unknown; BindingError when the settings cannot
     be met."""
+    if not 0 <= local_rank < local_ranks:
+        raise NoNumaInformation(f"local rank {local_rank} is not one of the {local_ranks} per node")
     nodes = _gpu_nodes(topology, local_ranks)
     node = nodes[local_rank]
     cores_of = _cores_by_node(topology)
@@ -280,7 +282,10 @@ def bind(policy: NumaPolicy, local_ranks: int, topology: Topology | None = None)
     except NoNumaInformation as reason:
         # One line for the node, not one per process: it says the same for every rank.
         return f"numa_mapping: not binding: {reason}" if local_rank == 0 else None
-    os.sched_setaffinity(0, binding.cpus)
+    try:
+        os.sched_setaffinity(0, binding.cpus)
+    except OSError as error:  # CPUs outside what the process may use after all
+        return f"numa_mapping: local rank {local_rank}: not binding: {error}"
     return (
         f"numa_mapping: local rank {local_rank}: GPU {binding.gpu} on NUMA node {binding.node}: "
         f"{binding.physical_cores} physical cores, CPUs {format_cpulist(binding.cpus)} "
