@@ -259,6 +259,7 @@ def _remove_datasets(prefixes: Iterable[Path]) -> None:
     for prefix in prefixes:
         indexed_writer.bin_path(prefix).unlink(missing_ok=True)
         indexed_writer.idx_path(prefix).unlink(missing_ok=True)
+        fingerprint.remove_record(prefix)
 
 
 def balanced_share(
