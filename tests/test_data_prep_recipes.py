@@ -451,8 +451,10 @@ def test_mc4_languages_made_with_another_tokenizer_are_made_again(
         ), result.stdout
     second = sentencepiece.SentencePieceProcessor(model_file=str(models["second"]))
     for language in ("lv", "lt"):
-        assert tokens(language) == second.encode(expected[language]) != first.encode(
-            expected[language]
+        assert (
+            tokens(language)
+            == second.encode(expected[language])
+            != first.encode(expected[language])
         )
     # The same again: nothing is fetched, tokenized or merged.
     requests = len(site.behaviour.requests)
