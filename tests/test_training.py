@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -370,6 +371,93 @@ def test_training_needs_its_data_unless_an_earlier_stage_writes_it(tmp_path: Pat
     both = run_main(*paths, "dry_run=true")
     assert both.returncode == 0, both.stderr
     assert "not there yet" not in both.stdout
+
+
+def small_tokenizer(folder: Path, vocab_size: int = 64) -> Path:
+    """A SentencePiece model far smaller than the prepared data's (8000 pieces)."""
+    import sentencepiece
+
+    texts = [f"a small tokenizer for a test number {n}" for n in range(50)]
+    folder.mkdir(parents=True, exist_ok=True)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_prefix=str(folder / "small"), vocab_size=vocab_size,
+        hard_vocab_limit=False, bos_id=-1, eos_id=1, unk_id=2, pad_id=0, minloglevel=2,
+    )  # fmt: skip
+    model = folder / "small.model"
+    assert sentencepiece.SentencePieceProcessor(model_file=str(model)).get_piece_size() < 100
+    return model
+
+
+@pytest.mark.parametrize("statistics", ["recorded", "missing"])
+def test_a_tokenizer_smaller_than_the_data_is_refused_in_preflight(
+    prepared: Path, tmp_path: Path, statistics: str
+) -> None:
+    """The largest token id comes from the record data preparation wrote beside the shard,
+    or, for data prepared elsewhere, from the .bin itself."""
+    shutil.copytree(prepared / "data", tmp_path / "data")
+    prefix = tmp_path / "data" / "custom_dataset" / "preprocessed" / "tiny_corpus_text_document"
+    if statistics == "missing":
+        Path(f"{prefix}.meta.json").unlink()
+    paths = (f"base_results_dir={tmp_path}/results", f"data_dir={tmp_path}/data")
+    small = small_tokenizer(tmp_path / "tok")
+
+    refused = run_main(*paths, "stages=[training]", f"training.model.tokenizer.model={small}")
+
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1, refused.stderr
+    assert lines[0].startswith(f"error: training.model.tokenizer.model: {small} has "), lines[0]
+    assert f"training.model.data.data_prefix {prefix} holds token id" in lines[0]
+    assert not (tmp_path / "results").exists()
+    # The tokenizer the data was made with passes.
+    planned = run_main(*paths, "stages=[training]", "dry_run=true")
+    assert planned.returncode == 0, planned.stderr
+
+
+def test_a_tokenizer_smaller_than_the_data_stops_the_job_at_its_start(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """Where the preflight could not look (data written by an earlier stage of the same run),
+    the job checks before its first step: one line, not megatron-core's IndexError."""
+    small = small_tokenizer(tmp_path / "tok")
+    config = write_config(prepared, tmp_path / "run", f"training.model.tokenizer.model={small}")
+    result = subprocess.run(
+        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "IndexError" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: training.model.tokenizer.model: {small} has "), last
+    assert "holds token id" in last
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_token_ids_without_statistics_are_bounded_by_the_dtype(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A .bin too large to scan, with no record: a uint16 dataset cannot hold an id a
+    70000-token vocabulary lacks; below that bound the check cannot tell and lets it be."""
+    import numpy as np
+
+    from launcher_scripts.errors import ConfigError
+    from launcher_scripts.jobs.data_prep import indexed_writer
+    from launcher_scripts.jobs.training import vocabulary
+
+    prefix = tmp_path / "data_text_document"
+    indexed_writer.write_dataset(prefix, [[5, 300, 9]], np.uint16)
+    args = ("tok.model", "training.model.tokenizer.model", "training")
+    with pytest.raises(ConfigError, match="holds token id 300"):
+        vocabulary.check_token_ids([str(prefix)], 300, *args)  # recorded
+    Path(f"{prefix}.meta.json").unlink()
+    with pytest.raises(ConfigError, match="holds token id 300"):
+        vocabulary.check_token_ids([str(prefix)], 300, *args)  # scanned
+    vocabulary.check_token_ids([str(prefix)], 301, *args)
+    monkeypatch.setattr(vocabulary, "SCAN_LIMIT_BYTES", 0)
+    assert vocabulary.largest_token_id(prefix) == vocabulary.LargestId(
+        65535, False, "its dtype uint16"
+    )
+    vocabulary.check_token_ids([str(prefix)], 70000, *args)
+    vocabulary.check_token_ids([str(prefix)], 300, *args)  # unknown: not refused
 
 
 def test_a_missing_process_fails_the_rendezvous_instead_of_hanging(

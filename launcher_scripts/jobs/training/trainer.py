@@ -203,6 +203,7 @@ class Trainer:
         limit = trainer.get("limit_val_batches", 1)
         val_batches = limit if isinstance(limit, int) and not isinstance(limit, bool) else 0
         index_dir = model.data.get("index_mapping_dir") or self.log_dir / "index_cache"
+        data.check_vocabulary(self.cfg, self.vocab)
         train, valid, _test = data.build_datasets(
             self.cfg,
             self.vocab,
