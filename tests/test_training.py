@@ -285,6 +285,54 @@ def test_torn_checkpoints_are_ignored_on_resume(prepared: Path, tmp_path: Path) 
     assert min(s for s in losses(log_dir) if s > 4) == 5
 
 
+def test_a_damaged_checkpoint_is_passed_over_on_resume_saying_so(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """A shard cut short after the save (a copy, a sync): resume takes the previous complete
+    checkpoint, says so, and continues exactly from there."""
+    log_dir = tmp_path / "run"
+    base = (
+        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+        "training.exp_manager.checkpoint_callback_params.save_top_k=-1",
+    )
+    train(write_config(prepared, log_dir, "training.trainer.max_steps=4", *base))
+    first = losses(log_dir)
+    checkpoints = log_dir / "checkpoints"
+    [step2] = checkpoints.glob("*-step=2-*")
+    [step4] = checkpoints.glob("*-step=4-*")
+    shard = sorted(step4.glob("*.distcp"))[-1]
+    shard.write_bytes(shard.read_bytes()[:1000])
+
+    result = train(write_config(prepared, log_dir, "training.trainer.max_steps=6", *base))
+
+    assert f"checkpoint {step4} is damaged (its file {shard.name} has 1000 bytes" in result.stdout
+    assert f"resuming from the previous complete checkpoint {step2}" in result.stdout
+    assert f"resumed from {step2} at step 2" in result.stdout
+    second = losses(log_dir)
+    assert sorted(second) == [1, 2, 3, 4, 5, 6]
+    assert [second[step] for step in (3, 4)] == [first[step] for step in (3, 4)]
+
+
+def test_a_damaged_only_checkpoint_stops_resume_in_one_line(prepared: Path, tmp_path: Path) -> None:
+    log_dir = tmp_path / "run"
+    every = "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2"
+    train(write_config(prepared, log_dir, "training.trainer.max_steps=2", every))
+    [checkpoint] = (log_dir / "checkpoints").iterdir()
+    (checkpoint / "common.pt").unlink()
+    config = write_config(prepared, log_dir, "training.trainer.max_steps=4", every)
+
+    result = subprocess.run(
+        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: checkpoint {checkpoint} is damaged (its file common.pt is")
+    assert "restore its files from a copy, or delete it to start training from scratch" in last
+    assert max(losses(log_dir)) == 2  # nothing trained over it
+
+
 def test_an_empty_split_is_one_clear_error(prepared: Path, tmp_path: Path) -> None:
     config = write_config(
         prepared, tmp_path / "run", 'training.model.data.splits_string="99990,8,2"'
