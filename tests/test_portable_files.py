@@ -86,9 +86,17 @@ def assert_refused(result: subprocess.CompletedProcess, key: str, results: Path)
     assert not results.exists()
 
 
+# The tuning stages' sequences within the tiny model's 128 positions, so that only the file
+# can be wrong.
 STAGES = {
-    "peft": ("stages=[peft]", "peft.model.restore_from_path"),
-    "fine_tuning": ("stages=[fine_tuning]", "fine_tuning.model.restore_from_path"),
+    "peft": (
+        "stages=[peft] peft.model.data.train_ds.max_seq_length=128",
+        "peft.model.restore_from_path",
+    ),
+    "fine_tuning": (
+        "stages=[fine_tuning] fine_tuning.model.data.train_ds.max_seq_length=128",
+        "fine_tuning.model.restore_from_path",
+    ),
     "evaluation": ("stages=[evaluation]", "evaluation.model.nemo_model"),
     "evaluation of a PEFT model": (
         "stages=[evaluation] evaluation=peft_gpt3/squad",

@@ -19,6 +19,7 @@ tool, or by a version without records) is redone when its inputs are there to re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -59,14 +60,21 @@ def remove_record(output: str | Path) -> None:
 
 
 def file_hash(path: str | Path) -> str | None:
-    """sha256 of a file's bytes; None when it does not exist."""
-    digest = hashlib.sha256()
+    """sha256 of a file's bytes; None when it does not exist. Remembered while the file keeps
+    its size and mtime: a job compares one tokenizer with thousands of outputs."""
     try:
-        with open(path, "rb") as stream:
-            while chunk := stream.read(1 << 20):
-                digest.update(chunk)
+        stat = os.stat(path)
     except FileNotFoundError:
         return None
+    return _file_hash(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _file_hash(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
     return digest.hexdigest()
 
 

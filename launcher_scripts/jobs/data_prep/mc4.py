@@ -104,13 +104,13 @@ class Finished:
             return False
         if language not in self._known:
             prefix = dataset_prefix(self.output_dir, language)
-            self._known[language] = indexed_writer.is_complete(prefix) and self._current(prefix)
+            complete = indexed_writer.is_complete(prefix)
+            self._known[language] = complete and self._current(prefix, language)
         return self._known[language]
 
-    def _current(self, prefix: Path) -> bool:
+    def _current(self, prefix: Path, language: str) -> bool:
         if self.tokenizer_model is None or self.c4_dir is None:
             return True
-        language = prefix.name.removeprefix("mc4_").removesuffix(f"_{TEXT_KEY}_document")
         inputs = [self.c4_dir / f.name for f in self.files if f.language == language]
         reasons = preprocess.stale_reasons(prefix, made_from(self.tokenizer_model, inputs))
         if reasons:
@@ -239,8 +239,11 @@ def combined_fingerprint(prefix: Path, parts: Sequence[Path]) -> fingerprint.Fin
                 "settings; re-run the preprocess step"
             )
         inputs.update(made.get("inputs", {}))
-    return {"settings": first.get("settings"), "tokenizer": first.get("tokenizer"),
-            "inputs": inputs}  # fmt: skip
+    return {
+        "settings": first.get("settings"),
+        "tokenizer": first.get("tokenizer"),
+        "inputs": inputs,
+    }
 
 
 def _covers(recorded: fingerprint.Fingerprint | None, made: fingerprint.Fingerprint | None) -> bool:

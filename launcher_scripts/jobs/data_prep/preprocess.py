@@ -576,15 +576,20 @@ class ShardAssembler:
         for unit in units:
             self.expected[unit.shard] = self.expected.get(unit.shard, 0) + 1
         self.results: dict[int, list[UnitResult]] = {index: [] for index in self.expected}
+        # Taken before the workers read: the record says what the data was made from.
+        self.origins = {index: made_from(args, [shards[index].input]) for index in self.expected}
 
     def add(self, result: UnitResult) -> None:
         collected = self.results[result.shard]
         collected.append(result)
         if len(collected) == self.expected[result.shard]:
-            self._finish(self.shards[result.shard], sorted(collected, key=lambda r: r.part))
+            parts = sorted(collected, key=lambda r: r.part)
+            self._finish(self.shards[result.shard], parts, self.origins[result.shard])
             del self.results[result.shard]
 
-    def _finish(self, shard: Shard, parts: list[UnitResult]) -> None:
+    def _finish(
+        self, shard: Shard, parts: list[UnitResult], origin: fingerprint.Fingerprint
+    ) -> None:
         stats = readers.ReadStats()
         for part in parts:
             # Line numbers of a byte range count from its first line: shift by the lines before.
@@ -601,7 +606,7 @@ class ShardAssembler:
             )
             return
         prefixes = [shard.parts_dir / f"part-{part.part:05d}" for part in parts]
-        publish_parts(prefixes, shard.prefix, made_from(self.args, [shard.input]))
+        publish_parts(prefixes, shard.prefix, origin)
         shutil.rmtree(shard.parts_dir, ignore_errors=True)
         documents = sum(part.documents for part in parts)
         empty = sum(part.empty for part in parts)
