@@ -274,8 +274,11 @@ def test_t5_recipe_end_to_end(site: Site, tmp_path: Path) -> None:
     vocab = (data / "bpe" / "vocab.txt").read_text().split()
     # The .zst and .jsonl files are gone (rm_downloaded, rm_extracted).
     assert sorted(p.name for p in data.iterdir()) == [
-        "bpe", "my-t5_00_text_document.bin", "my-t5_00_text_document.idx",
+        "bpe",
+        "my-t5_00_text_document.bin", "my-t5_00_text_document.idx",
+        "my-t5_00_text_document.meta.json",
         "my-t5_01_text_document.bin", "my-t5_01_text_document.idx",
+        "my-t5_01_text_document.meta.json",
     ]  # fmt: skip
     for number, documents in enumerate(served):
         dataset = IndexedDataset(str(data / f"my-t5_{number:02d}_text_document"))

@@ -84,34 +84,50 @@ def largest_token_id(prefix: str | Path) -> LargestId | None:
     return LargestId(int(np.iinfo(dtype).max), False, f"its dtype {dtype.name}")
 
 
-def check_token_ids(
-    prefixes: Sequence[str], vocab_size: int, tokenizer: str, key: str, stage: str
-) -> None:
-    """ConfigError naming the tokenizer `key` and the first dataset that holds an id at or
-    above `vocab_size`."""
+def largest_token_ids(prefixes: Sequence[str]) -> dict[str, int]:
+    """The datasets whose largest token id is known exactly, and that id."""
+    known = {}
     for prefix in prefixes:
         largest = largest_token_id(prefix)
-        if largest is None or not largest.exact or largest.value < vocab_size:
+        if largest is not None and largest.exact:
+            known[prefix] = largest.value
+    return known
+
+
+def check_token_ids(
+    prefixes: Sequence[str] | dict[str, int],
+    vocab_size: int,
+    tokenizer: str,
+    key: str,
+    stage: str,
+) -> None:
+    """ConfigError naming the tokenizer `key` and the first dataset that holds an id at or
+    above `vocab_size` (`prefixes`: the datasets, or largest_token_ids of them)."""
+    known = prefixes if isinstance(prefixes, dict) else largest_token_ids(prefixes)
+    for prefix, largest in known.items():
+        if largest < vocab_size:
             continue
         raise ConfigError(
             key,
             f"{tokenizer} has {vocab_size} tokens, but {stage}.model.data.data_prefix "
-            f"{prefix} holds token id {largest.value}: it was tokenized with another tokenizer",
+            f"{prefix} holds token id {largest}: it was tokenized with another tokenizer",
             "Use the tokenizer the data was prepared with, or prepare the data again with "
             "this one (data_preparation)",
         )
 
 
 def check_training_data(cfg: Any, stage: str, prefixes: Sequence[str]) -> None:
-    """check_token_ids for a recipe whose tokenizer and data exist now (a dry run, or a run
-    whose earlier stage writes them, leaves it to the job's start)."""
+    """check_token_ids for a recipe whose data and tokenizer exist now (a dry run, or a run
+    whose earlier stage writes them, leaves it to the job's start). The tokenizer is loaded
+    only when some dataset's largest id is known."""
+    known = largest_token_ids(prefixes)
     spec = tokenizer_spec(cfg)
     files = [spec.model, spec.vocab_file, spec.merge_file]
-    if not all(Path(str(f)).is_file() for f in files if f):
+    if not known or not all(Path(str(f)).is_file() for f in files if f):
         return
     key = tokenizer_key(cfg, stage)
     try:
         vocab_size = load_tokenizer(spec).vocab_size
     except TokenizerError as error:
         raise ConfigError(key, str(error), "Give the tokenizer's files") from None
-    check_token_ids(prefixes, vocab_size, str(spec.model or spec.vocab_file), key, stage)
+    check_token_ids(known, vocab_size, str(spec.model or spec.vocab_file), key, stage)
