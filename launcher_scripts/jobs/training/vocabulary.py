@@ -13,8 +13,9 @@ tokenizer either.
 
 The largest id of a dataset comes from the statistics data preparation records beside it
 (indexed_writer.read_stats), so the check reads a few bytes even of terabytes of data. Without
-them, the dtype of the .idx bounds the ids (a uint16 dataset holds no id above 65535), and a
-.bin up to SCAN_LIMIT_BYTES is scanned; a larger one without statistics is not checked.
+them, the dtype of the .idx bounds the ids (a uint16 dataset holds no id above 65535), and
+.bin files are scanned while the bytes scanned stay within SCAN_LIMIT_BYTES (for all the
+datasets of a blend together); the rest, without statistics, are not checked.
 
 Torch-free: the launcher's preflight imports it.
 """
@@ -60,9 +61,10 @@ class LargestId:
     how: str  # where it comes from, for messages
 
 
-def largest_token_id(prefix: str | Path) -> LargestId | None:
-    """The largest token id of a dataset, or a bound on it; None when it has no tokens or
-    is no dataset this can read."""
+def largest_token_id(prefix: str | Path, scan_limit: int | None = None) -> LargestId | None:
+    """The largest token id of a dataset, or a bound on it when it has no statistics and its
+    .bin is larger than `scan_limit` bytes (default SCAN_LIMIT_BYTES); None when it has no
+    tokens or is no dataset this can read."""
     stats = indexed_writer.read_stats(prefix)
     if stats is not None and stats.get("max_token_id") is not None:
         return LargestId(int(stats["max_token_id"]), True, "recorded")
@@ -74,7 +76,7 @@ def largest_token_id(prefix: str | Path) -> LargestId | None:
     dtype = np.dtype(header.dtype)
     if dtype.kind not in "iu" or size == 0:
         return None
-    if size <= SCAN_LIMIT_BYTES:
+    if size <= (SCAN_LIMIT_BYTES if scan_limit is None else scan_limit):
         data = np.memmap(indexed_writer.bin_path(prefix), dtype=dtype, mode="r")
         largest = max(
             int(data[start : start + SCAN_CHUNK_ITEMS].max())
@@ -87,10 +89,13 @@ def largest_token_id(prefix: str | Path) -> LargestId | None:
 def largest_token_ids(prefixes: Sequence[str]) -> dict[str, int]:
     """The datasets whose largest token id is known exactly, and that id."""
     known = {}
+    budget = SCAN_LIMIT_BYTES
     for prefix in prefixes:
-        largest = largest_token_id(prefix)
+        largest = largest_token_id(prefix, budget)
         if largest is not None and largest.exact:
             known[prefix] = largest.value
+            if largest.how == "scanned":
+                budget -= indexed_writer.bin_path(prefix).stat().st_size
     return known
 
 
