@@ -8,7 +8,6 @@ conversion stage's file of `model_train_name` by default), `run.serve_with_trito
 
 from __future__ import annotations
 
-import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,16 +134,11 @@ def read_model(settings: InferenceSettings) -> ModelFacts:
             "Convert the trained model first (the launcher's conversion stage), or point "
             "model_file at a portable .nemo file",
         )
-    from launcher_scripts.jobs.conversion.portable import read_config
+    from launcher_scripts.jobs.conversion.portable_check import require_portable
 
-    try:
-        config = read_config(path)
-    except (ValueError, tarfile.TarError, OSError) as error:
-        raise ConfigError(
-            key,
-            f"{path} is not a portable model file ({_first_line(error)})",
-            "Give the .nemo file the launcher's conversion stage writes",
-        ) from None
+    config = require_portable(
+        path, key, "Give the .nemo file the launcher's conversion stage writes"
+    )
     precision = str(config.get("precision", 32))
     facts = ModelFacts(
         num_layers=int(config.num_layers),
@@ -196,10 +190,6 @@ def _check_against(settings: InferenceSettings, facts: ModelFacts) -> None:
             "(the served model runs in the precision it was converted in)",
             f"Set data_type to {facts.data_type} or null",
         )
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 class _Section:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -192,3 +193,55 @@ def test_conversion_preflight_is_one_line(
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_a_damaged_checkpoint_is_refused_in_one_line(tiny_portable: Path, tmp_path: Path) -> None:
+    """A shard cut short or a file missing: conversion names the checkpoint and the fix, in
+    preflight (exit 2, nothing written) and in the job."""
+    trained = tiny_portable.parents[1] / "results"
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(trained / "checkpoints", folder)
+    [newest] = folder.iterdir()
+    older = folder / newest.name.replace("step=60", "step=30")
+    shutil.copytree(newest, older)
+    state = json.loads((older / "train_state.json").read_text())
+    (older / "train_state.json").write_text(json.dumps({**state, "step": 30}))
+    shard = sorted(newest.glob("*.distcp"))[0]
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[: size // 3])
+    paths = (
+        f"base_results_dir={tmp_path}/results",
+        f"conversion.model.checkpoint_folder={folder}",
+        f"conversion.model.hparams_file={trained / 'hparams.yaml'}",
+        f"conversion.run.output_path={tmp_path}/out",
+    )
+
+    result = run_main("stages=[conversion]", *paths)
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(
+        f"error: conversion.model.checkpoint_name: checkpoint {newest} is damaged (its file "
+        f"{shard.name} has {size // 3} bytes, {size} when it was saved)"
+    ), line
+    assert f"conversion.model.checkpoint_name='{older.name}'" in line
+    assert not (tmp_path / "results").exists() and not (tmp_path / "out").exists()
+    # The job itself, for a run whose preflight could not look: the same line, exit 1.
+    (older / "common.pt").unlink()
+    config = tmp_path / "convert.yaml"
+    cfg = compose_config(["stages=[conversion]", *paths])
+    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.conversion, resolve=True)), config)
+    job = subprocess.run(
+        [sys.executable, "-m", "launcher_scripts.jobs.conversion.convert", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert job.returncode == 1, job.stdout + job.stderr
+    assert "Traceback" not in job.stderr
+    last = job.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: checkpoint {newest} is damaged"), last
+    assert "conversion.model.checkpoint_name" not in last  # no complete one left to suggest
+    assert not (tmp_path / "out" / "megatron_gpt.nemo").exists()

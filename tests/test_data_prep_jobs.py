@@ -385,7 +385,12 @@ def test_preprocess_output_loads_in_megatron_with_eod(
     assert sorted(p.name for p in out.iterdir()) == [
         "gpt_web_text_document.bin",
         "gpt_web_text_document.idx",
+        "gpt_web_text_document.meta.json",
     ]
+    # The record holds what a training preflight checks against the tokenizer's size.
+    stats = indexed_writer.read_stats(out / "gpt_web_text_document")
+    assert stats is not None
+    assert (stats["tokens"], stats["max_token_id"]) == (tokens, max(map(max, shard)))
 
 
 def test_gpt_dataset_builds_over_the_output(corpus: list[str], bpe: dict, tmp_path: Path) -> None:
@@ -527,6 +532,7 @@ def test_too_many_bad_lines_fail_the_job_without_a_shard(bpe: dict, tmp_path: Pa
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "ok_text_document.bin",
         "ok_text_document.idx",
+        "ok_text_document.meta.json",
     ]
 
 
@@ -548,6 +554,95 @@ def test_rerun_skips_complete_shards(
     for name in ("part0_text_document.bin", "part2_text_document.idx"):
         assert (out / name).stat().st_mtime_ns == stamps[name]
     assert read_shard(out / "part1_text_document") == expected_ids(bpe["tokenizer"], corpus[1::3])
+
+
+def mtimes(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+
+
+def test_rerun_redoes_the_shards_whose_tokenizer_inputs_or_settings_changed(
+    corpus: list[str], bpe: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inputs = [write_jsonl(tmp_path / f"part{n}.jsonl", corpus[n::3]) for n in range(3)]
+    out = tmp_path / "out"
+    names = [f"part{n}_text_document" for n in range(3)]
+
+    def run(*tokenizer: str | Path, extra: tuple[str, ...] = ()) -> str:
+        capsys.readouterr()
+        args = ["--input", *inputs, "--output-dir", out, *tokenizer, "--workers", "2", *extra]
+        assert preprocess_main(*args) == 0
+        return capsys.readouterr().out
+
+    run("--tokenizer-model", bpe["json"])
+    # Another tokenizer (a smaller vocabulary): every shard is redone with its ids.
+    other = train_byte_level_bpe(corpus, vocab_size=500)
+    other_json, other_vocab, other_merges = save_tokenizer_files(other, tmp_path / "other")
+    printed = run("--tokenizer-model", other_json)
+    assert all(f"tokenizer changed: redoing {name}" in printed for name in names), printed
+    assert "3 written, 0 already complete" in printed
+    for n, name in enumerate(names):
+        assert read_shard(out / name) == expected_ids(other, corpus[n::3])
+    # The same tokenizer at another path, or unchanged: nothing is redone.
+    copy = tmp_path / "copy" / "tokenizer.json"
+    copy.parent.mkdir()
+    copy.write_bytes(other_json.read_bytes())
+    before = mtimes(out)
+    assert "0 written, 3 already complete" in run("--tokenizer-model", copy)
+    assert mtimes(out) == before
+    # One input changed: only its shard is redone.
+    write_jsonl(inputs[1], corpus[:40])
+    printed = run("--tokenizer-model", other_json)
+    assert f"input {inputs[1]} changed: redoing part1_text_document" in printed
+    assert "1 written, 2 already complete" in printed
+    assert read_shard(out / names[1]) == expected_ids(other, corpus[:40])
+    after = mtimes(out)
+    assert all(after[f"{names[n]}.bin"] == before[f"{names[n]}.bin"] for n in (0, 2))
+    # A setting that changes the output: every shard is redone.
+    printed = run("--tokenizer-model", other_json, extra=("--no-append-eod",))
+    assert "settings changed (append_eod True -> False): redoing part0_text_document" in printed
+    assert read_shard(out / names[2]) == [ids[:-1] for ids in expected_ids(other, corpus[2::3])]
+    # Another tokenizer format (GPT-2 files) names other files: redone too.
+    printed = run("--vocab-file", other_vocab, "--merge-file", other_merges)
+    assert "tokenizer changed: redoing part2_text_document" in printed
+    assert read_shard(out / names[0]) == expected_ids(other, corpus[0::3])
+
+
+def test_a_shard_without_a_record_is_redone(
+    corpus: list[str], bpe: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Written by another tool: what it was made from is unknown, so it is made again."""
+    source = write_jsonl(tmp_path / "web.jsonl", corpus[:30])
+    prefix = tmp_path / "out" / "web_text_document"
+    prefix.parent.mkdir()
+    indexed_writer.write_dataset(prefix, [[1, 2, 3]], np.uint16)
+    (tmp_path / "out" / "web_text_document.meta.json").unlink()
+    args = ["--input", source, "--output-dir", prefix.parent, "--tokenizer-model", bpe["json"]]
+    assert preprocess_main(*args) == 0
+    assert "no fingerprint recorded: redoing web_text_document" in capsys.readouterr().out
+    assert read_shard(prefix) == expected_ids(bpe["tokenizer"], corpus[:30])
+
+
+def test_truncated_gzip_input_is_one_line(bpe: dict, corpus: list[str], tmp_path: Path) -> None:
+    """A damaged .jsonl.gz (cut short, or not gzip inside) names the file in one line; no
+    worker traceback comes before it, and no shard is written."""
+    whole = write_jsonl(tmp_path / "whole.jsonl.gz", corpus * 5).read_bytes()
+    cases = {"cut.jsonl.gz": whole[: len(whole) // 2], "junk.jsonl.gz": b"\x1f\x8b" + b"x" * 900}
+    for name, data in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        out = tmp_path / f"out-{name}"
+        for program, args in (
+            ("preprocess", ["--output-dir", out, "--tokenizer-model", bpe["json"], "--workers", 2]),
+            ("train_tokenizer", ["--model-prefix", out / "sp", "--vocab-size", "100"]),
+        ):
+            result = run_job(program, "--input", path, *args)
+            assert result.returncode == 1, result.stderr
+            assert "Traceback" not in result.stderr and 'File "' not in result.stderr
+            errors = [line for line in result.stderr.splitlines() if "rror" in line]
+            assert len(errors) == 1, result.stderr
+            assert errors[0].startswith(f"error: {path} cannot be read to its end"), errors
+            assert "truncated or corrupt" in errors[0]
+            assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
 
 
 def test_ranks_share_inputs_disjointly_and_completely(
@@ -651,7 +746,11 @@ def test_train_sentencepiece_then_preprocess(
     ]  # fmt: skip
     result = run_job("train_tokenizer", *args)
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in prefix.parent.iterdir()) == ["sp.model", "sp.vocab"]
+    assert sorted(p.name for p in prefix.parent.iterdir()) == [
+        "sp.model",
+        "sp.model.meta.json",
+        "sp.vocab",
+    ]
     again = run_job("train_tokenizer", *args)
     assert again.returncode == 0 and "already exists" in again.stdout
 
@@ -681,6 +780,32 @@ def test_train_tokenizer_from_plain_text_and_failure(tmp_path: Path) -> None:
     assert (
         sentencepiece.SentencePieceProcessor(model_file=f"{prefix}.model").get_piece_size() == 300
     )
+
+
+def test_tokenizer_is_trained_again_when_its_settings_or_inputs_change(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "a.jsonl", varied_texts(300, seed=8))
+    prefix = tmp_path / "tok" / "sp"
+    model = Path(f"{prefix}.model")
+    base = ["--input", data, "--model-prefix", prefix, "--character-coverage", "1.0"]
+
+    def pieces() -> int:
+        return sentencepiece.SentencePieceProcessor(model_file=str(model)).get_piece_size()
+
+    assert run_job("train_tokenizer", *base, "--vocab-size", "300").returncode == 0
+    stamp = model.stat().st_mtime_ns
+    again = run_job("train_tokenizer", *base, "--vocab-size", "300")
+    assert again.returncode == 0 and "already exists" in again.stdout
+    assert model.stat().st_mtime_ns == stamp and pieces() == 300
+    # Another vocabulary size: a new tokenizer, not the one of the first run.
+    bigger = run_job("train_tokenizer", *base, "--vocab-size", "400")
+    assert bigger.returncode == 0, bigger.stderr
+    assert f"settings changed (vocab_size 300 -> 400): training {model} again" in bigger.stdout
+    assert pieces() == 400
+    # A changed input: trained again.
+    write_jsonl(data, varied_texts(200, seed=9))
+    changed = run_job("train_tokenizer", *base, "--vocab-size", "400")
+    assert f"input {data} changed: training {model} again" in changed.stdout
+    assert "already exists" in run_job("train_tokenizer", *base, "--vocab-size", "400").stdout
 
 
 # ---- WordPiece, sentence splitting and sentence-split datasets ---------------------------

@@ -274,8 +274,11 @@ def test_t5_recipe_end_to_end(site: Site, tmp_path: Path) -> None:
     vocab = (data / "bpe" / "vocab.txt").read_text().split()
     # The .zst and .jsonl files are gone (rm_downloaded, rm_extracted).
     assert sorted(p.name for p in data.iterdir()) == [
-        "bpe", "my-t5_00_text_document.bin", "my-t5_00_text_document.idx",
+        "bpe",
+        "my-t5_00_text_document.bin", "my-t5_00_text_document.idx",
+        "my-t5_00_text_document.meta.json",
         "my-t5_01_text_document.bin", "my-t5_01_text_document.idx",
+        "my-t5_01_text_document.meta.json",
     ]  # fmt: skip
     for number, documents in enumerate(served):
         dataset = IndexedDataset(str(data / f"my-t5_{number:02d}_text_document"))
@@ -304,10 +307,10 @@ def test_bert_recipe_end_to_end(site: Site, tmp_path: Path) -> None:
             assert decoded == [sentence.lower() for sentence in document]
 
 
-def train_sentencepiece(texts: list[str]) -> bytes:
+def train_sentencepiece(texts: list[str], vocab_size: int = 120) -> bytes:
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=model, vocab_size=120,
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
         character_coverage=1.0, model_type="unigram", bos_id=-1, eos_id=1, unk_id=2, pad_id=0,
         hard_vocab_limit=False, minloglevel=2,
     )  # fmt: skip
@@ -344,8 +347,8 @@ def test_mc4_recipe_end_to_end(site: Site, tmp_path: Path) -> None:
     preprocessed = data / "mc4" / "preprocessed"
     # The per-file datasets are merged and removed.
     assert sorted(p.name for p in preprocessed.iterdir()) == [
-        "mc4_cs_text_document.bin", "mc4_cs_text_document.idx",
-        "mc4_en_text_document.bin", "mc4_en_text_document.idx",
+        "mc4_cs_text_document.bin", "mc4_cs_text_document.idx", "mc4_cs_text_document.meta.json",
+        "mc4_en_text_document.bin", "mc4_en_text_document.idx", "mc4_en_text_document.meta.json",
     ]  # fmt: skip
     for language, texts in expected.items():
         dataset = IndexedDataset(str(preprocessed / f"mc4_{language}_text_document"))
@@ -407,6 +410,60 @@ def test_mc4_steps_share_files_skip_finished_work_and_merge(site: Site, tmp_path
     assert all(result.returncode == 0 for result in again), [r.stderr for r in again]
     assert len(site.behaviour.requests) == requests
     assert "nothing to tokenize" in again[1].stdout and "already complete" in again[2].stdout
+
+
+def test_mc4_languages_made_with_another_tokenizer_are_made_again(
+    site: Site, tmp_path: Path
+) -> None:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    expected = serve_mc4(site, [("lv", 2), ("lt", 1)], seed=500)
+    texts = [t for language in expected.values() for t in language]
+    models = {}
+    for name, size in (("first", 120), ("second", 90)):
+        models[name] = tmp_path / f"{name}.model"
+        models[name].write_bytes(train_sentencepiece(texts, vocab_size=size))
+    c4, out = tmp_path / "c4", tmp_path / "out"
+    common = ["--languages", "lv:2,lt:1", "--rank", 0, "--world-size", 1]
+
+    def steps(model: Path, *preprocess: str) -> list[subprocess.CompletedProcess[str]]:
+        results = [
+            run_job("mc4", "download", *common, "--c4-dir", c4, "--url-base", site.url,
+                    "--output-dir", out, "--tokenizer-model", model, "--retry-wait", 0),
+            run_job("mc4", "preprocess", *common, "--c4-dir", c4, "--output-dir", out,
+                    "--tokenizer-model", model, "--workers", 1, *preprocess),
+            run_job("mc4", "merge", *common, "--output-dir", out),
+        ]  # fmt: skip
+        assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+        return results
+
+    def tokens(language: str) -> list[list[int]]:
+        dataset = IndexedDataset(str(out / f"mc4_{language}_text_document"))
+        return [dataset[i].tolist() for i in range(len(dataset))]
+
+    steps(models["first"], "--remove-downloaded")
+    first = sentencepiece.SentencePieceProcessor(model_file=str(models["first"]))
+    assert tokens("lv") == first.encode(expected["lv"])
+    requests = len(site.behaviour.requests)
+    # Another tokenizer: the removed files are fetched again, tokenized and merged anew.
+    download, tokenize, merge = steps(models["second"])
+    assert len(site.behaviour.requests) == requests + 3
+    for result in (download, tokenize, merge):
+        assert "tokenizer changed" in result.stdout and "redoing mc4_lv_text_document" in (
+            result.stdout
+        ), result.stdout
+    second = sentencepiece.SentencePieceProcessor(model_file=str(models["second"]))
+    for language in ("lv", "lt"):
+        assert (
+            tokens(language)
+            == second.encode(expected[language])
+            != first.encode(expected[language])
+        )
+    # The same again: nothing is fetched, tokenized or merged.
+    requests = len(site.behaviour.requests)
+    download, tokenize, merge = steps(models["second"])
+    assert len(site.behaviour.requests) == requests
+    assert "nothing to tokenize" in tokenize.stdout and "already complete" in merge.stdout
 
 
 def test_mc4_languages_are_balanced_by_file_count() -> None:

@@ -98,6 +98,23 @@ def test_default_run_prepares_the_sample_corpus(tmp_path: Path) -> None:
     assert set(first_logs) < set(stage_dir.glob("log-*.out"))
     assert len(list((results / "runs").iterdir())) == 2
 
+    # Another vocabulary size: a new tokenizer, and the data tokenized with it.
+    other = run_main(
+        *overrides,
+        "stages=[data_preparation]",
+        "data_preparation.train_tokenizer_args.vocab_size=700",
+    )
+    assert other.returncode == 0, other.stderr
+    logs = run_ops("logs", str(stage_dir)).stdout
+    assert "settings changed (vocab_size 1000 -> 700): training" in logs
+    assert "tokenizer changed: redoing tiny_corpus_text_document" in logs
+    tokenizer = sentencepiece.SentencePieceProcessor(
+        model_file=str(data / "custom_dataset" / "bpe" / "custom_sp_tokenizer.model")
+    )
+    assert tokenizer.get_piece_size() == 700
+    dataset = IndexedDataset(str(prefix))
+    assert dataset[1].tolist() == tokenizer.encode(texts[1]) + [tokenizer.eos_id()]
+
 
 def test_a_failing_job_stops_the_pipeline(tmp_path: Path) -> None:
     results, data = tmp_path / "results", tmp_path / "data"
@@ -179,7 +196,13 @@ def test_pile_recipe_downloads_extracts_and_tokenizes(site: Site, tmp_path: Path
     assert_pile_tokenized(data, tokenizer, shards)
     # rm_downloaded and rm_extracted leave only the tokenized shards and the tokenizer.
     assert not list(data.glob("*.zst")) and not list(data.glob("*.jsonl"))
-    assert sorted(p.name for p in (data / "bpe").iterdir()) == ["merges.txt", "vocab.json"]
+    assert not list(data.glob("*.jsonl.meta.json"))  # the extracted files' records went too
+    assert sorted(p.name for p in (data / "bpe").iterdir()) == [
+        "merges.txt",
+        "merges.txt.meta.json",
+        "vocab.json",
+        "vocab.json.meta.json",
+    ]
     assert set(job_states(results).values()) == {"COMPLETED"}
 
 

@@ -182,6 +182,34 @@ def test_single_files_from_urls_and_local_paths(site: Site, tmp_path: Path) -> N
     assert merges_out.read_bytes() == copy_out.read_bytes() == merges.read_bytes()
 
 
+def test_single_file_from_another_source_is_fetched_again(site: Site, tmp_path: Path) -> None:
+    """A tokenizer file (--file) whose URL or local source changed is replaced; the same
+    source is kept as it is."""
+    site.behaviour.files["a/vocab.txt"] = b"first vocabulary\n"
+    site.behaviour.files["b/vocab.txt"] = b"other vocabulary\n"  # the same size
+    dest = tmp_path / "bpe" / "vocab.txt"
+    assert run_download("--file", f"{site.url}/a/vocab.txt", str(dest)).returncode == 0
+    stamp = dest.stat().st_mtime_ns
+    kept = run_download("--file", f"{site.url}/a/vocab.txt", str(dest))
+    assert kept.returncode == 0 and dest.stat().st_mtime_ns == stamp
+
+    moved = run_download("--file", f"{site.url}/b/vocab.txt", str(dest))
+
+    assert moved.returncode == 0, moved.stderr
+    assert "settings changed (source" in moved.stdout and "fetching" in moved.stdout
+    assert dest.read_bytes() == b"other vocabulary\n"
+    # A local source edited in place (same size): copied again.
+    local = tmp_path / "mine.txt"
+    local.write_bytes(b"local vocabulary\n")
+    assert run_download("--file", str(local), str(dest)).returncode == 0
+    local.write_bytes(b"LOCAL VOCABULARY\n")
+    os.utime(local, ns=(stamp, stamp))  # another mtime than the first copy had
+    edited = run_download("--file", str(local), str(dest))
+    assert edited.returncode == 0 and f"input {local} changed" in edited.stdout
+    assert dest.read_bytes() == b"LOCAL VOCABULARY\n"
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["vocab.txt", "vocab.txt.meta.json"]
+
+
 def test_missing_local_source_fails(tmp_path: Path) -> None:
     result = run_download("--file", str(tmp_path / "nope.txt"), str(tmp_path / "out.txt"))
 
@@ -349,7 +377,12 @@ def test_extracts_this_tasks_share_and_removes_downloads(shards: Path, tmp_path:
     result = run_module("extract", *args, "--rank", "0", "--world-size", "2", "--remove-downloaded")
 
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["00.jsonl", "02.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "00.jsonl",
+        "00.jsonl.meta.json",
+        "02.jsonl",
+        "02.jsonl.meta.json",
+    ]
     assert (out / "02.jsonl").read_bytes() == jsonl(500, seed=2)
     assert sorted(p.name for p in shards.iterdir()) == ["01.jsonl.zst"]
     # A re-run after the downloads were removed finds its outputs complete.
@@ -371,13 +404,42 @@ def test_missing_input_without_output_names_the_download_step(tmp_path: Path) ->
 
 def test_complete_output_is_skipped_and_kept(shards: Path) -> None:
     done = shards / "00.jsonl"
-    done.write_bytes(b"finished earlier\n")
     shard = extract.Shard(shards / "00.jsonl.zst", done)
+    assert extract.extract_shard(shard) is True
+    stamp = done.stat().st_mtime_ns
 
     assert extract.extract_shard(shard, remove_downloaded=True) is False
 
-    assert done.read_bytes() == b"finished earlier\n"
+    assert done.read_bytes() == jsonl(500, seed=0) and done.stat().st_mtime_ns == stamp
     assert not shard.source.exists()  # the output was complete, so the download may go
+    # With its download gone there is nothing to compare: still complete.
+    assert extract.extract_shard(shard) is False
+
+
+def test_output_of_a_changed_download_is_extracted_again(
+    shards: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = shards / "00.jsonl"
+    shard = extract.Shard(shards / "00.jsonl.zst", done)
+    assert extract.extract_shard(shard) is True
+    write_zst(shard.source, jsonl(700, seed=7))  # downloaded again, with other contents
+    capsys.readouterr()
+
+    assert extract.extract_shard(shard) is True
+
+    assert f"input {shard.source} changed: extracting {done} again" in capsys.readouterr().out
+    assert done.read_bytes() == jsonl(700, seed=7)
+    assert extract.extract_shard(shard) is False  # and now it is current
+
+
+def test_output_without_a_record_is_extracted_again(shards: Path) -> None:
+    """Written by another tool or an older version: what it was made from is unknown."""
+    done = shards / "00.jsonl"
+    done.write_bytes(b"made by someone else\n")
+
+    assert extract.extract_shard(extract.Shard(shards / "00.jsonl.zst", done)) is True
+
+    assert done.read_bytes() == jsonl(500, seed=0)
 
 
 def test_long_window_frames_are_decoded(tmp_path: Path) -> None:

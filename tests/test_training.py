@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -284,6 +285,54 @@ def test_torn_checkpoints_are_ignored_on_resume(prepared: Path, tmp_path: Path) 
     assert min(s for s in losses(log_dir) if s > 4) == 5
 
 
+def test_a_damaged_checkpoint_is_passed_over_on_resume_saying_so(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """A shard cut short after the save (a copy, a sync): resume takes the previous complete
+    checkpoint, says so, and continues exactly from there."""
+    log_dir = tmp_path / "run"
+    base = (
+        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+        "training.exp_manager.checkpoint_callback_params.save_top_k=-1",
+    )
+    train(write_config(prepared, log_dir, "training.trainer.max_steps=4", *base))
+    first = losses(log_dir)
+    checkpoints = log_dir / "checkpoints"
+    [step2] = checkpoints.glob("*-step=2-*")
+    [step4] = checkpoints.glob("*-step=4-*")
+    shard = sorted(step4.glob("*.distcp"))[-1]
+    shard.write_bytes(shard.read_bytes()[:1000])
+
+    result = train(write_config(prepared, log_dir, "training.trainer.max_steps=6", *base))
+
+    assert f"checkpoint {step4} is damaged (its file {shard.name} has 1000 bytes" in result.stdout
+    assert f"resuming from the previous complete checkpoint {step2}" in result.stdout
+    assert f"resumed from {step2} at step 2" in result.stdout
+    second = losses(log_dir)
+    assert sorted(second) == [1, 2, 3, 4, 5, 6]
+    assert [second[step] for step in (3, 4)] == [first[step] for step in (3, 4)]
+
+
+def test_a_damaged_only_checkpoint_stops_resume_in_one_line(prepared: Path, tmp_path: Path) -> None:
+    log_dir = tmp_path / "run"
+    every = "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2"
+    train(write_config(prepared, log_dir, "training.trainer.max_steps=2", every))
+    [checkpoint] = (log_dir / "checkpoints").iterdir()
+    (checkpoint / "common.pt").unlink()
+    config = write_config(prepared, log_dir, "training.trainer.max_steps=4", every)
+
+    result = subprocess.run(
+        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: checkpoint {checkpoint} is damaged (its file common.pt is")
+    assert "restore its files from a copy, or delete it to start training from scratch" in last
+    assert max(losses(log_dir)) == 2  # nothing trained over it
+
+
 def test_an_empty_split_is_one_clear_error(prepared: Path, tmp_path: Path) -> None:
     config = write_config(
         prepared, tmp_path / "run", 'training.model.data.splits_string="99990,8,2"'
@@ -370,6 +419,93 @@ def test_training_needs_its_data_unless_an_earlier_stage_writes_it(tmp_path: Pat
     both = run_main(*paths, "dry_run=true")
     assert both.returncode == 0, both.stderr
     assert "not there yet" not in both.stdout
+
+
+def small_tokenizer(folder: Path, vocab_size: int = 64) -> Path:
+    """A SentencePiece model far smaller than the prepared data's (8000 pieces)."""
+    import sentencepiece
+
+    texts = [f"a small tokenizer for a test number {n}" for n in range(50)]
+    folder.mkdir(parents=True, exist_ok=True)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_prefix=str(folder / "small"), vocab_size=vocab_size,
+        hard_vocab_limit=False, bos_id=-1, eos_id=1, unk_id=2, pad_id=0, minloglevel=2,
+    )  # fmt: skip
+    model = folder / "small.model"
+    assert sentencepiece.SentencePieceProcessor(model_file=str(model)).get_piece_size() < 100
+    return model
+
+
+@pytest.mark.parametrize("statistics", ["recorded", "missing"])
+def test_a_tokenizer_smaller_than_the_data_is_refused_in_preflight(
+    prepared: Path, tmp_path: Path, statistics: str
+) -> None:
+    """The largest token id comes from the record data preparation wrote beside the shard,
+    or, for data prepared elsewhere, from the .bin itself."""
+    shutil.copytree(prepared / "data", tmp_path / "data")
+    prefix = tmp_path / "data" / "custom_dataset" / "preprocessed" / "tiny_corpus_text_document"
+    if statistics == "missing":
+        Path(f"{prefix}.meta.json").unlink()
+    paths = (f"base_results_dir={tmp_path}/results", f"data_dir={tmp_path}/data")
+    small = small_tokenizer(tmp_path / "tok")
+
+    refused = run_main(*paths, "stages=[training]", f"training.model.tokenizer.model={small}")
+
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1, refused.stderr
+    assert lines[0].startswith(f"error: training.model.tokenizer.model: {small} has "), lines[0]
+    assert f"training.model.data.data_prefix {prefix} holds token id" in lines[0]
+    assert not (tmp_path / "results").exists()
+    # The tokenizer the data was made with passes.
+    planned = run_main(*paths, "stages=[training]", "dry_run=true")
+    assert planned.returncode == 0, planned.stderr
+
+
+def test_a_tokenizer_smaller_than_the_data_stops_the_job_at_its_start(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """Where the preflight could not look (data written by an earlier stage of the same run),
+    the job checks before its first step: one line, not megatron-core's IndexError."""
+    small = small_tokenizer(tmp_path / "tok")
+    config = write_config(prepared, tmp_path / "run", f"training.model.tokenizer.model={small}")
+    result = subprocess.run(
+        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "IndexError" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: training.model.tokenizer.model: {small} has "), last
+    assert "holds token id" in last
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_token_ids_without_statistics_are_bounded_by_the_dtype(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A .bin too large to scan, with no record: a uint16 dataset cannot hold an id a
+    70000-token vocabulary lacks; below that bound the check cannot tell and lets it be."""
+    import numpy as np
+
+    from launcher_scripts.errors import ConfigError
+    from launcher_scripts.jobs.data_prep import indexed_writer
+    from launcher_scripts.jobs.training import vocabulary
+
+    prefix = tmp_path / "data_text_document"
+    indexed_writer.write_dataset(prefix, [[5, 300, 9]], np.uint16)
+    args = ("tok.model", "training.model.tokenizer.model", "training")
+    with pytest.raises(ConfigError, match="holds token id 300"):
+        vocabulary.check_token_ids([str(prefix)], 300, *args)  # recorded
+    Path(f"{prefix}.meta.json").unlink()
+    with pytest.raises(ConfigError, match="holds token id 300"):
+        vocabulary.check_token_ids([str(prefix)], 300, *args)  # scanned
+    vocabulary.check_token_ids([str(prefix)], 301, *args)
+    monkeypatch.setattr(vocabulary, "SCAN_LIMIT_BYTES", 0)
+    assert vocabulary.largest_token_id(prefix) == vocabulary.LargestId(
+        65535, False, "its dtype uint16"
+    )
+    vocabulary.check_token_ids([str(prefix)], 70000, *args)
+    vocabulary.check_token_ids([str(prefix)], 300, *args)  # unknown: not refused
 
 
 def test_a_missing_process_fails_the_rendezvous_instead_of_hanging(

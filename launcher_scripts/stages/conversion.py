@@ -6,9 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.config.checks import require_int, require_layout
-from launcher_scripts.errors import ConfigError
+from launcher_scripts.errors import ConfigError, RecipeError
 from launcher_scripts.jobs.conversion.architectures import hf_architecture
-from launcher_scripts.jobs.conversion.convert import CONVERTED_FAMILIES, read_hparams
+from launcher_scripts.jobs.conversion.convert import (
+    CONVERTED_FAMILIES,
+    ConversionError,
+    pick_checkpoint,
+    read_hparams,
+)
 from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
@@ -41,6 +46,8 @@ class Conversion:
         family = family_of(cfg, stage).name
         converted = family in CONVERTED_FAMILIES
         require_job_program(ctx, "model_family", f"{family} checkpoints", converted)
+        if converted:
+            self._check_checkpoint(ctx)
         trained = self._trained_model(ctx) if converted else None
         if trained is None:
             return
@@ -48,6 +55,20 @@ class Conversion:
         require_layout(model, tp, pp, f"{stage}.model")
         if cfg.run.get("hf_dir_name"):
             hf_architecture(model, key_prefix=model_key)
+
+    @staticmethod
+    def _check_checkpoint(ctx: StageContext) -> None:
+        """The checkpoint to convert is there and whole, when no earlier stage of this run
+        writes the folder (the job checks again when it starts)."""
+        folder = Path(str(ctx.cfg.model.checkpoint_folder))
+        written = (Path(str(path)) for path in ctx.upstream_writes)
+        if not folder.is_dir() or any(w == folder or folder in w.parents for w in written):
+            return
+        try:
+            pick_checkpoint(folder, str(ctx.cfg.model.checkpoint_name))
+        except ConversionError as error:
+            key = error.key.replace("conversion.", f"{ctx.stage}.", 1)
+            raise RecipeError(f"{key}: {error}") from None
 
     @staticmethod
     def _trained_model(ctx: StageContext) -> tuple[Any, str] | None:

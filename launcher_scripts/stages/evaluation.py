@@ -8,6 +8,7 @@ from typing import Any
 
 from launcher_scripts.config.checks import require_choice, require_int, require_layout
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.conversion.portable_check import require_peft
 from launcher_scripts.jobs.evaluation import recipe
 from launcher_scripts.jobs.fine_tuning import evaluate_tuned
 from launcher_scripts.jobs.training.families import family_of
@@ -48,8 +49,15 @@ class Evaluation:
                     "Run the tuning stage first, or point it at an existing file",
                 )
         model_file = evaluate_tuned.model_file_of(cfg.model)
+        inputs = dict(self._tuned_inputs(cfg))
+        base_key = next(iter(inputs))
         if model_file.is_file():
-            require_layout(recipe.portable_model_config(model_file), tp, pp, f"{stage}.model")
+            model = recipe.portable_model_config(model_file, f"{stage}.{base_key}")
+            require_layout(model, tp, pp, f"{stage}.model")
+        for key in evaluate_tuned.PEFT_KEYS:
+            path = inputs.get(f"model.{key}")
+            if path is not None and path.is_file():
+                require_peft(path, f"{stage}.model.{key}")
 
     @staticmethod
     def _tuned_inputs(cfg: Any) -> list[tuple[str, Path]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher_scripts.errors import RecipeError
-from launcher_scripts.jobs.conversion import portable
+from launcher_scripts.jobs.conversion.portable_check import require_peft, require_portable
 from launcher_scripts.jobs.fine_tuning.tuning import all_inputs, check_positions, read_spec
 from launcher_scripts.jobs.training import recipe
 from launcher_scripts.jobs.training.families import family_of
@@ -44,15 +44,15 @@ class TuningStage:
             )
         if spec.base_model.is_file():
             self._check_base(spec, par, stage)
+        if spec.peft_restore is not None and spec.peft_restore.is_file():
+            restore = "peft.restore_from_path" if stage == "peft" else "restore_path"
+            require_peft(spec.peft_restore, f"{stage}.model.{restore}")
 
     @staticmethod
     def _check_base(spec, par, stage: str) -> None:  # type: ignore[no-untyped-def]
-        try:
-            base = portable.read_config(spec.base_model)
-        except (OSError, ValueError) as error:
-            raise RecipeError(
-                f"{spec.base_key}: {error}: give a conversion stage .nemo file"
-            ) from None
+        base = require_portable(
+            spec.base_model, spec.base_key, "Give the .nemo file the conversion stage writes"
+        )
         prefix = f"{spec.base_key} ({spec.base_model.name})"
         recipe.check_attention(base, par, prefix)
         layers = int(base.num_layers)

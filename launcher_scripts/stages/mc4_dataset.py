@@ -170,6 +170,9 @@ class Mc4Dataset:
         if cfg.download_mc4:
             args = ("download", *common, *files_at, "--url-base", str(cfg.c4_url))
             args += ("--output-dir", str(output))
+            if cfg.preprocess_data:
+                # Files tokenized with another tokenizer than this one are fetched again.
+                args += ("--tokenizer-model", str(cfg.tokenizer_model))
             jobs.append(program_job(ctx, f"{name}-download", "mc4", args, files, (str(c4_dir),)))
         if cfg.preprocess_data:
             args = ("preprocess", *common, *files_at, "--output-dir", str(output))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher_scripts.jobs.training import plan as training_plan
-from launcher_scripts.jobs.training import recipe
+from launcher_scripts.jobs.training import recipe, vocabulary
 from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
@@ -22,6 +22,8 @@ class Training:
         family = family_of(ctx.cfg, ctx.stage)
         family.validate(ctx.cfg, ctx.stage, ctx.will_exist)
         require_job_program(ctx, "model_family", family.name, family.trains)
+        prefixes = recipe.data_blend(ctx.cfg, ctx.stage).prefixes
+        vocabulary.check_training_data(ctx.cfg, ctx.stage, prefixes)
         training_plan.check_fits(training_plan.make_plan(ctx.root, ctx.stage), ctx.stage)
 
     def plan(self, ctx: StageContext) -> list[str]:

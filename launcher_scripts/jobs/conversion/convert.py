@@ -19,11 +19,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.files import replaced_directory
 from launcher_scripts.jobs.config_job import run_config_job
-from launcher_scripts.jobs.training.progress import Checkpoint, complete_checkpoints
+from launcher_scripts.jobs.training.progress import (
+    Checkpoint,
+    complete_checkpoints,
+    damaged_checkpoints,
+)
 
 
 class ConversionError(Exception):
-    """Bad inputs: printed as one line."""
+    """Bad inputs: printed as one line. `key`: the recipe key to name in a preflight."""
+
+    def __init__(self, message: str, key: str = "conversion.model.checkpoint_name") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 CONVERTED_FAMILIES = ("gpt",)  # the recipes' model_family values this job reads
@@ -31,16 +39,32 @@ CONVERTED_FAMILIES = ("gpt",)  # the recipes' model_family values this job reads
 
 def pick_checkpoint(folder: Path, name: str) -> Checkpoint:
     """`latest` is the newest complete checkpoint; anything else is a name pattern (fnmatch),
-    of which the newest matching one is taken."""
+    of which the newest matching one is taken. A damaged checkpoint (a file missing or cut
+    short) newer than that is an error: converting an older one instead would be a surprise."""
     found = complete_checkpoints(folder)
+    wanted = (
+        (lambda c: True) if name == "latest" else (lambda c: fnmatch.fnmatch(c.path.name, name))
+    )
+    damaged = [(c, why) for c, why in damaged_checkpoints(folder) if wanted(c)]
+    matching = [c for c in found if wanted(c)]
+    if damaged and (not matching or damaged[-1][0].state.step > matching[-1].state.step):
+        bad, problem = damaged[-1]
+        instead = (
+            f"convert the newest complete one with conversion.model.checkpoint_name="
+            f"{matching[-1].path.name!r}, or "
+            if matching
+            else ""
+        )
+        raise ConversionError(
+            f"checkpoint {bad.path} is damaged ({problem}): {instead}restore its files from "
+            "a copy (or resume training, which continues from the previous complete one)"
+        )
     if not found:
         raise ConversionError(
             f"no complete checkpoint in {folder}: train first, or point "
-            "conversion.model.checkpoint_folder at a training run's checkpoints"
+            "conversion.model.checkpoint_folder at a training run's checkpoints",
+            "conversion.model.checkpoint_folder",
         )
-    if name == "latest":
-        return found[-1]
-    matching = [c for c in found if fnmatch.fnmatch(c.path.name, name)]
     if not matching:
         names = ", ".join(c.path.name for c in found)
         raise ConversionError(

@@ -32,7 +32,10 @@ Contract, so that a job can be killed and re-run at any point:
   ignores Range (answers 200) restarts the file from zero, and a 416 answer is taken as
   "already complete" when the server's total equals the part's size;
 - the received size must equal Content-Length (or the Content-Range total) when the server
-  gives one.
+  gives one;
+- a single file (--file) records its source in <dest>.meta.json (fingerprint.py; a local
+  source with its size and mtime): when the source changes (another tokenizer URL or file),
+  the file is fetched again, saying why, instead of kept.
 HTTP 4xx answers other than 408 and 429 fail at once: retrying a missing file cannot help.
 
 Exit status: 0 on success, 1 on failure with a one-line message on stderr, 2 on bad usage.
@@ -60,6 +63,7 @@ from urllib.request import Request, url2pathname, urlopen
 
 from tqdm import tqdm
 
+from launcher_scripts.jobs.data_prep import fingerprint
 from launcher_scripts.jobs.data_prep.shards import my_file_numbers
 
 CHUNK_BYTES = 1 << 20
@@ -109,6 +113,38 @@ def fetch(source: str, dest: Path, policy: RetryPolicy) -> None:
         verify_existing(source, dest, policy.timeout_s)
     else:
         download(source, dest, policy)
+
+
+def made_from(source: str) -> fingerprint.Fingerprint:
+    local = [_local_path(source)] if is_local(source) else []
+    return fingerprint.make({"source": source}, local)
+
+
+def fetch_recorded(source: str, dest: Path, policy: RetryPolicy) -> None:
+    """fetch, for a small file whose record names its source (a tokenizer file): a `dest`
+    fetched from another source, or from a local file changed since, is fetched again and
+    replaced only once complete."""
+    wanted = made_from(source)
+    if dest.exists():
+        reasons = fingerprint.stale_reasons(fingerprint.recorded_fingerprint(dest), wanted)
+        if not reasons:
+            fetch(source, dest, policy)
+            return
+        _log(f"{'; '.join(reasons)}: fetching {dest} again from {source}")
+    staged = dest.with_name(f".{dest.name}.new")
+    # What an interrupted earlier attempt left may be another source's bytes: start afresh.
+    staged.unlink(missing_ok=True)
+    part_path(staged).unlink(missing_ok=True)
+    fetch(source, staged, policy)
+    _publish_recorded(staged, dest, wanted)
+
+
+def _publish_recorded(staged: Path, dest: Path, record: fingerprint.Fingerprint) -> None:
+    # The old file first and the new one last: its presence marks completion, and its record
+    # is then the one written here.
+    dest.unlink(missing_ok=True)
+    fingerprint.write_record(dest, {"fingerprint": record})
+    os.replace(staged, dest)
 
 
 def _local_path(source: str) -> Path:
@@ -410,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     policy = RetryPolicy(retries=args.retries, wait_s=args.retry_wait, timeout_s=args.timeout)
     try:
         for source, dest in _jobs(args):
-            fetch(source, dest, policy)
+            (fetch_recorded if args.file else fetch)(source, dest, policy)
     except (DownloadError, ValueError, OSError) as exc:
         print(f"download: error: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -10,7 +10,9 @@ rank comes from the scheduler's environment (see shards.py).
 
 Contract, so that a job can be killed and re-run at any point:
 - the output is written to <output>.tmp and renamed once complete, so the final name
-  existing means the extraction finished; such outputs are skipped;
+  existing means the extraction finished; such outputs are skipped, unless the .zst they were
+  extracted from has changed since (its size and mtime are recorded in <output>.meta.json,
+  see fingerprint.py): then the output is extracted again, saying why;
 - --remove-downloaded deletes the .zst once its output is complete (also for outputs that
   an earlier run completed);
 - a missing input is fine when its output exists (a re-run after --remove-downloaded), and
@@ -34,6 +36,7 @@ from typing import BinaryIO
 import zstandard
 from tqdm import tqdm
 
+from launcher_scripts.jobs.data_prep import fingerprint
 from launcher_scripts.jobs.data_prep.shards import my_file_numbers
 
 READ_BYTES = 1 << 20
@@ -77,19 +80,27 @@ def _format_name(name_format: str, number: int) -> str:
         raise ValueError(f"--name-format {name_format!r} does not format a number: {exc}") from None
 
 
+def made_from(shard: Shard) -> fingerprint.Fingerprint:
+    return fingerprint.make({}, [shard.source])
+
+
 def extract_shard(shard: Shard, remove_downloaded: bool = False) -> bool:
-    """Make shard.output complete. Returns False when it was complete already."""
+    """Make shard.output complete and current. Returns False when it was already."""
+    wanted = made_from(shard)
     if shard.output.exists():
-        _log(f"{shard.output} exists; skipping")
-        _remove_source(shard, remove_downloaded)
-        return False
+        reasons = fingerprint.stale_reasons(fingerprint.recorded_fingerprint(shard.output), wanted)
+        if not reasons:
+            _log(f"{shard.output} exists; skipping")
+            _remove_source(shard, remove_downloaded)
+            return False
+        _log(f"{'; '.join(reasons)}: extracting {shard.output} again")
     if not shard.source.exists():
         raise ExtractError(
             f"{shard.source} does not exist and neither does {shard.output}; "
             "run the download step first"
         )
     started = time.monotonic()
-    written = decompress_file(shard.source, shard.output)
+    written = decompress_file(shard.source, shard.output, wanted)
     seconds = time.monotonic() - started
     _log(
         f"extracted {shard.source} -> {shard.output} ({written / 1e6:.1f} MB in {seconds:.1f} s, "
@@ -105,8 +116,11 @@ def _remove_source(shard: Shard, remove_downloaded: bool) -> None:
         _log(f"removed {shard.source}")
 
 
-def decompress_file(source: Path, output: Path) -> int:
-    """Decompress `source` into `output` through a temporary name. Returns bytes written."""
+def decompress_file(
+    source: Path, output: Path, made_from: fingerprint.Fingerprint | None = None
+) -> int:
+    """Decompress `source` into `output` through a temporary name, recorded with `made_from`.
+    Returns bytes written."""
     output.parent.mkdir(parents=True, exist_ok=True)
     temp = temp_path(output)
     size = source.stat().st_size
@@ -130,6 +144,13 @@ def decompress_file(source: Path, output: Path) -> int:
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+    # The old output first and the new one last: the output marks completion, and its record
+    # is then the one written here.
+    output.unlink(missing_ok=True)
+    if made_from is None:
+        fingerprint.remove_record(output)
+    else:
+        fingerprint.write_record(output, {"fingerprint": made_from})
     os.replace(temp, output)
     return written
 

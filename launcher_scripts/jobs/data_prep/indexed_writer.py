@@ -11,10 +11,16 @@ The layout is the one megatron.core.datasets.indexed_dataset reads ("MMIDIDX"):
 A document is one sequence (GPT data) or several (sentence-split BERT data, where each
 sentence is a sequence and the document indices group them): `add_documents` takes either.
 
+Beside them, `<prefix>.meta.json` (fingerprint.record_path) records the dataset's statistics
+(token count, largest token id, dtype, .bin size), which a training preflight reads instead of
+scanning the .bin, and, for the datasets data preparation publishes, the fingerprint of what
+they were made from.
+
 Pure numpy on purpose: job programs start in a fraction of a second and must not pull in
 torch or megatron. Every file is written under a temporary name and moved into place with
-os.replace only when complete, the .bin first and the .idx last, so a present .idx marks a
-complete dataset (see `is_complete`).
+os.replace only when complete: an old .idx is removed first, then the record, the .bin and
+the .idx last are put in place, so a present .idx marks a complete dataset (see
+`is_complete`) whose record, when there is one, is its own.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
+
+from launcher_scripts.jobs.data_prep import fingerprint
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -182,10 +190,52 @@ def is_complete(prefix: str | Path) -> bool:
         return False
 
 
-def _publish(tmp_bin: Path, tmp_idx: Path, prefix: str | Path) -> None:
-    # The .idx goes last: its presence is what marks the dataset complete.
+def read_stats(prefix: str | Path) -> dict[str, Any] | None:
+    """The statistics recorded with a dataset; None when there are none, or when they are not
+    of the .bin that is there now."""
+    record = fingerprint.read_record(prefix)
+    try:
+        if record is None or int(record["bin_size"]) != bin_path(prefix).stat().st_size:
+            return None
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    return record
+
+
+def publish_files(
+    tmp_bin: Path, tmp_idx: Path, prefix: str | Path, record: dict[str, Any] | None
+) -> None:
+    """Move a finished .bin/.idx pair into place at `prefix` with its record.
+
+    The old .idx goes first and the new one last: its presence is what marks the dataset
+    complete, so a crash in between leaves an incomplete dataset, never a complete one beside
+    another's record.
+    """
+    idx_path(prefix).unlink(missing_ok=True)
+    if record is None:
+        fingerprint.remove_record(prefix)
+    else:
+        fingerprint.write_record(prefix, record)
     os.replace(tmp_bin, bin_path(prefix))
     os.replace(tmp_idx, idx_path(prefix))
+
+
+def dataset_record(
+    dtype: type[np.number],
+    tokens: int,
+    max_token_id: int | None,
+    made_from: fingerprint.Fingerprint | None = None,
+) -> dict[str, Any]:
+    """A dataset's record: its statistics and, when given, what it was made from."""
+    record: dict[str, Any] = {
+        "dtype": np.dtype(dtype).name,
+        "tokens": tokens,
+        "bin_size": tokens * np.dtype(dtype).itemsize,
+        "max_token_id": max_token_id,
+    }
+    if made_from is not None:
+        record["fingerprint"] = made_from
+    return record
 
 
 class IndexedDatasetWriter:
@@ -209,6 +259,7 @@ class IndexedDatasetWriter:
         self.documents = 0
         self.sequences = 0
         self.tokens = 0
+        self.max_token_id: int | None = None
         self._open_sequences = 0  # sequences added since the last document ended
 
     def add_sequences(
@@ -222,6 +273,10 @@ class IndexedDatasetWriter:
         if int(lengths.sum()) != tokens.size:
             raise ValueError(f"lengths add up to {int(lengths.sum())}, tokens are {tokens.size}")
         self._stream.write(memoryview(np.ascontiguousarray(tokens)))
+        if tokens.size:
+            # Recorded so that a training preflight need not scan the .bin for it.
+            largest = int(tokens.max())
+            self.max_token_id = max(largest, self.max_token_id or 0)
         self._lengths.append(np.asarray(lengths, dtype=np.int32))
         self.sequences += lengths.size
         self._open_sequences += lengths.size
@@ -262,8 +317,9 @@ class IndexedDatasetWriter:
         self._document_ends.append(ends)
         self.documents += ends.size
 
-    def finalize(self) -> None:
-        """Write the index and move both files into place."""
+    def finalize(self, made_from: fingerprint.Fingerprint | None = None) -> None:
+        """Write the index and move both files into place, with the dataset's record (and
+        `made_from`, the fingerprint of its inputs, in it)."""
         assert self._stream is not None, "writer already closed"
         if self._open_sequences:
             self.abort()
@@ -273,7 +329,8 @@ class IndexedDatasetWriter:
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
         documents = np.concatenate([np.zeros(1, np.int64), *self._document_ends])
         write_index(self._tmp_idx, IndexData(self.dtype, lengths, documents))
-        _publish(self._tmp_bin, self._tmp_idx, self.prefix)
+        record = dataset_record(self.dtype, self.tokens, self.max_token_id, made_from)
+        publish_files(self._tmp_bin, self._tmp_idx, self.prefix, record)
 
     def abort(self) -> None:
         if self._stream is not None:
@@ -308,8 +365,13 @@ def write_dataset(
 MERGE_CHUNK = 1 << 22
 
 
-def merge_datasets(parts: Sequence[str | Path], prefix: str | Path) -> IndexData:
-    """Concatenate the datasets `parts` (in order) into a new dataset at `prefix`.
+def merge_datasets(
+    parts: Sequence[str | Path],
+    prefix: str | Path,
+    made_from: fingerprint.Fingerprint | None = None,
+) -> IndexData:
+    """Concatenate the datasets `parts` (in order) into a new dataset at `prefix`, recorded
+    with `made_from`.
 
     Used to combine per-worker partial outputs, and the per-file datasets of a language. The
     indices are streamed slice by slice, so memory stays bounded even for billions of
@@ -339,7 +401,8 @@ def merge_datasets(parts: Sequence[str | Path], prefix: str | Path) -> IndexData
         tokens = _merged_token_count(parts, headers)
         if tmp_bin.stat().st_size != tokens * np.dtype(dtype).itemsize:
             raise ValueError(f"merged .bin of {prefix} does not match its index")
-        _publish(tmp_bin, tmp_idx, prefix)
+        record = dataset_record(dtype, tokens, _merged_max_token_id(parts), made_from)
+        publish_files(tmp_bin, tmp_idx, prefix, record)
     except BaseException:
         tmp_bin.unlink(missing_ok=True)
         tmp_idx.unlink(missing_ok=True)
@@ -350,6 +413,18 @@ def merge_datasets(parts: Sequence[str | Path], prefix: str | Path) -> IndexData
         _mapped(path, np.int32, merged.lengths_offset, merged.sequences),
         _mapped(path, np.int64, merged.documents_offset, merged.documents),
     )
+
+
+def _merged_max_token_id(parts: Sequence[str | Path]) -> int | None:
+    """The largest token id of all parts, from their records; None when a part has none."""
+    largest: int | None = None
+    for part in parts:
+        stats = read_stats(part)
+        if stats is None:
+            return None
+        if stats.get("max_token_id") is not None:
+            largest = max(largest or 0, int(stats["max_token_id"]))
+    return largest
 
 
 def _slices(count: int) -> Iterator[tuple[int, int]]:

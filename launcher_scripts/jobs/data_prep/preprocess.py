@@ -12,9 +12,12 @@ into units (byte ranges of big JSONL files, whole gzip files, groups of text fil
 into the shard once all its units are done. Workers read their own byte ranges, so no text
 crosses a process boundary: only unit numbers go out and counts come back.
 
-A shard whose .idx is present and consistent is complete and skipped, so a re-run after a
-failure redoes only what is missing. Exit status: 0 done, 1 failed (too many bad records in
-an input, or an error, told in one line).
+A shard whose .idx is present and consistent is complete; it is skipped when its record
+(fingerprint.py) says it was made from the same input (size and mtime), the same tokenizer
+(its files' hashes) and the same settings, so a re-run after a failure redoes only what is
+missing, and a re-run with another tokenizer or changed inputs redoes what they change, saying
+why. Exit status: 0 done, 1 failed (too many bad records in an input, or an error, told in one
+line).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ if __name__ == "__main__":
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
+import gzip
 import math
 import multiprocessing
 import queue
@@ -38,12 +42,15 @@ import sys
 import threading
 import time
 import traceback
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from launcher_scripts.jobs.data_prep import indexed_writer, readers, shards
+import numpy as np
+
+from launcher_scripts.jobs.data_prep import fingerprint, indexed_writer, readers, shards
 from launcher_scripts.jobs.data_prep.tokenizer import (
     DocumentTokenizer,
     TokenizerError,
@@ -253,6 +260,48 @@ def check_inputs(shards: list[Shard]) -> None:
             )
 
 
+# Bumped when the same inputs, tokenizer and settings would give other bytes.
+OUTPUT_FORMAT = 1
+
+
+def tokenizer_spec(args: argparse.Namespace) -> TokenizerSpec:
+    return TokenizerSpec(
+        args.tokenizer_model,
+        args.vocab_file,
+        args.merge_file,
+        args.eod_token,
+        args.engine,
+        args.lower_case,
+    )
+
+
+def made_from(args: argparse.Namespace, inputs: Sequence[Path]) -> fingerprint.Fingerprint:
+    """The fingerprint of a dataset this job makes from `inputs` with these arguments.
+
+    The engine, the worker count and --max-bad-fraction are left out: they do not change
+    the bytes written.
+    """
+    settings = {
+        "format": OUTPUT_FORMAT,
+        "text_key": args.text_key,
+        "append_eod": not args.no_append_eod,
+        "eod_token": args.eod_token,
+        "split_sentences": args.split_sentences,
+        "lower_case": args.lower_case,
+    }
+    tokenizer = {
+        "model": args.tokenizer_model,
+        "vocab_file": args.vocab_file,
+        "merge_file": args.merge_file,
+    }
+    return fingerprint.make(settings, inputs, tokenizer)
+
+
+def stale_reasons(prefix: Path, wanted: fingerprint.Fingerprint) -> list[str]:
+    """Why the complete dataset at `prefix` does not match `wanted`; empty when it does."""
+    return fingerprint.stale_reasons(fingerprint.recorded_fingerprint(prefix), wanted)
+
+
 def plan_units(shard_index: int, shard: Shard, workers: int) -> list[WorkUnit]:
     """Cut one shard's input into work units, in output order."""
     path = shard.input
@@ -396,6 +445,9 @@ class _WorkerState:
     options: EncodeOptions
 
 
+# What reading a truncated or corrupt input raises (gzip: EOFError, BadGzipFile, zlib.error).
+UNREADABLE_INPUT: tuple[type[BaseException], ...] = (EOFError, gzip.BadGzipFile, zlib.error)
+
 # Set in the parent before forking, so forked workers share the loaded tokenizer; a spawned
 # worker (platforms without fork) loads its own from the spec.
 _INHERITED: DocumentTokenizer | None = None
@@ -416,6 +468,10 @@ def _worker_main(state: _WorkerState, tasks: TaskChannel, results: Any) -> None:
 
         try:
             result = run_unit(unit, state.shards[unit.shard], tokenizer, state.options, progress)
+        except UNREADABLE_INPUT as error:
+            # A damaged input, not a bug: the parent prints one line, no traceback.
+            results.put(("unreadable", index, f"{type(error).__name__}: {error}"))
+            return
         except Exception:
             results.put(("error", index, traceback.format_exc()))
             return
@@ -520,15 +576,20 @@ class ShardAssembler:
         for unit in units:
             self.expected[unit.shard] = self.expected.get(unit.shard, 0) + 1
         self.results: dict[int, list[UnitResult]] = {index: [] for index in self.expected}
+        # Taken before the workers read: the record says what the data was made from.
+        self.origins = {index: made_from(args, [shards[index].input]) for index in self.expected}
 
     def add(self, result: UnitResult) -> None:
         collected = self.results[result.shard]
         collected.append(result)
         if len(collected) == self.expected[result.shard]:
-            self._finish(self.shards[result.shard], sorted(collected, key=lambda r: r.part))
+            parts = sorted(collected, key=lambda r: r.part)
+            self._finish(self.shards[result.shard], parts, self.origins[result.shard])
             del self.results[result.shard]
 
-    def _finish(self, shard: Shard, parts: list[UnitResult]) -> None:
+    def _finish(
+        self, shard: Shard, parts: list[UnitResult], origin: fingerprint.Fingerprint
+    ) -> None:
         stats = readers.ReadStats()
         for part in parts:
             # Line numbers of a byte range count from its first line: shift by the lines before.
@@ -545,7 +606,7 @@ class ShardAssembler:
             )
             return
         prefixes = [shard.parts_dir / f"part-{part.part:05d}" for part in parts]
-        publish_parts(prefixes, shard.prefix)
+        publish_parts(prefixes, shard.prefix, origin)
         shutil.rmtree(shard.parts_dir, ignore_errors=True)
         documents = sum(part.documents for part in parts)
         empty = sum(part.empty for part in parts)
@@ -559,14 +620,26 @@ class ShardAssembler:
             remove_input(shard.input)
 
 
-def publish_parts(parts: Sequence[Path], prefix: Path) -> None:
-    """Make the partial datasets `parts` the dataset at `prefix`, the .idx last."""
+def publish_parts(
+    parts: Sequence[Path], prefix: Path, made_from: fingerprint.Fingerprint | None
+) -> None:
+    """Make the partial datasets `parts` the dataset at `prefix`, recorded with `made_from`,
+    the .idx last."""
     if len(parts) == 1:
         # A single part is already a complete dataset: renaming it avoids copying the .bin.
-        os.replace(indexed_writer.bin_path(parts[0]), indexed_writer.bin_path(prefix))
-        os.replace(indexed_writer.idx_path(parts[0]), indexed_writer.idx_path(prefix))
+        part = parts[0]
+        stats = indexed_writer.read_stats(part) or {}
+        header = indexed_writer.read_header(indexed_writer.idx_path(part))
+        tokens = indexed_writer.bin_path(part).stat().st_size // np.dtype(header.dtype).itemsize
+        record = indexed_writer.dataset_record(
+            header.dtype, tokens, stats.get("max_token_id"), made_from
+        )
+        indexed_writer.publish_files(
+            indexed_writer.bin_path(part), indexed_writer.idx_path(part), prefix, record
+        )
+        fingerprint.remove_record(part)
     else:
-        indexed_writer.merge_datasets(parts, prefix)
+        indexed_writer.merge_datasets(parts, prefix, made_from)
 
 
 def remove_input(path: Path) -> None:
@@ -574,20 +647,26 @@ def remove_input(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+    fingerprint.remove_record(path)  # the extract step's record of it, if any
 
 
 def select_work(shards: Sequence[Shard], args: argparse.Namespace, totals: Totals) -> list[int]:
-    """Indices of the shards still to make; complete ones are skipped (and their inputs
-    removed when asked, in case an earlier run stopped between publishing and removing)."""
+    """Indices of the shards still to make. Complete ones made from the same inputs, tokenizer
+    and settings are skipped (and their inputs removed when asked, in case an earlier run
+    stopped between publishing and removing); complete ones that differ are redone, saying
+    why."""
     todo: list[int] = []
     for index, shard in enumerate(shards):
         if indexed_writer.is_complete(shard.prefix):
-            print(f"skip {shard.name}: already complete")
-            totals.skipped += 1
-            if args.remove_inputs and shard.input.exists():
-                remove_input(shard.input)
-            continue
-        if indexed_writer.idx_path(shard.prefix).exists():
+            reasons = stale_reasons(shard.prefix, made_from(args, [shard.input]))
+            if not reasons:
+                print(f"skip {shard.name}: already complete")
+                totals.skipped += 1
+                if args.remove_inputs and shard.input.exists():
+                    remove_input(shard.input)
+                continue
+            print(f"{'; '.join(reasons)}: redoing {shard.name}")
+        elif indexed_writer.idx_path(shard.prefix).exists():
             print(f"redo {shard.name}: its .idx is incomplete or inconsistent")
         todo.append(index)
     return todo
@@ -610,14 +689,7 @@ def _progress_bar(total: int) -> Any:
 def encode_shards(
     shards: Sequence[Shard], todo: Sequence[int], args: argparse.Namespace, totals: Totals
 ) -> None:
-    spec = TokenizerSpec(
-        args.tokenizer_model,
-        args.vocab_file,
-        args.merge_file,
-        args.eod_token,
-        args.engine,
-        args.lower_case,
-    )
+    spec = tokenizer_spec(args)
     global _INHERITED
     tokenizer = load_tokenizer(spec)
     _INHERITED = tokenizer
@@ -671,6 +743,14 @@ def _collect(
                 remaining -= 1
                 if remaining == 0:
                     return
+            elif kind == "unreadable":
+                unit = units[message[1]]
+                where = unit.path or f"one of {len(unit.files)} text files"
+                raise DataPrepError(
+                    f"{where} cannot be read to its end ({message[2]}): it is truncated or "
+                    "corrupt. Replace it (download or copy it again) and re-run: complete shards "
+                    "are kept"
+                )
             else:
                 unit = units[message[1]]
                 where = unit.path or f"{len(unit.files)} text files"

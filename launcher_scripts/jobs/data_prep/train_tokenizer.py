@@ -8,19 +8,27 @@ files in --input-format (`text`: a sentence per line; `tsv`: sentence<TAB>count)
 go through a sentence iterator: every non-blank line of every document.
 
 The model is trained under a temporary prefix and renamed into place, .vocab first and
-.model last, so a present .model means a finished tokenizer; it is then not trained again.
+.model last, so a present .model means a finished tokenizer. Its record (NAME.model.meta.json,
+see fingerprint.py) holds the training settings and the inputs' sizes and mtimes: a finished
+tokenizer is not trained again unless they changed (another vocab size, an edited input), in
+which case the job says why and trains it anew.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import sys
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.jobs.data_prep import readers
+from launcher_scripts.jobs.data_prep import fingerprint, readers
+
+# What reading a truncated or corrupt (gzip) input raises.
+UNREADABLE_INPUT: tuple[type[BaseException], ...] = (EOFError, gzip.BadGzipFile, zlib.error)
 
 
 class TrainError(Exception):
@@ -80,10 +88,16 @@ def plain_text_lines(path: Path) -> Iterator[str]:
 def sentences(paths: Sequence[Path], text_key: str, stats: readers.ReadStats) -> Iterator[str]:
     """Every sentence of the inputs, in order: dataset documents' lines and text files' lines."""
     for path in paths:
-        if is_dataset(path):
-            yield from readers.sentence_iterator([path], text_key, stats)
-        else:
-            yield from plain_text_lines(path)
+        try:
+            if is_dataset(path):
+                yield from readers.sentence_iterator([path], text_key, stats)
+            else:
+                yield from plain_text_lines(path)
+        except UNREADABLE_INPUT as error:
+            raise TrainError(
+                f"{path} cannot be read to its end ({type(error).__name__}: {error}): it is "
+                "truncated or corrupt. Replace it and re-run"
+            ) from None
 
 
 def trainer_options(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
@@ -104,15 +118,33 @@ def trainer_options(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
     return options
 
 
+def made_from(args: argparse.Namespace) -> fingerprint.Fingerprint:
+    """What the trained model depends on: every trainer setting and the inputs as they are.
+    (num_threads is left out: SentencePiece's result does not depend on it.)"""
+    settings = {
+        name: getattr(args, name)
+        for name in (
+            "text_key", "model_type", "vocab_size", "character_coverage", "unk_id", "bos_id",
+            "eos_id", "pad_id", "input_format", "max_sentences",
+        )
+    }  # fmt: skip
+    return fingerprint.make(settings, [Path(raw) for raw in args.input])
+
+
 def train(args: argparse.Namespace) -> Path:
-    """Train unless the model exists; returns the .model path."""
+    """Train unless a model made from the same inputs and settings exists; returns the .model
+    path."""
     import sentencepiece
 
     prefix = Path(args.model_prefix)
     model = Path(f"{prefix}.model")
+    wanted = made_from(args)
     if model.exists():
-        print(f"skip: {model} already exists")
-        return model
+        reasons = fingerprint.stale_reasons(fingerprint.recorded_fingerprint(model), wanted)
+        if not reasons:
+            print(f"skip: {model} already exists")
+            return model
+        print(f"{'; '.join(reasons)}: training {model} again")
     paths = [Path(raw) for raw in args.input]
     missing = [str(path) for path in paths if not path.exists()]
     if missing:
@@ -130,13 +162,19 @@ def train(args: argparse.Namespace) -> Path:
         options["input_format"] = args.input_format
     try:
         sentencepiece.SentencePieceTrainer.train(**options)
+    except TrainError:
+        _cleanup(tmp_prefix)
+        raise
     except (RuntimeError, OSError) as error:
         _cleanup(tmp_prefix)
         raise TrainError(f"SentencePiece training failed: {error}") from None
     finally:
         for line in readers.report_bad(stats, "inputs"):
             print(line, file=sys.stderr)
-    # .model last: its presence marks a finished tokenizer.
+    # The old .model first and the new one last: its presence marks a finished tokenizer,
+    # whose record is then the one written here.
+    model.unlink(missing_ok=True)
+    fingerprint.write_record(model, {"fingerprint": wanted})
     os.replace(f"{tmp_prefix}.vocab", f"{prefix}.vocab")
     os.replace(f"{tmp_prefix}.model", model)
     print(f"wrote {model} and {prefix}.vocab")

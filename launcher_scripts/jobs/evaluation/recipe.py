@@ -4,7 +4,6 @@ so it imports neither torch nor lm-eval."""
 
 from __future__ import annotations
 
-import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig
 
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.conversion import portable
+from launcher_scripts.jobs.conversion.portable_check import require_portable
 
 TASK_DIR = Path(__file__).resolve().parents[2] / "sample_data" / "eval_tasks"
 
@@ -131,16 +130,10 @@ def needs_hub(task: str) -> bool:
     return task in STANDARD_TASKS.values()
 
 
-def portable_model_config(path: Path) -> DictConfig:
-    """The model section a portable file records, read without loading its weights."""
-    try:
-        return portable.read_config(path)
-    except (OSError, ValueError, tarfile.TarError) as error:
-        raise ConfigError(
-            "evaluation.model.nemo_model",
-            f"{path} is not a portable model file ({error})",
-            "Give the .nemo file the conversion stage writes",
-        ) from None
+def portable_model_config(path: Path, key: str = "evaluation.model.nemo_model") -> DictConfig:
+    """The model section a portable file records, checked (portable_check) without loading
+    its weights."""
+    return require_portable(path, key)
 
 
 def check_precision(requested: Any, recorded: Any, key: str = "evaluation.model.precision") -> None:

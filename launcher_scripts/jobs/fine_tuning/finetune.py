@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_compat.patch_cuda_queries()
         cpu_compat.CudaDevicesOnCpu().__enter__()
     from launcher_scripts.jobs.conversion import portable
+    from launcher_scripts.jobs.conversion.portable_check import inspect_peft, inspect_portable
     from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
     from launcher_scripts.jobs.training.pretrain import StopSignals
     from launcher_scripts.jobs.training.recipe import rendezvous_timeout
@@ -134,9 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         log_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=log_dir, prefix=".base-") as scratch:
             try:
+                inspect_portable(spec.base_model)  # whole and self-consistent, before loading
+                if spec.peft_restore is not None:
+                    inspect_peft(spec.peft_restore)
                 base = portable.read(spec.base_model, Path(scratch))
             except (OSError, ValueError) as error:
-                raise JobError(f"{spec.base_key}: cannot read {spec.base_model}: {error}") from None
+                raise JobError(f"{spec.base_key}: {error}") from None
             cfg = training_cfg(recipe_cfg, spec, base.config)
             check_positions(spec, int(cfg.model.max_position_embeddings))
             runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))

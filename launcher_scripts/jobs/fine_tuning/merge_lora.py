@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from launcher_scripts.jobs.conversion import portable
+from launcher_scripts.jobs.conversion.portable_check import inspect_peft, inspect_portable
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.fine_tuning.tuning import PeftSettings
 
@@ -69,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.output.resolve() in (args.base.resolve(), args.peft.resolve()):
             raise MergeError("the output must not overwrite an input: choose another path")
+        # Both whole and readable before anything is loaded or written.
+        inspect_portable(args.base)
+        inspect_peft(args.peft)
         lora = peft_file.read(args.peft)
         with tempfile.TemporaryDirectory() as scratch:
             base = portable.read(args.base, Path(scratch))

@@ -126,8 +126,10 @@ def save(
     (tmp / RNG_DIR).mkdir(exist_ok=True)
     torch.save(_rng_state(), tmp / RNG_DIR / f"rank_{rank:05d}.pt")
     dist.barrier()
+    sizes = _gather_file_sizes(tmp, rank)
     if rank == 0:
         train_state.world = _world()
+        train_state.files = sizes
         _write_json(tmp / STATE_FILE, train_state.__dict__)
         if final.exists():  # the same step saved again, e.g. at a signal right after a save
             shutil.rmtree(final)
@@ -135,6 +137,33 @@ def save(
         _fsync_dir(directory)
     dist.barrier()
     return final
+
+
+# The files a rank writes itself: its shards of torch's distributed checkpoint format and its
+# RNG states. Rank 0 writes the rest (metadata, common state).
+_RANK_FILES = (re.compile(r"__(\d+)_\d+\.distcp"), re.compile(rf"{RNG_DIR}/rank_(\d+)\.pt"))
+
+
+def _writer_rank(name: str) -> int:
+    for pattern in _RANK_FILES:
+        match = pattern.fullmatch(name)
+        if match:
+            return int(match.group(1))
+    return 0
+
+
+def _gather_file_sizes(folder: Path, rank: int) -> dict[str, int]:
+    """Every file of the checkpoint being saved and its size, as the rank that wrote it sees
+    it (on a network file system another node may see an older size for a while): on rank 0;
+    empty elsewhere. Resume and conversion compare them to find a file cut short later."""
+    mine = {
+        path.relative_to(folder).as_posix(): path.stat().st_size
+        for path in folder.rglob("*")
+        if path.is_file() and _writer_rank(path.relative_to(folder).as_posix()) == rank
+    }
+    gathered: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
+    dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
+    return {name: size for part in gathered for name, size in part.items()} if rank == 0 else {}
 
 
 def _write_json(path: Path, value: Any) -> None:

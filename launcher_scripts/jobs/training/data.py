@@ -24,8 +24,8 @@ from megatron.core.datasets.blended_megatron_dataset_config import (
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from launcher_scripts.jobs.data_prep.tokenizer import TokenizerSpec, load_tokenizer
-from launcher_scripts.jobs.training import recipe
+from launcher_scripts.jobs.data_prep.tokenizer import load_tokenizer
+from launcher_scripts.jobs.training import recipe, vocabulary
 from launcher_scripts.jobs.training.runtime import JobError
 
 SPLIT_NAMES = ("train", "validation", "test")
@@ -70,15 +70,20 @@ class VocabInfo:
 
 
 def vocab_info(cfg: Any) -> VocabInfo:
-    tokenizer = cfg.model.tokenizer
-    spec = TokenizerSpec(
-        model=tokenizer.get("model"),
-        vocab_file=tokenizer.get("vocab_file"),
-        merge_file=tokenizer.get("merge_file"),
-        engine="tokenizers",  # only the vocabulary is needed; no engine comparison
-    )
-    loaded = load_tokenizer(spec)
+    loaded = load_tokenizer(vocabulary.tokenizer_spec(cfg))
     return VocabInfo(loaded.vocab_size, loaded.eod_id)
+
+
+def check_vocabulary(cfg: Any, vocab: VocabInfo, stage: str = "training") -> None:
+    """The data holds no id the tokenizer lacks (preflight checked what existed then)."""
+    spec = vocabulary.tokenizer_spec(cfg)
+    vocabulary.check_token_ids(
+        recipe.data_blend(cfg, stage).prefixes,
+        vocab.vocab_size,
+        str(spec.model or spec.vocab_file),
+        vocabulary.tokenizer_key(cfg, stage),
+        stage,
+    )
 
 
 def build_datasets(

@@ -1,5 +1,10 @@
 """Which checkpoints are complete, and the newest one's step: torch-free, so it is quick.
 
+A checkpoint is complete when its state file is there and every file it lists has the size it
+had when the checkpoint was saved (`files`, recorded by the save). A checkpoint one of whose
+files is missing or of another size (a copy cut short, a full disk during a sync) is damaged:
+resume and conversion never read it, and say so (`damaged_checkpoints`).
+
     python3 -m launcher_scripts.jobs.training.progress CHECKPOINT_DIR   # the step, or 0
 
 The Slurm script runs this before and after a training attempt to decide whether a requeue
@@ -28,6 +33,9 @@ class TrainState:
     scheduler: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     world: dict[str, int] = field(default_factory=dict)  # the layout that saved the RNG states
+    # Every file of the checkpoint (path relative to it) and its size when saved; empty for
+    # checkpoints saved before sizes were recorded, which are then trusted as they are.
+    files: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -36,8 +44,9 @@ class Checkpoint:
     state: TrainState
 
 
-def complete_checkpoints(directory: Path) -> list[Checkpoint]:
-    """Finished checkpoints, oldest step first; torn or temporary folders are left out."""
+def saved_checkpoints(directory: Path) -> list[Checkpoint]:
+    """Checkpoints whose save finished (a readable state file), oldest step first; torn or
+    temporary folders are left out."""
     found = []
     if not directory.is_dir():
         return found
@@ -51,6 +60,33 @@ def complete_checkpoints(directory: Path) -> list[Checkpoint]:
         except (ValueError, TypeError):
             continue  # a damaged state file: not a checkpoint to trust
     return sorted(found, key=lambda c: c.state.step)
+
+
+def damage(checkpoint: Checkpoint) -> str | None:
+    """What is wrong with a saved checkpoint's files, or None when each has its saved size."""
+    for name, size in sorted(checkpoint.state.files.items()):
+        try:
+            actual = (checkpoint.path / name).stat().st_size
+        except FileNotFoundError:
+            return f"its file {name} is missing"
+        if actual != size:
+            return f"its file {name} has {actual} bytes, {size} when it was saved"
+    return None
+
+
+def complete_checkpoints(directory: Path) -> list[Checkpoint]:
+    """Saved checkpoints whose files are all there whole, oldest step first."""
+    return [c for c in saved_checkpoints(directory) if damage(c) is None]
+
+
+def damaged_checkpoints(directory: Path) -> list[tuple[Checkpoint, str]]:
+    """Saved checkpoints with a missing or cut file, and what is wrong, oldest step first."""
+    found = []
+    for checkpoint in saved_checkpoints(directory):
+        problem = damage(checkpoint)
+        if problem is not None:
+            found.append((checkpoint, problem))
+    return found
 
 
 def newest_step(directory: Path) -> int:

@@ -32,7 +32,11 @@ from launcher_scripts import estimates
 from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, recipe
 from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.checkpointing import TrainState
-from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
+from launcher_scripts.jobs.training.progress import (
+    EXIT_PREEMPTED,
+    Checkpoint,
+    damaged_checkpoints,
+)
 from launcher_scripts.jobs.training.runtime import (
     JobError,
     init_model_parallel,
@@ -203,6 +207,7 @@ class Trainer:
         limit = trainer.get("limit_val_batches", 1)
         val_batches = limit if isinstance(limit, int) and not isinstance(limit, bool) else 0
         index_dir = model.data.get("index_mapping_dir") or self.log_dir / "index_cache"
+        data.check_vocabulary(self.cfg, self.vocab)
         train, valid, _test = data.build_datasets(
             self.cfg,
             self.vocab,
@@ -325,19 +330,50 @@ class Trainer:
             print(f"saved checkpoint {path}", flush=True)
         return path
 
+    def _resume_choice(self) -> tuple[Checkpoint | None, str | None]:
+        """The checkpoint to resume from and what to say about damaged newer ones, decided by
+        rank 0 (on a network file system nodes may briefly see different file sizes) and
+        shared, so that every rank loads the same one."""
+        decision: list[Any] = [None, None]
+        if self.rank == 0:
+            found = checkpointing.complete_checkpoints(self.checkpoint_dir)
+            newest = found[-1] if found else None
+            damaged = [
+                (checkpoint, problem)
+                for checkpoint, problem in damaged_checkpoints(self.checkpoint_dir)
+                if newest is None or checkpoint.state.step > newest.state.step
+            ]
+            note = None
+            if damaged:
+                bad, problem = damaged[-1]
+                note = f"checkpoint {bad.path} is damaged ({problem})"
+            decision = [newest, note]
+        dist.broadcast_object_list(decision, src=0)
+        return decision[0], decision[1]
+
     def resume(self) -> None:
         exp = self.cfg.exp_manager
         if not exp.get("resume_if_exists", False):
             return
-        found = checkpointing.complete_checkpoints(self.checkpoint_dir)
-        if not found:
+        newest, damaged = self._resume_choice()
+        if damaged and newest is None:
+            # Starting from scratch would silently throw the run away.
+            raise ResumeError(
+                f"{damaged} and {self.checkpoint_dir} holds no complete checkpoint before it: "
+                "restore its files from a copy, or delete it to start training from scratch"
+            )
+        if damaged and newest is not None:
+            self._say(
+                f"{damaged}: resuming from the previous complete checkpoint {newest.path} "
+                "instead (delete the damaged one once you no longer need it)"
+            )
+        if newest is None:
             if not exp.get("resume_ignore_no_checkpoint", True):
                 raise ResumeError(
                     f"resume_if_exists is set but {self.checkpoint_dir} holds no complete "
                     "checkpoint: set exp_manager.resume_ignore_no_checkpoint=True to start fresh"
                 )
             return
-        newest = found[-1]
         self.state = checkpointing.load(newest, self.model, self.optimizer)
         self.scheduler.load_state_dict(self.state.scheduler)
         update_num_microbatches(self.state.consumed_samples, consistency_check=False)

@@ -23,4 +23,5 @@ srun \
     --cleaned-english \
     --c4-dir /data/mc4/c4 \
     --url-base https://huggingface.co/datasets/allenai/c4/resolve/main \
-    --output-dir /data/mc4/preprocessed
+    --output-dir /data/mc4/preprocessed \
+    --tokenizer-model /data/mc4/bpe/mt5_tokenizer.model
