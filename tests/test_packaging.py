@@ -108,7 +108,12 @@ def test_every_stage_renders_for_each_cluster_from_the_installed_launcher(
 ) -> None:
     work = outside(tmp_path)
     argv = ["llm-launcher", f"stages=[{','.join(STAGES)}]", f"cluster_type={cluster_type}"]
-    result = installed_launcher.run([*argv, f"container={IMAGE}", "dry_run=true"], work)
+    argv += [f"container={IMAGE}", "dry_run=true"]
+    if cluster_type == "k8s":  # pods see only volumes: the installed code and the work folder
+        volumes = [("code", installed_launcher.site_packages()), ("work", work)]
+        entries = [f"{{name:{n},mount_path:'{p}',host_path:'{p}'}}" for n, p in volumes]
+        argv.append(f"cluster.volumes=[{','.join(entries)}]")
+    result = installed_launcher.run(argv, work)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     configs = stage_configs(result.stdout)
     assert set(configs) == set(STAGES)
@@ -124,6 +129,7 @@ def test_the_installed_launcher_prepares_data_and_trains_the_tiny_model(
 ) -> None:
     work = outside(tmp_path)
     argv = ["llm-launcher", "stages=[data_preparation,training]", "training.trainer.max_steps=3"]
+    argv.append("training.model.optim.sched.warmup_steps=1")
     result = installed_launcher.run(argv, work, timeout=1800)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # Under the current folder by default, as README says for an installed launcher.

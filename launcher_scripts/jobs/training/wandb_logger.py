@@ -2,8 +2,9 @@
 across resumes and requeues.
 
 The API key is read from the file named by WANDB_API_KEY_FILE (the launcher's
-`wandb_api_key_file`) and stays in memory. No error here shows that file's name: a key pasted
-where its path belongs would otherwise end up in the job's log.
+`wandb_api_key_file`) and stays in memory: it is given to the run, not saved by a login. No
+error here shows that file's name: a key pasted where its path belongs would otherwise end up in
+the job's log.
 """
 
 from __future__ import annotations
@@ -79,12 +80,13 @@ def open_run(exp_manager: Any, run_name: str, log_dir: Path, resumed: bool) -> A
             "exp_manager.create_wandb_logger is true but wandb is not installed where this job "
             "runs: install it there (pip install wandb) or set create_wandb_logger=False"
         ) from None
-    wandb.login(key=read_key(), relogin=True)
     kwargs = dict(exp_manager.get("wandb_logger_kwargs") or {})
     kwargs.setdefault("name", run_name)
     if not kwargs.get("id"):  # an id the recipe sets is the user's to manage
         kwargs["id"] = run_id(log_dir, resumed)
-    return wandb.init(dir=str(log_dir), resume="allow", **kwargs)
+    # The key as a setting of this run, not wandb.login(key=...), which saves it to ~/.netrc.
+    settings = wandb.Settings(api_key=read_key())
+    return wandb.init(dir=str(log_dir), resume="allow", settings=settings, **kwargs)
 
 
 def run_id(log_dir: Path, resumed: bool) -> str:
