@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import run_main
 
 WANDB_OFF_LINE = ["+env_vars.WANDB_MODE=offline"]
+SHORT_WARMUP = "training.model.optim.sched.warmup_steps=1"  # runs of a few steps
 
 
 def pasted_key() -> str:
@@ -72,6 +73,7 @@ def test_a_job_does_not_show_a_key_given_as_its_key_file(prepared: Path, tmp_pat
         f"data_dir={prepared}/data",
         f"base_results_dir={results}",
         "training.trainer.max_steps=1",
+        SHORT_WARMUP,
         "training.exp_manager.create_wandb_logger=True",
         f"+env_vars.WANDB_API_KEY_FILE={key}",
         *WANDB_OFF_LINE,
@@ -110,6 +112,7 @@ def test_a_resumed_training_continues_its_wandb_run(prepared: Path, tmp_path: Pa
             f"base_results_dir={results}",
             f"training.trainer.max_steps={max_steps}",
             "training.trainer.log_every_n_steps=1",
+            SHORT_WARMUP,
             "training.exp_manager.create_wandb_logger=True",
             "training.exp_manager.wandb_logger_kwargs.project=launcher-test",
             f"wandb_api_key_file={key_file(tmp_path)}",
