@@ -15,8 +15,9 @@ import pytest
 
 from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.compose import compose_config
+from launcher_scripts.config.preflight import resolve
 from launcher_scripts.stages import STAGES
-from tests.conftest import InstalledLauncher, source_files
+from tests.conftest import REPO, InstalledLauncher, source_files
 
 # Top-level folders of the checkout that are not installed, by design. Every other file below a
 # folder ships (conf/ as launcher_scripts/conf/); a new folder must be added to setup.py's
@@ -204,3 +205,14 @@ def test_jobs_in_a_container_without_wandb_fail_at_start_in_one_line(
         assert "Traceback" not in output, output[-3000:]
         errors = [line for line in output.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and f"{stage}.{WANDB_KEY} is true but wandb" in errors[0], output
+
+
+def test_a_checkout_keeps_data_and_results_in_the_checkout_wherever_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an installed launcher writes under the current folder; a checkout's defaults stay."""
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve(compose_config([]), ["training"])
+    assert resolved.launcher_scripts_path == str(REPO)
+    assert resolved.data_dir == f"{REPO}/data"
+    assert resolved.base_results_dir == f"{REPO}/results"
