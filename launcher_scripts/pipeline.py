@@ -17,7 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 from launcher_scripts.clusters import BACKENDS, Backend, JobRecord
 from launcher_scripts.clusters.base import utc_now
 from launcher_scripts.config.compose import config_groups
-from launcher_scripts.config.preflight import check_globals, requested_stages, resolve
+from launcher_scripts.config.preflight import (
+    check_globals,
+    check_wandb,
+    requested_stages,
+    resolve,
+)
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.files import write_atomic
 from launcher_scripts.jobspec import JobSpec
@@ -58,6 +63,7 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     resolved = resolve(cfg, stages)
     check_globals(resolved)
     backend = make_backend(resolved.cluster_type, resolved)
+    check_wandb(resolved, stages, backend.jobs_use_launcher_environment())
     planned, names = [], set()
     written: set[str] = set()  # artifacts earlier stages of this run produce
     previous: JobSpec | None = None

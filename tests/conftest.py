@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -246,3 +248,102 @@ def case_overrides(
         if not any(o.startswith("container=") for o in overrides):
             extra.append(f"container={IMAGE}")
     return stage, [*paths, f"cluster_type={backend_name}", *extra, f"stages=[{stage}]", *overrides]
+
+# The CPU build the local index serves; without it first, pip would pull torch's CUDA packages.
+TORCH_PIN = "torch==2.13.0"
+PIP_QUIET = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore"}
+
+
+def source_files(root: Path = REPO) -> list[str]:
+    """The checkout's files as a clean clone holds them, plus new ones not yet committed (not
+    ignored ones: build/, results/, a developer's data/)."""
+    listed = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    return sorted(name for name in listed.split("\0") if name and (root / name).is_file())
+
+
+def build_wheel(destination: Path) -> Path:
+    """The launcher's wheel, built from a copy of the source files: never from the checkout
+    itself, whose build/ may hold modules deleted since."""
+    source = destination / "source"
+    for name in source_files():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, source / name)
+    dist = destination / "dist"
+    build = ["pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(dist)]
+    subprocess.run(
+        [sys.executable, "-m", *build, str(source)],
+        check=True,
+        env={**os.environ, **PIP_QUIET},
+        timeout=600,
+    )
+    (wheel,) = dist.glob("llm_launcher-*.whl")
+    return wheel
+
+
+@dataclass(frozen=True)
+class InstalledLauncher:
+    """The wheel installed with its `train` extra (not `wandb`) in a fresh venv: a user's
+    `pip install`, without the checkout or the system's packages."""
+
+    venv: Path
+    wheel: Path
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    def environment(self) -> dict[str, str]:
+        """This process's environment without what would import the checkout instead."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "HYDRA_FULL_ERROR", "VIRTUAL_ENV", "PYTHONHOME")
+        }
+        env["PATH"] = os.pathsep.join([str(self.venv / "bin"), env.get("PATH", "")])
+        return env
+
+    def run(self, argv: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+        """A command of the venv (`llm-launcher`, `python`) run in `cwd`, output captured."""
+        program = str(self.venv / "bin" / argv[0])
+        return subprocess.run(
+            [program, *argv[1:]],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env=self.environment(),
+            timeout=timeout,
+        )
+
+    def site_packages(self) -> Path:
+        (found,) = self.venv.glob("lib/python*/site-packages")
+        return found
+
+
+@pytest.fixture(scope="session")
+def launcher_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def installed_launcher(
+    launcher_wheel: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[InstalledLauncher]:
+    """Installed once per session (a few minutes, mostly pip reading its cache); removed at
+    the end: a venv with torch is about 2 GB."""
+    wheel = launcher_wheel
+    venv = tmp_path_factory.mktemp("installed") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    env = {**os.environ, **PIP_QUIET}
+    env.pop("PYTHONPATH", None)
+    for requirement in (TORCH_PIN, f"{wheel}[train]"):
+        result = subprocess.run(
+            [*pip, requirement], capture_output=True, text=True, env=env, timeout=1800
+        )
+        assert result.returncode == 0, f"pip install {requirement}:\n{result.stderr[-3000:]}"
+    yield InstalledLauncher(venv, wheel)
+    shutil.rmtree(venv, ignore_errors=True)

@@ -55,6 +55,10 @@ class Backend(Protocol):
 
     def log_path(self, job: JobSpec, run_id: str) -> str: ...
 
+    def jobs_use_launcher_environment(self) -> bool:
+        """Whether jobs import their packages from the launcher's own Python environment (no
+        container image), so that preflight can check those packages here."""
+
     def check_submission(self, jobs: Sequence[JobSpec]) -> None:
         """Raise ConfigError when these jobs could not be submitted or run here (no scheduler,
         say, or more CPUs than any node has)."""

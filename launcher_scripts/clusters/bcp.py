@@ -79,6 +79,9 @@ class BcpBackend(LocalBackend):
         self.root = root
         self.cluster = root.cluster if root is not None else {}
 
+    def jobs_use_launcher_environment(self) -> bool:
+        return False  # every BCP job runs in an image
+
     def outer_launch(self, jobs: Sequence[JobSpec], overrides: Sequence[str]) -> tuple[str, str]:
         """The script that starts, from a workstation, the BCP job this run needs: (file
         name, text). A dry run writes it beside the run's results."""

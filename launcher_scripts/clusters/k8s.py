@@ -187,6 +187,9 @@ class K8sBackend:
         self.root = root
         self.settings: K8sSettings | None = settings_from(root) if root is not None else None
 
+    def jobs_use_launcher_environment(self) -> bool:
+        return False  # every pod runs an image
+
     # ----- rendering ---------------------------------------------------------------------
 
     def render(self, job: JobSpec) -> str:

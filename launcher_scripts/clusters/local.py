@@ -33,6 +33,9 @@ class LocalBackend:
     def __init__(self, root: object = None) -> None:
         """`root` is the resolved config; the local backend needs nothing from it."""
 
+    def jobs_use_launcher_environment(self) -> bool:
+        return True  # the launcher's own interpreter runs each job
+
     def render(self, job: JobSpec) -> str:
         lines = [
             "#!/usr/bin/env bash",

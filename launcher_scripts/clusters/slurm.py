@@ -177,6 +177,10 @@ class SlurmBackend:
         self.cluster = root.cluster if root is not None else {}
         check_cluster(self.cluster)
 
+    def jobs_use_launcher_environment(self) -> bool:
+        # Without a container, the nodes run the launcher's installation (a shared file system).
+        return not (self.root is not None and self.root.get("container"))
+
     # ----- checks before submitting -----------------------------------------------------
 
     def check_submission(self, jobs: Sequence[JobSpec]) -> None:

@@ -10,17 +10,23 @@ from typing import Any
 from launcher_scripts.errors import ConfigError
 
 
-def require_file(key: str, path: Any) -> Path:
-    """An existing, non-empty regular file."""
+def require_file(key: str, path: Any, secret: bool = False) -> Path:
+    """An existing, non-empty regular file.
+
+    `secret`: the file holds a secret, so its path is left out of the errors: a secret pasted
+    where its file's path belongs must not be printed back (into terminals, CI logs).
+    """
     if path in (None, ""):
         raise ConfigError(key, "is not set", f"Set {key}=/path/to/file")
     file = Path(str(path))
+    shown = "the file it names (not shown: it may be the secret itself)" if secret else str(file)
     if not file.exists():
-        raise ConfigError(key, f"{file} does not exist", "Fix the path or create the file")
+        fix = "Give the path of the file holding the secret" if secret else "Fix the path"
+        raise ConfigError(key, f"{shown} does not exist", f"{fix} or create the file")
     if not file.is_file():
-        raise ConfigError(key, f"{file} is not a file", "Give the path of a file")
+        raise ConfigError(key, f"{shown} is not a file", "Give the path of a file")
     if file.stat().st_size == 0:
-        raise ConfigError(key, f"{file} is empty", "Give a file with content")
+        raise ConfigError(key, f"{shown} is empty", "Give a file with content")
     return file
 
 

@@ -5,6 +5,7 @@ Everything here runs before anything is written or submitted.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -127,11 +128,27 @@ def check_globals(cfg: DictConfig) -> None:
             "numa_mapping.max_cores", "is below min_cores", "Raise max_cores or lower min_cores"
         )
     if cfg.wandb_api_key_file:
-        require_file("wandb_api_key_file", cfg.wandb_api_key_file)
+        require_file("wandb_api_key_file", cfg.wandb_api_key_file, secret=True)
     for index, mount in enumerate(cfg.container_mounts or ()):
         if not str(mount or "").startswith("/"):
             raise ConfigError(
                 f"container_mounts[{index}]",
                 f"{mount!r} is not an absolute path",
                 'Use "/src" or "/src:/dst"',
+            )
+
+
+def check_wandb(cfg: DictConfig, stages: Iterable[str], jobs_here: bool) -> None:
+    """A stage asking for W&B logging needs wandb where its jobs run. `jobs_here`: they run in
+    this Python environment, so it is checked here; a container image is not this environment,
+    and the job checks it at its start."""
+    if not jobs_here or importlib.util.find_spec("wandb") is not None:
+        return
+    for stage in stages:
+        exp_manager = cfg[stage].get("exp_manager") if stage in cfg else None
+        if isinstance(exp_manager, DictConfig) and exp_manager.get("create_wandb_logger"):
+            raise ConfigError(
+                f"{stage}.exp_manager.create_wandb_logger",
+                "is true but wandb is not installed",
+                'Install it (pip install "llm-launcher[wandb]") or set it to False',
             )

@@ -29,11 +29,27 @@ def launcher_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
+def is_installed_launcher(folder: str | Path) -> bool:
+    """Whether `folder` holds the launcher as pip installs it (site-packages: the recipes inside
+    the package), not a checkout (the recipes in conf/ at its top)."""
+    return (Path(folder) / "launcher_scripts" / "conf" / "config.yaml").is_file()
+
+
+def output_root(launcher_scripts_path: str) -> str:
+    """Where `data_dir` and `base_results_dir` go by default: under `launcher_scripts_path`, as in
+    a checkout, unless that is an installed launcher: never write into site-packages (shared,
+    often read-only, emptied by the next upgrade); the current directory then."""
+    if is_installed_launcher(launcher_scripts_path):
+        return str(Path.cwd())
+    return launcher_scripts_path
+
+
 RESOLVERS = {
     "multiply": multiply,
     "divide_ceil": divide_ceil,
     "divide_floor": divide_floor,
     "launcher_root": launcher_root,
+    "output_root": output_root,
 }
 
 

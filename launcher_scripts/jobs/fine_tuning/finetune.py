@@ -113,7 +113,7 @@ def max_steps(cfg: Any, spec: TuningSpec) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     recipe_cfg = OmegaConf.load(args.config)
-    from launcher_scripts.jobs.training import cpu_compat, runtime
+    from launcher_scripts.jobs.training import cpu_compat, runtime, wandb_logger
 
     on_gpu = (
         str(recipe_cfg.trainer.get("accelerator", "gpu")) != "cpu" and torch.cuda.is_available()
@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from launcher_scripts.jobs.training.runtime import JobError
 
     try:
+        wandb_logger.check_ready(recipe_cfg.exp_manager, args.stage)
         spec = read_spec(recipe_cfg, args.stage)
         log_dir = Path(str(recipe_cfg.exp_manager.explicit_log_dir))
         log_dir.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Training metrics: model FLOPs, `metrics.jsonl`, TensorBoard, W&B, progress lines, loss curve."""
+"""Training metrics: model FLOPs, `metrics.jsonl`, TensorBoard, W&B (`wandb_logger` opens the
+run), progress lines, loss curve."""
 
 from __future__ import annotations
 
@@ -112,27 +113,6 @@ def plot_loss_curve(metrics_file: Path, output: Path, title: str) -> bool:
     plt.close(figure)
     os.replace(tmp, output)
     return True
-
-
-def open_wandb(exp_manager: Any, run_name: str, log_dir: Path) -> Any:
-    """A W&B run when the recipe asks for one and a key file is given; the key stays in memory."""
-    if not exp_manager.get("create_wandb_logger"):
-        return None
-    key_file = os.environ.get("WANDB_API_KEY_FILE")
-    if not key_file:
-        print("note: create_wandb_logger is set but no wandb_api_key_file was given; W&B is off")
-        return None
-    try:
-        import wandb
-    except ImportError:
-        raise RuntimeError(
-            "exp_manager.create_wandb_logger is true but wandb is not installed: pip install wandb"
-        ) from None
-    key = Path(key_file).read_text().strip()
-    wandb.login(key=key, relogin=True)
-    kwargs = dict(exp_manager.get("wandb_logger_kwargs") or {})
-    kwargs.setdefault("name", run_name)
-    return wandb.init(dir=str(log_dir), resume="allow", **kwargs)
 
 
 def flush_stdout() -> None:

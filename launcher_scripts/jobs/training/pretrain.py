@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = OmegaConf.load(args.config)
     assert isinstance(cfg, DictConfig)
     # Imported here so `--help` and config errors are instant.
-    from launcher_scripts.jobs.training import cpu_compat, runtime
+    from launcher_scripts.jobs.training import cpu_compat, runtime, wandb_logger
 
     on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu" and torch.cuda.is_available()
     info = runtime.process_info()
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from launcher_scripts.jobs.training.trainer import Trainer
 
     try:
+        wandb_logger.check_ready(cfg.exp_manager, "training")
         family = family_of(cfg, "training")
         if not family.trains:
             raise JobError(

@@ -29,7 +29,14 @@ from megatron.core.utils import get_batch_on_this_cp_rank
 from omegaconf import OmegaConf
 
 from launcher_scripts import estimates
-from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, recipe
+from launcher_scripts.jobs.training import (
+    checkpointing,
+    data,
+    init_weights,
+    metrics,
+    recipe,
+    wandb_logger,
+)
 from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.checkpointing import TrainState
 from launcher_scripts.jobs.training.progress import (
@@ -417,10 +424,13 @@ class Trainer:
         self._build_data()
         self.resume()
         if self.rank == 0:
-            self.metrics_log = metrics.MetricsLog(
+            wandb_run = wandb_logger.open_run(
+                self.cfg.exp_manager,
+                str(self.cfg.run.name),
                 self.log_dir,
-                metrics.open_wandb(self.cfg.exp_manager, str(self.cfg.run.name), self.log_dir),
+                resumed=self.state.step > 0,
             )
+            self.metrics_log = metrics.MetricsLog(self.log_dir, wandb_run)
             self.metrics_log.truncate_after(self.state.step)
         if self.state.step >= max_steps:
             self._say(f"training already finished: step {self.state.step} of {max_steps}")
