@@ -174,7 +174,10 @@ def run_module(*args: str) -> subprocess.CompletedProcess:
 def test_an_unknown_command_lists_the_commands(word: str, meant: str | None) -> None:
     result = run_module(word, "results/x")
     one_error_line(
-        result.returncode, result.stdout, result.stderr, f"unknown command {word!r}",
+        result.returncode,
+        result.stdout,
+        result.stderr,
+        f"unknown command {word!r}",
         "status, logs, cancel, serve, merge-lora, install-triton",
     )
     if meant:
