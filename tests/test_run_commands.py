@@ -153,7 +153,7 @@ def run_module(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=120,
+        timeout=600,
     )
 
 
@@ -199,7 +199,7 @@ def test_overrides_still_launch_as_main_py(first: str, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=120,
+        timeout=600,
     )
     assert "unknown command" not in module.stderr
     assert module.returncode == main.returncode

@@ -59,7 +59,7 @@ def server(exported: Path, triton_python: Path) -> Iterator[tuple[int, int]]:
     finally:
         process.send_signal(signal.SIGINT)
         try:
-            process.wait(timeout=60)
+            process.wait(timeout=300)
         except subprocess.TimeoutExpired:
             process.kill()
             raise
@@ -159,7 +159,7 @@ def test_serve_explains_what_is_missing(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=60,
+        timeout=300,
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
