@@ -214,7 +214,12 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # Triton logs what it serves
 
     def _relay(self) -> None:
-        body = self._body()
+        try:
+            body = self._body()
+        except ValueError:  # a chunk size that is not hexadecimal
+            self.close_connection = True  # where the next request would start is unknown
+            self._reply(400, b'{"error":"the chunked request body is malformed"}')
+            return
         if self.command == "POST":
             try:
                 check_request(self.path, body, self.headers)
