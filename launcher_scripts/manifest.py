@@ -10,7 +10,9 @@ import json
 import os
 import secrets
 import time
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from launcher_scripts.clusters.base import JobRecord
@@ -41,7 +43,7 @@ class StageRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> StageRecord:
-        jobs = [JobRecord.from_json(job) for job in data.pop("jobs")]
+        jobs = [JobRecord.from_json(job) for job in data.pop("jobs", [])]
         return cls(**data, jobs=jobs)
 
 
@@ -78,9 +80,85 @@ class Manifest:
 
     @classmethod
     def load(cls, path: Path) -> Manifest:
-        data = json.loads(path.read_text())
-        stages = [StageRecord.from_json(stage) for stage in data.pop("stages")]
+        """The manifest at `path`; a LauncherError naming the file when it cannot be read or is
+        not a manifest (truncated, edited by hand), never a traceback."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise corrupt_manifest(path, f"cannot be read ({error.strerror})") from None
+        except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+            raise corrupt_manifest(path, f"is not valid JSON ({error})") from None
+        problem = _shape_problem(cls, data, "", skip=("path",))
+        if problem:
+            raise corrupt_manifest(path, problem)
+        stages = [StageRecord.from_json(stage) for stage in data.pop("stages", [])]
         return cls(**data, path=path, stages=stages)
+
+
+def corrupt_manifest(path: Path, problem: str) -> LauncherError:
+    return LauncherError(
+        f"{path}: this run manifest {problem}. It is the launcher's record of the run: restore "
+        f"it if it was edited; otherwise read the job logs in the stages' results folders "
+        f"directly (the next run writes a new manifest)"
+    )
+
+
+def _shape_problem(cls: type, data: object, where: str, skip: tuple[str, ...] = ()) -> str:
+    """What is wrong with `data` as the JSON of dataclass `cls` (keys, types), or ""."""
+    if not isinstance(data, dict):
+        return f"has {_json_type(data)} where an object belongs{_at(where)}"
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls) if f.name not in skip}
+    for key in data:
+        if key not in known:
+            return f"has an unknown key {where + key!r}"
+    for name, spec in known.items():
+        required = spec.default is MISSING and spec.default_factory is MISSING
+        if name not in data:
+            if required:
+                return f"lacks the key {where + name!r}"
+            continue
+        problem = _value_problem(hints[name], data[name], where + name)
+        if problem:
+            return problem
+    return ""
+
+
+def _value_problem(hint: object, value: object, where: str) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        problems = [_value_problem(arg, value, where) for arg in args]
+        return "" if "" in problems else problems[0]
+    if origin is list:
+        if not isinstance(value, list):
+            return f"has {_json_type(value)} where a list belongs{_at(where)}"
+        for index, item in enumerate(value):
+            problem = _value_problem(args[0], item, f"{where}[{index}]")
+            if problem:
+                return problem
+        return ""
+    if hint is type(None):
+        return "" if value is None else f"has {_json_type(value)} where null belongs{_at(where)}"
+    if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):
+        return _shape_problem(hint, value, f"{where}.")
+    # bool is an int to Python, not to this file.
+    if isinstance(hint, type) and isinstance(value, hint) and not isinstance(value, bool):
+        return ""
+    return f"has {_json_type(value)} where {_json_name(hint)} belongs{_at(where)}"
+
+
+def _at(where: str) -> str:
+    return f" (at {where.rstrip('.')})" if where else ""
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    names.update({int: "a number", float: "a number", type(None): "null"})
+    return f"{names.get(type(value), type(value).__name__)} {json.dumps(value)[:40]}"
+
+
+def _json_name(hint: object) -> str:
+    return {str: "a string", int: "an integer"}.get(hint, str(hint))  # type: ignore[call-overload]
 
 
 def find_manifest(target: str | Path) -> Path:
@@ -91,6 +169,12 @@ def find_manifest(target: str | Path) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
+        if candidate.is_symlink():  # a link whose target is gone
+            raise LauncherError(
+                f"{candidate}: this link to the run manifest points to {os.readlink(candidate)}, "
+                f"which does not exist (the run folder was moved or deleted). Give the run "
+                f"folder, <base_results_dir>/runs/<run_id>, or launch the stage again"
+            )
     runs = sorted((path / "runs").glob(f"*/{MANIFEST}")) if (path / "runs").is_dir() else []
     if runs:
         return runs[-1]

@@ -10,12 +10,16 @@ from pathlib import Path
 
 from launcher_scripts.clusters import BACKENDS, JobLog, JobRecord
 from launcher_scripts.clusters.base import TERMINAL_STATES
-from launcher_scripts.manifest import Manifest, find_manifest
+from launcher_scripts.manifest import Manifest, corrupt_manifest, find_manifest
 
 
 def load(target: str) -> Manifest:
     """The manifest, with each job's state refreshed from its backend."""
     manifest = Manifest.load(find_manifest(target))
+    for record in manifest.jobs():
+        if record.backend not in BACKENDS:
+            problem = f"names an unknown backend {record.backend!r} for job {record.name!r}"
+            raise corrupt_manifest(manifest.path, problem)
     for record in manifest.jobs():
         BACKENDS[record.backend]().refresh(record)
     return manifest

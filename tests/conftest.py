@@ -50,7 +50,7 @@ def run_main(
     )
 
 
-def run_ops(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_ops(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python3 -m launcher_scripts status|logs|cancel ...`."""
     return subprocess.run(
         [sys.executable, "-m", "launcher_scripts", *args],

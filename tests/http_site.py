@@ -25,6 +25,8 @@ class Behaviour:
     # name -> bytes sent before the next GET stalls for `stall_s` seconds (once).
     stall_after: dict[str, int] = field(default_factory=dict)
     stall_s: float = 0.0
+    # Set when the test ends: a stall never outlasts its test.
+    released: threading.Event = field(default_factory=threading.Event)
     # name -> number of GETs still to answer with 500.
     fail_500: dict[str, int] = field(default_factory=dict)
     ignore_range: bool = False
@@ -94,7 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
         if name in behaviour.stall_after:
             self.wfile.write(body[: behaviour.stall_after.pop(name)])
             self.wfile.flush()
-            threading.Event().wait(behaviour.stall_s)
+            behaviour.released.wait(behaviour.stall_s)
             return
         self.wfile.write(body)
 
@@ -119,5 +121,6 @@ def site() -> Iterator[Site]:
     try:
         yield Site(f"http://127.0.0.1:{server.server_address[1]}", server.behaviour)
     finally:
+        server.behaviour.released.set()
         server.shutdown()
         server.server_close()

@@ -362,6 +362,19 @@ def logs(namespace: str, flags: dict[str, str]) -> int:
         time.sleep(POLL)
 
 
+def _group_runs(group: int) -> bool:
+    """Whether a process of this process group is alive and not a zombie."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # ended while we looked
+            continue
+        state, _parent, process_group = text[text.rfind(")") + 2 :].split()[:3]
+        if int(process_group) == group and state not in ("Z", "X"):
+            return True
+    return False
+
+
 # What kubectl calls each kind when it deletes one, and when it finds none.
 KINDS = {"job": ("job.batch", "jobs.batch"), "service": ("service", "services")}
 
@@ -378,12 +391,10 @@ def delete(namespace: str, targets: list[str], ignore_not_found: bool) -> int:
                 group = int((folder / "kubelet.pid").read_text())
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(group, signal.SIGKILL)
-                deadline = time.monotonic() + 2  # unreaped zombies keep the group "alive"
-                while time.monotonic() < deadline:
-                    try:
-                        os.killpg(group, 0)
-                    except ProcessLookupError:
-                        break
+                # Until none of them runs. Not until the group is gone: its zombies may never be
+                # reaped here (no init reaps in a container), and they write nothing. A fixed
+                # wait was too short on a busy machine.
+                while _group_runs(group):
                     time.sleep(0.01)
                 shutil.rmtree(folder)
         elif kind == "service":

@@ -27,7 +27,8 @@ ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
 
 
 def start_search(results: Path, data: Path, *overrides: str) -> subprocess.Popen:
-    """The search as a user starts it, in the background so the test can act on its jobs."""
+    """The search as a user starts it from a terminal, in the background so the test can act
+    on its jobs."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     return subprocess.Popen(
         [
@@ -46,10 +47,22 @@ def start_search(results: Path, data: Path, *overrides: str) -> subprocess.Popen
         text=True,
         cwd=REPO,
         env=env,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
 
 
-def submitted_job_id(run_dir: Path, search: subprocess.Popen, timeout: float = 300) -> str:
+def ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT in its default state, as a program started from a terminal has it.
+
+    A shell without job control (a CI script, `cmd &` in any script) starts background
+    commands with SIGINT ignored, and an ignored signal stays ignored through exec: a test
+    suite started so passes that on to the search, whose Python then installs no
+    KeyboardInterrupt handler, and the test's SIGINT did nothing (returncode 0, the
+    "failure on a loaded machine", where the suite ran in the background beside the load)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def submitted_job_id(run_dir: Path, search: subprocess.Popen, timeout: float = 900) -> str:
     """The Slurm job id of a candidate's run, once the launcher has submitted it."""
     link = run_dir / "run_manifest.json"
     deadline = time.monotonic() + timeout
@@ -88,7 +101,7 @@ def test_real_measured_search_on_slurm_picks_the_measured_fastest(
     logs = tmp_path / LOGS
     cancelled = submitted_job_id(logs / "candidate_4", search)
     subprocess.run(["scancel", cancelled], check=True)
-    stdout, stderr = search.communicate(timeout=900)
+    stdout, stderr = search.communicate(timeout=3600)
     assert search.returncode == 0, stdout[-3000:] + stderr[-3000:]
 
     final = logs / "final_results"
@@ -138,7 +151,13 @@ def test_ctrl_c_cancels_the_runs_it_submitted(
 ) -> None:
     """An interrupted search leaves no job of its own in the queue."""
     search = start_search(
-        tmp_path, prepared / "data", "search_config.train_settings.limit_search_runs=3"
+        tmp_path,
+        prepared / "data",
+        "search_config.train_settings.limit_search_runs=3",
+        # Runs that cannot end before the interrupt, however slowly this machine launches
+        # them: with 8 steps the first could finish while the third was still being submitted.
+        "search_config.train_settings.max_steps_per_run=1000000",
+        "search_config.train_settings.max_minutes_per_run=120",
     )
     logs = tmp_path / LOGS
     ids = [submitted_job_id(logs / f"candidate_{i}", search) for i in (1, 2, 3)]
@@ -152,7 +171,7 @@ def test_ctrl_c_cancels_the_runs_it_submitted(
     _, stderr = search.communicate(timeout=300)
     assert search.returncode != 0
     assert "interrupted: cancelled the 3 submitted runs" in stderr, stderr[-3000:]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 900  # a cancelled job may save a checkpoint first
     while queued(ids):
         assert time.monotonic() < deadline, queued(ids)
         time.sleep(0.5)

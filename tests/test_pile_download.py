@@ -25,7 +25,8 @@ from tests.http_site import Site
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Scheduler variables of the machine running the tests must not pick the rank.
-FAST = download.RetryPolicy(retries=3, wait_s=0.0, timeout_s=5.0)
+# A timeout no busy machine reaches by accident: no test but the stalled one waits for it.
+FAST = download.RetryPolicy(retries=3, wait_s=0.0, timeout_s=30.0)
 
 
 def payload(size: int, seed: int = 0) -> bytes:
@@ -44,12 +45,12 @@ def run_module(module: str, *args: str, env: dict[str, str] | None = None) -> An
         env=clean,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,
     )
 
 
 def run_download(*args: str, env: dict[str, str] | None = None) -> Any:
-    return run_module("download", "--retry-wait", "0", "--timeout", "5", *args, env=env)
+    return run_module("download", "--retry-wait", "0", "--timeout", "30", *args, env=env)
 
 
 # --- download: end to end -------------------------------------------------------------------
@@ -301,10 +302,11 @@ def test_stalled_transfer_times_out_and_resumes(site: Site, tmp_path: Path) -> N
     data = payload(30_000)
     site.behaviour.files["a.bin"] = data
     site.behaviour.stall_after["a.bin"] = 12_000
-    site.behaviour.stall_s = 2.0
+    site.behaviour.stall_s = 3600  # until the test ends: only the client's timeout ends it
     dest = tmp_path / "a.bin"
 
-    download.fetch(f"{site.url}/a.bin", dest, download.RetryPolicy(2, 0.0, timeout_s=0.3))
+    # Long enough that no busy machine's pause before an answer reaches it by accident.
+    download.fetch(f"{site.url}/a.bin", dest, download.RetryPolicy(2, 0.0, timeout_s=3.0))
 
     assert dest.read_bytes() == data
     assert site.behaviour.gets("a.bin") == [None, "bytes=12000-"]

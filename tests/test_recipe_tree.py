@@ -181,7 +181,7 @@ def test_recipe_renders_a_slurm_script(name: str, tmp_path: Path) -> None:
         "dry_run=true",
         f"base_results_dir={results}",
         f"data_dir={data}",
-        timeout=120,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     scripts = [path for path in results.rglob("*.sh") if "#SBATCH" in path.read_text()]

@@ -24,6 +24,8 @@ from tests.conftest import REPO
 
 PROMPTS = ["The history of", "In the morning the", "A small village near the river was"]
 ONE_THREAD = os.environ | {"OMP_NUM_THREADS": "1"}
+# Loading the models takes seconds on an idle machine and minutes on a busy CI runner.
+READY_TIMEOUT = 1200
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,7 @@ def server(exported: Path, triton_python: Path) -> Iterator[tuple[int, int]]:
                 str(exported),
                 f"--http-port={http_port}",
                 f"--grpc-port={grpc_port}",
+                f"--ready-timeout={READY_TIMEOUT}",
             ],
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -47,7 +50,7 @@ def server(exported: Path, triton_python: Path) -> Iterator[tuple[int, int]]:
             env=ONE_THREAD,
         )
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + READY_TIMEOUT + 60
         while "ready: models" not in log.read_text():
             assert process.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, log.read_text()[-4000:]
@@ -56,7 +59,7 @@ def server(exported: Path, triton_python: Path) -> Iterator[tuple[int, int]]:
     finally:
         process.send_signal(signal.SIGINT)
         try:
-            process.wait(timeout=60)
+            process.wait(timeout=300)
         except subprocess.TimeoutExpired:
             process.kill()
             raise
@@ -156,10 +159,214 @@ def test_serve_explains_what_is_missing(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=60,
+        timeout=300,
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: {tmp_path} holds no Triton model repository (no */config.pbtxt): pass the "
         "export stage's results directory or its model_repo folder"
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad requests: a 400 naming what is wrong, and the server keeps serving.
+
+GOOD_PROMPT = "The history of"
+WRONG_JSON_VALUES = {
+    "INT32": ["x", 1.5, 2**31, -(2**31) - 1, None, True, {"a": 1}],
+    "UINT64": ["x", 1.5, -1, 2**64, None, True],
+    "FP32": ["x", None, True, {"a": 1}],
+    "BYTES": [1, 2.5, None, True, {"a": 1}],
+}
+# JSON-typed right but outside what generation allows (GenerationParams.check).
+OUT_OF_RANGE = {
+    "tokens_to_generate": [0, -5],
+    "temperature": [-1.0],
+    "top_k": [-1],
+    "top_p": [1.5, -0.1],
+    "repetition_penalty": [0.0, -2.0],
+    "random_seed": [2**63],
+    "beam_width": [0, -3],
+}
+
+
+def post(port: int, path: str, body: bytes | object) -> tuple[int, dict]:
+    """An HTTP POST as any client sends it; (status, the JSON answer)."""
+    import urllib.error
+    import urllib.request
+
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return response.status, first_event(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, first_event(error.read())
+
+
+def first_event(answer: bytes) -> dict:
+    """The JSON answer; of a server-sent-event stream (generate_stream), its first event."""
+    text = answer.decode()
+    return json.loads(text.removeprefix("data: ").split("\n\n")[0])
+
+
+def infer_body(prompts: list[str], **inputs: tuple[str, object]) -> dict:
+    tensors = [
+        {"name": "text_input", "shape": [len(prompts), 1], "datatype": "BYTES", "data": prompts}
+    ]
+    for name, (datatype, value) in inputs.items():
+        tensors.append(
+            {
+                "name": name,
+                "shape": [len(prompts), 1],
+                "datatype": datatype,
+                "data": [value] * len(prompts),
+            }
+        )
+    return {"inputs": tensors}
+
+
+def served_text(port: int) -> str:
+    """A valid request's text: the server still answers."""
+    status, answer = post(
+        port, "/v2/models/gpt3_tiny/generate", {"text_input": GOOD_PROMPT, "tokens_to_generate": 6}
+    )
+    assert status == 200, answer
+    return answer["text_output"]
+
+
+def stub_processes() -> set[int]:
+    """The Python-backend processes that hold the models (one per model instance)."""
+    table = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return {int(line.split()[0]) for line in table.splitlines() if "python_backend_stub" in line}
+
+
+def test_every_malformed_request_gets_a_400_naming_the_problem(server: tuple[int, int]) -> None:
+    from launcher_scripts.jobs.export.interface import PARAMETERS
+
+    port = server[0]
+    expected = served_text(port)
+    stubs = stub_processes()
+    infer, generate = "/v2/models/gpt3_tiny/infer", "/v2/models/gpt3_tiny/generate"
+    cases: list[tuple[str, str, bytes | object, str]] = []
+    for parameter in PARAMETERS:
+        for value in WRONG_JSON_VALUES[parameter.client_type]:
+            body = infer_body([GOOD_PROMPT], **{parameter.name: (parameter.client_type, value)})
+            cases.append((f"{parameter.name}={value!r}", infer, body, parameter.name))
+            listed = [value] if parameter.many else value
+            generate_body = {"text_input": GOOD_PROMPT, parameter.name: listed}
+            cases.append(
+                (f"generate {parameter.name}={value!r}", generate, generate_body, parameter.name)
+            )
+        for value in OUT_OF_RANGE.get(parameter.name, []):
+            body = infer_body([GOOD_PROMPT], **{parameter.name: (parameter.client_type, value)})
+            cases.append((f"{parameter.name}={value!r}", infer, body, parameter.name))
+    good = json.dumps(infer_body([GOOD_PROMPT], tokens_to_generate=("INT32", 4))).encode()
+    for cut in range(1, len(good), max(1, len(good) // 12)):
+        cases.append((f"cut at {cut}", infer, good[:cut], "JSON"))
+    for where in (infer, generate):
+        cases += [
+            ("empty", where, b"", "empty"),
+            ("a list", where, [1], "list"),
+            ("not UTF-8", where, b"\xff\xfe{}", "UTF-8"),
+            ("NaN", where, b'{"inputs": NaN}', "NaN"),
+        ]
+    cases += [
+        ("inputs not a list", infer, {"inputs": "x"}, "inputs"),
+        ("an input not an object", infer, {"inputs": [1]}, "inputs[0]"),
+        (
+            "no name",
+            infer,
+            {"inputs": [{"shape": [1], "datatype": "BYTES", "data": ["a"]}]},
+            "name",
+        ),
+        (
+            "shape of strings",
+            infer,
+            {
+                "inputs": [
+                    {"name": "text_input", "shape": ["1"], "datatype": "BYTES", "data": ["a"]}
+                ]
+            },
+            "shape",
+        ),
+        ("text not a string", generate, {"text_input": 5}, "text_input"),
+    ]
+    for what, path, body, named in cases:
+        status, answer = post(port, path, body)
+        assert status == 400, (what, status, answer)
+        assert named in answer["error"], (what, answer)
+    assert stub_processes() == stubs
+    assert served_text(port) == expected
+
+
+def test_a_request_too_large_for_memory_is_refused_and_the_next_one_is_served(
+    server: tuple[int, int],
+) -> None:
+    """beam_width=100000 grew the model process until the kernel killed it, and every later
+    request failed. Now any request whose generation would not fit is refused first."""
+    port = server[0]
+    expected = served_text(port)
+    stubs = stub_processes()
+    total = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+    # Beams whose logits alone (vocabulary 8000, float32, 10 positions) exceed this machine.
+    beyond_ram = total // (10 * 8000 * 4) + 1
+    infer, generate = "/v2/models/gpt3_tiny/infer", "/v2/models/gpt3_tiny/generate"
+    cases = [
+        (generate, {"text_input": GOOD_PROMPT, "beam_width": 100000}),
+        (generate, {"text_input": GOOD_PROMPT, "beam_width": beyond_ram}),
+        (generate, {"text_input": GOOD_PROMPT, "beam_width": 2**31 - 1, "tokens_to_generate": 1}),
+        # batch x beams: eight prompts (the export's max_batch_size), each with a beam share
+        (infer, infer_body([GOOD_PROMPT] * 8, beam_width=("INT32", beyond_ram // 8 + 1))),
+        (
+            "/v2/models/gpt3_tiny_stream/generate_stream",
+            {"text_input": GOOD_PROMPT, "beam_width": 100000},
+        ),
+    ]
+    for path, body in cases:
+        status, answer = post(port, path, body)
+        assert status == 400, (body, answer)
+        message = answer["error"]
+        assert "beam_width" in message and "GiB" in message, message
+        assert "one request may use on this server" in message, message
+        assert served_text(port) == expected
+    assert stub_processes() == stubs, "a model process was restarted"
+
+
+def test_the_memory_estimate_covers_a_forward_pass(tiny_portable: Path) -> None:
+    """What memory.py says a forward pass needs is at least what the process's resident size
+    grows by (its peak, read from the kernel), and not far above the logits it must hold."""
+    sizes = ["64x128", "256x32", "16x128", "512x8"]
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.scripts.forward_memory", str(tiny_portable), *sizes],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for row in json.loads(result.stdout.splitlines()[-1]):
+        logits = row["rows"] * row["width"] * 8064 * 4  # float32, the padded vocabulary
+        assert row["measured"] <= row["estimate"] <= 1.6 * 2 * logits, row
+
+
+def test_batches_are_cut_to_fit_the_memory_a_request_may_use() -> None:
+    """The dynamic batcher may gather more rows with equal parameters than fit together."""
+    from launcher_scripts.jobs.export.triton_model import Row, fitting_batches, too_large
+    from launcher_scripts.jobs.inference.memory import Budget, ForwardShape
+    from launcher_scripts.jobs.inference.params import GenerationParams
+
+    shape = ForwardShape(128, 512, 4, False, 8064, 8000, 4, on_gpu=False)
+    params = GenerationParams(tokens_to_generate=20, beam_width=4)
+    rows = [Row(index, "p", params, tokens) for index, tokens in enumerate([5, 40, 7, 90, 3])]
+    one = shape.bytes_needed(4, 90 + 19)[1]
+    for allowed in (one, 2 * one, 3 * one, 100 * one):
+        budget = Budget(None, allowed)
+        batches = fitting_batches(shape, budget, rows)
+        assert [row for batch in batches for row in batch] == rows
+        assert all(too_large(shape, budget, batch) is None for batch in batches)
+    assert len(fitting_batches(shape, Budget(None, 100 * one), rows)) == 1
+    assert len(fitting_batches(shape, Budget(None, one), rows)) > 1

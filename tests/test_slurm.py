@@ -34,7 +34,7 @@ SMALL_CLUSTER = (
 )
 
 
-def wait_for_run(results: Path, timeout: float = 600) -> dict[str, str]:
+def wait_for_run(results: Path, timeout: float = 1800) -> dict[str, str]:
     """Poll `status --json` (another process, as a user would) until every job has ended."""
     deadline = time.monotonic() + timeout
     states: dict[str, str] = {}
@@ -155,8 +155,10 @@ def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_pa
     job_id = manifest["stages"][0]["jobs"][0]["job_ids"][0]
     log_dir = results / "gpt3_tiny" / "results"
     metrics = log_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (metrics.exists() and len(losses(log_dir)) >= 3):
+    # The job may wait behind others in the queue, and train slowly on a busy machine.
+    deadline = time.monotonic() + 1800
+    while not (metrics.exists() and len(losses(log_dir)) >= 3):
+        assert time.monotonic() < deadline, "the job logged no 3 steps in 1800 s"
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
 
@@ -217,7 +219,7 @@ def test_cancel_from_another_process_stops_every_job(slurm: None, tmp_path: Path
     cancelled = run_ops("cancel", str(results))
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout.count("cancel requested") == 6, cancelled.stdout
-    assert set(wait_for_run(results, timeout=120).values()) == {"CANCELLED"}
+    assert set(wait_for_run(results, timeout=900).values()) == {"CANCELLED"}
     manifest = json.loads(run_ops("status", str(results), "--json").stdout)
     ids = [i for stage in manifest["stages"] for job in stage["jobs"] for i in job["job_ids"]]
     queue = subprocess.run(
@@ -259,7 +261,7 @@ def test_serve_runs_triton_as_a_slurm_job(
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job_id = re.search(r"Slurm job (\d+)", submitted.stdout).group(1)  # type: ignore[union-attr]
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 1800  # queued behind other jobs, then loading the models
         while not endpoint.is_file():
             state = subprocess.run(
                 ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True
@@ -271,13 +273,13 @@ def test_serve_runs_triton_as_a_slurm_job(
         where = json.loads(endpoint.read_text())
         port = where["http"].rsplit(":", 1)[1]
         answer = subprocess.run(
-            [str(triton_python), "-c", QUERY, port], capture_output=True, text=True, timeout=120
+            [str(triton_python), "-c", QUERY, port], capture_output=True, text=True, timeout=600
         )
         assert answer.returncode == 0, answer.stderr[-2000:]
         assert answer.stdout.strip()
     finally:
         subprocess.run(["scancel", job_id], check=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600
     while subprocess.run(
         ["squeue", "-h", "-j", job_id], capture_output=True, text=True
     ).stdout.strip():

@@ -1,0 +1,5 @@
+"""The job programs: what runs on the compute nodes, started by the rendered job scripts."""
+
+from launcher_scripts.jobs.benign_warnings import install as _quiet_benign_warnings
+
+_quiet_benign_warnings()

@@ -26,11 +26,13 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher_scripts.files import write_atomic
 from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
+from launcher_scripts.jobs.export.http_front import Front
 from launcher_scripts.jobs.export.install import bundled_server, default_venv, site_packages
 from launcher_scripts.ports import free_port
 
@@ -117,10 +119,12 @@ def model_repository(path: Path) -> Path:
 def server_command(
     install: TritonInstall, repository: Path, http_port: int, grpc_port: int
 ) -> list[str]:
+    """Triton's HTTP endpoint listens on 127.0.0.1 only: users reach it through the front."""
     return [
         str(install.binary),
         f"--model-repository={repository}",
         *install.args,
+        "--http-address=127.0.0.1",
         f"--http-port={http_port}",
         f"--grpc-port={grpc_port}",
         "--allow-metrics=false",
@@ -205,13 +209,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
+    try:  # before Triton starts, so that a port in use fails at once
+        front = Front(args.http_port, free_port())
+    except OSError as error:
+        print(f"error: --http-port {args.http_port}: {error.strerror}", file=sys.stderr)
+        return 2
     print(f"starting Triton from {install.source} on {repository}", flush=True)
-    command = server_command(install, repository, args.http_port, args.grpc_port)
+    command = server_command(install, repository, front.backend_port, args.grpc_port)
     env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES} | install.env
     process = subprocess.Popen(command, env=env)
     stop = _forward_signals(process)
+    front.start()
     try:
-        wait_ready(process, args.http_port, args.ready_timeout)
+        return _serve(process, front, args, models, stop)
+    finally:
+        front.stop()
+
+
+def _serve(
+    process: subprocess.Popen,
+    front: Front,
+    args: argparse.Namespace,
+    models: list[str],
+    stop: Callable[[int, object], None],
+) -> int:
+    try:
+        wait_ready(process, front.backend_port, args.ready_timeout)
         print(
             f"ready: models {', '.join(models)} at http://localhost:{args.http_port} (HTTP) "
             f"and localhost:{args.grpc_port} (gRPC); Ctrl-C stops the server",

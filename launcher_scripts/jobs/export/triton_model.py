@@ -1,8 +1,11 @@
 """The model Triton's Python backend runs: each exported repository's `model.py` is a two-line
 file that imports `TritonPythonModel` from here.
 
-Requests are checked one by one (a bad one gets its own INVALID_ARG error and the others are
-served); rows that ask for the same generation parameters are decoded together in one batch.
+Requests are checked one by one (a bad one gets its own INVALID_ARG error, HTTP 400, and the
+others are served); rows that ask for the same generation parameters are decoded together, in as
+few batches as the memory free for a request allows. A request whose generation alone would not
+fit (many beams, say) is refused before anything is allocated: the process that serves the
+valid requests must not be the one the kernel kills.
 The streaming twin (a decoupled model) sends the text as it is generated, one response per
 piece, then an empty final one.
 """
@@ -55,9 +58,10 @@ class RequestError(ValueError):
 class Row:
     """One prompt of a request and the parameters it asked for."""
 
-    request: int
+    request: Any  # its index in the request; (request number, index) once batched
     prompt: str
     params: Any  # GenerationParams
+    tokens: int  # the prompt's
 
 
 def parse_request(read: Any, defaults: Any, tokenizer: Any, max_length: int) -> list[Row]:
@@ -93,8 +97,31 @@ def parse_request(read: Any, defaults: Any, tokenizer: Any, max_length: int) -> 
                 f"{params.tokens_to_generate}: together more than the model's {max_length} "
                 "positions. Shorten the prompt or lower tokens_to_generate"
             )
-        rows.append(Row(index, prompt, params))
+        rows.append(Row(index, prompt, params, prompt_tokens))
     return rows
+
+
+def too_large(shape: Any, budget: Any, group: Sequence[Row]) -> str | None:
+    """Why generating these rows (equal parameters) in one batch does not fit the memory a
+    request may use (memory.py), or None."""
+    from launcher_scripts.jobs.inference.generation import peak_batch
+    from launcher_scripts.jobs.inference.memory import too_large as exceeds
+
+    params = group[0].params
+    _rows, width = peak_batch([row.tokens for row in group], params)
+    return exceeds(shape, budget, len(group), params.beam_width, width)
+
+
+def fitting_batches(shape: Any, budget: Any, group: Sequence[Row]) -> list[list[Row]]:
+    """`group` cut, in order, into batches that each fit. Each request was checked on its own,
+    so every row fits alone; the dynamic batcher may have gathered more than fit together."""
+    batches: list[list[Row]] = []
+    for row in group:
+        if batches and too_large(shape, budget, [*batches[-1], row]) is None:
+            batches[-1].append(row)
+        else:
+            batches.append([row])
+    return batches
 
 
 def _text(value: Any) -> str:
@@ -149,6 +176,7 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.defaults = defaults_from(parameters)
         self.runner = open_runner(model_file)
+        self.shape = self.runner.forward_shape()
         name = args["model_name"]
         print(f"{name}: serving {model_file} (decoupled={self.decoupled})", flush=True)
 
@@ -159,25 +187,41 @@ class TritonPythonModel:
             return None
         return self._batch(requests)
 
-    def _rows(self, request: Any) -> list[Row]:
+    def _rows(self, request: Any, budget: Any) -> list[Row]:
         def read(name: str) -> np.ndarray | None:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
-        return parse_request(read, self.defaults, self.runner.tokenizer, self.runner.max_length)
+        runner = self.runner
+        rows = parse_request(read, self.defaults, runner.tokenizer, runner.max_length)
+        for group in group_rows(rows):
+            problem = too_large(self.shape, budget, group)
+            if problem:
+                raise RequestError(problem)
+        return rows
 
     def _batch(self, requests: list[Any]) -> list[Any]:
         from launcher_scripts.jobs.inference.generation import generate
+        from launcher_scripts.jobs.inference.memory import budget_now
 
+        budget = budget_now(self.runner.on_gpu)
         results: list[dict[int, Any]] = [{} for _ in requests]
         errors: dict[int, str] = {}
         rows: list[Row] = []
         for number, request in enumerate(requests):
             try:
-                rows += [replace(row, request=(number, row.request)) for row in self._rows(request)]
+                rows += [
+                    replace(row, request=(number, row.request))
+                    for row in self._rows(request, budget)
+                ]
             except RequestError as error:
                 errors[number] = str(error)
-        for group in group_rows(rows):
+        batches = [
+            batch
+            for group in group_rows(rows)
+            for batch in fitting_batches(self.shape, budget, group)
+        ]
+        for group in batches:
             try:
                 completions = generate(
                     self.runner.logits,
@@ -205,11 +249,12 @@ class TritonPythonModel:
 
     def _stream(self, request: Any) -> None:
         from launcher_scripts.jobs.inference.generation import stream
+        from launcher_scripts.jobs.inference.memory import budget_now
 
         sender = request.get_response_sender()
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            rows = self._rows(request)
+            rows = self._rows(request, budget_now(self.runner.on_gpu))
             if len(rows) != 1:
                 raise RequestError("the streaming model takes one prompt per request")
             row = rows[0]

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher_scripts.jobs.inference.memory import ForwardShape
 from launcher_scripts.jobs.inference.text_tokenizer import TextTokenizer, load_text_tokenizer
 
 
@@ -103,6 +104,20 @@ class ModelRunner:
     def _keep_logits(self, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # The schedule expects (loss, reduced dict); the "loss" is unused in forward-only mode.
         return output.new_zeros(()), {"logits": self._gather_vocab(output)}
+
+    def forward_shape(self) -> ForwardShape:
+        """What this rank's `logits` call allocates per position depends on (see memory.py)."""
+        config = self.chunks[0].config
+        return ForwardShape(
+            hidden=int(config.hidden_size),
+            ffn_hidden=int(config.ffn_hidden_size) // self.tensor,
+            heads=int(config.num_attention_heads) // self.tensor,
+            gated=bool(config.gated_linear_unit),
+            padded_vocab=self._padded_vocab(),
+            vocab=self.vocab_size,
+            dtype_bytes=self._dtype().itemsize,
+            on_gpu=self.on_gpu,
+        )
 
     def _padded_vocab(self) -> int:
         return int(self.chunks[0].vocab_size)

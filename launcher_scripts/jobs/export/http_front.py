@@ -1,0 +1,285 @@
+"""The HTTP address `serve` gives users: a thin front on Triton's own HTTP endpoint (which then
+listens on 127.0.0.1 only) that answers a malformed request with 400 and what is wrong.
+
+Triton's HTTP server reports its request-JSON parse failures as internal errors: HTTP 500 for a
+body that is not JSON, or for a value of the wrong JSON type ("Unable to parse 'data': attempt
+to access JSON non-signed-integer as signed-integer"), without naming the input. The front
+checks an inference or generate request's JSON before Triton sees it: the syntax, the
+request's structure, and each input's values against its datatype (type and range). A 500
+that Triton's request parsing still returns becomes a 400. Everything else passes through
+unchanged, streamed responses (generate_stream) as they come.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from launcher_scripts.jobs.export.interface import PARAMETERS, TEXT_INPUT
+
+INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
+GENERATE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?$")
+# The datatype of each input the served models take, for generate requests (keys, not inputs).
+INPUT_TYPES = {TEXT_INPUT: "BYTES"} | {p.name: p.client_type for p in PARAMETERS}
+# How Triton's HTTP server begins the messages of request-parsing failures it reports as 500.
+PARSE_FAILURES = ("failed to parse the request JSON", "Unable to parse", "attempt to ")
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "expect"}
+    | {"proxy-authorization", "proxy-authenticate", "content-length", "host"}
+)
+INTEGER_RANGES = {
+    f"INT{bits}": (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) for bits in (8, 16, 32, 64)
+}
+INTEGER_RANGES |= {f"UINT{bits}": (0, 2**bits - 1) for bits in (8, 16, 32, 64)}
+FLOATS = ("FP16", "BF16", "FP32", "FP64")
+
+
+class BadRequest(ValueError):
+    """What is wrong with a request, as the client will read it."""
+
+
+def check_request(path: str, body: bytes, headers: Mapping[str, str]) -> None:
+    """Raise BadRequest when an infer or generate request's JSON is not one Triton can take."""
+    path = path.split("?", 1)[0]
+    if headers.get("Content-Encoding"):  # compressed: Triton decodes and checks it
+        return
+    if INFER.match(path):
+        header = headers.get("Inference-Header-Content-Length")
+        if header is not None:
+            if not header.isdigit() or int(header) > len(body):
+                raise BadRequest(
+                    f"Inference-Header-Content-Length {header!r} is not a byte count within "
+                    f"the {len(body)}-byte body"
+                )
+            body = body[: int(header)]
+        _check_infer(_parse(body))
+    elif GENERATE.match(path):
+        _check_generate(_parse(body))
+
+
+def _parse(body: bytes) -> Any:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadRequest(f"the request body is not UTF-8 text (byte {error.start})") from None
+    if not text.strip():
+        raise BadRequest("the request body is empty: send a JSON object")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as error:
+        raise BadRequest(
+            f"the request body is not valid JSON: {error.msg} at line {error.lineno} column "
+            f"{error.colno}"
+        ) from None
+
+
+def _no_constant(name: str) -> None:
+    raise BadRequest(f"the request body holds {name}, which is not JSON: send a finite number")
+
+
+def _check_infer(request: Any) -> None:
+    if not isinstance(request, dict):
+        raise BadRequest(
+            f'the request body is {_kind(request)}; send a JSON object with an "inputs" list '
+            "(the KServe v2 inference protocol)"
+        )
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequest(
+            '"inputs" must be a non-empty list of objects with name, shape, datatype and data'
+        )
+    for index, tensor in enumerate(inputs):
+        if not isinstance(tensor, dict):
+            raise BadRequest(f"inputs[{index}] is {_kind(tensor)}; expected an object")
+        name = tensor.get("name")
+        if not isinstance(name, str):
+            raise BadRequest(f'inputs[{index}]: "name" must be a string')
+        datatype = tensor.get("datatype")
+        if not isinstance(datatype, str):
+            raise BadRequest(f'input {name!r}: "datatype" must be a string such as "INT32"')
+        shape = tensor.get("shape")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise BadRequest(f'input {name!r}: "shape" must be a list of integers >= 0')
+        parameters = tensor.get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise BadRequest(f'input {name!r}: "parameters" must be an object')
+        if "binary_data_size" in parameters or "shared_memory_region" in parameters:
+            continue  # the values are not in the JSON
+        if "data" not in tensor:
+            raise BadRequest(f'input {name!r} has no "data"')
+        _check_values(name, datatype, tensor["data"])
+    for key, kind in (("outputs", list), ("parameters", dict), ("id", str)):
+        if key in request and not isinstance(request[key], kind):
+            raise BadRequest(f'"{key}" must be {_kind(kind())}')
+
+
+def _check_generate(request: Any) -> None:
+    if not isinstance(request, dict):
+        raise BadRequest(
+            f"the request body is {_kind(request)}; send a JSON object such as "
+            f'{{"{TEXT_INPUT}": "Once upon a time", "tokens_to_generate": 16}}'
+        )
+    for name, value in request.items():
+        if name in INPUT_TYPES:
+            _check_values(name, INPUT_TYPES[name], value)
+
+
+def _check_values(name: str, datatype: str, data: Any) -> None:
+    for value in _flat(data):
+        problem = _value_problem(datatype, value)
+        if problem:
+            raise BadRequest(f"input {name!r}: {json.dumps(value)[:60]} is not {problem}")
+
+
+def _flat(data: Any) -> Iterator[Any]:
+    if isinstance(data, list):
+        for item in data:
+            yield from _flat(item)
+    else:
+        yield data
+
+
+def _value_problem(datatype: str, value: Any) -> str | None:
+    """What a value of `datatype` must be, when `value` is not one; None when it is."""
+    if datatype in INTEGER_RANGES:
+        low, high = INTEGER_RANGES[datatype]
+        if _is_int(value) and low <= value <= high:
+            return None
+        return f"{'a' if datatype[0] == 'U' else 'an'} {datatype} (an integer from {low} to {high})"
+    if datatype in FLOATS:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if number and math.isfinite(value) else f"an {datatype} (a number)"
+    if datatype == "BOOL":
+        return None if isinstance(value, bool) else "a BOOL (true or false)"
+    if datatype == "BYTES":
+        return None if isinstance(value, str) else "BYTES (a string)"
+    return None  # a datatype Triton itself will judge
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    return names.get(type(value), "a number" if isinstance(value, int | float) else "null")
+
+
+def _is_parse_failure(status: int, body: bytes) -> bool:
+    if status != 500:
+        return False
+    try:
+        message = json.loads(body).get("error", "")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(message, str) and message.startswith(PARSE_FAILURES)
+
+
+class Front(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int, backend_port: int) -> None:
+        self.backend_port = backend_port
+        super().__init__(("", port), _Handler)
+        self._thread = threading.Thread(target=self.serve_forever, name="http-front", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away mid-answer; the server goes on
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as clients of Triton expect
+    server: Front
+
+    def do_GET(self) -> None:
+        self._relay()
+
+    do_POST = do_GET  # Triton's HTTP API has no other methods
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # Triton logs what it serves
+
+    def _relay(self) -> None:
+        try:
+            body = self._body()
+        except ValueError:  # a chunk size that is not hexadecimal
+            self.close_connection = True  # where the next request would start is unknown
+            self._reply(400, b'{"error":"the chunked request body is malformed"}')
+            return
+        if self.command == "POST":
+            try:
+                check_request(self.path, body, self.headers)
+            except BadRequest as error:
+                self._reply(400, json.dumps({"error": str(error)}).encode())
+                return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        backend = http.client.HTTPConnection("127.0.0.1", self.server.backend_port)
+        try:
+            backend.request(self.command, self.path, body=body or None, headers=headers)
+            response = backend.getresponse()
+        except OSError:
+            backend.close()
+            self._reply(503, b'{"error":"the Triton server is not accepting requests now"}')
+            return
+        try:
+            self._pass_on(response)
+        finally:
+            backend.close()
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            return b"".join(self._chunks())
+        length = self.headers.get("Content-Length")
+        return self.rfile.read(int(length)) if length and length.isdigit() else b""
+
+    def _chunks(self) -> Iterator[bytes]:
+        while True:
+            size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return
+            yield self.rfile.read(size)
+            self.rfile.readline()
+
+    def _pass_on(self, response: http.client.HTTPResponse) -> None:
+        headers = [(k, v) for k, v in response.getheaders() if k.lower() not in HOP_BY_HOP]
+        if not response.chunked:
+            data = response.read()
+            status = 400 if _is_parse_failure(response.status, data) else response.status
+            self._reply(status, data, headers)
+            return
+        self.send_response(response.status)
+        for key, value in headers:
+            self.send_header(key, value)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        while piece := response.read1(65536):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _reply(
+        self, status: int, data: bytes, headers: list[tuple[str, str]] | None = None
+    ) -> None:
+        self.send_response(status)
+        for key, value in headers or [("Content-Type", "application/json")]:
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
