@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.clusters import BACKENDS, Backend, JobRecord
 from launcher_scripts.clusters.base import utc_now
-from launcher_scripts.config.compose import config_groups
+from launcher_scripts.config import nemo_keys, schema
+from launcher_scripts.config.compose import UnknownOverride, compose_config, config_groups
 from launcher_scripts.config.preflight import check_globals, requested_stages, resolve
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.files import write_atomic
@@ -52,10 +53,39 @@ def make_backend(cluster_type: str, root: DictConfig) -> Backend:
     return BACKENDS[cluster_type](root)
 
 
+def declared_keys() -> dict[str, tuple[schema.Declared, ...]]:
+    """The optional and free-form keys each stage's programs read (beyond its recipes')."""
+    return {name: tuple(getattr(stage, "declared_keys", ())) for name, stage in STAGES.items()}
+
+
+def compose(argv: list[str]) -> DictConfig:
+    """compose_config, with a key Hydra cannot override (the recipe lacks it) explained: the
+    key the user meant, or how to add a key the stage reads."""
+    try:
+        return compose_config(argv)
+    except UnknownOverride as error:
+        rest = [arg for arg in argv if arg != error.override]
+        try:
+            cfg = compose_config(rest)
+        except LauncherError:
+            raise error from None
+        value = error.override.partition("=")[2]
+        raise schema.explain_unknown(cfg, error.key, value, declared_keys()) from None
+
+
+def check_schema(cfg: DictConfig, resolved: DictConfig, stages: list[str]) -> None:
+    """Keys no program reads, booleans that are not, and NeMo's values, before anything else
+    looks at the values."""
+    schema.check_known_keys(cfg, stages, declared_keys())
+    schema.check_booleans(resolved, stages)
+    nemo_keys.check_root_values(resolved)
+
+
 def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     """Validate everything and render every script, touching nothing on disk."""
     stages = requested_stages(cfg, STAGES, config_groups())
     resolved = resolve(cfg, stages)
+    check_schema(cfg, resolved, stages)
     check_globals(resolved)
     backend = make_backend(resolved.cluster_type, resolved)
     planned, names = [], set()

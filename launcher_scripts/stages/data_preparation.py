@@ -14,6 +14,7 @@ from launcher_scripts.config.checks import (
     require_input,
     require_int,
 )
+from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.data_prep.shards import parse_file_numbers
 from launcher_scripts.jobspec import Command, JobSpec
@@ -341,6 +342,13 @@ DATASETS: dict[str, Dataset] = {
 @register
 class DataPreparation:
     name = "data_preparation"
+    declared_keys = (
+        Declared(optional=("run.cpus_per_node",)),  # data_prep_common.cpu_resources
+        # The table of languages: a user adds one with +<table>.<code>=COUNT.
+        Declared(free_form=("language_file_counts",), when=(("dataset", "mc4"),)),
+        # Split names are checked by the dataset, which lists the allowed ones.
+        Declared(free_form=("split_fractions",), when=(("dataset", "sft_dolly"),)),
+    )
 
     def _dataset(self, ctx: StageContext) -> Dataset:
         kind = ctx.cfg.get("dataset")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.config.checks import require_choice, require_int, require_layout
+from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.evaluation import recipe
 from launcher_scripts.jobs.fine_tuning import evaluate_tuned
@@ -22,6 +23,12 @@ EVALUATE_TUNED = "launcher_scripts.jobs.fine_tuning.evaluate_tuned"
 @register
 class Evaluation:
     name = "evaluation"
+    declared_keys = (
+        Declared(
+            optional=evaluate_tuned.OPTIONAL_KEYS,
+            when=(("evaluation_kind", "fine_tuned"), ("model_family", "gpt")),
+        ),
+    )
 
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage

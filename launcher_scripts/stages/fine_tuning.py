@@ -5,9 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import RecipeError
 from launcher_scripts.jobs.conversion import portable
-from launcher_scripts.jobs.fine_tuning.tuning import all_inputs, check_positions, read_spec
+from launcher_scripts.jobs.fine_tuning.tuning import (
+    OPTIONAL_KEYS,
+    all_inputs,
+    check_positions,
+    read_spec,
+)
 from launcher_scripts.jobs.training import recipe
 from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
@@ -97,8 +103,21 @@ class TuningStage:
         ]
 
 
+def _declared(stage_name: str) -> tuple[Declared, ...]:
+    """The keys the tuning program and its training loop read beyond the shipped recipes'."""
+    optional = (*recipe.LOOP_OPTIONAL_KEYS, *OPTIONAL_KEYS["common"], *OPTIONAL_KEYS[stage_name])
+    return (
+        Declared(optional=optional, when=(("model_family", "gpt"),)),
+        Declared(free_form=recipe.LOOP_FREE_FORM),
+    )
+
+
 def _stage(stage_name: str) -> type[TuningStage]:
-    return type(f"{stage_name.title().replace('_', '')}Stage", (TuningStage,), {"name": stage_name})
+    return type(
+        f"{stage_name.title().replace('_', '')}Stage",
+        (TuningStage,),
+        {"name": stage_name, "declared_keys": _declared(stage_name)},
+    )
 
 
 for _name in ("fine_tuning", "peft", "prompt_learning", "adapter_learning", "ia3_learning"):

@@ -23,6 +23,30 @@ RECOMPUTE_METHODS = ("uniform", "block")
 SCHEDULERS = ("CosineAnnealing", "constant")
 OPTIMIZERS = ("fused_adam", "adam", "adamw", "distributed_fused_adam", "sgd")
 
+# Keys the training loop (trainer.py, metrics.py, pretrain.py) reads with a default, which a
+# recipe may leave out; the tuning stages run the same loop on their recipe's run, trainer,
+# exp_manager and optim sections. The preflight's key check knows them from here.
+LOOP_OPTIONAL_KEYS = (
+    "run.rendezvous_timeout_seconds",
+    "trainer.accelerator",
+    "trainer.max_time",
+    "trainer.limit_val_batches",
+    "trainer.gradient_clip_val",
+    "trainer.val_check_interval",
+    "exp_manager.create_wandb_logger",
+    "exp_manager.resume_if_exists",
+    "exp_manager.resume_ignore_no_checkpoint",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps",
+    "model.optim.betas",
+    "model.optim.eps",
+    "model.optim.weight_decay",
+    "model.optim.sched.warmup_steps",
+    "model.optim.sched.constant_steps",
+    "model.optim.sched.min_lr",
+)
+# Maps the loop passes on as they are: wandb.init's keyword arguments.
+LOOP_FREE_FORM = ("exp_manager.wandb_logger_kwargs",)
+
 
 @dataclass(frozen=True)
 class Parallelism:
