@@ -73,19 +73,16 @@ def compose(argv: list[str]) -> DictConfig:
         raise schema.explain_unknown(cfg, error.key, value, declared_keys()) from None
 
 
-def check_schema(cfg: DictConfig, resolved: DictConfig, stages: list[str]) -> None:
-    """Keys no program reads, booleans that are not, and NeMo's values, before anything else
-    looks at the values."""
-    schema.check_known_keys(cfg, stages, declared_keys())
-    schema.check_booleans(resolved, stages)
-    nemo_keys.check_root_values(resolved)
-
-
 def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     """Validate everything and render every script, touching nothing on disk."""
     stages = requested_stages(cfg, STAGES, config_groups())
+    # Keys no program reads, first: a misspelt key may be why a value is missing.
+    schema.check_known_keys(cfg, stages, declared_keys())
     resolved = resolve(cfg, stages)
-    check_schema(cfg, resolved, stages)
+    # Booleans that are not (Hydra reads dry_run=maybe as a string) and NeMo's values, before
+    # anything looks at the values.
+    schema.check_booleans(resolved, stages)
+    nemo_keys.check_root_values(resolved)
     check_globals(resolved)
     backend = make_backend(resolved.cluster_type, resolved)
     planned, names = [], set()

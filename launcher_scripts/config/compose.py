@@ -59,11 +59,11 @@ def short_recipe_names(overrides: Sequence[str], root: Path | None = None) -> li
     for override in overrides:
         key, sep, value = override.partition("=")
         group = key.lstrip("+~")
-        if sep and group in groups and "/" not in value and not is_recipe_file(value):
-            if not (root / group / f"{value}.yaml").is_file():
-                named = [r for r in recipe_options(group, root) if r.rsplit("/", 1)[-1] == value]
-                if len(named) == 1:
-                    override = f"{key}={named[0]}"
+        short = sep and group in groups and "/" not in value and not is_recipe_file(value)
+        if short and not (root / group / f"{value}.yaml").is_file():
+            named = [r for r in recipe_options(group, root) if r.rsplit("/", 1)[-1] == value]
+            if len(named) == 1:
+                override = f"{key}={named[0]}"
         rewritten.append(override)
     return rewritten
 

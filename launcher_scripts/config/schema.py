@@ -77,10 +77,7 @@ class Declared:
 def shipped(group: str) -> tuple[tuple[str, dict[str, Any]], ...]:
     """(recipe name, unresolved content) of every recipe of a group; "" for config.yaml."""
     root = conf_dir()
-    if group == "":
-        files = [root / "config.yaml"]
-    else:
-        files = sorted((root / group).rglob("*.yaml"))
+    files = [root / "config.yaml"] if group == "" else sorted((root / group).rglob("*.yaml"))
     recipes = []
     for path in files:
         content = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
@@ -185,7 +182,7 @@ class Section:
 
     prefix: str  # "training." or "" (the root)
     tree: Tree
-    source: str  # e.g. "the gpt training recipes (conf/training/)"
+    source: str  # why no program reads a key it lacks, e.g. "no training recipe ... has it"
     kind: Mapping[str, Any]
     group: str  # the config group, "" for the root
 
@@ -197,8 +194,8 @@ def stage_section(
     recipes, matched = same_kind(group, kind)
     tree = known_tree([c for _, c in recipes], declared, kind)
     described = ", ".join(f"{name} {value}" for name, value in matched.items() if value)
-    what = f"{group} recipes" + (f" with {described}" if described else "")
-    return Section(f"{group}.", tree, f"the {what} (conf/{group}/)", kind, group)
+    what = f"{group} recipe" + (f" with {described}" if described else "")
+    return Section(f"{group}.", tree, f"no {what} (conf/{group}/) has it", kind, group)
 
 
 def cluster_kinds() -> dict[str, Tree]:
@@ -210,7 +207,7 @@ def cluster_section(cluster_type: str) -> Section | None:
     tree = cluster_kinds().get(cluster_type)
     if tree is None:
         return None  # an unknown cluster_type is refused by check_globals
-    source = f"{cluster_type} cluster files (conf/cluster/{cluster_type}.yaml)"
+    source = f"the {cluster_type} cluster file (conf/cluster/{cluster_type}.yaml) has no such key"
     return Section(f"{CLUSTER}.", tree, source, {"cluster_type": cluster_type}, CLUSTER)
 
 
@@ -219,7 +216,8 @@ def root_section() -> Section:
     for group in config_groups():
         content.setdefault(group, None)  # checked as a section of its own
     tree = known_tree([content], [Declared(free_form=ROOT_FREE_FORM)])
-    return Section("", tree, "conf/config.yaml and the config groups", {}, "")
+    source = "conf/config.yaml has no such key and no config group is named so"
+    return Section("", tree, source, {}, "")
 
 
 def unknown_keys(node: Mapping[str, Any], tree: Tree, prefix: str = "") -> Iterator[str]:
@@ -242,13 +240,13 @@ def suggestion(path: str, tree: Tree) -> str | None:
     same_name = [p for p in known if p.rsplit(".", 1)[-1] == last]
     if same_name:
         return min(same_name, key=len)
-    close = difflib.get_close_matches(path, known, n=1, cutoff=0.75)
+    parent = path.rpartition(".")[0]
+    siblings = {p.rsplit(".", 1)[-1]: p for p in known if p.rpartition(".")[0] == parent}
+    close = difflib.get_close_matches(last, list(siblings), n=1, cutoff=0.6)
     if close:
-        return close[0]
-    siblings = [p for p in known if p.count(".") == path.count(".")]
-    names = {p.rsplit(".", 1)[-1]: p for p in siblings if p.startswith(path.rsplit(".", 1)[0])}
-    close = difflib.get_close_matches(last, list(names), n=1, cutoff=0.75)
-    return names[close[0]] if close else None
+        return siblings[close[0]]
+    close = difflib.get_close_matches(path, known, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def unknown_key_error(section: Section, path: str) -> ConfigError:
@@ -275,9 +273,7 @@ def unknown_key_error(section: Section, path: str) -> ConfigError:
             )
     meant = suggestion(path, section.tree)
     hint = f"Did you mean {section.prefix}{meant}?" if meant else "Check the spelling"
-    return ConfigError(
-        full, f"no program reads this key (it is in none of {section.source})", hint
-    )
+    return ConfigError(full, f"no program reads it: {section.source}", hint)
 
 
 def sections(

@@ -33,7 +33,6 @@ from launcher_scripts.jobs.fine_tuning.tuning import (
 )
 
 
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the stage's resolved YAML")
