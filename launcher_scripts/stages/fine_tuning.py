@@ -16,6 +16,7 @@ from launcher_scripts.jobs.fine_tuning.tuning import (
 )
 from launcher_scripts.jobs.training import recipe
 from launcher_scripts.jobs.training.families import family_of
+from launcher_scripts.jobs.training.optimizer_checks import check_optimizer
 from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
@@ -29,6 +30,7 @@ class TuningStage:
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
         family = family_of(cfg, stage)
+        check_optimizer(cfg.model, stage)
         require_job_program(ctx, "model_family", family.name, family.name == "gpt")
         if family.name != "gpt":
             return  # T5 tuning recipes compose and render; their job program is not written

@@ -16,6 +16,7 @@ from typing import Any
 from launcher_scripts.config.checks import require_choice, require_int
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.training import recipe
+from launcher_scripts.jobs.training.optimizer_checks import check_optimizer
 from launcher_scripts.jobs.training.recipe import key
 
 # The activations NeMo's encoder models accept (megatron's names).
@@ -80,6 +81,7 @@ def _wordpiece_or_sentencepiece(cfg: Any, stage: str) -> None:
 def _common(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     """What every family shares after its layout checks: batch, precision, trainer, inputs."""
     model = cfg.model
+    check_optimizer(model, stage)
     par = recipe.parallelism(cfg, stage)
     recipe.check_batch(model, par, stage)
     recipe.precision(cfg, stage)
