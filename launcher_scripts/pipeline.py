@@ -64,13 +64,19 @@ def compose(argv: list[str]) -> DictConfig:
     try:
         return compose_config(argv)
     except UnknownOverride as error:
-        rest = [arg for arg in argv if arg != error.override]
+        first = error
+    # Compose without the overrides Hydra cannot apply, to know the recipes they were meant for.
+    rest = [arg for arg in argv if arg != first.override]
+    while True:
         try:
             cfg = compose_config(rest)
+            break
+        except UnknownOverride as error:
+            rest = [arg for arg in rest if arg != error.override]
         except LauncherError:
-            raise error from None
-        value = error.override.partition("=")[2]
-        raise schema.explain_unknown(cfg, error.key, value, declared_keys()) from None
+            raise first from None
+    value = first.override.partition("=")[2]
+    raise schema.explain_unknown(cfg, first.key, value, declared_keys()) from None
 
 
 def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:

@@ -271,6 +271,19 @@ def unknown_key_error(section: Section, path: str) -> ConfigError:
                 f"Set cluster_type={elsewhere[0]}, or give a cluster file for "
                 f"{section.kind.get('cluster_type')} (without {path})",
             )
+    if section.group not in ("", CLUSTER):
+        having = [
+            name
+            for name, content in shipped(section.group)
+            if path in set(paths(known_tree([content])))
+        ]
+        if having:
+            shown = ", ".join(having[:3]) + (", ..." if len(having) > 3 else "")
+            return ConfigError(
+                full,
+                f"{section.source}, but {shown} {'has' if len(having) == 1 else 'have'} it",
+                f"Choose such a recipe, e.g. {section.group}={having[0]}",
+            )
     meant = suggestion(path, section.tree)
     hint = f"Did you mean {section.prefix}{meant}?" if meant else "Check the spelling"
     return ConfigError(full, f"no program reads it: {section.source}", hint)
