@@ -40,31 +40,39 @@ SECTION_SETTINGS = {
     "5.1.2.4": ("data_preparation=bert/download_bert_pile",),
 }
 
-# Commands outside this launcher by design, by a piece of the command only it holds. Each is
-# refused with one line naming what to use (checked below), except the AutoConfigurator's.
-OUTSIDE = {
+# Commands outside this launcher by design, by a piece of the command only it holds: why, and
+# what its one-line refusal names (the AutoConfigurator's is not main.py's and is not run).
+OUTSIDE: dict[str, tuple[str, str | None]] = {
     "auto_configurator/main.py": (
         "the AutoConfigurator's program, not main.py: it measures by running training jobs, "
-        "so it has no dry run (tests/test_autoconfig_*.py cover it)"
+        "so it has no dry run (tests/test_autoconfig_*.py cover it)",
+        None,
     ),
     "evaluation.model.checkpoint_folder=/": (
         "evaluates a training checkpoint directly; evaluation here reads the converted file "
         "(model.nemo_model), converted in the same run with stages=[conversion,evaluation], as "
-        "the reference itself advises for interleaved checkpoints (5.13.1.4)"
+        "the reference itself advises for interleaved checkpoints (5.13.1.4)",
+        "conversion.model.checkpoint_folder",
     ),
     "evaluation.model.nemo_model=4": (
         "the reference's slip: nemo_model is given twice, the second time as 4; NeMo's "
-        "nemo_model of a prompt-learning evaluation is model.virtual_prompt_model_file here"
+        "nemo_model of a prompt-learning evaluation is model.virtual_prompt_model_file here",
+        "model.virtual_prompt_model_file",
     ),
     "export.model.tensor_model_parallel_size=2": (
         "a FasterTransformer export at TP 2; the exported Triton model serves the converted "
-        "file in one process (TP 1, PP 1)"
+        "file in one process (TP 1, PP 1)",
+        "TP 1, PP 1",
     ),
     "export.run.model_train_name=t5_220m": (
-        "a T5 export; the reference itself says export supports only GPT (5.14), as here"
+        "a T5 export, with FasterTransformer's layout keys; the reference itself says export "
+        "supports only GPT (5.14), as here",
+        "TP 1, PP 1",
     ),
     "export.run.model_train_name=mt5_125m": (
-        "an mT5 export; the reference itself says export supports only GPT (5.14), as here"
+        "an mT5 export, with FasterTransformer's layout keys; the reference itself says export "
+        "supports only GPT (5.14), as here",
+        "TP 1, PP 1",
     ),
 }
 
@@ -84,8 +92,8 @@ class Command:
                 return words[:index]
         return words
 
-    def outside(self) -> str | None:
-        return next((why for piece, why in OUTSIDE.items() if piece in self.text), None)
+    def outside(self) -> tuple[str, str | None] | None:
+        return next((entry for piece, entry in OUTSIDE.items() if piece in self.text), None)
 
 
 HEADING = re.compile(r"#{1,6}\s+(\d+(?:\.\d+)*)")
@@ -213,18 +221,19 @@ def adapted(command: Command, root: Path) -> list[str]:
 def test_reference_command_dry_runs(
     command: Command, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    why = command.outside()
-    if why is not None and "auto_configurator" in command.words[1]:
+    outside = command.outside()
+    if outside is not None and outside[1] is None:
         return  # not main.py: see OUTSIDE
     assert command.words[1].endswith("launcher_scripts/main.py") or command.words[1] == "main.py"
     args = adapted(command, tmp_path)
     code = main(args)
     out, err = capsys.readouterr()
-    if why is None:
+    if outside is None:
         assert code == 0, f"{command.text}\n{args}\n{err}"
         assert "nothing was run or submitted" in out
     else:
-        # Outside by design, and said so in one line.
+        # Outside by design, and said so in one line that names what to use.
         assert code == 2, f"{command.text}\n{out}\n{err}"
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), err
+        assert outside[1] in lines[0], lines[0]
