@@ -33,9 +33,9 @@ class Refused:
 
 
 ONE_PROCESS = "the conversion job is one process on one node, whatever the checkpoint's layout"
-EVAL_PROCESSES = (
-    "evaluation runs model.tensor_model_parallel_size x pipeline_model_parallel_size processes "
-    "on one node"
+EVAL_PROCESSES = "evaluation runs TP x PP processes on one node"
+EVAL_LAYOUT = (
+    "Set evaluation.model.tensor_model_parallel_size and pipeline_model_parallel_size instead"
 )
 PILE_WORKERS = "Set data_preparation.run.workers_per_node (tokenizing processes per node)"
 TUNED_FILE = (
@@ -51,15 +51,8 @@ TRITON_LAYOUT = (
 REFUSED: tuple[Refused, ...] = (
     Refused("conversion", "run.nodes", f"is NeMo's; {ONE_PROCESS}", "Remove it"),
     Refused("conversion", "run.ntasks_per_node", f"is NeMo's; {ONE_PROCESS}", "Remove it"),
-    Refused(
-        "evaluation", "run.nodes", f"is NeMo's; {EVAL_PROCESSES}", "Set the layout there instead"
-    ),
-    Refused(
-        "evaluation",
-        "run.ntasks_per_node",
-        f"is NeMo's; {EVAL_PROCESSES}",
-        "Set the layout there instead",
-    ),
+    Refused("evaluation", "run.nodes", f"is NeMo's; {EVAL_PROCESSES}", EVAL_LAYOUT),
+    Refused("evaluation", "run.ntasks_per_node", f"is NeMo's; {EVAL_PROCESSES}", EVAL_LAYOUT),
     Refused(
         "evaluation",
         "model.nemo_model",
