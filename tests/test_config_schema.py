@@ -16,13 +16,23 @@ from omegaconf import OmegaConf
 
 from launcher_scripts import pipeline
 from launcher_scripts.config import schema
-from launcher_scripts.config.compose import compose_config, conf_dir
+from launcher_scripts.config.compose import compose_config, conf_dir, recipe_options
 from launcher_scripts.config.preflight import CLUSTER_TYPES, resolve
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.stages import STAGES
 from tests.conftest import REPO, run_main
 from tests.test_preflight import assert_one_line_error
 from tests.test_published_recipes import FILLS
+
+KINDS = ("dataset", "model_family", "evaluation_kind", "peft_method")
+# Maps whose keys are the user's (checked by their stage, or passed on as they are).
+FREE_FORM = ("wandb_logger_kwargs", "language_file_counts", "split_fractions")
+
+
+def recipe_content(group: str, recipe: str) -> dict:
+    content = OmegaConf.to_container(OmegaConf.load(conf_dir() / group / f"{recipe}.yaml"))
+    assert isinstance(content, dict)
+    return content
 
 
 @functools.cache
@@ -31,10 +41,21 @@ def one_recipe_per_kind() -> list[tuple[str, str]]:
     PEFT method) of every stage group."""
     chosen: dict[tuple[str, tuple], str] = {}
     for group in STAGES:
-        for name, content in schema.shipped(group):
-            kind = tuple(sorted(schema.kind_of(content).items(), key=str))
-            chosen.setdefault((group, kind), name)
-    return sorted((group, name) for (group, _), name in chosen.items())
+        for recipe in recipe_options(group):
+            content = recipe_content(group, recipe)
+            chosen.setdefault((group, tuple(str(content.get(k)) for k in KINDS)), recipe)
+    return sorted((group, recipe) for (group, _), recipe in chosen.items())
+
+
+def key_paths(node: dict, prefix: str = "") -> list[str]:
+    """The dotted keys of a recipe, outside free-form maps."""
+    found = []
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        found.append(path)
+        if isinstance(value, dict) and key not in FREE_FORM:
+            found += key_paths(value, f"{path}.")
+    return found
 
 
 def typo_of(name: str) -> str:
@@ -44,17 +65,18 @@ def typo_of(name: str) -> str:
     return name[:middle] + name[middle + 1 :]
 
 
-def keys_by_depth(tree: schema.Tree, group: str) -> dict[int, str]:
-    """For each depth, one key (dotted, within the section) under a checked map, whose typo is
-    no key anywhere in the group."""
-    every_name = {p.rsplit(".", 1)[-1] for p in schema.paths(tree)}
+def keys_by_depth(group: str, recipe: str) -> dict[int, str]:
+    """For each depth, one key of the recipe whose typo is no key of any recipe of the group."""
+    names = {
+        path.rsplit(".", 1)[-1]
+        for other in recipe_options(group)
+        for path in key_paths(recipe_content(group, other))
+    }
     found: dict[int, str] = {}
-    for path in sorted(schema.paths(tree)):
-        parts = path.split(".")
-        name = parts[-1]
-        if len(name) < 5 or typo_of(name) in every_name or len(parts) in found:
-            continue
-        found[len(parts)] = path
+    for path in sorted(key_paths(recipe_content(group, recipe))):
+        depth, name = path.count(".") + 1, path.rsplit(".", 1)[-1]
+        if len(name) >= 5 and typo_of(name) not in names and depth not in found:
+            found[depth] = path
     return found
 
 
@@ -63,11 +85,6 @@ def set_path(node: dict, path: str, value: object) -> None:
     for part in parents:
         node = node[part]
     node[last] = value
-
-
-def stage_tree(group: str, recipe: str) -> schema.Tree:
-    content = dict(schema.shipped(group))[recipe]
-    return schema.stage_section(group, content, pipeline.declared_keys()[group]).tree
 
 
 def refused(overrides: list[str]) -> ConfigError:
@@ -88,7 +105,7 @@ def test_a_typo_at_any_depth_is_refused_with_the_key_meant(
     """At every depth of every kind of stage (a typo added to the composed config, as `+` does),
     on the command line with + (Hydra's hint) and in a user's recipe file; the one line names
     the typo and the key meant."""
-    depths = sorted(keys_by_depth(stage_tree(group, recipe), group).items())
+    depths = sorted(keys_by_depth(group, recipe).items())
     assert len(depths) >= 2, depths
     common = [f"stages=[{group}]", *FILLS.get((group, recipe), []), "dry_run=true"]
     common += [f"base_results_dir={tmp_path}/results", f"data_dir={tmp_path}/data"]
@@ -98,7 +115,7 @@ def test_a_typo_at_any_depth_is_refused_with_the_key_meant(
         broken = base.copy()
         OmegaConf.update(broken, f"{group}.{typo}", 2, force_add=True)
         with pytest.raises(ConfigError) as error:
-            schema.check_known_keys(broken, [group], pipeline.declared_keys())
+            pipeline.plan(broken)
         assert error.value.key == f"{group}.{typo}", str(error.value)
         assert f"Did you mean {group}.{path}?" in str(error.value), str(error.value)
 
@@ -107,8 +124,7 @@ def test_a_typo_at_any_depth_is_refused_with_the_key_meant(
     assert error.key == f"{group}.{typo_path(deepest)}"
     assert f"Did you mean {group}.{deepest}?" in str(error), str(error)
 
-    content = OmegaConf.to_container(OmegaConf.load(conf_dir() / group / f"{recipe}.yaml"))
-    assert isinstance(content, dict)
+    content = recipe_content(group, recipe)
     set_path(content, typo_path(shallowest), 2)
     user_recipe = tmp_path / f"my_{group}.yaml"
     OmegaConf.save(OmegaConf.create(content), user_recipe)
