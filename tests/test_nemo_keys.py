@@ -62,12 +62,23 @@ def test_conversion_tokenizer_files_for_a_sentencepiece_model_are_refused(tmp_pa
 
 
 def test_conversion_tokenizer_files_must_exist_in_a_real_run(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    hparams = tmp_path / "run" / "hparams.yaml"
+    tokenizer = {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": "/old/v.json"}
+    OmegaConf.save(
+        {"cfg": {"num_layers": 2, "num_attention_heads": 2, "tokenizer": tokenizer}}, hparams
+    )
+    missing = tmp_path / "moved" / "vocab.json"
     result = run_main(
         f"base_results_dir={tmp_path}/results",
-        *GPT2_RUN,
-        f"conversion.model.vocab_file={tmp_path}/missing/vocab.json",
+        "stages=[conversion]",
+        f"conversion.model.checkpoint_folder={checkpoints}",
+        f"conversion.model.hparams_file={hparams}",
+        "conversion.run.hf_dir_name=null",
+        f"conversion.model.vocab_file={missing}",
     )
-    assert result.returncode == 2, result.stderr
+    assert_one_line_error(result, "conversion.model.vocab_file", f"{missing} does not exist")
     assert not (tmp_path / "results").exists()
 
 
