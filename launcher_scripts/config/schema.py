@@ -281,8 +281,8 @@ def unknown_key_error(section: Section, path: str) -> ConfigError:
             shown = ", ".join(having[:3]) + (", ..." if len(having) > 3 else "")
             return ConfigError(
                 full,
-                f"{section.source}, but {shown} {'has' if len(having) == 1 else 'have'} it",
-                f"Choose such a recipe, e.g. {section.group}={having[0]}",
+                f"{section.source}; only {shown} {'has' if len(having) == 1 else 'have'} it",
+                f"Choose one of those (e.g. {section.group}={having[0]}), or leave the key out",
             )
     meant = suggestion(path, section.tree)
     hint = f"Did you mean {section.prefix}{meant}?" if meant else "Check the spelling"
@@ -325,13 +325,11 @@ def explain_unknown(
     group, _, path = key.partition(".")
     content = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(content, dict)
-    section: Section | None
+    section: Section | None = None
     if group == CLUSTER and isinstance(content.get("cluster_type"), str):
         section = cluster_section(content["cluster_type"])
     elif group in config_groups() and isinstance(content.get(group), dict):
         section = stage_section(group, content[group], declared.get(group, ()))
-    else:
-        section, path = root_section(), key
     if section is None:
         section, path = root_section(), key
     if path in set(paths(section.tree)):
