@@ -29,9 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Imported here so that --help and the error path stay fast.
         from launcher_scripts import pipeline
-        from launcher_scripts.config.compose import compose_config
 
-        return pipeline.run(compose_config(argv), argv)
+        return pipeline.run(pipeline.compose(argv), argv)
     except (LauncherError, OmegaConfBaseException) as error:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

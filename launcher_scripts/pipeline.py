@@ -16,13 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.clusters import BACKENDS, Backend, JobRecord
 from launcher_scripts.clusters.base import utc_now
-from launcher_scripts.config.compose import config_groups
-from launcher_scripts.config.preflight import (
-    check_globals,
-    check_wandb,
-    requested_stages,
-    resolve,
-)
+from launcher_scripts.config import nemo_keys, schema
+from launcher_scripts.config.compose import UnknownOverride, compose_config, config_groups
+from launcher_scripts.config.preflight import check_globals, check_wandb, requested_stages, resolve
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.files import write_atomic
 from launcher_scripts.jobspec import JobSpec
@@ -57,10 +53,42 @@ def make_backend(cluster_type: str, root: DictConfig) -> Backend:
     return BACKENDS[cluster_type](root)
 
 
+def declared_keys() -> dict[str, tuple[schema.Declared, ...]]:
+    """The optional and free-form keys each stage's programs read (beyond its recipes')."""
+    return {name: tuple(getattr(stage, "declared_keys", ())) for name, stage in STAGES.items()}
+
+
+def compose(argv: list[str]) -> DictConfig:
+    """compose_config, with a key Hydra cannot override (the recipe lacks it) explained: the
+    key the user meant, or how to add a key the stage reads."""
+    try:
+        return compose_config(argv)
+    except UnknownOverride as error:
+        first = error
+    # Compose without the overrides Hydra cannot apply, to know the recipes they were meant for.
+    rest = [arg for arg in argv if arg != first.override]
+    while True:
+        try:
+            cfg = compose_config(rest)
+            break
+        except UnknownOverride as error:
+            rest = [arg for arg in rest if arg != error.override]
+        except LauncherError:
+            raise first from None
+    value = first.override.partition("=")[2]
+    raise schema.explain_unknown(cfg, first.key, value, declared_keys()) from None
+
+
 def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     """Validate everything and render every script, touching nothing on disk."""
     stages = requested_stages(cfg, STAGES, config_groups())
+    # Keys no program reads, first: a misspelt key may be why a value is missing.
+    schema.check_known_keys(cfg, stages, declared_keys())
     resolved = resolve(cfg, stages)
+    # Booleans that are not (Hydra reads dry_run=maybe as a string) and NeMo's values, before
+    # anything looks at the values.
+    schema.check_booleans(resolved, stages)
+    nemo_keys.check_root_values(resolved)
     check_globals(resolved)
     backend = make_backend(resolved.cluster_type, resolved)
     check_wandb(resolved, stages, backend.jobs_use_launcher_environment())

@@ -107,10 +107,14 @@ def test_cluster_type_picks_its_cluster_file(cluster_type: str) -> None:
     assert compose_config([f"cluster_type={cluster_type}"]).cluster == expected
 
 
-def test_a_named_cluster_file_wins_over_the_cluster_type() -> None:
-    cfg = compose_config(["cluster_type=bcp", "cluster=bcm"])
-    assert cfg.cluster == OmegaConf.load(conf_dir() / "cluster" / "bcm.yaml")
-    assert cfg.cluster_type == "bcp"
+def test_a_sites_own_cluster_file_wins_over_the_cluster_type(tmp_path) -> None:
+    site = OmegaConf.load(conf_dir() / "cluster" / "bcm.yaml")
+    site.partition, site.account = "gpu", "llm"
+    path = tmp_path / "site_slurm.yaml"
+    OmegaConf.save(site, path)
+    cfg = compose_config(["cluster_type=bcm", f"cluster={path}"])
+    assert cfg.cluster == site
+    assert cfg.cluster_type == "bcm"
 
 
 def test_the_default_cluster_file_matches_the_default_cluster_type() -> None:

@@ -197,6 +197,8 @@ EVALUATIONS: dict[str, tuple[str, str | None]] = {
     "peft_gpt3/squad": ("fine_tuned", "lora"),
     "prompt_t5/squad": ("fine_tuned", "prompt"),
     "adapter_t5/squad": ("fine_tuned", "adapter"),
+    "prompt_mt5/squad": ("fine_tuned", "prompt"),
+    "ia3_t5/squad": ("fine_tuned", "ia3"),
 }
 
 # Recipes the issue asks for beyond the training sizes in PUBLISHED.

@@ -7,6 +7,7 @@ changing logging, and lets every composition error become one actionable line.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,6 +47,25 @@ def config_groups(root: Path | None = None) -> list[str]:
 def is_recipe_file(value: str) -> bool:
     """A group value naming a recipe file outside conf/ (an absolute path to a .yaml)."""
     return value.endswith((".yaml", ".yml")) and Path(value).is_absolute()
+
+
+def short_recipe_names(overrides: Sequence[str], root: Path | None = None) -> list[str]:
+    """`<group>=<file name>` names the recipe of that name when only one recipe of the group
+    has it: `conversion=convert_t5` is t5/convert_t5 (the NeMo launcher's documentation uses
+    such names from before its recipes had family folders)."""
+    root = root or conf_dir()
+    groups = set(config_groups(root))
+    rewritten = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        group = key.lstrip("+~")
+        short = sep and group in groups and "/" not in value and not is_recipe_file(value)
+        if short and not (root / group / f"{value}.yaml").is_file():
+            named = [r for r in recipe_options(group, root) if r.rsplit("/", 1)[-1] == value]
+            if len(named) == 1:
+                override = f"{key}={named[0]}"
+        rewritten.append(override)
+    return rewritten
 
 
 def check_recipe_overrides(overrides: Sequence[str], root: Path | None = None) -> None:
@@ -121,13 +141,54 @@ def matching_cluster(
     return []
 
 
+def chosen_cluster(overrides: Sequence[str]) -> str | None:
+    """The cluster file named on the command line (`cluster=<name or path>`), if any."""
+    chosen = None
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.lstrip("+~") == "cluster":
+            chosen = value
+    return chosen
+
+
+def check_cluster_file(overrides: Sequence[str], cfg: DictConfig, root: Path) -> None:
+    """A shipped cluster file is for the cluster_type it is named after: `cluster_type=local
+    cluster=bcm` would render Slurm settings and run locally. A site's own file (another name,
+    or a path) is checked key by key against its cluster_type in preflight."""
+    chosen = chosen_cluster(overrides)
+    cluster_type = cfg.get("cluster_type")
+    shipped = {p.stem for p in (root / "cluster").glob("*.yaml")}
+    if chosen in shipped and isinstance(cluster_type, str) and chosen != cluster_type:
+        raise ConfigError(
+            "cluster",
+            f"cluster={chosen} is the {chosen} cluster file but cluster_type={cluster_type}",
+            f"Set cluster_type={chosen}, or leave cluster out (cluster_type={cluster_type} "
+            f"picks conf/cluster/{cluster_type}.yaml)",
+        )
+
+
 def compose_config(overrides: Sequence[str], config_name: str = "config") -> DictConfig:
     """The composed, unresolved configuration. Raises ConfigError on any composition error."""
     root = conf_dir()
+    overrides = short_recipe_names(overrides, root)
     check_recipe_overrides(overrides, root)
+    given = list(overrides)
     overrides = recipe_file_overrides(overrides, root)
     overrides = [*matching_cluster(overrides, root, config_name), *overrides]
-    return compose_in(root, config_name, overrides, "Check the recipe names")
+    cfg = compose_in(root, config_name, overrides, "Check the recipe names")
+    check_cluster_file(given, cfg, root)
+    return cfg
+
+
+class UnknownOverride(LauncherError):
+    """Hydra refused `key=value` because the composed config has no such key."""
+
+    def __init__(self, message: str, override: str, key: str) -> None:
+        super().__init__(message)
+        self.override, self.key = override, key
+
+
+NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
 
 
 def compose_in(
@@ -150,7 +211,14 @@ def compose_in(
     except MissingConfigException as error:
         raise ConfigError("config", _first_line(error), missing_fix) from error
     except HydraException as error:
-        raise LauncherError(f"bad override: {_first_line(error)}") from error
+        message = f"bad override: {_first_line(error)}"
+        missing = NOT_OVERRIDABLE.search(str(error))
+        if missing:
+            key = missing.group(1)
+            for override in overrides:
+                if override.partition("=")[0] == key:
+                    raise UnknownOverride(message, override, key) from error
+        raise LauncherError(message) from error
 
 
 def _first_line(error: Exception) -> str:

@@ -32,6 +32,7 @@ GLOBAL_KEYS = (
     "env_vars",
     "wandb_api_key_file",
     "numa_mapping",
+    "plan",
     "dry_run",
 )
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_int, require_layout
 from launcher_scripts.errors import ConfigError, RecipeError
 from launcher_scripts.jobs.conversion.architectures import hf_architecture
 from launcher_scripts.jobs.conversion.convert import (
     CONVERTED_FAMILIES,
+    TOKENIZER_FILES,
     ConversionError,
     pick_checkpoint,
     read_hparams,
@@ -43,12 +45,15 @@ class Conversion:
         pp = require_int(
             f"{stage}.model.pipeline_model_parallel_size", cfg.model.pipeline_model_parallel_size
         )
+        nemo_keys.check_model_parallel_size(cfg.model, f"{stage}.model")
         family = family_of(cfg, stage).name
         converted = family in CONVERTED_FAMILIES
         require_job_program(ctx, "model_family", f"{family} checkpoints", converted)
         if converted:
             self._check_checkpoint(ctx)
         trained = self._trained_model(ctx) if converted else None
+        if converted:
+            self._check_tokenizer_files(ctx, trained[0] if trained else None)
         if trained is None:
             return
         model, model_key = trained
@@ -69,6 +74,26 @@ class Conversion:
         except ConversionError as error:
             key = error.key.replace("conversion.", f"{ctx.stage}.", 1)
             raise RecipeError(f"{key}: {error}") from None
+
+    @staticmethod
+    def _check_tokenizer_files(ctx: StageContext, trained: Any) -> None:
+        """model.vocab_file / merge_file (NeMo's keys) replace the GPT-2 BPE files training
+        recorded: they must exist, and the trained tokenizer must be one made of such files."""
+        for name in TOKENIZER_FILES:
+            value = ctx.cfg.model.get(name)
+            if value is None:
+                continue
+            key = f"{ctx.stage}.model.{name}"
+            recorded = (trained.get("tokenizer") or {}) if trained is not None else None
+            if recorded is not None and recorded.get(name) is None:
+                raise ConfigError(
+                    key,
+                    f"the trained model's tokenizer has no {name} (it is "
+                    f"{recorded.get('model') or recorded.get('library')}), and it is packed as "
+                    "training recorded it",
+                    f"Set {key}=null",
+                )
+            ctx.require_input(name, "Give the path of the tokenizer file the model trained with")
 
     @staticmethod
     def _trained_model(ctx: StageContext) -> tuple[Any, str] | None:

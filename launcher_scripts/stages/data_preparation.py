@@ -14,6 +14,7 @@ from launcher_scripts.config.checks import (
     require_input,
     require_int,
 )
+from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.data_prep.shards import parse_file_numbers
 from launcher_scripts.jobspec import Command, JobSpec
@@ -217,6 +218,7 @@ class PileDataset:
     def validate(self, ctx: StageContext) -> None:
         cfg = ctx.cfg
         numbers = self._numbers(ctx)
+        self._check_array(ctx, numbers)
         array_size(ctx, len(numbers))
         workers_args(ctx)
         family = ctx.cfg.model_family
@@ -256,6 +258,26 @@ class PileDataset:
                 "Give one without '/', such as my-t5_",
             )
         return prefix
+
+    @staticmethod
+    def _check_array(ctx: StageContext, numbers: list[int]) -> None:
+        """NeMo's `run.array` lists the shards as Slurm array indices; here the array's tasks
+        share the shards of file_numbers, so it must name the same ones."""
+        array = ctx.cfg.run.get("array")
+        if array is None:
+            return
+        key = stage_key(ctx, "run.array")
+        try:
+            named = parse_file_numbers(array)
+        except ValueError as error:
+            raise ConfigError(key, str(error), "Use the syntax of file_numbers") from None
+        if named != numbers:
+            raise ConfigError(
+                key,
+                f"names the shards {array} but file_numbers names {ctx.cfg.file_numbers}",
+                f"The array follows file_numbers: set {stage_key(ctx, 'file_numbers')}={array} "
+                f"(run.node_array_size tasks share them)",
+            )
 
     @staticmethod
     def _numbers(ctx: StageContext) -> list[int]:
@@ -341,6 +363,13 @@ DATASETS: dict[str, Dataset] = {
 @register
 class DataPreparation:
     name = "data_preparation"
+    declared_keys = (
+        Declared(optional=("run.cpus_per_node",)),  # data_prep_common.cpu_resources
+        # The table of languages: a user adds one with +<table>.<code>=COUNT.
+        Declared(free_form=("language_file_counts",), when=(("dataset", "mc4"),)),
+        # Split names are checked by the dataset, which lists the allowed ones.
+        Declared(free_form=("split_fractions",), when=(("dataset", "sft_dolly"),)),
+    )
 
     def _dataset(self, ctx: StageContext) -> Dataset:
         kind = ctx.cfg.get("dataset")

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_choice, require_int, require_layout
+from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.conversion.portable_check import require_peft
 from launcher_scripts.jobs.evaluation import recipe
@@ -23,6 +25,12 @@ EVALUATE_TUNED = "launcher_scripts.jobs.fine_tuning.evaluate_tuned"
 @register
 class Evaluation:
     name = "evaluation"
+    declared_keys = (
+        Declared(
+            optional=evaluate_tuned.OPTIONAL_KEYS,
+            when=(("evaluation_kind", "fine_tuned"), ("model_family", "gpt")),
+        ),
+    )
 
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
@@ -89,6 +97,7 @@ class Evaluation:
 
     def _validate_harness(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
+        self._check_nemo_keys(ctx)
         model_file = ctx.require_input(
             "nemo_model",
             "Convert first (stages=[conversion,evaluation]), or set it to a .nemo file",
@@ -112,6 +121,28 @@ class Evaluation:
             recipe.check_precision(
                 cfg.model.get("precision"), model.get("precision", 32), f"{stage}.model.precision"
             )
+
+    @staticmethod
+    def _check_nemo_keys(ctx: StageContext) -> None:
+        """NeMo's keys for evaluating a training checkpoint: only null (this evaluation reads
+        the converted file, which holds its tokenizer), and model_parallel_size = TP x PP."""
+        prefix = f"{ctx.stage}.model"
+        nemo_keys.require_unset(
+            ctx.cfg.model,
+            ("checkpoint_folder", "checkpoint_name", "hparams_file"),
+            prefix,
+            "Evaluation reads the converted file model.nemo_model: convert the checkpoint in the "
+            "same run (stages=[conversion,evaluation] with conversion.model.checkpoint_folder=...) "
+            "or set model.nemo_model to a converted file",
+        )
+        nemo_keys.require_unset(
+            ctx.cfg.model,
+            ("vocab_file", "merge_file"),
+            prefix,
+            "The converted file holds its tokenizer: give tokenizer files to the conversion "
+            "(conversion.model.vocab_file, merge_file)",
+        )
+        nemo_keys.check_model_parallel_size(ctx.cfg.model, prefix)
 
     @staticmethod
     def _check_limit(key: str, limit: Any) -> None:

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import RecipeError
 from launcher_scripts.jobs.conversion.portable_check import require_peft, require_portable
-from launcher_scripts.jobs.fine_tuning.tuning import all_inputs, check_positions, read_spec
+from launcher_scripts.jobs.fine_tuning.tuning import (
+    OPTIONAL_KEYS,
+    all_inputs,
+    check_positions,
+    read_spec,
+)
 from launcher_scripts.jobs.training import recipe
 from launcher_scripts.jobs.training.families import family_of
+from launcher_scripts.jobs.training.optimizer_checks import check_optimizer
 from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
@@ -23,6 +30,7 @@ class TuningStage:
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
         family = family_of(cfg, stage)
+        check_optimizer(cfg.model, stage)
         require_job_program(ctx, "model_family", family.name, family.name == "gpt")
         if family.name != "gpt":
             return  # T5 tuning recipes compose and render; their job program is not written
@@ -97,8 +105,21 @@ class TuningStage:
         ]
 
 
+def _declared(stage_name: str) -> tuple[Declared, ...]:
+    """The keys the tuning program and its training loop read beyond the shipped recipes'."""
+    optional = (*recipe.LOOP_OPTIONAL_KEYS, *OPTIONAL_KEYS["common"], *OPTIONAL_KEYS[stage_name])
+    return (
+        Declared(optional=optional, when=(("model_family", "gpt"),)),
+        Declared(free_form=recipe.LOOP_FREE_FORM),
+    )
+
+
 def _stage(stage_name: str) -> type[TuningStage]:
-    return type(f"{stage_name.title().replace('_', '')}Stage", (TuningStage,), {"name": stage_name})
+    return type(
+        f"{stage_name.title().replace('_', '')}Stage",
+        (TuningStage,),
+        {"name": stage_name, "declared_keys": _declared(stage_name)},
+    )
 
 
 for _name in ("fine_tuning", "peft", "prompt_learning", "adapter_learning", "ia3_learning"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher_scripts.config.schema import Declared
 from launcher_scripts.jobs.training import plan as training_plan
 from launcher_scripts.jobs.training import recipe, vocabulary
 from launcher_scripts.jobs.training.families import family_of
@@ -12,11 +13,16 @@ from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
+GPT = (("model_family", "gpt"),)  # the family the training loop runs
 
 
 @register
 class Training:
     name = "training"
+    declared_keys = (
+        Declared(optional=recipe.LOOP_OPTIONAL_KEYS, when=GPT),
+        Declared(free_form=recipe.LOOP_FREE_FORM),
+    )
 
     def validate(self, ctx: StageContext) -> None:
         family = family_of(ctx.cfg, ctx.stage)

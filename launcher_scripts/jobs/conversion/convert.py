@@ -35,6 +35,8 @@ class ConversionError(Exception):
 
 
 CONVERTED_FAMILIES = ("gpt",)  # the recipes' model_family values this job reads
+# NeMo's conversion.model keys naming the tokenizer files to pack (null: as training recorded)
+TOKENIZER_FILES = ("vocab_file", "merge_file")
 
 
 def pick_checkpoint(folder: Path, name: str) -> Checkpoint:
@@ -72,6 +74,17 @@ def pick_checkpoint(folder: Path, name: str) -> Checkpoint:
             "Use latest or one of these names (wildcards allowed)"
         )
     return matching[-1]
+
+
+def with_tokenizer_files(hparams: DictConfig, model_cfg: Any) -> DictConfig:
+    """The trained model's section with the recipe's tokenizer files (conversion.model.
+    vocab_file / merge_file, when set) in place of the paths training recorded: the same
+    files where they are now, e.g. in a workspace mounted elsewhere."""
+    for name in TOKENIZER_FILES:
+        value = model_cfg.get(name)
+        if value is not None:
+            hparams.tokenizer[name] = str(value)
+    return hparams
 
 
 def read_hparams(path: Path) -> DictConfig:
@@ -125,7 +138,7 @@ def convert(cfg: DictConfig) -> None:
     from launcher_scripts.jobs.conversion import portable
 
     model_cfg = cfg.model
-    hparams = read_hparams(Path(str(model_cfg.hparams_file)))
+    hparams = with_tokenizer_files(read_hparams(Path(str(model_cfg.hparams_file))), model_cfg)
     checkpoint = pick_checkpoint(
         Path(str(model_cfg.checkpoint_folder)), str(model_cfg.checkpoint_name)
     )

@@ -25,20 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.fine_tuning import sft_data
-from launcher_scripts.jobs.fine_tuning.tuning import TuningSpec, check_positions, read_spec
-
-# The recipe keys that replace the base model's for the tuning run.
-LAYOUT_KEYS = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "micro_batch_size",
-    "global_batch_size",
-    "seed",
-    "hidden_dropout",
-    "attention_dropout",
-    "activations_checkpoint_granularity",
-    "activations_checkpoint_method",
-    "activations_checkpoint_num_layers",
+from launcher_scripts.jobs.fine_tuning.tuning import (
+    LAYOUT_KEYS,
+    TuningSpec,
+    check_positions,
+    read_spec,
 )
 
 

@@ -31,6 +31,48 @@ STAGE_METHODS = {
 }
 PROMPT_STYLES = {"p-tuning": "ptuning", "prompt-tuning": "prompt_tuning"}
 
+# The recipe keys that replace the base model's for the tuning run (finetune.training_cfg).
+LAYOUT_KEYS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "micro_batch_size",
+    "global_batch_size",
+    "seed",
+    "hidden_dropout",
+    "attention_dropout",
+    "activations_checkpoint_granularity",
+    "activations_checkpoint_method",
+    "activations_checkpoint_num_layers",
+)
+_SFT_SPLIT_KEYS = ("answer_only_loss",)  # read for every split (tuner.py), set for none
+_ADAPTER_KEYS = ("activation", "layer_selection")
+_PROMPT_ENCODER_KEYS = ("encoder_hidden", "bottleneck_dim", "num_layers", "encoder_type", "dropout")
+# Keys this module and the tuning program read with a default that a stage's shipped recipes
+# may leave out (the preflight's key check knows them from here), beyond the training loop's.
+OPTIONAL_KEYS: dict[str, tuple[str, ...]] = {
+    "common": (
+        *(f"model.{name}" for name in LAYOUT_KEYS),
+        "model.sequence_parallel",
+    ),
+    "fine_tuning": tuple(
+        f"model.data.{split}_ds.{name}"
+        for split in ("train", "validation", "test")
+        for name in _SFT_SPLIT_KEYS
+    ),
+    "peft": (
+        *(
+            f"model.data.{split}_ds.{name}"
+            for split in ("train", "validation", "test")
+            for name in _SFT_SPLIT_KEYS
+        ),
+        *(f"model.peft.adapter_tuning.{name}" for name in _ADAPTER_KEYS),
+        *(f"model.peft.p_tuning.{name}" for name in _PROMPT_ENCODER_KEYS),
+    ),
+    "prompt_learning": tuple(f"model.p_tuning.{name}" for name in _PROMPT_ENCODER_KEYS),
+    "adapter_learning": tuple(f"model.adapter_tuning.{name}" for name in _ADAPTER_KEYS),
+    "ia3_learning": (),
+}
+
 
 @dataclass(frozen=True)
 class PeftSettings:

@@ -16,6 +16,7 @@ from typing import Any
 from launcher_scripts.config.checks import require_choice, require_int
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.training import recipe
+from launcher_scripts.jobs.training.optimizer_checks import check_optimizer
 from launcher_scripts.jobs.training.recipe import key
 
 # The activations NeMo's encoder models accept (megatron's names).
@@ -37,7 +38,13 @@ ENCODER_SCHEDULERS = (
     "InverseSquareRootAnnealing",
 )
 WORDPIECE_TYPES = ("BertWordPieceCase", "BertWordPieceLowerCase")
+# The position embeddings of T5 blocks the reference documents: a learned table, or T5's
+# bucketed relative bias.
+T5_POSITION_EMBEDDINGS = ("learned_absolute", "relative")
+# BERT's, as megatron-core's BertModel takes them.
+BERT_POSITION_EMBEDDINGS = ("learned_absolute", "rope")
 
+T5_BLOCKS = ("encoder", "decoder")
 Validator = Callable[[Any, str, Callable[[str], bool]], None]
 
 
@@ -80,6 +87,7 @@ def _wordpiece_or_sentencepiece(cfg: Any, stage: str) -> None:
 def _common(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     """What every family shares after its layout checks: batch, precision, trainer, inputs."""
     model = cfg.model
+    check_optimizer(model, stage)
     par = recipe.parallelism(cfg, stage)
     recipe.check_batch(model, par, stage)
     recipe.precision(cfg, stage)
@@ -103,6 +111,11 @@ def validate_bert(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> No
     recipe.check_positions(model, seq, "model.data.seq_length", stage)
     require_choice(
         key(stage, "model.activation"), model.get("activation", "gelu"), ENCODER_ACTIVATIONS
+    )
+    require_choice(
+        key(stage, "model.position_embedding_type"),
+        model.get("position_embedding_type", "learned_absolute"),
+        BERT_POSITION_EMBEDDINGS,
     )
     recipe.check_recompute(model, stage)
     _common(cfg, stage, will_exist)
@@ -131,6 +144,7 @@ def validate_t5(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None
         activation = model[block].get("activation", "gelu")
         require_choice(key(stage, f"{prefix}.activation"), activation, ENCODER_ACTIVATIONS)
         recipe.check_recompute(model[block], stage, prefix)
+    _t5_positions(model, stage)
     if model.encoder.hidden_size != model.decoder.hidden_size:
         raise ConfigError(
             key(stage, "model.decoder.hidden_size"),
@@ -144,6 +158,22 @@ def validate_t5(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None
     sentinels = model.tokenizer.get("num_sentinel_tokens", 0)
     require_int(key(stage, "model.tokenizer.num_sentinel_tokens"), sentinels)
     _common(cfg, stage, will_exist)
+
+
+def _t5_positions(model: Any, stage: str) -> None:
+    """The model's position embeddings (NeMo's top-level model.position_embedding_type) and
+    each block's (which follow it unless set): a documented type, and for the relative bias
+    whole numbers of buckets and of the largest distance."""
+    for prefix, section in (("model", model), *((f"model.{b}", model[b]) for b in T5_BLOCKS)):
+        if "position_embedding_type" not in section:
+            continue
+        kind = section.position_embedding_type
+        require_choice(
+            key(stage, f"{prefix}.position_embedding_type"), kind, T5_POSITION_EMBEDDINGS
+        )
+        if kind == "relative":
+            for name in ("relative_attention_num_buckets", "relative_attention_max_distance"):
+                require_int(key(stage, f"{prefix}.{name}"), section.get(name))
 
 
 def t5_pipeline_split(model: Any, pipeline: int, stage: str) -> tuple[int, int]:

@@ -110,6 +110,29 @@ def encoder_decoder_costs(
 COSTS = {"gpt": decoder_stack_costs, "bert": decoder_stack_costs, "t5": encoder_decoder_costs}
 
 
+DEFAULT_TFLOPS_PER_GPU = 140.0
+
+
+def plan_settings(root: Any) -> tuple[float, float | None]:
+    """The root's `plan` section: (model TFLOP/s per GPU, tokens to estimate the time for or
+    None for the run's own steps), each a positive number."""
+    settings = root.get("plan") or {}
+    values: list[float | None] = []
+    for name, default in (("tflops_per_gpu", DEFAULT_TFLOPS_PER_GPU), ("num_tokens", None)):
+        value = settings.get(name)
+        if value is None:
+            values.append(default)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ConfigError(
+                f"plan.{name}", f"{value!r} is not a positive number", "Fix the value, or null"
+            )
+        values.append(float(value))
+    tflops, tokens = values
+    assert tflops is not None
+    return tflops, tokens
+
+
 def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
     cfg = root[stage]
     model = cfg.model
@@ -118,8 +141,8 @@ def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
     vocab, assumed = tokenizer_vocab(model.tokenizer)
     micro_batches = max(1, global_batch // (micro * par.data))
     costs = COSTS[family_of(cfg, stage).name](cfg, par, vocab, micro_batches, stage)
-    settings = root.get("plan") or {}
-    tokens = settings.get("num_tokens") or int(cfg.trainer.max_steps) * global_batch * costs.seq
+    tflops_per_gpu, num_tokens = plan_settings(root)
+    tokens = num_tokens or int(cfg.trainer.max_steps) * global_batch * costs.seq
     gpu_memory = (root.get("cluster") or {}).get("gpu_memory_gb")
     on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu"
     return TrainingPlan(
@@ -137,7 +160,7 @@ def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
         gpu_memory_gb=float(gpu_memory) if gpu_memory else None,
         flops_per_step=costs.flops_per_sample * global_batch,
         tokens=float(tokens),
-        tflops_per_gpu=float(settings.get("tflops_per_gpu") or 140),
+        tflops_per_gpu=tflops_per_gpu,
         on_gpu=on_gpu,
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.training.optimizer_checks import OPTIMIZERS, check_optimizer
 
 ACTIVATIONS = ("gelu", "fast-swiglu", "swiglu", "squared-relu")
 NORMALIZATIONS = ("layernorm", "layernorm1p", "rmsnorm")
@@ -21,7 +22,30 @@ PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "b
 RECOMPUTE_GRANULARITIES = ("selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 SCHEDULERS = ("CosineAnnealing", "constant")
-OPTIMIZERS = ("fused_adam", "adam", "adamw", "distributed_fused_adam", "sgd")
+
+# Keys the training loop (trainer.py, metrics.py, pretrain.py) reads with a default, which a
+# recipe may leave out; the tuning stages run the same loop on their recipe's run, trainer,
+# exp_manager and optim sections. The preflight's key check knows them from here.
+LOOP_OPTIONAL_KEYS = (
+    "run.rendezvous_timeout_seconds",
+    "trainer.accelerator",
+    "trainer.max_time",
+    "trainer.limit_val_batches",
+    "trainer.gradient_clip_val",
+    "trainer.val_check_interval",
+    "exp_manager.create_wandb_logger",
+    "exp_manager.resume_if_exists",
+    "exp_manager.resume_ignore_no_checkpoint",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps",
+    "model.optim.betas",
+    "model.optim.eps",
+    "model.optim.weight_decay",
+    "model.optim.sched.warmup_steps",
+    "model.optim.sched.constant_steps",
+    "model.optim.sched.min_lr",
+)
+# Maps the loop passes on as they are: wandb.init's keyword arguments.
+LOOP_FREE_FORM = ("exp_manager.wandb_logger_kwargs",)
 
 
 @dataclass(frozen=True)
@@ -166,6 +190,7 @@ def validate(cfg: Any, stage: str = "training", will_exist: Any = None) -> None:
     `will_exist(path)` tells whether an earlier stage of the same run writes a file.
     """
     model = cfg.model
+    check_optimizer(model, stage)
     par = parallelism(cfg, stage)
     check_world(par, stage)
     check_layer_split(model.num_layers, par.pipeline * (par.virtual_pipeline or 1), par, stage)

@@ -1,0 +1,284 @@
+"""The keys the NeMo launcher's reference documents: accepted with their documented meaning, or
+refused with one line naming the key to use (launcher_scripts/config/nemo_keys.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from launcher_scripts import pipeline
+from launcher_scripts.config.compose import compose_config
+from launcher_scripts.errors import ConfigError, LauncherError
+from launcher_scripts.jobs.conversion.convert import with_tokenizer_files
+from tests.conftest import run_main
+from tests.test_preflight import assert_one_line_error
+
+
+def dry_plan(tmp_path: Path, *overrides: str):
+    args = [f"base_results_dir={tmp_path}/results", f"data_dir={tmp_path}/data", "dry_run=true"]
+    return pipeline.plan(pipeline.compose([*args, *overrides]))
+
+
+def refused(tmp_path: Path, *overrides: str) -> ConfigError:
+    with pytest.raises(ConfigError) as error:
+        dry_plan(tmp_path, *overrides)
+    return error.value
+
+
+# ----- conversion ---------------------------------------------------------------------------
+
+GPT2_RUN = ("stages=[training,conversion]", "training=gpt3/126m")
+
+
+def test_conversion_packs_the_tokenizer_files_it_is_given(tmp_path: Path) -> None:
+    """NeMo's conversion.model.vocab_file/merge_file: the GPT-2 BPE files where they are now."""
+    vocab, merges = tmp_path / "bpe" / "vocab.json", tmp_path / "bpe" / "merges.txt"
+    _, resolved, planned = dry_plan(
+        tmp_path,
+        *GPT2_RUN,
+        f"conversion.model.vocab_file={vocab}",
+        f"conversion.model.merge_file={merges}",
+    )
+    conversion = next(stage for stage in planned if stage.stage == "conversion")
+    written = OmegaConf.create(conversion.config_yaml)
+    hparams = OmegaConf.create({"tokenizer": dict(resolved.training.model.tokenizer)})
+    packed = with_tokenizer_files(hparams, written.model).tokenizer
+    assert (packed.vocab_file, packed.merge_file) == (str(vocab), str(merges))
+    assert str(vocab) in conversion.missing_inputs  # a dry run lists what is not there yet
+    unchanged = with_tokenizer_files(
+        OmegaConf.create({"tokenizer": {"vocab_file": "/a", "merge_file": "/b"}}),
+        OmegaConf.create({"vocab_file": None, "merge_file": None}),
+    )
+    assert (unchanged.tokenizer.vocab_file, unchanged.tokenizer.merge_file) == ("/a", "/b")
+
+
+def test_conversion_tokenizer_files_for_a_sentencepiece_model_are_refused(tmp_path: Path) -> None:
+    error = refused(
+        tmp_path, "stages=[training,conversion]", "conversion.model.vocab_file=/x/vocab.json"
+    )
+    assert error.key == "conversion.model.vocab_file" and "=null" in str(error), str(error)
+
+
+def test_conversion_tokenizer_files_must_exist_in_a_real_run(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    hparams = tmp_path / "run" / "hparams.yaml"
+    tokenizer = {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": "/old/v.json"}
+    OmegaConf.save(
+        {"cfg": {"num_layers": 2, "num_attention_heads": 2, "tokenizer": tokenizer}}, hparams
+    )
+    missing = tmp_path / "moved" / "vocab.json"
+    result = run_main(
+        f"base_results_dir={tmp_path}/results",
+        "stages=[conversion]",
+        f"conversion.model.checkpoint_folder={checkpoints}",
+        f"conversion.model.hparams_file={hparams}",
+        "conversion.run.hf_dir_name=null",
+        f"conversion.model.vocab_file={missing}",
+    )
+    assert_one_line_error(result, "conversion.model.vocab_file", f"{missing} does not exist")
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("stage", ["conversion", "evaluation"])
+def test_model_parallel_size_is_tp_times_pp(stage: str, tmp_path: Path) -> None:
+    stages = "stages=[training,conversion,evaluation]"
+    dry_plan(tmp_path, stages, f"{stage}.model.tensor_model_parallel_size=2")  # follows TP x PP
+    error = refused(tmp_path, stages, f"{stage}.model.model_parallel_size=4")
+    assert error.key == f"{stage}.model.model_parallel_size", str(error)
+    assert f"{stage}.model.tensor_model_parallel_size" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("+conversion.run.nodes=2", "one process"),
+        ("+conversion.run.ntasks_per_node=8", "one process"),
+        ("+evaluation.run.nodes=2", "evaluation.model.tensor_model_parallel_size"),
+        ("evaluation.run.ntasks_per_node=8", "evaluation.model.tensor_model_parallel_size"),
+        ("+export.model.tensor_model_parallel_size=2", "TP 1, PP 1"),
+        ("export.triton_deployment.pipeline_model_parallel_size=1", "TP 1, PP 1"),
+    ],
+)
+def test_nemos_resource_keys_are_refused_with_what_to_use(
+    override: str, fragment: str, tmp_path: Path
+) -> None:
+    stages = "stages=[training,conversion,evaluation,export]"
+    error = refused(tmp_path, stages, override)
+    assert error.key == override.lstrip("+").partition("=")[0], str(error)
+    assert "NeMo" in str(error) and fragment in str(error), str(error)
+
+
+# ----- evaluation ---------------------------------------------------------------------------
+
+
+def test_the_interleaved_evaluation_override_runs(tmp_path: Path) -> None:
+    """5.13.1.4: evaluate a converted file, nulling NeMo's checkpoint keys."""
+    model = tmp_path / "converted.nemo"
+    _, resolved, _ = dry_plan(
+        tmp_path,
+        "stages=[evaluation]",
+        f"evaluation.model.nemo_model={model}",
+        "evaluation.model.checkpoint_folder=null",
+        "evaluation.model.checkpoint_name=null",
+        "evaluation.model.hparams_file=null",
+    )
+    assert resolved.evaluation.model.nemo_model == str(model)
+
+
+@pytest.mark.parametrize(
+    ("key", "fragment"),
+    [
+        ("checkpoint_folder", "conversion.model.checkpoint_folder"),
+        ("checkpoint_name", "conversion.model.checkpoint_folder"),
+        ("hparams_file", "conversion.model.checkpoint_folder"),
+        ("vocab_file", "conversion.model.vocab_file"),
+        ("merge_file", "conversion.model.vocab_file"),
+    ],
+)
+def test_evaluating_a_checkpoint_directly_names_the_conversion(
+    key: str, fragment: str, tmp_path: Path
+) -> None:
+    error = refused(tmp_path, "stages=[evaluation]", f"evaluation.model.{key}=/some/path")
+    assert error.key == f"evaluation.model.{key}" and fragment in str(error), str(error)
+
+
+def test_nemos_name_of_the_tuned_file_names_this_recipes(tmp_path: Path) -> None:
+    error = refused(
+        tmp_path,
+        "stages=[evaluation]",
+        "evaluation=prompt_gpt3/squad",
+        "evaluation.model.nemo_model=/r/megatron_gpt_prompt.nemo",
+    )
+    assert error.key == "evaluation.model.nemo_model"
+    assert "model.virtual_prompt_model_file" in str(error), str(error)
+
+
+# ----- data preparation ---------------------------------------------------------------------
+
+PILES = ["gpt3/download_gpt3_pile", "t5/download_t5_pile", "bert/download_bert_pile"]
+
+
+@pytest.mark.parametrize("recipe", PILES)
+def test_the_pile_array_names_the_shards_of_file_numbers(recipe: str, tmp_path: Path) -> None:
+    base = ("stages=[data_preparation]", f"data_preparation={recipe}")
+    dry_plan(tmp_path, *base, "data_preparation.run.array=0-3", "data_preparation.file_numbers=0-3")
+    error = refused(tmp_path, *base, "data_preparation.run.array=0-3")
+    assert error.key == "data_preparation.run.array"
+    assert "data_preparation.file_numbers=0-3" in str(error), str(error)
+
+
+@pytest.mark.parametrize("recipe", PILES)
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("data_preparation.run.bcp_preproc_npernode=2", "data_preparation.run.workers_per_node"),
+        ("+data_preparation.bcp_preproc_npernode=2", "data_preparation.run.workers_per_node"),
+        ("+data_preparation.nodes=30", "data_preparation.run.node_array_size"),
+    ],
+)
+def test_nemos_pile_keys_name_this_launchers(
+    recipe: str, override: str, fragment: str, tmp_path: Path
+) -> None:
+    error = refused(tmp_path, "stages=[data_preparation]", f"data_preparation={recipe}", override)
+    assert fragment in str(error), str(error)
+
+
+def test_bert_merges_save_dir_is_accepted(tmp_path: Path) -> None:
+    dry_plan(
+        tmp_path,
+        "stages=[data_preparation]",
+        "data_preparation=bert/download_bert_pile",
+        f"data_preparation.merges_save_dir={tmp_path}/bpe",
+    )
+
+
+# ----- T5 position embeddings ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", ["t5/220m", "mt5/390m"])
+def test_t5_position_embedding_type_sets_both_blocks(recipe: str, tmp_path: Path) -> None:
+    _, resolved, _ = dry_plan(
+        tmp_path,
+        "stages=[training]",
+        f"training={recipe}",
+        "training.model.position_embedding_type=relative",
+    )
+    model = resolved.training.model
+    assert model.encoder.position_embedding_type == "relative"
+    assert model.decoder.position_embedding_type == "relative"
+    _, resolved, _ = dry_plan(
+        tmp_path,
+        "stages=[training]",
+        f"training={recipe}",
+        "training.model.decoder.position_embedding_type=relative",
+    )
+    model = resolved.training.model
+    assert model.encoder.position_embedding_type == "learned_absolute"
+    assert model.decoder.position_embedding_type == "relative"
+
+
+@pytest.mark.parametrize("value", ["alibi", "bogus", "rope"])
+@pytest.mark.parametrize(
+    "where", ["model", "model.encoder", "model.decoder"], ids=["top", "encoder", "decoder"]
+)
+def test_t5_position_embedding_type_is_validated(value: str, where: str, tmp_path: Path) -> None:
+    error = refused(
+        tmp_path,
+        "stages=[training]",
+        "training=t5/220m",
+        f"training.{where}.position_embedding_type={value}",
+    )
+    assert error.key == f"training.{where}.position_embedding_type", str(error)
+    assert "learned_absolute, relative" in str(error)
+
+
+def test_t5_relative_bias_sizes_are_whole_numbers(tmp_path: Path) -> None:
+    error = refused(
+        tmp_path,
+        "stages=[training]",
+        "training=t5/220m",
+        "training.model.position_embedding_type=relative",
+        "training.model.relative_attention_num_buckets=many",
+    )
+    assert error.key == "training.model.relative_attention_num_buckets", str(error)
+
+
+def test_bert_position_embedding_type_is_validated(tmp_path: Path) -> None:
+    error = refused(
+        tmp_path,
+        "stages=[training]",
+        "training=bert/110m",
+        "training.model.position_embedding_type=alibi",
+    )
+    assert error.key == "training.model.position_embedding_type", str(error)
+
+
+# ----- names --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "group", "recipe"),
+    [
+        ("conversion=convert_t5", "conversion", "t5/convert_t5"),
+        ("conversion=convert_mt5", "conversion", "mt5/convert_mt5"),
+        ("data_preparation=custom_dataset", "data_preparation", "generic/custom_dataset"),
+        ("training=126m", "training", "gpt3/126m"),
+    ],
+)
+def test_a_recipes_file_name_alone_names_it_when_unique(
+    given: str, group: str, recipe: str
+) -> None:
+    assert compose_config([given])[group] == compose_config([f"{group}={recipe}"])[group]
+
+
+def test_an_ambiguous_file_name_lists_the_recipes() -> None:
+    with pytest.raises(LauncherError, match="prompt_gpt3/squad"):
+        compose_config(["evaluation=squad"])
+
+
+def test_interactive_is_local(tmp_path: Path) -> None:
+    result = run_main(f"base_results_dir={tmp_path}/r", "cluster_type=interactive", "dry_run=true")
+    assert_one_line_error(result, "cluster_type", "Set cluster_type=local")
