@@ -186,7 +186,8 @@ CASES = {
             "training=gpt3/126m",
             "container=nvcr.io/nvidia/nemo:24.05",
             "container_mounts=[/lustre/shared,/scratch:/mnt/scratch]",
-            # "++": other cluster types' files lack these Slurm keys; their backends ignore them.
+            # Slurm's own keys: case_overrides gives them to the bcm backend only (another
+            # cluster type's file has no such keys, and preflight refuses them there).
             "++cluster.partition=batch",
             "++cluster.account=llm",
             "++cluster.sbatch_options.constraint=h100",
@@ -242,6 +243,8 @@ def case_overrides(
     """(stage, overrides) that compose a case of CASES for a backend, with `paths` for the
     three root paths and, for k8s, `k8s` for the volumes holding them."""
     stage, overrides = CASES[case]
+    if backend_name != "bcm":
+        overrides = [o for o in overrides if not o.startswith("++cluster.")]
     extra = []
     if backend_name == "k8s":
         extra = list(k8s)
