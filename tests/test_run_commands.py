@@ -188,7 +188,7 @@ def test_an_unknown_command_lists_the_commands(word: str, meant: str | None) -> 
 
 @pytest.mark.parametrize(
     "first",
-    ["stages=[data_preparation]", "+data_preparation.foo=1", "~cluster", "--help", "-h"],
+    ["stages=[data_preparation]", "+env_vars.LAUNCHER_TEST=1", "~cluster", "--help", "-h"],
 )
 def test_overrides_still_launch_as_main_py(first: str, tmp_path: Path) -> None:
     """Overrides (key=value, +key=value, ~key) and flags go to main.py, as before."""
