@@ -6,9 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.config.checks import require_int, require_layout
-from launcher_scripts.errors import ConfigError
+from launcher_scripts.errors import ConfigError, RecipeError
 from launcher_scripts.jobs.conversion.architectures import hf_architecture
-from launcher_scripts.jobs.conversion.convert import CONVERTED_FAMILIES, read_hparams
+from launcher_scripts.jobs.conversion.convert import (
+    CONVERTED_FAMILIES,
+    ConversionError,
+    pick_checkpoint,
+    read_hparams,
+)
 from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
@@ -28,6 +33,12 @@ class Conversion:
                 f"Train first (stages=[training,conversion]), or set {stage}.run."
                 "model_train_name to the training run to convert",
             )
+        folder = Path(str(cfg.model.checkpoint_folder))
+        if folder.exists() and not ctx.written_upstream(folder):
+            try:  # before the job replaces the last good outputs
+                pick_checkpoint(folder, str(cfg.model.checkpoint_name))
+            except ConversionError as error:
+                raise RecipeError(str(error)) from None
         if not str(cfg.run.nemo_file_name).endswith(".nemo"):
             raise ConfigError(
                 f"{stage}.run.nemo_file_name", "does not end in .nemo", "Name it e.g. model.nemo"

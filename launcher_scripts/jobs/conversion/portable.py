@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.errors import ConfigError
+
 if TYPE_CHECKING:  # torch is imported where tensors are written or read: read_config needs none
     import torch
 
@@ -29,6 +31,8 @@ CONFIG = "model_config.yaml"
 WEIGHTS = "model_weights.safetensors"
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_KEYS = ("model", "vocab_file", "merge_file")
+# What a PEFT file (launcher_scripts/jobs/fine_tuning/peft_file.py) holds instead of CONFIG.
+PEFT_CONFIG = "peft_config.yaml"
 
 
 @dataclass
@@ -79,10 +83,59 @@ def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def read_config(path: Path) -> DictConfig:
-    """The model config alone, without reading the weights. ValueError if `path` is no
-    portable checkpoint."""
-    with tarfile.open(path) as tar:
-        return _config(tar, path)
+    """The model config of a whole, complete portable file, without reading the weights.
+
+    ValueError (saying what is wrong) when `path` is no tar, is cut short, is a PEFT file or
+    lacks a member: the one check every stage that takes a .nemo runs in preflight, so a bad
+    file is refused before a job replaces anything.
+    """
+    try:
+        with tarfile.open(path) as tar:
+            names = _check_complete(tar, path)
+            config = _config(tar, path)
+    except tarfile.TarError as error:
+        raise ValueError(f"{path} is not a complete tar file ({error}): truncated?") from None
+    tokenizer = config.get("tokenizer") or {}
+    for key in TOKENIZER_KEYS:
+        member = str(tokenizer.get(key) or "")
+        if member.startswith(f"{TOKENIZER_DIR}/") and member not in names:
+            raise ValueError(f"{path} has no {member} (its tokenizer.{key}): cut short?")
+    return config
+
+
+def require_model_file(path: Path, key: str) -> DictConfig:
+    """Preflight of a .nemo input: its model config, or ConfigError naming `key`."""
+    try:
+        return read_config(path)
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            key,
+            f"{path} is not a usable portable model file: {error}",
+            "Give the .nemo file the conversion stage (or merge-lora, or full fine-tuning) writes",
+        ) from None
+
+
+def _check_complete(tar: tarfile.TarFile, path: Path) -> set[str]:
+    """The member names of a tar whose every member is whole and that holds a model."""
+    members = tar.getmembers()  # reads every header: a cut inside one raises TarError
+    names = {member.name for member in members}
+    if PEFT_CONFIG in names and CONFIG not in names:
+        raise ValueError(
+            f"{path} is a PEFT file (only the tuned tensors, not a whole model): merge it "
+            "into its base model first (python3 -m launcher_scripts merge-lora BASE PEFT "
+            "OUT) or give the base model"
+        )
+    for required in (CONFIG, WEIGHTS):
+        if required not in names:
+            raise ValueError(f"{path} has no {required}: not a portable file, or cut short")
+    size = path.stat().st_size
+    for member in members:
+        if member.isfile() and member.offset_data + member.size > size:
+            raise ValueError(
+                f"{path} is cut short: {member.name} needs {member.offset_data + member.size} "
+                f"bytes, the file has {size}"
+            )
+    return names
 
 
 def _config(tar: tarfile.TarFile, path: Path) -> DictConfig:
@@ -93,7 +146,8 @@ def _config(tar: tarfile.TarFile, path: Path) -> DictConfig:
     if member is None:
         raise ValueError(f"{path} is not a portable checkpoint (no {CONFIG})")
     config = OmegaConf.create(member.read().decode())
-    assert isinstance(config, DictConfig)
+    if not isinstance(config, DictConfig):
+        raise ValueError(f"{path}: {CONFIG} is not a mapping")
     return config
 
 

@@ -4,7 +4,6 @@ so it imports neither torch nor lm-eval."""
 
 from __future__ import annotations
 
-import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -131,16 +130,9 @@ def needs_hub(task: str) -> bool:
     return task in STANDARD_TASKS.values()
 
 
-def portable_model_config(path: Path) -> DictConfig:
+def portable_model_config(path: Path, key: str = "evaluation.model.nemo_model") -> DictConfig:
     """The model section a portable file records, read without loading its weights."""
-    try:
-        return portable.read_config(path)
-    except (OSError, ValueError, tarfile.TarError) as error:
-        raise ConfigError(
-            "evaluation.model.nemo_model",
-            f"{path} is not a portable model file ({error})",
-            "Give the .nemo file the conversion stage writes",
-        ) from None
+    return portable.require_model_file(path, key)
 
 
 def check_precision(requested: Any, recorded: Any, key: str = "evaluation.model.precision") -> None:
