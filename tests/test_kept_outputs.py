@@ -214,3 +214,35 @@ def test_a_training_refused_at_start_up_keeps_the_hparams_conversion_reads(
     config = portable.read_config(model)
     assert config.context_parallel_size == 1
     assert config.data.splits_string == OmegaConf.create(before.decode()).cfg.data.splits_string
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("conversion.model.checkpoint_name=latest", "error: conversion.model.checkpoint_folder: "),
+        ("conversion.model.checkpoint_name=nope*", "error: conversion.model.checkpoint_name: "),
+    ],
+    ids=["only-torn-checkpoints", "no-such-name"],
+)
+def test_conversion_refuses_a_checkpoint_it_cannot_read_in_preflight(
+    tiny_portable: Path, tmp_path: Path, setting: str, message: str
+) -> None:
+    """Before the job replaces the last good outputs: a folder with no complete checkpoint,
+    or a name that matches none of them, is one line, with nothing written."""
+    run = tiny_portable.parents[1] / "results"
+    checkpoints = run / "checkpoints"
+    if "latest" in setting:  # only a save that crashed before its rename
+        checkpoints = tmp_path / "checkpoints"
+        (checkpoints / ".tmp-megatron_gpt--step=8").mkdir(parents=True)
+    result = run_main(
+        "stages=[conversion]",
+        f"base_results_dir={tmp_path}/results",
+        f"conversion.model.checkpoint_folder={checkpoints}",
+        f"conversion.model.hparams_file={run}/hparams.yaml",
+        f"conversion.run.output_path={tmp_path}/converted",
+        setting,
+    )
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), lines
+    assert not (tmp_path / "results").exists() and not (tmp_path / "converted").exists()
