@@ -125,17 +125,59 @@ def _no_log_reason(record: JobRecord, args: argparse.Namespace) -> str:
     return f"no log yet at {record.log}: the job has not started"
 
 
+PROGRESS_SECONDS = 15  # how often a cancel waiting for checkpoints says so
+
+
 def cancel(args: argparse.Namespace) -> int:
+    """Every job of the run that has not ended is stopped. A job that checkpoints on a signal
+    (training) gets it and its grace period to save and exit, then is ended; others end now."""
     manifest = load(args.run_dir)
     manifest.cancel_marker.touch()
     active = [r for r in manifest.jobs() if r.state not in TERMINAL_STATES]
+    waiting: list[tuple[JobRecord, float]] = []
     for record in active:
-        BACKENDS[record.backend]().cancel(record)
         ids = ",".join(record.job_ids) or "not started"
-        print(f"cancel requested: {record.name} ({record.state}, {ids})")
+        print(f"cancel requested: {record.name} ({record.state}, {ids})", flush=True)
+        grace = BACKENDS[record.backend]().cancel(record)
+        if grace is not None:
+            print(
+                f"  {record.name}: sent its checkpoint signal; it has up to {grace} s to save a "
+                f"checkpoint and exit (code {record.checkpoint_exit_code}) before it is ended",
+                flush=True,
+            )
+            waiting.append((record, time.monotonic() + grace))
     if not active:
         print(f"run {manifest.run_id}: nothing to cancel, every job has ended")
+    _wait_for_stops(waiting)
     return 0
+
+
+def _wait_for_stops(waiting: list[tuple[JobRecord, float]]) -> None:
+    """Wait for each signalled job to stop, ending it at its deadline; say where it stands."""
+    said = time.monotonic()
+    while waiting:
+        for record, deadline in list(waiting):
+            backend = BACKENDS[record.backend]()
+            if backend.stopped(record):
+                backend.end(record)  # processes it left behind
+                print(f"{record.name}: stopped", flush=True)
+            elif time.monotonic() >= deadline:
+                backend.end(record)
+                print(
+                    f"{record.name}: did not stop within its grace period: ended it (its newest "
+                    "complete checkpoint is the one before)",
+                    flush=True,
+                )
+            else:
+                continue
+            waiting.remove((record, deadline))
+        if waiting and time.monotonic() - said >= PROGRESS_SECONDS:
+            said = time.monotonic()
+            for record, deadline in waiting:
+                left = max(0, round(deadline - said))
+                print(f"  waiting for {record.name} to checkpoint ({left} s left)", flush=True)
+        if waiting:
+            time.sleep(0.5)
 
 
 def parser() -> argparse.ArgumentParser:

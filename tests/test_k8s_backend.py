@@ -248,7 +248,9 @@ def test_cpu_job_of_several_commands_runs_them_in_order_through_sh(tmp_path: Pat
     assert command[2].splitlines() == [
         "set -e",
         "python3 -u -m hello_job 'it'\"'\"'s' '$$HOME' '$$(NODE_RANK)'",
-        "python3 -u -m torch.distributed.run --standalone --nproc-per-node=2 -m hello_job second",
+        # The last program replaces sh (PID 1), so it gets the SIGTERM of a deleted pod.
+        "exec python3 -u -m torch.distributed.run --standalone --nproc-per-node=2 -m hello_job "
+        "second",
     ]
     assert container_of(manifest)["resources"] == {"requests": {"cpu": "4"}}
     assert "ttlSecondsAfterFinished" not in manifest["spec"]

@@ -28,7 +28,12 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launcher_scripts.clusters.base import export_lines, format_argv, format_quoted
+from launcher_scripts.clusters.base import (
+    export_lines,
+    format_argv,
+    format_quoted,
+    shutdown_env,
+)
 from launcher_scripts.clusters.local import LocalBackend
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
@@ -69,6 +74,7 @@ class BcpBackend(LocalBackend):
     synchronous = True
 
     def __init__(self, root: Any = None) -> None:
+        super().__init__(root)
         self.root = root
         self.cluster = root.cluster if root is not None else {}
 
@@ -151,10 +157,14 @@ class BcpBackend(LocalBackend):
             "export MASTER_ADDR MASTER_PORT",
             f"cd {shlex.quote(job.results_dir)}",
         ]
-        env = [f"--env {shlex.quote(f'{name}={value}')}" for name, value in job.env]
-        for command in job.commands:
+        env = [
+            f"--env {shlex.quote(f'{name}={value}')}"
+            for name, value in [*job.env, *shutdown_env(job, self.grace)]
+        ]
+        for position, command in enumerate(job.commands, start=1):
             words = [
-                "bcprun",
+                # The last command replaces the shell, so a cancel's signal reaches bcprun.
+                "exec bcprun" if position == len(job.commands) else "bcprun",
                 '--nnodes "$nodes"',
                 "--npernode 1",
                 f"--workdir {shlex.quote(job.results_dir)}",
