@@ -126,6 +126,7 @@ def _no_log_reason(record: JobRecord, args: argparse.Namespace) -> str:
 
 
 PROGRESS_SECONDS = 15  # how often a cancel waiting for checkpoints says so
+ENDED_STATES = TERMINAL_STATES - {"LOST"}
 
 
 def cancel(args: argparse.Namespace) -> int:
@@ -133,13 +134,16 @@ def cancel(args: argparse.Namespace) -> int:
     (training) gets it and its grace period to save and exit, then is ended; others end now."""
     manifest = load(args.run_dir)
     manifest.cancel_marker.touch()
-    active = [r for r in manifest.jobs() if r.state not in TERMINAL_STATES]
+    # LOST: its launcher is gone, but what the job left may still run.
+    active = [r for r in manifest.jobs() if r.state not in ENDED_STATES]
     waiting: list[tuple[JobRecord, float]] = []
     for record in active:
         ids = ",".join(record.job_ids) or "not started"
         print(f"cancel requested: {record.name} ({record.state}, {ids})", flush=True)
         grace = BACKENDS[record.backend]().cancel(record)
-        if grace is not None:
+        if record.state == "LOST":
+            print(f"  {record.name}: its program had ended; ended what it left running")
+        elif grace is not None:
             print(
                 f"  {record.name}: sent its checkpoint signal; it has up to {grace} s to save a "
                 f"checkpoint and exit (code {record.checkpoint_exit_code}) before it is ended",
