@@ -177,9 +177,13 @@ def test_sigkill_of_the_training_ends_the_job_and_what_it_left(
         launcher.close()
 
 
-@pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "torchrun-two-ranks"])
+@pytest.mark.parametrize(
+    ("how", "processes"),
+    [("cancel", 1), ("cancel", 2), ("ctrl-c", 1)],
+    ids=["cancel-one-process", "cancel-torchrun-two-ranks", "ctrl-c-of-the-launcher"],
+)
 def test_cancel_checkpoints_the_training_and_a_rerun_resumes_from_it(
-    prepared: Path, tmp_path: Path, processes: int
+    prepared: Path, tmp_path: Path, how: str, processes: int
 ) -> None:
     results = tmp_path / "results"
     overrides = (
@@ -196,10 +200,13 @@ def test_cancel_checkpoints_the_training_and_a_rerun_resumes_from_it(
         before = newest_step(checkpoints)
         # Some steps past it, which a cancel that saves nothing would lose.
         wait_until(lambda: last_logged_step(log_dir) >= before + 2, "steps past the checkpoint")
-        cancelled = run_ops("cancel", str(results), timeout=WAIT)
-        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-        assert "sent its checkpoint signal" in cancelled.stdout, cancelled.stdout
-        assert "gpt3_tiny: stopped" in cancelled.stdout, cancelled.stdout
+        if how == "cancel":
+            cancelled = run_ops("cancel", str(results), timeout=WAIT)
+            assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+            assert "sent its checkpoint signal" in cancelled.stdout, cancelled.stdout
+            assert "gpt3_tiny: stopped" in cancelled.stdout, cancelled.stdout
+        else:
+            launcher.process.send_signal(signal.SIGINT)
         assert launcher.wait() != 0
         assert "was cancelled" in launcher.stderr
     finally:
