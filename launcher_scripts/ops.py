@@ -140,15 +140,22 @@ def cancel(args: argparse.Namespace) -> int:
     for record in active:
         ids = ",".join(record.job_ids) or "not started"
         print(f"cancel requested: {record.name} ({record.state}, {ids})", flush=True)
-        grace = BACKENDS[record.backend]().cancel(record)
+        backend = BACKENDS[record.backend]()
+        if args.now:
+            backend.end(record)
+            continue
+        grace = backend.cancel(record)
         if record.state == "LOST":
             print(f"  {record.name}: its program had ended; ended what it left running")
         elif grace is not None:
-            print(
-                f"  {record.name}: sent its checkpoint signal; it has up to {grace} s to save a "
-                f"checkpoint and exit (code {record.checkpoint_exit_code}) before it is ended",
-                flush=True,
-            )
+            if record.checkpoint_exit_code is not None:
+                what = (
+                    f"sent its checkpoint signal; it has up to {grace} s to save a checkpoint "
+                    f"and exit (code {record.checkpoint_exit_code}) before it is ended"
+                )
+            else:
+                what = f"asked to stop; it is ended if it has not within {grace} s"
+            print(f"  {record.name}: {what}", flush=True)
             waiting.append((record, time.monotonic() + grace))
     if not active:
         print(f"run {manifest.run_id}: nothing to cancel, every job has ended")
@@ -202,8 +209,15 @@ def parser() -> argparse.ArgumentParser:
         "--attempt", type=int, help="only this attempt's log (0 first, 1 after a requeue, ...)"
     )
     read.set_defaults(handler=logs)
-    stop = commands.add_parser("cancel", help="cancel the running and pending jobs of a run")
+    stop = commands.add_parser(
+        "cancel",
+        help="cancel the running and pending jobs of a run; a training job first saves a "
+        "checkpoint (up to cluster.signal_grace_seconds)",
+    )
     stop.add_argument("run_dir")
+    stop.add_argument(
+        "--now", action="store_true", help="end every job at once, without the checkpoint"
+    )
     stop.set_defaults(handler=cancel)
     return top
 
