@@ -18,7 +18,7 @@ from typing import IO, Any
 import pytest
 
 from launcher_scripts.jobs.training.progress import TMP_PREFIX, newest_step
-from tests.conftest import REPO, run_main, run_ops
+from tests.conftest import REPO, run_main, run_ops, write_run_manifest
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
 # Long enough never to finish while a test waits; a checkpoint every few steps.
@@ -242,3 +242,42 @@ def last_logged_step(log_dir: Path) -> int:
         if line.endswith("}")  # a line being written is skipped
     ]
     return max(steps, default=0)
+
+
+def stubborn_job() -> subprocess.Popen:
+    """A job (its own session and process group, as the launcher starts one) whose processes
+    ignore SIGTERM, as a program stuck in a collective would."""
+    job = subprocess.Popen(
+        ["bash", "-c", "trap '' TERM; sleep 1000 & echo ready; wait"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert job.stdout is not None and job.stdout.readline() == "ready\n"
+    return job
+
+
+@pytest.mark.parametrize("now", [False, True], ids=["after-the-grace", "now"])
+def test_cancel_ends_a_job_that_does_not_stop_on_its_signal(tmp_path: Path, now: bool) -> None:
+    job = stubborn_job()
+    try:
+        write_run_manifest(
+            tmp_path,
+            {
+                "name": "stubborn",
+                "job_ids": [f"local-{job.pid}"],
+                "pid": job.pid,
+                "checkpoint_exit_code": 75,
+                # --now does not wait for it; without, it passes, then the job is ended.
+                "grace_seconds": 100000 if now else 1,
+            },
+        )
+        result = run_ops("cancel", *(["--now"] if now else []), str(tmp_path), timeout=WAIT)
+        assert result.returncode == 0, result.stdout + result.stderr
+        if not now:
+            assert "stubborn: did not stop within its grace period: ended it" in result.stdout
+        assert job.wait(timeout=WAIT) == -signal.SIGKILL
+        assert group_processes(job.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
