@@ -126,7 +126,7 @@ def signal_grace_seconds(cluster: Any) -> int:
 
 
 # torchrun forwards SIGTERM to its ranks, then kills them after this many seconds (30 unless
-# set; torch releases without the variable always wait 30 s).
+# set; torch releases older than the variable, pytorch/pytorch#172596, always wait 30 s).
 TORCHRUN_SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
 
