@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -38,11 +37,11 @@ from launcher_scripts.clusters.base import (
     signal_grace_seconds,
     utc_now,
 )
+from launcher_scripts.clusters.process_group import kill_group, members, running, send
 from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import JobSpec
 
 CHECKPOINT_SIGNAL = signal.SIGTERM  # what the training program saves and exits 75 on
-KILL_WAIT_SECONDS = 30  # the most a kill waits for the killed processes to be gone
 OUTPUT_DRAIN_SECONDS = 30  # the most the launcher reads output after the job's group is gone
 
 
@@ -131,9 +130,9 @@ class LocalBackend:
         """Ctrl-C of the launcher: the cancel contract, with a second Ctrl-C ending it now."""
         try:
             if record.checkpoint_exit_code is None:
-                os.killpg(process.pid, signal.SIGINT)
+                send(-process.pid, signal.SIGINT)
             else:
-                os.kill(process.pid, CHECKPOINT_SIGNAL)
+                send(process.pid, CHECKPOINT_SIGNAL)
                 _say(
                     log,
                     f"launcher: asked {record.name} to checkpoint and stop; waiting up to "
@@ -141,35 +140,33 @@ class LocalBackend:
                 )
             return process.wait(timeout=self.grace)
         except (KeyboardInterrupt, subprocess.TimeoutExpired):
-            _kill_group(process.pid)
-            return process.wait()
-        except ProcessLookupError:
+            kill_group(process.pid)
             return process.wait()
 
     def refresh(self, record: JobRecord) -> None:
         """A RUNNING job whose main process has ended, with no launcher to record how, is
         LOST (leftover processes of its group do not keep it running)."""
-        if record.state == "RUNNING" and record.pid is not None and not _running(record.pid):
+        if record.state == "RUNNING" and record.pid is not None and not running(record.pid):
             record.state = "LOST"
 
     def cancel(self, record: JobRecord) -> int | None:
         if record.pid is None or record.state in ("COMPLETED", "FAILED", "CANCELLED"):
             return None
-        if not _running(record.pid):
+        if not running(record.pid):
             self.end(record)  # leftovers of a main process that has ended
             return None
         if record.checkpoint_exit_code is not None:
-            _signal(record.pid, CHECKPOINT_SIGNAL)
+            send(record.pid, CHECKPOINT_SIGNAL)
         else:
-            _signal(-record.pid, signal.SIGTERM)
+            send(-record.pid, signal.SIGTERM)
         return record.grace_seconds or self.grace
 
     def stopped(self, record: JobRecord) -> bool:
-        return record.pid is None or not _running(record.pid)
+        return record.pid is None or not running(record.pid)
 
     def end(self, record: JobRecord) -> None:
         if record.pid is not None:
-            _kill_group(record.pid)
+            kill_group(record.pid)
 
     def logs(self, record: JobRecord) -> list[JobLog]:
         log = Path(record.log)
@@ -199,78 +196,16 @@ def _say(log: IO[bytes], line: str) -> None:
 def _end_leftovers(group: int, log: IO[bytes]) -> None:
     """After the main process ended: end the processes it left in its group, which would
     otherwise hold the log pipe (and the launcher) open."""
-    left = _members(group)
+    left = members(group)
     if left:
         _say(
             log,
             f"launcher: the job's main process ended; ending {len(left)} process(es) it left "
             f"running ({', '.join(map(str, left))})",
         )
-    _kill_group(group)
-
-
-def _kill_group(group: int) -> None:
-    _signal(-group, signal.SIGKILL)
-    # Wait for the group to be gone, so the caller finds no process of the job (a killed
-    # process takes a moment to exit), but not forever: one stuck in the kernel may not.
-    deadline = time.monotonic() + KILL_WAIT_SECONDS
-    while _members(group) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _signal(pid: int, signum: int) -> None:
-    """os.kill, where a negative pid is a process group; a process already gone is fine."""
-    try:
-        if pid < 0:
-            os.killpg(-pid, signum)
-        else:
-            os.kill(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+    kill_group(group)
 
 
 def _shell_exit_code(code: int) -> int:
     """Popen's -N for a signal becomes the shell's 128+N."""
     return 128 - code if code < 0 else code
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, process group) of a process from /proc, None when it does not exist."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (command name) "
-    return fields[0], int(fields[2])
-
-
-def _running(pid: int) -> bool:
-    """Whether the job's main process is alive: not ended, not a zombie, still leading its
-    group (a pid reused by another process is not)."""
-    if not Path("/proc/self/stat").exists():  # no procfs (macOS): a signal probe
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    stat = _stat(pid)
-    return stat is not None and stat[0] != "Z" and stat[1] == pid
-
-
-def _members(group: int) -> list[int]:
-    """The live (not zombie) processes of a process group."""
-    if not Path("/proc/self/stat").exists():
-        try:
-            os.killpg(group, 0)
-        except (ProcessLookupError, PermissionError):
-            return []
-        return [group]
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            stat = _stat(int(entry.name))
-            if stat is not None and stat[1] == group and stat[0] != "Z":
-                members.append(int(entry.name))
-    return sorted(members)
