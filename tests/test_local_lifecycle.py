@@ -281,3 +281,38 @@ def test_cancel_ends_a_job_that_does_not_stop_on_its_signal(tmp_path: Path, now:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGKILL)
+
+
+# As a rank's first checkpoint save: megatron-core spawns a manager process whose queue the
+# save writes through, and its process group is signalled meanwhile (torchrun, srun and
+# Kubernetes signal the group).
+SAVE_UNDER_SIGNAL = """
+import multiprocessing, os, signal
+from launcher_scripts.jobs.training.checkpointing import stop_signals_held
+from launcher_scripts.jobs.training.pretrain import StopSignals
+
+if __name__ == "__main__":
+    stop = StopSignals()
+    with stop_signals_held():
+        manager = multiprocessing.get_context("spawn").Manager()
+        queue = manager.Queue()
+        os.killpg(0, signal.SIGTERM)
+        queue.put("written")
+    print(queue.get(), "stop requested:", stop.received == signal.SIGTERM, flush=True)
+"""
+
+
+def test_processes_a_save_starts_outlive_the_signal_to_the_group(tmp_path: Path) -> None:
+    script = tmp_path / "save_under_signal.py"
+    script.write_text(SAVE_UNDER_SIGNAL)
+    process = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        start_new_session=True,  # the group it signals is its own
+        timeout=WAIT,
+    )
+    assert process.returncode == 0, process.stdout + process.stderr
+    assert process.stdout.strip() == "written stop requested: True"

@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,9 @@ def stop_signals_held() -> Iterator[None]:
     meanwhile inherit the blocked signals and so keep writing; the rank itself gets its
     signal when the save is done, and stops after the step as documented.
     """
+    # Python starts its resource tracker with the first spawned process and unblocks SIGTERM
+    # right after (bpo-33613): started now, it cannot undo the block below.
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
