@@ -325,10 +325,11 @@ def _follow(
 
 
 def cancel_runs(runs: Sequence[Run], cfg: DictConfig) -> None:
-    """`python3 -m launcher_scripts cancel` for each run (its queued or running jobs)."""
+    """`python3 -m launcher_scripts cancel --now` for each run (its queued or running jobs):
+    a trial run's checkpoint is worth no wait."""
     for run in runs:
         subprocess.run(
-            [sys.executable, "-m", "launcher_scripts", "cancel", str(run.run_dir)],
+            [sys.executable, "-m", "launcher_scripts", "cancel", "--now", str(run.run_dir)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             cwd=str(cfg.launcher_scripts_path),

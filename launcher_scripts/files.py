@@ -14,17 +14,32 @@ from pathlib import Path
 @contextlib.contextmanager
 def replaced_directory(target: Path) -> Iterator[Path]:
     """An empty folder beside `target` to fill; when the block ends without an error it
-    replaces `target`, made readable to all (as the umask allows)."""
+    replaces `target`, made readable to all (as the umask allows). An error in the block
+    leaves `target` as it was.
+
+    The old folder is renamed aside and removed only once the new one is in place: a crash
+    between the two renames leaves it whole, as `.<name>-old-*`.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    old: Path | None = None
     try:
         yield partial
         make_readable(partial)
         if target.exists():
-            shutil.rmtree(target)
-        os.replace(partial, target)
+            old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-old-"))
+            os.replace(target, old)
+        try:
+            os.replace(partial, target)
+        except BaseException:
+            if old is not None:
+                os.replace(old, target)
+                old = None
+            raise
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def make_readable(root: Path) -> None:

@@ -129,17 +129,70 @@ def _no_log_reason(record: JobRecord, args: argparse.Namespace) -> str:
     return f"no log yet at {record.log}: the job has not started"
 
 
+PROGRESS_SECONDS = 15  # how often a cancel waiting for checkpoints says so
+ENDED_STATES = TERMINAL_STATES - {"LOST"}
+
+
 def cancel(args: argparse.Namespace) -> int:
+    """Every job of the run that has not ended is stopped. A job that checkpoints on a signal
+    (training) gets it and its grace period to save and exit, then is ended; others end now."""
     manifest = load(args.run_dir)
     manifest.cancel_marker.touch()
-    active = [r for r in manifest.jobs() if r.state not in TERMINAL_STATES]
+    # LOST: its launcher is gone, but what the job left may still run.
+    active = [r for r in manifest.jobs() if r.state not in ENDED_STATES]
+    waiting: list[tuple[JobRecord, float]] = []
     for record in active:
-        BACKENDS[record.backend]().cancel(record)
         ids = ",".join(record.job_ids) or "not started"
-        print(f"cancel requested: {record.name} ({record.state}, {ids})")
+        print(f"cancel requested: {record.name} ({record.state}, {ids})", flush=True)
+        backend = BACKENDS[record.backend]()
+        if args.now:
+            backend.end(record)
+            continue
+        grace = backend.cancel(record)
+        if record.state == "LOST":
+            print(f"  {record.name}: its program had ended; ended what it left running")
+        elif grace is not None:
+            if record.checkpoint_exit_code is not None:
+                what = (
+                    f"sent its checkpoint signal; it has up to {grace} s to save a checkpoint "
+                    f"and exit (code {record.checkpoint_exit_code}) before it is ended"
+                )
+            else:
+                what = f"asked to stop; it is ended if it has not within {grace} s"
+            print(f"  {record.name}: {what}", flush=True)
+            waiting.append((record, time.monotonic() + grace))
     if not active:
         print(f"run {manifest.run_id}: nothing to cancel, every job has ended")
+    _wait_for_stops(waiting)
     return 0
+
+
+def _wait_for_stops(waiting: list[tuple[JobRecord, float]]) -> None:
+    """Wait for each signalled job to stop, ending it at its deadline; say where it stands."""
+    said = time.monotonic()
+    while waiting:
+        for record, deadline in list(waiting):
+            backend = BACKENDS[record.backend]()
+            if backend.stopped(record):
+                backend.end(record)  # processes it left behind
+                print(f"{record.name}: stopped", flush=True)
+            elif time.monotonic() >= deadline:
+                backend.end(record)
+                print(
+                    f"{record.name}: did not stop within its grace period: ended it (its newest "
+                    "complete checkpoint is the one before)",
+                    flush=True,
+                )
+            else:
+                continue
+            waiting.remove((record, deadline))
+        if waiting and time.monotonic() - said >= PROGRESS_SECONDS:
+            said = time.monotonic()
+            for record, deadline in waiting:
+                left = max(0, round(deadline - said))
+                print(f"  waiting for {record.name} to checkpoint ({left} s left)", flush=True)
+        if waiting:
+            time.sleep(0.5)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -160,8 +213,15 @@ def parser() -> argparse.ArgumentParser:
         "--attempt", type=int, help="only this attempt's log (0 first, 1 after a requeue, ...)"
     )
     read.set_defaults(handler=logs)
-    stop = commands.add_parser("cancel", help="cancel the running and pending jobs of a run")
+    stop = commands.add_parser(
+        "cancel",
+        help="cancel the running and pending jobs of a run; a training job first saves a "
+        "checkpoint (up to cluster.signal_grace_seconds)",
+    )
     stop.add_argument("run_dir")
+    stop.add_argument(
+        "--now", action="store_true", help="end every job at once, without the checkpoint"
+    )
     stop.set_defaults(handler=cancel)
     return top
 

@@ -231,6 +231,10 @@ def submit_all(backend: Backend, planned: list[PlannedStage], manifest: Manifest
     after: list[str] = []
     for stage, stage_record in zip(planned, manifest.stages, strict=True):
         for job, record in zip(stage.jobs, stage_record.jobs, strict=True):
+            if backend.synchronous and manifest.cancel_marker.exists():
+                # Cancelled while the job before ended: start nothing more.
+                record.state = "CANCELLED"
+                return _stopped(manifest, record)
             print(f"==> {stage.stage}: {job.spec.name} (log: {record.log})", flush=True)
             backend.submit(str(job.script_path), job.spec, record, after, lambda _: manifest.save())
             if manifest.cancel_marker.exists() and record.state != "COMPLETED":
@@ -254,9 +258,9 @@ def _stopped(manifest: Manifest, failed: JobRecord) -> int:
             record.state = "CANCELLED"
     manifest.save()
     verb = "was cancelled" if failed.state == "CANCELLED" else "failed"
-    print(
-        f"error: stage {failed.stage}, job {failed.name} {verb} with exit code "
-        f"{failed.exit_code}; the pipeline stopped. Log: {failed.log}",
-        file=sys.stderr,
-    )
+    if failed.exit_code is None:
+        how = f"{verb} before it started; the pipeline stopped"
+    else:
+        how = f"{verb} with exit code {failed.exit_code}; the pipeline stopped. Log: {failed.log}"
+    print(f"error: stage {failed.stage}, job {failed.name} {how}", file=sys.stderr)
     return failed.exit_code or 1

@@ -1,7 +1,8 @@
 """A stand-in for kubectl, for tests: every "pod" of an Indexed Job is a process of this machine.
 
 It implements only what the k8s backend calls: `apply -f`, `get job|pods -o json`, `logs` and
-`delete`. `apply` checks each object against the Kubernetes OpenAPI schema in strict mode (what
+`delete` (which, as a kubelet would, gives each pod's process SIGTERM and its grace period before
+SIGKILL). `apply` checks each object against the Kubernetes OpenAPI schema in strict mode (what
 an API server would refuse) and starts a "kubelet" process that runs each pod's container
 command with the pod's declared environment, expanding `$(VAR)` references as Kubernetes does
 (the fieldRef of the completion-index annotation gives the pod's index). There is no cluster
@@ -239,6 +240,7 @@ def kubelet(folder: Path) -> int:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+        (folder / f"pod-{index}.pid").write_text(str(processes[index].pid))
         (folder / f"pod-{index}.started").touch()
     failed = False
     while processes:
@@ -379,6 +381,35 @@ def _group_runs(group: int) -> bool:
 KINDS = {"job": ("job.batch", "jobs.batch"), "service": ("service", "services")}
 
 
+def terminate_pods(folder: Path) -> None:
+    """What the kubelet does to a deleted Job's pods: SIGTERM to each container's process 1
+    (here: the process of the container command), then SIGKILL once the pod's
+    terminationGracePeriodSeconds (Kubernetes' default: 30) have passed. Unlike kubectl's
+    delete, the shim's waits for it."""
+    pod_spec = json.loads((folder / "job.json").read_text())["spec"]["template"]["spec"]
+    deadline = time.monotonic() + pod_spec.get("terminationGracePeriodSeconds", 30)
+    running = [
+        int(path.read_text())
+        for path in folder.glob("pod-*.pid")
+        if not path.with_suffix(".exit").exists()
+    ]
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    while running and time.monotonic() < deadline:
+        running = [pid for pid in running if alive(pid)]
+        time.sleep(POLL)
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie its kubelet has yet to reap."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def delete(namespace: str, targets: list[str], ignore_not_found: bool) -> int:
     for target in targets:
         kind, _, name = target.partition("/")
@@ -386,6 +417,7 @@ def delete(namespace: str, targets: list[str], ignore_not_found: bool) -> int:
             folder = job_dir(namespace, name)
             found = folder.exists()
             if found:
+                terminate_pods(folder)
                 # The kubelet and every pod (they may all have ended). Wait until they are gone:
                 # a kubelet killed mid-step could still write a file into the folder.
                 group = int((folder / "kubelet.pid").read_text())

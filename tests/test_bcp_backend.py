@@ -275,7 +275,8 @@ def test_pipeline_with_bcprun_shim_stops_at_a_failing_job(tmp_path: Path, bcp_no
     log = next((results / "custom_dataset").glob("log-custom_dataset-preprocess_*.out"))
     assert str(log) in error and "broken.jsonl:2" in log.read_text()
     script = results / "custom_dataset" / "custom_dataset-preprocess_submission.sh"
-    assert "\nbcprun \\\n" in script.read_text()
+    # The last command replaces the shell, so a cancel's signal reaches bcprun.
+    assert "\nexec bcprun \\\n" in script.read_text()
     scripts = sorted(p.name for p in (results / "custom_dataset").glob("*_submission.sh"))
     assert scripts == [
         "custom_dataset-preprocess_submission.sh",

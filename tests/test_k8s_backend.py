@@ -248,7 +248,9 @@ def test_cpu_job_of_several_commands_runs_them_in_order_through_sh(tmp_path: Pat
     assert command[2].splitlines() == [
         "set -e",
         "python3 -u -m hello_job 'it'\"'\"'s' '$$HOME' '$$(NODE_RANK)'",
-        "python3 -u -m torch.distributed.run --standalone --nproc-per-node=2 -m hello_job second",
+        # The last program replaces sh (PID 1), so it gets the SIGTERM of a deleted pod.
+        "exec python3 -u -m torch.distributed.run --standalone --nproc-per-node=2 -m hello_job "
+        "second",
     ]
     assert container_of(manifest)["resources"] == {"requests": {"cpu": "4"}}
     assert "ttlSecondsAfterFinished" not in manifest["spec"]
@@ -526,6 +528,49 @@ def test_a_rerun_replaces_the_finished_job_but_never_a_running_one(
     wait_for_end(JobRef("default", "waiting"))
     record, log = run_job(waiting)  # once it has ended, the rerun goes ahead
     assert record.state == "COMPLETED", log
+
+
+# Saves its "checkpoint" and exits 75 on SIGTERM, as the training program does.
+STOPPER = """
+import pathlib, signal, sys, time
+def stop(signum, frame):
+    pathlib.Path(sys.argv[1]).write_text(f"stopped by {signal.Signals(signum).name}")
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[1] + ".ready").touch()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_cancel_gives_the_program_sigterm_and_the_clusters_grace(
+    tmp_path: Path, kube: Path
+) -> None:
+    """A deleted pod's process 1 gets SIGTERM and terminationGracePeriodSeconds: the program,
+    not a shell in front of it (sh as PID 1 ignores SIGTERM), with signal_grace_seconds, the
+    key every backend reads, as the pod's grace and torchrun's."""
+    saved = tmp_path / "saved"
+    job = job_in(
+        tmp_path,
+        Command("hello_job", ("first",)),
+        Command("stopper", (str(saved),)),
+        checkpoint_exit_code=75,
+    )
+    (tmp_path / "stopper.py").write_text(STOPPER)
+    backend = K8sBackend(root_config(tmp_path, signal_grace_seconds=345))
+    manifest = tmp_path / "hello_manifest.yaml"
+    manifest.write_text(backend.render(job))
+    job_object = objects(manifest.read_text())["Job"]
+    assert job_object["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 345
+    assert env_of(job_object)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "345"
+    subprocess.run(["kubectl", "apply", "-f", str(manifest)], check=True, capture_output=True)
+    deadline = time.monotonic() + 300
+    while not Path(f"{saved}.ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    record = JobRecord("hello", "test", "k8s", str(manifest), str(tmp_path / "log"))
+    record.job_ids, record.state = ["default/hello"], "RUNNING"
+    assert K8sBackend().cancel(record) is None  # Kubernetes enforces the grace itself
+    assert saved.read_text() == "stopped by SIGTERM"
 
 
 def test_status_and_cancel_ask_kubectl(tmp_path: Path, kube: Path) -> None:

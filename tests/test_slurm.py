@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from launcher_scripts.jobs.training.progress import TMP_PREFIX, newest_step
 from tests.conftest import REPO, run_main, run_ops
 from tests.http_site import Site
 from tests.test_local_pipeline import assert_pile_tokenized, pile_overrides, serve_pile
@@ -175,6 +176,53 @@ def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_pa
     assert "ATTEMPTS" in header and re.search(rf"COMPLETED\s+0\s+{job_id}\s+2\s", row), row
     expected = losses(tmp_path / "reference" / "gpt3_tiny" / "results")
     assert losses(log_dir) == expected
+
+
+def test_cancel_of_a_running_training_checkpoints_and_is_not_requeued(
+    slurm: None, prepared: Path, tmp_path: Path
+) -> None:
+    """`launcher_scripts cancel` asks the job to checkpoint (USR2 to the batch shell, which
+    forwards the checkpoint signal), and the job then ends CANCELLED: not requeued, as the
+    same signal from Slurm before the time limit would have it."""
+    results = tmp_path / "results"
+    submitted = run_main(
+        f"base_results_dir={results}",
+        f"data_dir={prepared}/data",
+        "stages=[training]",
+        *SMALL_CLUSTER,
+        "training.trainer.max_steps=100000",
+        "training.trainer.val_check_interval=100000",
+        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=3",
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    log_dir = results / "gpt3_tiny" / "results"
+    checkpoints = log_dir / "checkpoints"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not newest_step(checkpoints):
+        time.sleep(0.5)
+    before = newest_step(checkpoints)
+    assert before, "no first checkpoint within 600 s"
+    # Steps past it, which a cancel that saves nothing would lose.
+    while time.monotonic() < deadline and max(losses(log_dir), default=0) < before + 2:
+        time.sleep(0.5)
+
+    cancelled = run_ops("cancel", str(results), timeout=600)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert "sent its checkpoint signal" in cancelled.stdout, cancelled.stdout
+    assert "gpt3_tiny: stopped" in cancelled.stdout, cancelled.stdout
+    assert wait_for_run(results, timeout=300) == {"gpt3_tiny": "CANCELLED"}
+    assert newest_step(checkpoints) > before
+    assert not [p.name for p in checkpoints.iterdir() if p.name.startswith(TMP_PREFIX)]
+    job_id = json.loads(run_ops("status", str(results), "--json").stdout)["stages"][0]["jobs"][0][
+        "job_ids"
+    ][0]
+    attempts = sorted(p.name for p in (results / "gpt3_tiny").glob(f"log-gpt3_tiny_{job_id}_*"))
+    assert attempts == [f"log-gpt3_tiny_{job_id}_attempt0.out"]
+    log = (results / "gpt3_tiny" / attempts[0]).read_text()
+    assert "checkpoint saved; exit code 75" in log and "not requeued" in log, log[-3000:]
+    assert "requeueing" not in log and "BrokenPipeError" not in log
+    queue = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
+    assert queue.stdout.strip() == ""
 
 
 def test_pile_steps_are_chained_task_to_task(slurm: None, site: Site, tmp_path: Path) -> None:

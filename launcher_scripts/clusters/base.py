@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobspec import Command, JobSpec
@@ -36,6 +36,10 @@ class JobRecord:
     start: str | None = None
     end: str | None = None
     pid: int | None = None  # the local backend's process group
+    # A job that checkpoints and exits with this code on its checkpoint signal (training):
+    # cancel signals it and waits up to grace_seconds before ending it.
+    checkpoint_exit_code: int | None = None
+    grace_seconds: int | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -79,7 +83,17 @@ class Backend(Protocol):
     def refresh(self, record: JobRecord) -> None:
         """Update `record.state` from the scheduler, where there is one."""
 
-    def cancel(self, record: JobRecord) -> None: ...
+    def cancel(self, record: JobRecord) -> int | None:
+        """Ask the job to stop. A job that checkpoints gets its checkpoint signal and the
+        seconds returned to save and exit (the caller waits with `stopped`, then calls
+        `end`); None: nothing to wait for (ended now, or the scheduler enforces the grace)."""
+
+    def stopped(self, record: JobRecord) -> bool:
+        """Whether the job's program has ended (after `cancel`)."""
+
+    def end(self, record: JobRecord) -> None:
+        """End what is left of the job now: its leftover processes, or the job itself once
+        its grace has passed."""
 
     def logs(self, record: JobRecord) -> list[JobLog]:
         """The job's log files that exist, in order (array tasks, then attempts)."""
@@ -96,6 +110,35 @@ class JobLog:
         parts = [f"task {self.task}"] if self.task is not None else []
         parts += [f"attempt {self.attempt}"] if self.attempt is not None else []
         return ", ".join(parts)
+
+
+DEFAULT_SIGNAL_GRACE = 120
+
+
+def signal_grace_seconds(cluster: Any) -> int:
+    """`cluster.signal_grace_seconds`: how long a checkpointing job (training) has to save and
+    exit after its checkpoint signal, before it is ended. The same key on every backend."""
+    grace = (cluster or {}).get("signal_grace_seconds", DEFAULT_SIGNAL_GRACE)
+    if isinstance(grace, bool) or not isinstance(grace, int) or grace < 1:
+        raise ConfigError(
+            "cluster.signal_grace_seconds",
+            f"{grace!r} is not a positive integer",
+            f"Give the seconds a training job has to checkpoint when stopped (e.g. "
+            f"{DEFAULT_SIGNAL_GRACE})",
+        )
+    return grace
+
+
+# torchrun forwards SIGTERM to its ranks, then kills them after this many seconds (30 unless
+# set; torch releases older than the variable, pytorch/pytorch#172596, always wait 30 s).
+TORCHRUN_SHUTDOWN_TIMEOUT = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+
+
+def shutdown_env(job: JobSpec, grace: int) -> list[tuple[str, str]]:
+    """The environment that gives a checkpointing job's ranks the whole grace under torchrun."""
+    if job.checkpoint_exit_code is None:
+        return []
+    return [(TORCHRUN_SHUTDOWN_TIMEOUT, str(grace))]
 
 
 def python_argv(command: Command, python: str = "python3") -> list[str]:

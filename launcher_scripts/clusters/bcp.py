@@ -34,6 +34,7 @@ from launcher_scripts.clusters.base import (
     format_argv,
     format_quoted,
     shell_word,
+    shutdown_env,
 )
 from launcher_scripts.clusters.local import LocalBackend
 from launcher_scripts.config.checks import require_env_name
@@ -76,6 +77,7 @@ class BcpBackend(LocalBackend):
     synchronous = True
 
     def __init__(self, root: Any = None) -> None:
+        super().__init__(root)
         self.root = root
         self.cluster = root.cluster if root is not None else {}
 
@@ -165,10 +167,14 @@ class BcpBackend(LocalBackend):
             "export MASTER_ADDR MASTER_PORT",
             f"cd {shlex.quote(job.results_dir)}",
         ]
-        env = [f"--env {shlex.quote(f'{name}={value}')}" for name, value in job.env]
-        for command in job.commands:
+        env = [
+            f"--env {shlex.quote(f'{name}={value}')}"
+            for name, value in [*job.env, *shutdown_env(job, self.grace)]
+        ]
+        for position, command in enumerate(job.commands, start=1):
             words = [
-                "bcprun",
+                # The last command replaces the shell, so a cancel's signal reaches bcprun.
+                "exec bcprun" if position == len(job.commands) else "bcprun",
                 '--nnodes "$nodes"',
                 "--npernode 1",
                 f"--workdir {shlex.quote(job.results_dir)}",

@@ -239,6 +239,8 @@ class K8sBackend:
                 )
             out.line(applied.stdout.strip())
             record.job_ids = [ref.id]
+            record.checkpoint_exit_code = job.checkpoint_exit_code
+            record.grace_seconds = settings.signal_grace_seconds
             record.state = "PENDING"
             record.start = utc_now()
             on_start(record)
@@ -298,7 +300,17 @@ class K8sBackend:
         elif record.state == "RUNNING":
             record.state = "LOST"
 
-    def cancel(self, record: JobRecord) -> None:
+    def cancel(self, record: JobRecord) -> int | None:
+        """Delete the Job: Kubernetes sends its pods' programs SIGTERM and kills them after
+        their terminationGracePeriodSeconds (cluster.signal_grace_seconds for a checkpointing
+        job), so there is nothing to wait for here."""
+        self.end(record)
+        return None
+
+    def stopped(self, record: JobRecord) -> bool:
+        return True  # Kubernetes enforces the grace period itself
+
+    def end(self, record: JobRecord) -> None:
         if not record.job_ids:
             return
         ref = JobRef.parse(record.job_ids[0])

@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from launcher_scripts.clusters.base import time_limit_seconds
+from launcher_scripts.clusters.base import shutdown_env, time_limit_seconds
 from launcher_scripts.clusters.k8s_settings import SHM_VOLUME, K8sSettings
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.jobspec import Command, JobSpec
@@ -114,8 +114,10 @@ def container_command(job: JobSpec) -> list[str]:
     if len(argvs) == 1:
         return argvs[0]
     # Kubernetes expands $(VAR) in the script before sh reads it; shlex quoting keeps every
-    # argument one word and literal.
-    script = "\n".join(["set -e", *(shlex.join(argv) for argv in argvs)])
+    # argument one word and literal. The last program replaces sh, so it gets the SIGTERM of a
+    # deleted pod (sh as PID 1 would ignore it).
+    lines = [shlex.join(argv) for argv in argvs]
+    script = "\n".join(["set -e", *lines[:-1], f"exec {lines[-1]}"])
     return ["/bin/sh", "-c", script]
 
 
@@ -135,7 +137,9 @@ def _env(job: JobSpec, settings: K8sSettings, name: str) -> list[dict[str, Any]]
         ]
     # Image variables cannot be extended ($(PYTHONPATH) names only declared ones): set it.
     env.append({"name": "PYTHONPATH", "value": literal(job.pythonpath)})
-    merged = dict(job.env) | dict(settings.env)  # the cluster's extras win
+    # torchrun gives its ranks the grace the pod has, not its own 30 s.
+    merged = dict(job.env) | dict(shutdown_env(job, settings.signal_grace_seconds))
+    merged |= dict(settings.env)  # the cluster's extras win
     env += [{"name": key, "value": literal(value)} for key, value in sorted(merged.items())]
     return env
 
@@ -241,9 +245,9 @@ def job_manifest(job: JobSpec, settings: K8sSettings) -> dict[str, Any]:
     if settings.tolerations:
         pod["tolerations"] = [dict(toleration) for toleration in settings.tolerations]
     if job.checkpoint_exit_code is not None:
-        # Deleted, evicted or past its deadline, the program gets SIGTERM and this long to
-        # save a checkpoint before SIGKILL.
-        pod["terminationGracePeriodSeconds"] = settings.termination_grace_seconds
+        # Deleted (`launcher_scripts cancel`), evicted or past its deadline, the program (the
+        # container's PID 1) gets SIGTERM and this long to save a checkpoint before SIGKILL.
+        pod["terminationGracePeriodSeconds"] = settings.signal_grace_seconds
     pod["containers"] = [container]
     pod["volumes"] = volumes
     template_metadata = _metadata(name, settings, job)

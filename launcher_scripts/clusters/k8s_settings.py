@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from launcher_scripts.clusters.base import signal_grace_seconds
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
 
@@ -63,7 +64,7 @@ class K8sSettings:
     annotations: tuple[tuple[str, str], ...]
     backoff_limit: int
     ttl_seconds_after_finished: int | None
-    termination_grace_seconds: int
+    signal_grace_seconds: int
     poll_seconds: float
     k8s_version: str
 
@@ -83,6 +84,12 @@ def settings_from(root: Any) -> K8sSettings:
             "container",
             "is not set but the k8s backend runs every job in a container image",
             "Set container=<image>, e.g. container=nvcr.io/nvidia/nemo:24.05",
+        )
+    if "termination_grace_seconds" in cluster:
+        raise ConfigError(
+            "cluster.termination_grace_seconds",
+            "is now cluster.signal_grace_seconds, the same key on every backend",
+            "Rename it",
         )
     volumes = _volumes(cluster.get("volumes"))
     volumes += _container_mounts(root.get("container_mounts"), len(volumes))
@@ -123,9 +130,7 @@ def settings_from(root: Any) -> K8sSettings:
         else require_int(
             "cluster.ttl_seconds_after_finished", cluster["ttl_seconds_after_finished"], 0
         ),
-        termination_grace_seconds=require_int(
-            "cluster.termination_grace_seconds", cluster.get("termination_grace_seconds", 120), 0
-        ),
+        signal_grace_seconds=signal_grace_seconds(cluster),
         poll_seconds=_seconds("cluster.poll_seconds", cluster.get("poll_seconds", 10)),
         k8s_version=_version(cluster.get("k8s_version")),
     )

@@ -21,6 +21,7 @@ from launcher_scripts.clusters.base import (
     export_lines,
     format_argv,
     shell_word,
+    signal_grace_seconds,
     utc_now,
 )
 from launcher_scripts.errors import ConfigError, LauncherError
@@ -68,6 +69,10 @@ PASSTHROUGH_OPTIONS = frozenset(
 )
 # Signals srun forwards to the tasks of its step; the batch shell forwards this one to srun.
 CHECKPOINT_SIGNAL = "USR1"
+# What `launcher_scripts cancel` sends the batch shell of a checkpointing job: it forwards the
+# checkpoint signal and, once the step has saved and exited, ends the job without requeueing
+# it (USR1 alone, from --signal before the time limit or a preemption, requeues).
+CANCEL_SIGNAL = "USR2"
 
 
 def attempt_log_parts(
@@ -106,11 +111,7 @@ def check_cluster(cluster: Mapping[str, Any]) -> None:
                 f"Use one of: {', '.join(sorted(PASSTHROUGH_OPTIONS))} "
                 "(or the cluster key of the same meaning, e.g. cluster.partition)",
             )
-    grace = cluster.get("signal_grace_seconds")
-    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int) or grace < 1):
-        raise ConfigError(
-            "cluster.signal_grace_seconds", f"{grace!r} is not a positive integer", "Fix it"
-        )
+    signal_grace_seconds(cluster)
     restarts = cluster.get("max_restarts", 0)
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
         raise ConfigError("cluster.max_restarts", f"{restarts!r} is not an integer >= 0", "Fix it")
@@ -176,6 +177,7 @@ class SlurmBackend:
         self.root = root
         self.cluster = root.cluster if root is not None else {}
         check_cluster(self.cluster)
+        self.grace = signal_grace_seconds(self.cluster)
 
     def jobs_use_launcher_environment(self) -> bool:
         # Without a container, the nodes run the launcher's installation (a shared file system).
@@ -282,9 +284,8 @@ class SlurmBackend:
         if job.array_size:
             options.append(("array", f"0-{job.array_size - 1}", f"{job.stage}"))
         if job.checkpoint_exit_code is not None:
-            grace = int(cluster.get("signal_grace_seconds") or 120)
             options += [
-                ("signal", f"B:{CHECKPOINT_SIGNAL}@{grace}", "cluster.signal_grace_seconds"),
+                ("signal", f"B:{CHECKPOINT_SIGNAL}@{self.grace}", "cluster.signal_grace_seconds"),
                 ("requeue", None, "cluster.max_restarts"),
                 ("open-mode", "append", "cluster.max_restarts"),
             ]
@@ -359,16 +360,30 @@ class SlurmBackend:
 
     def _restartable_step(self, job: JobSpec, srun: list[str]) -> list[str]:
         """Run the step in the background so the batch shell can forward the signal, then
-        requeue when the program checkpointed on it and made progress since the last attempt."""
+        requeue when the program checkpointed on it and made progress since the last attempt;
+        after a cancel (CANCEL_SIGNAL), end the job instead."""
         progress = ["python3", "-m", "launcher_scripts.jobs.training.progress"]
         progress.append(str(job.progress_dir))
         max_restarts = int(self.cluster.get("max_restarts") or 0)
+        forward = (
+            f'if [ -n "$step_pid" ]; then kill -{CHECKPOINT_SIGNAL} "$step_pid" 2>/dev/null '
+            "|| true; fi"
+        )
         return [
+            "step_pid=",
+            "cancelled=0",
+            f"trap 'echo \"launcher: {CHECKPOINT_SIGNAL} received, asking the job step to "
+            f"checkpoint\"; {forward}' {CHECKPOINT_SIGNAL}",
+            f"trap 'cancelled=1; echo \"launcher: cancel requested, asking the job step to "
+            f"checkpoint and stop\"; {forward}' {CANCEL_SIGNAL}",
             f"step_before=$({shlex.join(progress)})",
+            'if [ "$cancelled" -eq 1 ]; then',
+            '    echo "launcher: cancelled before the job step started"',
+            '    scancel "$SLURM_JOB_ID"',
+            "    exit 0",
+            "fi",
             f"{format_argv(srun)} &",
             "step_pid=$!",
-            f"trap 'echo \"launcher: {CHECKPOINT_SIGNAL} received, asking the job step to "
-            f'checkpoint"; kill -{CHECKPOINT_SIGNAL} "$step_pid"\' {CHECKPOINT_SIGNAL}',
             "set +e",
             "while :; do",
             '    wait "$step_pid"; code=$?',
@@ -376,6 +391,13 @@ class SlurmBackend:
             "done",
             "set -e",
             f"step_after=$({shlex.join(progress)})",
+            'if [ "$cancelled" -eq 1 ] && [ "$code" -ne 0 ]; then',
+            '    echo "launcher: cancelled (exit code $code); newest checkpoint at step '
+            '$step_after; not requeued"',
+            # The job ends CANCELLED, as the user asked, not FAILED with the step's code.
+            '    scancel "$SLURM_JOB_ID"',
+            '    exit "$code"',
+            "fi",
             f'if [ "$code" -eq {job.checkpoint_exit_code} ]; then',
             f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {max_restarts} ]; then',
             f'        echo "launcher: not requeued: max_restarts ({max_restarts}) reached"',
@@ -415,6 +437,8 @@ class SlurmBackend:
             raise LauncherError(f"sbatch failed for {job.name}: {result.stderr.strip()}")
         job_id = result.stdout.strip().split(";")[0]
         record.job_ids = [job_id]
+        record.checkpoint_exit_code = job.checkpoint_exit_code
+        record.grace_seconds = self.grace
         record.log = str(self._first_log(job, job_id))
         record.state = "PENDING"
         record.start = utc_now()
@@ -441,7 +465,30 @@ class SlurmBackend:
             if exit_code is not None and state in ("COMPLETED", "FAILED"):
                 record.exit_code = exit_code
 
-    def cancel(self, record: JobRecord) -> None:
+    def cancel(self, record: JobRecord) -> int | None:
+        """A running job that checkpoints: its batch shell gets CANCEL_SIGNAL (it forwards the
+        checkpoint signal to the step and ends the job, not requeued, once the step exits);
+        the caller ends it after its grace. Any other job: scancel now."""
+        if not record.job_ids:
+            return None
+        graceful = record.checkpoint_exit_code is not None and len(record.job_ids) == 1
+        if graceful and _squeue_state(record.job_ids[0]) == "RUNNING":
+            signalled = subprocess.run(
+                ["scancel", "--batch", f"--signal={CANCEL_SIGNAL}", record.job_ids[0]],
+                capture_output=True,
+                timeout=60,
+            )
+            if signalled.returncode == 0:
+                return record.grace_seconds or self.grace
+        self.end(record)
+        return None
+
+    def stopped(self, record: JobRecord) -> bool:
+        """Gone from the queue, or ended (a requeued job is pending again: not stopped)."""
+        states = [_squeue_state(job_id) for job_id in record.job_ids]
+        return all(state in (None, "COMPLETED", "FAILED", "CANCELLED") for state in states)
+
+    def end(self, record: JobRecord) -> None:
         if record.job_ids:
             subprocess.run(["scancel", *record.job_ids], capture_output=True, timeout=60)
 

@@ -42,15 +42,20 @@ class StageContext:
         """Whether an earlier stage of this run writes `path` (or a folder holding it). In a
         dry run, also any other path, which is then noted in `missing_inputs`."""
         target = Path(str(path))
-        if any(
-            target == Path(written) or Path(written) in target.parents
-            for written in self.upstream_writes
-        ):
+        if self.written_upstream(target):
             return True
         if self.root.get("dry_run"):
             self.missing_inputs.append(str(target))
             return True
         return False
+
+    def written_upstream(self, path: str | Path) -> bool:
+        """Whether an earlier stage of this run writes `path` (or a folder holding it)."""
+        target = Path(str(path))
+        return any(
+            target == Path(written) or Path(written) in target.parents
+            for written in self.upstream_writes
+        )
 
     def require_input(self, name: str, fix: str) -> Path:
         """`<stage>.model.<name>` names a path that exists, or that an earlier stage of this

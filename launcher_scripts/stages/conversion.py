@@ -64,10 +64,10 @@ class Conversion:
     @staticmethod
     def _check_checkpoint(ctx: StageContext) -> None:
         """The checkpoint to convert is there and whole, when no earlier stage of this run
-        writes the folder (the job checks again when it starts)."""
+        writes the folder: checked before the job replaces the last good outputs (the job
+        checks again when it starts)."""
         folder = Path(str(ctx.cfg.model.checkpoint_folder))
-        written = (Path(str(path)) for path in ctx.upstream_writes)
-        if not folder.is_dir() or any(w == folder or folder in w.parents for w in written):
+        if not folder.is_dir() or ctx.written_upstream(folder):
             return
         try:
             pick_checkpoint(folder, str(ctx.cfg.model.checkpoint_name))

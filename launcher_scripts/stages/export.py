@@ -7,6 +7,7 @@ from pathlib import Path
 
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.conversion.portable_check import require_portable
 from launcher_scripts.jobs.export.interface import PARAMETER_NAMES, STREAM_SUFFIX
 from launcher_scripts.jobs.training.families import family_of
 from launcher_scripts.jobspec import Command, JobSpec, Resources
@@ -24,9 +25,13 @@ class Export:
         cfg, stage = ctx.cfg, ctx.stage
         family = family_of(cfg, stage).name
         require_job_program(ctx, "model_family", f"{family} models", family == "gpt")
-        ctx.require_input(
+        model_file = ctx.require_input(
             "nemo_file", "Convert first (stages=[conversion,export]), or point it at a .nemo file"
         )
+        if model_file.exists() and not ctx.written_upstream(model_file):
+            # Before the job replaces a repository that serves: a file that cannot be served
+            # (cut short, a PEFT file) is refused here.
+            require_portable(model_file, f"{stage}.model.nemo_file")
         name = str(cfg.triton_deployment.model_name)
         if not MODEL_NAME.fullmatch(name):
             raise ConfigError(

@@ -70,7 +70,7 @@ def pick_checkpoint(folder: Path, name: str) -> Checkpoint:
     if not matching:
         names = ", ".join(c.path.name for c in found)
         raise ConversionError(
-            f"conversion.model.checkpoint_name={name!r} matches none of: {names}. "
+            f"{name!r} matches none of: {names}. "
             "Use latest or one of these names (wildcards allowed)"
         )
     return matching[-1]
@@ -117,8 +117,8 @@ def _init_single_process() -> None:
         dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")
 
 
-def write_hf_dir(directory: Path, model: DictConfig, tensors: dict[str, Any]) -> None:
-    """config.json, model.safetensors and the tokenizer, replaced as a whole."""
+def write_hf_files(directory: Path, model: DictConfig, tensors: dict[str, Any]) -> None:
+    """config.json, model.safetensors and the tokenizer, into `directory`."""
     import torch
     from safetensors.torch import save_file
 
@@ -126,12 +126,11 @@ def write_hf_dir(directory: Path, model: DictConfig, tensors: dict[str, Any]) ->
     from launcher_scripts.jobs.conversion.hf_export import to_hf
 
     config, state = to_hf(model, tensors)
-    with replaced_directory(directory) as partial:
-        config |= hf_tokenizer.write(model, partial)
-        (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        # Own storage for each: per-layer slices of one stacked tensor must not share memory.
-        state = {name: t.clone(memory_format=torch.contiguous_format) for name, t in state.items()}
-        save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    config |= hf_tokenizer.write(model, directory)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    # Own storage for each: per-layer slices of one stacked tensor must not share memory.
+    state = {name: t.clone(memory_format=torch.contiguous_format) for name, t in state.items()}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
 
 def convert(cfg: DictConfig) -> None:
@@ -152,12 +151,17 @@ def convert(cfg: DictConfig) -> None:
     hparams.tensor_model_parallel_size = int(model_cfg.tensor_model_parallel_size)
     hparams.pipeline_model_parallel_size = int(model_cfg.pipeline_model_parallel_size)
     output = Path(str(cfg.run.output_path)) / str(cfg.run.nemo_file_name)
-    portable.write(output, hparams, tensors)
-    print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)", flush=True)
-    if cfg.run.get("hf_dir_name"):
+    if not cfg.run.get("hf_dir_name"):
+        portable.write(output, hparams, tensors)
+    else:
+        # Both outputs are built beside the old ones and replace them only when both are
+        # whole: a failure leaves the last good pair, not a new file beside an old folder.
         hf_dir = Path(str(cfg.run.output_path)) / str(cfg.run.hf_dir_name)
-        write_hf_dir(hf_dir, hparams, tensors)
+        with replaced_directory(hf_dir) as partial:
+            write_hf_files(partial, hparams, tensors)
+            portable.write(output, hparams, tensors)
         print(f"wrote {hf_dir} (Hugging Face transformers)", flush=True)
+    print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB)", flush=True)
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:

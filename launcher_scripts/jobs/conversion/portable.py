@@ -29,6 +29,8 @@ CONFIG = "model_config.yaml"
 WEIGHTS = "model_weights.safetensors"
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_KEYS = ("model", "vocab_file", "merge_file")
+# What a PEFT file (launcher_scripts/jobs/fine_tuning/peft_file.py) holds instead of CONFIG.
+PEFT_CONFIG = "peft_config.yaml"
 
 
 @dataclass
@@ -79,10 +81,11 @@ def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def read_config(path: Path) -> DictConfig:
-    """The model config alone, without reading the weights. ValueError if `path` is no
-    portable checkpoint."""
-    with tarfile.open(path) as tar:
-        return _config(tar, path)
+    """The model config of a whole, self-consistent portable file, without reading the weights:
+    ValueError (portable_check.PortableFileError, one line saying what is wrong) otherwise."""
+    from launcher_scripts.jobs.conversion.portable_check import inspect_portable
+
+    return inspect_portable(path).config
 
 
 def _config(tar: tarfile.TarFile, path: Path) -> DictConfig:
@@ -93,7 +96,8 @@ def _config(tar: tarfile.TarFile, path: Path) -> DictConfig:
     if member is None:
         raise ValueError(f"{path} is not a portable checkpoint (no {CONFIG})")
     config = OmegaConf.create(member.read().decode())
-    assert isinstance(config, DictConfig)
+    if not isinstance(config, DictConfig):
+        raise ValueError(f"{path}: {CONFIG} is not a mapping")
     return config
 
 

@@ -28,10 +28,10 @@ from typing import IO, Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobs.conversion.portable import CONFIG as MODEL_CONFIG
+from launcher_scripts.jobs.conversion.portable import PEFT_CONFIG, TOKENIZER_DIR, TOKENIZER_KEYS
+from launcher_scripts.jobs.conversion.portable import WEIGHTS as MODEL_WEIGHTS
 
-MODEL_CONFIG = "model_config.yaml"  # portable.CONFIG
-MODEL_WEIGHTS = "model_weights.safetensors"  # portable.WEIGHTS
-PEFT_CONFIG = "peft_config.yaml"  # peft_file.CONFIG
 PEFT_WEIGHTS = "peft_weights.safetensors"  # peft_file.WEIGHTS
 # A safetensors header is JSON of a few KB per hundred tensors; a larger length prefix means
 # the bytes are not a safetensors file.
@@ -54,9 +54,22 @@ class PortableSummary:
 
 
 def inspect_portable(path: str | Path) -> PortableSummary:
-    """A portable model file's config and tensor shapes, checked to agree."""
-    summary = _inspect(Path(path), MODEL_CONFIG, MODEL_WEIGHTS, "a portable model file")
+    """A portable model file's config and tensor shapes, checked to agree, with the tokenizer
+    files its config names."""
+    members = _members(Path(path), "a portable model file")
+    if PEFT_CONFIG in members and MODEL_CONFIG not in members:
+        raise PortableFileError(
+            f"{path} is a PEFT file (only the tuned tensors, not a whole model): merge it "
+            "into its base model first (python3 -m launcher_scripts merge-lora BASE PEFT "
+            "OUT) or give the base model"
+        )
+    summary = _inspect(Path(path), MODEL_CONFIG, MODEL_WEIGHTS, "a portable model file", members)
     check_shapes(Path(path), summary.config, summary.shapes)
+    tokenizer = summary.config.get("tokenizer") or {}
+    for key in TOKENIZER_KEYS:
+        member = str(tokenizer.get(key) or "")
+        if member.startswith(f"{TOKENIZER_DIR}/") and member not in members:
+            raise PortableFileError(f"{path} has no {member} (its tokenizer.{key}): cut short?")
     return summary
 
 
@@ -82,8 +95,14 @@ def require_peft(path: str | Path, key: str) -> DictConfig:
         raise ConfigError(key, str(error), "Give the .nemo file the peft stage wrote") from None
 
 
-def _inspect(path: Path, config_name: str, weights_name: str, kind: str) -> PortableSummary:
-    members = _members(path, kind)
+def _inspect(
+    path: Path,
+    config_name: str,
+    weights_name: str,
+    kind: str,
+    members: dict[str, tarfile.TarInfo] | None = None,
+) -> PortableSummary:
+    members = members if members is not None else _members(path, kind)
     for name in (config_name, weights_name):
         if name not in members:
             raise PortableFileError(f"{path} is not {kind}: it has no {name}")

@@ -2,9 +2,11 @@
 
     python -m launcher_scripts.jobs.export.export --config <results_dir>/<name>_hydra.yaml
 
-After writing the repository the job loads the served model file the way the Triton model will
-and generates from `export.check.prompt` with the export's default parameters, so a repository
-that cannot serve fails here, not when a server starts. The result is kept in check.json.
+The job writes the new repository beside the old one, loads its served model file the way the
+Triton model will and generates from `export.check.prompt` with the export's default
+parameters; only then does the new repository replace the old one. A repository that cannot
+serve fails here, not when a server starts, and a failed export leaves the last good one in
+place. The check's result is kept in check.json.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import launcher_scripts
-from launcher_scripts.files import write_atomic
+from launcher_scripts.files import replaced_directory, write_atomic
 from launcher_scripts.jobs.config_job import run_config_job
 from launcher_scripts.jobs.export.interface import PARAMETER_NAMES
 
@@ -31,7 +33,7 @@ def generation_defaults(cfg: DictConfig) -> dict[str, Any]:
 
 
 def export(cfg: DictConfig) -> None:
-    from launcher_scripts.jobs.export.repository import write_repository
+    from launcher_scripts.jobs.export.repository import MODEL_FILE, VERSION, write_repository
     from launcher_scripts.jobs.inference.generation import GenerationParams, generate
     from launcher_scripts.jobs.inference.runner import close_runner, open_runner
 
@@ -40,32 +42,31 @@ def export(cfg: DictConfig) -> None:
     GenerationParams(**defaults).check()
     model_file = Path(str(cfg.model.nemo_file))
     repository = Path(str(deployment.model_repository))
-    models = write_repository(
-        repository,
-        str(deployment.model_name),
-        model_file,
-        max_batch_size=int(deployment.max_batch_size),
-        max_queue_delay_microseconds=int(deployment.max_queue_delay_microseconds),
-        defaults=defaults,
-        # The server imports the code that wrote the repository.
-        launcher_path=str(Path(launcher_scripts.__file__).resolve().parent.parent),
-    )
-    for model in models:
-        print(f"wrote {model}", flush=True)
-
-    served = models[0] / "1" / "model.nemo"
-    runner = open_runner(served)
     prompt = str(cfg.check.prompt)
-    try:
-        completion = generate(
-            runner.logits,
-            runner.tokenizer,
-            [prompt],
-            GenerationParams(**defaults),
-            max_length=runner.max_length,
-        )[0]
-    finally:
-        close_runner()
+    with replaced_directory(repository) as partial:
+        models = write_repository(
+            partial,
+            str(deployment.model_name),
+            model_file,
+            max_batch_size=int(deployment.max_batch_size),
+            max_queue_delay_microseconds=int(deployment.max_queue_delay_microseconds),
+            defaults=defaults,
+            # The server imports the code that wrote the repository.
+            launcher_path=str(Path(launcher_scripts.__file__).resolve().parent.parent),
+        )
+        runner = open_runner(models[0] / VERSION / MODEL_FILE)
+        try:
+            completion = generate(
+                runner.logits,
+                runner.tokenizer,
+                [prompt],
+                GenerationParams(**defaults),
+                max_length=runner.max_length,
+            )[0]
+        finally:
+            close_runner()
+    for model in models:
+        print(f"wrote {repository / model.name}", flush=True)
     print(f"check: {prompt!r} -> {completion.text!r} ({completion.finish_reason})", flush=True)
     check = {"prompt": prompt, "text": completion.text, "finish_reason": completion.finish_reason}
     write_atomic(Path(str(cfg.run.results_dir)) / "check.json", json.dumps(check, indent=2))

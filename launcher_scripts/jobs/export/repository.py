@@ -10,7 +10,8 @@
 Two models because Triton answers plain (HTTP or gRPC) inference only from non-decoupled models
 and streams only from decoupled ones. The streaming twin reads the first one's weights file.
 
-Rendering is pure (`render_config`); `write_repository` replaces the whole repository at once.
+Rendering is pure (`render_config`); `write_repository` fills a folder, which the export job
+builds beside the repository, checks, and swaps in whole only when the check passed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.files import replaced_directory
 from launcher_scripts.jobs.export.interface import (
     FINISH_REASON,
     PARAMETERS,
@@ -120,26 +120,25 @@ def write_repository(
     defaults: Mapping[str, Any],
     launcher_path: str,
 ) -> list[Path]:
-    """Write both models; the repository directory is replaced as a whole. Returns the model
-    directories."""
+    """Write both models into the (new, empty) folder `repository`. Returns the model
+    directories; the served weights are `<first>/1/model.nemo`."""
     models = []
-    with replaced_directory(repository) as partial:
-        for model, decoupled in ((name, False), (name + STREAM_SUFFIX, True)):
-            version = partial / model / VERSION
-            version.mkdir(parents=True)
-            weights = f"{VERSION}/{MODEL_FILE}" if not decoupled else f"../{name}/1/{MODEL_FILE}"
-            config = render_config(
-                model,
-                max_batch_size=max_batch_size,
-                max_queue_delay_microseconds=max_queue_delay_microseconds,
-                decoupled=decoupled,
-                model_file=weights,
-                defaults=defaults,
-            )
-            (partial / model / "config.pbtxt").write_text(config)
-            (version / "model.py").write_text(MODEL_PY.format(paths=[launcher_path]))
-            models.append(repository / model)
-        _link_or_copy(model_file, partial / name / VERSION / MODEL_FILE)
+    for model, decoupled in ((name, False), (name + STREAM_SUFFIX, True)):
+        version = repository / model / VERSION
+        version.mkdir(parents=True)
+        weights = f"{VERSION}/{MODEL_FILE}" if not decoupled else f"../{name}/1/{MODEL_FILE}"
+        config = render_config(
+            model,
+            max_batch_size=max_batch_size,
+            max_queue_delay_microseconds=max_queue_delay_microseconds,
+            decoupled=decoupled,
+            model_file=weights,
+            defaults=defaults,
+        )
+        (repository / model / "config.pbtxt").write_text(config)
+        (version / "model.py").write_text(MODEL_PY.format(paths=[launcher_path]))
+        models.append(repository / model)
+    _link_or_copy(model_file, repository / name / VERSION / MODEL_FILE)
     return models
 
 

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.jobs.conversion.portable import add_bytes, readable
+from launcher_scripts.jobs.conversion.portable import PEFT_CONFIG, add_bytes, readable
 from launcher_scripts.jobs.fine_tuning.tuning import PeftSettings
 
-CONFIG = "peft_config.yaml"
+CONFIG = PEFT_CONFIG
 WEIGHTS = "peft_weights.safetensors"
 
 

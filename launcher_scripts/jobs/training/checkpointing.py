@@ -10,11 +10,15 @@ so a run can resume at a different data-parallel size.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import shutil
+import signal
+from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from megatron.core.tensor_parallel import random as mcore_random
 
 from launcher_scripts.jobs.training.progress import (
     STATE_FILE,
+    STOP_SIGNALS,
     TMP_PREFIX,
     Checkpoint,
     TrainState,
@@ -112,10 +117,38 @@ def sharded_state(model: list[Any], optimizer: Any, is_loading: bool) -> dict[st
     return state
 
 
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold SIGTERM/SIGUSR1 (pending, not lost) while a checkpoint is written.
+
+    megatron-core writes through processes this one starts: a manager process, spawned at the
+    first save and kept, and writers forked at each. They share this rank's process group,
+    which torchrun, srun and Kubernetes signal as a whole; killed there, they would fail the
+    very save the signal asks for (BrokenPipeError, a torn `.tmp-` folder). Processes started
+    meanwhile inherit the blocked signals and so keep writing; the rank itself gets its
+    signal when the save is done, and stops after the step as documented.
+    """
+    # Python starts its resource tracker with the first spawned process and unblocks SIGTERM
+    # right after (bpo-33613): started now, it cannot undo the block below.
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def save(
     directory: Path, name: str, model: list[Any], optimizer: Any, train_state: TrainState
 ) -> Path:
     """Write a checkpoint atomically; every rank calls this."""
+    with stop_signals_held():
+        return _save(directory, name, model, optimizer, train_state)
+
+
+def _save(
+    directory: Path, name: str, model: list[Any], optimizer: Any, train_state: TrainState
+) -> Path:
     final, tmp = directory / name, directory / f"{TMP_PREFIX}{name}"
     rank = dist.get_rank()
     if rank == 0:

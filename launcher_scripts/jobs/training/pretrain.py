@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.jobs.training.progress import STOP_SIGNALS
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,7 +31,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        for signum in (signal.SIGTERM, signal.SIGUSR1):
+        for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
 
     def _handle(self, signum: int, _frame: Any) -> None:

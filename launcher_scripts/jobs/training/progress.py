@@ -14,6 +14,7 @@ would make progress.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,9 @@ from typing import Any
 # The exit code of a run stopped by SIGTERM/SIGUSR1 after saving a checkpoint (EX_TEMPFAIL):
 # "try again", which a scheduler can requeue on; the same command resumes.
 EXIT_PREEMPTED = 75
+# The signals that ask a training job to checkpoint and stop: SIGTERM (cancel, Kubernetes),
+# SIGUSR1 (Slurm, before the time limit or on preemption).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 STATE_FILE = "train_state.json"
 TMP_PREFIX = ".tmp-"
 

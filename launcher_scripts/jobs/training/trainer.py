@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 from functools import partial
 from pathlib import Path
@@ -29,6 +28,7 @@ from megatron.core.utils import get_batch_on_this_cp_rank
 from omegaconf import OmegaConf
 
 from launcher_scripts import estimates
+from launcher_scripts.files import write_atomic
 from launcher_scripts.jobs.training import (
     checkpointing,
     data,
@@ -71,7 +71,6 @@ class Trainer:
         if self.rank == 0:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             checkpointing.clean_temporary(self.checkpoint_dir)
-            self._write_hparams()
         dist.barrier()
 
         self.vocab = data.vocab_info(cfg)
@@ -105,14 +104,13 @@ class Trainer:
         )
 
     def _write_hparams(self) -> None:
-        """hparams.yaml beside the checkpoints, as the conversion stage expects."""
+        """hparams.yaml beside the checkpoints, as the conversion stage expects. Written with
+        each checkpoint, not at start-up: a run refused before its first checkpoint (a
+        setting this machine cannot run) leaves the file of the run that wrote them."""
         model = OmegaConf.to_container(self.cfg.model, resolve=True)
         assert isinstance(model, dict)
         model["precision"] = self.cfg.trainer.precision
-        path = self.log_dir / "hparams.yaml"
-        tmp = path.with_suffix(".yaml.tmp")
-        tmp.write_text(OmegaConf.to_yaml({"cfg": model}))
-        os.replace(tmp, path)
+        write_atomic(self.log_dir / "hparams.yaml", OmegaConf.to_yaml({"cfg": model}))
 
     def _make_chunks(self) -> list[Any]:
         """This rank's model chunks with their starting weights, before any wrapping."""
@@ -328,6 +326,7 @@ class Trainer:
         self.state.scheduler = self.scheduler.state_dict()
         path = checkpointing.save(self.checkpoint_dir, name, self.model, self.optimizer, self.state)
         if self.rank == 0:
+            self._write_hparams()
             checkpointing.apply_retention(
                 self.checkpoint_dir,
                 int(params.get("save_top_k", 1)),

@@ -19,13 +19,21 @@ MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export MASTER_ADDR MASTER_PORT
 cd /results/gpt3_tiny
 
+step_pid=
+cancelled=0
+trap 'echo "launcher: USR1 received, asking the job step to checkpoint"; if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi' USR1
+trap 'cancelled=1; echo "launcher: cancel requested, asking the job step to checkpoint and stop"; if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi' USR2
 step_before=$(python3 -m launcher_scripts.jobs.training.progress /results/gpt3_tiny/results/checkpoints)
+if [ "$cancelled" -eq 1 ]; then
+    echo "launcher: cancelled before the job step started"
+    scancel "$SLURM_JOB_ID"
+    exit 0
+fi
 srun \
     --ntasks-per-node=1 \
     --kill-on-bad-exit=1 python3 -u -m launcher_scripts.jobs.training.pretrain \
     --config /results/gpt3_tiny/gpt3_tiny_hydra.yaml &
 step_pid=$!
-trap 'echo "launcher: USR1 received, asking the job step to checkpoint"; kill -USR1 "$step_pid"' USR1
 set +e
 while :; do
     wait "$step_pid"; code=$?
@@ -33,6 +41,11 @@ while :; do
 done
 set -e
 step_after=$(python3 -m launcher_scripts.jobs.training.progress /results/gpt3_tiny/results/checkpoints)
+if [ "$cancelled" -eq 1 ] && [ "$code" -ne 0 ]; then
+    echo "launcher: cancelled (exit code $code); newest checkpoint at step $step_after; not requeued"
+    scancel "$SLURM_JOB_ID"
+    exit "$code"
+fi
 if [ "$code" -eq 75 ]; then
     if [ "${SLURM_RESTART_COUNT:-0}" -ge 3 ]; then
         echo "launcher: not requeued: max_restarts (3) reached"

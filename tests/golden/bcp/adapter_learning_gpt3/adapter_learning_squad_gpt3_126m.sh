@@ -14,13 +14,14 @@ export MASTER_ADDR MASTER_PORT
 cd /results/gpt3_126m/adapter_learning_squad
 
 # shellcheck disable=SC2016  # expanded on each node
-bcprun \
+exec bcprun \
     --nnodes "$nodes" \
     --npernode 1 \
     --workdir /results/gpt3_126m/adapter_learning_squad \
     --env "PYTHONPATH=$PYTHONPATH" \
     --env TORCH_NCCL_AVOID_RECORD_STREAMS=1 \
     --env TRANSFORMERS_OFFLINE=1 \
+    --env TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120 \
     --env "MASTER_ADDR=$MASTER_ADDR" \
     --env "MASTER_PORT=$MASTER_PORT" \
     --env "LAUNCHER_NNODES=$nodes" \

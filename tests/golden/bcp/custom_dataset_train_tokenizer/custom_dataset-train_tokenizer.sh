@@ -14,7 +14,7 @@ export MASTER_ADDR MASTER_PORT
 cd /results/custom_dataset
 
 # shellcheck disable=SC2016  # expanded on each node
-bcprun \
+exec bcprun \
     --nnodes "$nodes" \
     --npernode 1 \
     --workdir /results/custom_dataset \

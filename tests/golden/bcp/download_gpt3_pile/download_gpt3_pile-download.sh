@@ -16,7 +16,7 @@ export MASTER_ADDR MASTER_PORT
 cd /results/download_gpt3_pile
 
 # shellcheck disable=SC2016  # expanded on each node
-bcprun \
+exec bcprun \
     --nnodes "$nodes" \
     --npernode 1 \
     --workdir /results/download_gpt3_pile \

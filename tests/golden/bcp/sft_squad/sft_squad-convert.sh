@@ -27,7 +27,7 @@ bcprun \
     -c 'python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad --input /data/squad_data/v1.1/train-v1.1.json --output /data/squad_data/v1.1/train-v1.1_gpt.json --max-bad-fraction 0.01'
 
 # shellcheck disable=SC2016  # expanded on each node
-bcprun \
+exec bcprun \
     --nnodes "$nodes" \
     --npernode 1 \
     --workdir /results/sft_squad \

@@ -10,5 +10,5 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/gpt3_126m/convert_nemo
 
-python3 -u -m launcher_scripts.jobs.conversion.convert \
+exec python3 -u -m launcher_scripts.jobs.conversion.convert \
     --config /results/gpt3_126m/convert_nemo/convert_gpt3_126m_hydra.yaml

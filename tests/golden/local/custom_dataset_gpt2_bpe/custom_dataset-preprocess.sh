@@ -12,7 +12,7 @@ export WANDB_API_KEY_FILE=/secrets/wandb
 export WANDB_PROJECT='my project'
 cd /results/custom_dataset
 
-python3 -u -m launcher_scripts.jobs.data_prep.preprocess \
+exec python3 -u -m launcher_scripts.jobs.data_prep.preprocess \
     --input /data/raw/a.jsonl \
     --output-dir /data/custom_dataset/preprocessed \
     --text-key text \

@@ -10,7 +10,7 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/custom_dataset
 
-python3 -u -m launcher_scripts.jobs.data_prep.preprocess \
+exec python3 -u -m launcher_scripts.jobs.data_prep.preprocess \
     --input /data/raw/docs '/data/raw/it'"'"'s here.json' \
     --output-dir /data/custom_dataset/preprocessed \
     --text-key text \

@@ -10,7 +10,7 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/custom_dataset
 
-python3 -u -m launcher_scripts.jobs.data_prep.train_tokenizer \
+exec python3 -u -m launcher_scripts.jobs.data_prep.train_tokenizer \
     --input /data/raw/a.jsonl /data/raw/b.jsonl.gz \
     --text-key text \
     --model-prefix /data/custom_dataset/bpe/custom_sp_tokenizer \

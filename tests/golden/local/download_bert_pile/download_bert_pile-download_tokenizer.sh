@@ -10,5 +10,5 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/download_bert_pile
 
-python3 -u -m launcher_scripts.jobs.data_prep.download \
+exec python3 -u -m launcher_scripts.jobs.data_prep.download \
     --file https://huggingface.co/bert-large-uncased/resolve/main/vocab.txt /data/bpe_uncased/vocab.txt

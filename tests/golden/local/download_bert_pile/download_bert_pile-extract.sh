@@ -10,7 +10,7 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/download_bert_pile
 
-python3 -u -m launcher_scripts.jobs.data_prep.extract \
+exec python3 -u -m launcher_scripts.jobs.data_prep.extract \
     --input-dir /data \
     --file-numbers 1-2 \
     --name-format '{:02d}.jsonl.zst' \

@@ -10,7 +10,7 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/download_bert_pile
 
-python3 -u -m launcher_scripts.jobs.data_prep.preprocess \
+exec python3 -u -m launcher_scripts.jobs.data_prep.preprocess \
     --input /data/01.jsonl /data/02.jsonl \
     --output-dir /data \
     --output-prefix my-bert_ \

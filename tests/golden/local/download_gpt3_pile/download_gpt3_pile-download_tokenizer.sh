@@ -10,6 +10,6 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/download_gpt3_pile
 
-python3 -u -m launcher_scripts.jobs.data_prep.download \
+exec python3 -u -m launcher_scripts.jobs.data_prep.download \
     --file https://huggingface.co/gpt2/resolve/main/vocab.json /data/bpe/vocab.json \
     --file https://huggingface.co/gpt2/resolve/main/merges.txt /data/bpe/merges.txt

@@ -10,7 +10,7 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/download_gpt3_pile
 
-python3 -u -m launcher_scripts.jobs.data_prep.extract \
+exec python3 -u -m launcher_scripts.jobs.data_prep.extract \
     --input-dir /data \
     --file-numbers 0,3,5-7 \
     --name-format '{:02d}.jsonl.zst' \

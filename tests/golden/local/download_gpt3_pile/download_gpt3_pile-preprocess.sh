@@ -10,7 +10,7 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/download_gpt3_pile
 
-python3 -u -m launcher_scripts.jobs.data_prep.preprocess \
+exec python3 -u -m launcher_scripts.jobs.data_prep.preprocess \
     --input /data/00.jsonl /data/03.jsonl /data/05.jsonl /data/06.jsonl /data/07.jsonl \
     --output-dir /data \
     --output-prefix my-gpt3_ \

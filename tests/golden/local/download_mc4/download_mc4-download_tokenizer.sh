@@ -10,6 +10,6 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/download_mc4
 
-python3 -u -m launcher_scripts.jobs.data_prep.download \
+exec python3 -u -m launcher_scripts.jobs.data_prep.download \
     --file https://storage.googleapis.com/t5-data/vocabs/mc4.250000.100extra/sentencepiece.model /data/mc4/bpe/mt5_tokenizer.model \
     --file https://storage.googleapis.com/t5-data/vocabs/mc4.250000.100extra/sentencepiece.vocab /data/mc4/bpe/vocab.txt

@@ -10,7 +10,7 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/download_mc4
 
-python3 -u -m launcher_scripts.jobs.data_prep.mc4 preprocess \
+exec python3 -u -m launcher_scripts.jobs.data_prep.mc4 preprocess \
     --languages cs:1024,da:1024 \
     --cleaned-english \
     --c4-dir /data/mc4/c4 \

@@ -10,7 +10,7 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/download_t5_pile
 
-python3 -u -m launcher_scripts.jobs.data_prep.download \
+exec python3 -u -m launcher_scripts.jobs.data_prep.download \
     --url-base https://the-eye.eu/public/AI/pile/train/ \
     --file-numbers 0,3 \
     --name-format '{:02d}.jsonl.zst' \

@@ -10,5 +10,5 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/gpt3_126m/export
 
-python3 -u -m launcher_scripts.jobs.export.export \
+exec python3 -u -m launcher_scripts.jobs.export.export \
     --config /results/gpt3_126m/export/export_gpt3_126m_hydra.yaml

@@ -10,7 +10,7 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/sft_dolly
 
-python3 -u -m launcher_scripts.jobs.data_prep.sft_convert dolly \
+exec python3 -u -m launcher_scripts.jobs.data_prep.sft_convert dolly \
     --input /data/dolly/databricks-dolly-15k.jsonl \
     --split train 0.9 /data/dolly/dolly_train.jsonl \
     --split validation 0.05 /data/dolly/dolly_validation.jsonl \

@@ -15,7 +15,7 @@ python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad \
     --output /data/squad_data/v1.1/train-v1.1_gpt.json \
     --max-bad-fraction 0.01
 
-python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad \
+exec python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad \
     --input /data/squad_data/v1.1/dev-v1.1.json \
     --output /data/squad_data/v1.1/dev-v1.1_gpt.json \
     --max-bad-fraction 0.01 \

@@ -8,7 +8,8 @@ unset SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT NGC_ARRAY_INDEX NGC_ARRAY_SIZE 
 export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
 export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120
 cd /results/gpt3_tiny
 
-python3 -u -m launcher_scripts.jobs.training.pretrain \
+exec python3 -u -m launcher_scripts.jobs.training.pretrain \
     --config /results/gpt3_tiny/gpt3_tiny_hydra.yaml

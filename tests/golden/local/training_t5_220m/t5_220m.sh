@@ -8,9 +8,10 @@ unset SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT NGC_ARRAY_INDEX NGC_ARRAY_SIZE 
 export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
 export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120
 cd /results/t5_220m
 
-python3 -u -m torch.distributed.run \
+exec python3 -u -m torch.distributed.run \
     --standalone \
     --nproc-per-node=8 -m launcher_scripts.jobs.numa_binding \
     --mode=unique_contiguous \
