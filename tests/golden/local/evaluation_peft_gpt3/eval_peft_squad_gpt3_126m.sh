@@ -10,5 +10,13 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/gpt3_126m/peft_squad_eval
 
-exec python3 -u -m launcher_scripts.jobs.fine_tuning.evaluate_tuned \
+exec python3 -u -m launcher_scripts.jobs.numa_binding \
+    --mode=unique_contiguous \
+    --scope=node \
+    --cores=all_logical \
+    --balanced=true \
+    --min-cores=1 \
+    --max-cores=8 \
+    --local-ranks=1 \
+    -- launcher_scripts.jobs.fine_tuning.evaluate_tuned \
     --config /results/gpt3_126m/peft_squad_eval/eval_peft_squad_gpt3_126m_hydra.yaml
