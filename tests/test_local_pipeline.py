@@ -18,7 +18,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from tokenizers import ByteLevelBPETokenizer
 
 from launcher_scripts.config.resolvers import launcher_root
-from tests.conftest import REPO, run_main, run_ops
+from tests.conftest import REPO, run_main, run_ops, write_run_manifest
 from tests.http_site import Site
 
 SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
@@ -260,39 +260,9 @@ def test_status_reports_a_lost_launcher(tmp_path: Path) -> None:
     """A RUNNING job whose process is gone (machine rebooted, kill -9) is shown as LOST."""
     # Alive until the test kills it, however long the first status takes.
     sleeper = subprocess.Popen(["sleep", "3600"], start_new_session=True)
-    run_dir = tmp_path / "runs" / "r1"
-    run_dir.mkdir(parents=True)
-    record = {
-        "name": "job",
-        "stage": "data_preparation",
-        "backend": "local",
-        "script": "s.sh",
-        "log": str(tmp_path / "log"),
-        "state": "RUNNING",
-        "job_ids": [f"local-{sleeper.pid}"],
-        "exit_code": None,
-        "start": "2026-01-01T00:00:00+00:00",
-        "end": None,
-        "pid": sleeper.pid,
-    }
-    manifest = {
-        "run_id": "r1",
-        "created": "r1",
-        "command": ["main.py"],
-        "cluster_type": "local",
-        "git_revision": None,
-        "launcher_pid": os.getpid(),
-        "stages": [
-            {
-                "stage": "data_preparation",
-                "results_dir": str(tmp_path),
-                "config": "c.yaml",
-                "jobs": [record],
-                "artifacts": [],
-            }
-        ],
-    }
-    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    write_run_manifest(
+        tmp_path, {"name": "job", "job_ids": [f"local-{sleeper.pid}"], "pid": sleeper.pid}
+    )
     assert job_states(tmp_path) == {"job": "RUNNING"}
     os.killpg(sleeper.pid, signal.SIGKILL)
     sleeper.wait()
