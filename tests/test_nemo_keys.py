@@ -3,6 +3,7 @@ refused with one line naming the key to use (launcher_scripts/config/nemo_keys.p
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from launcher_scripts import pipeline
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.jobs.conversion.convert import with_tokenizer_files
+from launcher_scripts.jobs.training.progress import STATE_FILE
 from tests.conftest import run_main
 from tests.test_preflight import assert_one_line_error
 
@@ -63,7 +65,10 @@ def test_conversion_tokenizer_files_for_a_sentencepiece_model_are_refused(tmp_pa
 
 def test_conversion_tokenizer_files_must_exist_in_a_real_run(tmp_path: Path) -> None:
     checkpoints = tmp_path / "run" / "checkpoints"
-    checkpoints.mkdir(parents=True)
+    # A saved checkpoint (its state file; no file sizes recorded): preflight's checkpoint
+    # check passes, so the tokenizer file is what is refused.
+    (checkpoints / "megatron_gpt--step=2").mkdir(parents=True)
+    (checkpoints / "megatron_gpt--step=2" / STATE_FILE).write_text(json.dumps({"step": 2}))
     hparams = tmp_path / "run" / "hparams.yaml"
     tokenizer = {"library": "megatron", "type": "GPT2BPETokenizer", "vocab_file": "/old/v.json"}
     OmegaConf.save(
