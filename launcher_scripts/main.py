@@ -41,5 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console() -> None:
-    """The `llm-launcher` command installed by pip."""
-    sys.exit(main())
+    """The `llm-launcher` command installed by pip: `python3 -m launcher_scripts`, so it takes
+    the same commands (status, logs, cancel, serve, ...) as well as overrides."""
+    from launcher_scripts.__main__ import run
+
+    sys.exit(run(sys.argv))
