@@ -124,6 +124,24 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`python3 main.py` as on a fresh machine, shortened: data preparation, training,
+    conversion, evaluation on the offline tasks and export. Returns its root (data/, results/)."""
+    root = tmp_path_factory.mktemp("default_run")
+    result = run_main(
+        f"data_dir={root}/data",
+        f"base_results_dir={root}/results",
+        "training.trainer.max_steps=30",
+        "training.trainer.log_every_n_steps=1",
+        "training.trainer.val_check_interval=15",
+        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=15",
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return root
+
+
+@pytest.fixture(scope="session")
 def tiny_portable(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny GPT trained briefly and converted: the portable file inference stages read."""
     results = tmp_path_factory.mktemp("tiny_model")

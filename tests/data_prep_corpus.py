@@ -129,12 +129,14 @@ def job_env() -> dict[str, str]:
     return env
 
 
-def run_job(module: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
+def run_job(
+    module: str, *args: str | Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run a data_prep job program as the launcher does: python3 -m <module> <args>."""
     return subprocess.run(
         [sys.executable, "-m", f"launcher_scripts.jobs.data_prep.{module}", *map(str, args)],
         cwd=REPO,
-        env=job_env(),
+        env={**job_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=300,

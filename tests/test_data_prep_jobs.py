@@ -780,6 +780,13 @@ def test_train_tokenizer_from_plain_text_and_failure(tmp_path: Path) -> None:
     assert (
         sentencepiece.SentencePieceProcessor(model_file=f"{prefix}.model").get_piece_size() == 300
     )
+    # SentencePiece's INFO log (absl's "WARNING: All log messages before ..." and the whole
+    # trainer spec) only with the debug switch.
+    assert "absl" not in result.stderr and "trainer_spec" not in result.stderr, result.stderr
+    loud = run_job(
+        "train_tokenizer", *base, "--vocab-size", "301", env={"LAUNCHER_SHOW_ALL_WARNINGS": "1"}
+    )
+    assert loud.returncode == 0 and "trainer_spec" in loud.stderr, loud.stderr
 
 
 def test_tokenizer_is_trained_again_when_its_settings_or_inputs_change(tmp_path: Path) -> None:

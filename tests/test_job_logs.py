@@ -40,8 +40,13 @@ def run_jobs(prepared: Path, results: Path, *overrides: str) -> dict[str, str]:
     return logs
 
 
-def test_job_logs_hold_no_benign_warnings_unless_asked(prepared: Path, tmp_path: Path) -> None:
-    quiet = run_jobs(prepared, tmp_path / "quiet")
+def test_job_logs_hold_no_benign_warnings_unless_asked(
+    default_run: Path, prepared: Path, tmp_path: Path
+) -> None:
+    # The quiet side: every job log of the default `python3 main.py` run.
+    quiet = {log.name: log.read_text() for log in default_run.rglob("log-*.out")}
+    # tokenizer, preprocessing, training, conversion, evaluation, export
+    assert len(quiet) == 6, sorted(quiet)
     for stage, log in quiet.items():
         warned = [line for line in log.splitlines() if WARNING_LINE.search(line)]
         assert not warned, (stage, warned)
@@ -49,7 +54,7 @@ def test_job_logs_hold_no_benign_warnings_unless_asked(prepared: Path, tmp_path:
             re.search(message, log) for _category, message, _module in BENIGN_WARNINGS
         ), stage
 
-    loud = run_jobs(prepared, tmp_path / "loud", "+env_vars.LAUNCHER_SHOW_ALL_WARNINGS=1")
+    loud = run_jobs(prepared, tmp_path, "+env_vars.LAUNCHER_SHOW_ALL_WARNINGS=1")
     for stage, log in loud.items():
         assert "UserWarning: Transformer Engine and Apex are not installed" in log, stage
     assert "Implicit initialization of Rerun State Machine!" in loud["training"]

@@ -179,18 +179,17 @@ def test_a_conversion_failing_in_its_job_keeps_the_good_file_and_folder(
     assert leftovers(output) == []
 
 
-@pytest.mark.parametrize(
-    "refused",
-    [
-        # Refused by the job at start-up on CPUs (needs Transformer Engine), after preflight.
-        ("training.model.context_parallel_size=2", "training.trainer.devices=2"),
-        # Refused when the data is built: an empty validation split.
-        ('training.model.data.splits_string="99990,8,2"',),
-    ],
-    ids=["cp2", "empty-split"],
-)
+# Trainings that fail after preflight, each before its first checkpoint.
+REFUSED_AT_START_UP = {
+    # Refused by the job at start-up on CPUs (needs Transformer Engine).
+    "cp2": ("training.model.context_parallel_size=2", "training.trainer.devices=2"),
+    # Refused when the data is built: an empty validation split.
+    "empty-split": ('training.model.data.splits_string="99990,8,2"',),
+}
+
+
 def test_a_training_refused_at_start_up_keeps_the_hparams_conversion_reads(
-    prepared: Path, tmp_path: Path, refused: tuple[str, ...]
+    prepared: Path, tmp_path: Path
 ) -> None:
     common = (
         f"data_dir={prepared}/data",
@@ -204,9 +203,10 @@ def test_a_training_refused_at_start_up_keeps_the_hparams_conversion_reads(
     hparams = tmp_path / "results" / "gpt3_tiny" / "results" / "hparams.yaml"
     before = hparams.read_bytes()
 
-    again = run_main("stages=[training]", *common, *refused)
-    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
-    assert hparams.read_bytes() == before
+    for name, refused in REFUSED_AT_START_UP.items():
+        again = run_main("stages=[training]", *common, *refused)
+        assert again.returncode == 1, (name, again.stdout[-3000:] + again.stderr[-3000:])
+        assert hparams.read_bytes() == before, name
 
     converted = run_main("stages=[conversion]", *common, "conversion.run.hf_dir_name=null")
     assert converted.returncode == 0, converted.stdout[-3000:] + converted.stderr[-3000:]

@@ -99,19 +99,9 @@ def assert_same_losses(a: Path, b: Path, tolerance: float) -> None:
         assert abs(value - val_losses(b)[step]) <= tolerance
 
 
-def test_default_pipeline_trains_and_leaves_its_artifacts(tmp_path: Path) -> None:
-    """`python3 main.py` as on a fresh machine, shortened: data preparation, training,
-    conversion, evaluation on the offline tasks and export."""
-    result = run_main(
-        f"data_dir={tmp_path}/data",
-        f"base_results_dir={tmp_path}/results",
-        "training.trainer.max_steps=30",
-        "training.trainer.log_every_n_steps=1",
-        "training.trainer.val_check_interval=15",
-        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=15",
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    log_dir = tmp_path / "results" / "gpt3_tiny" / "results"
+def test_default_pipeline_trains_and_leaves_its_artifacts(default_run: Path) -> None:
+    """`python3 main.py` as on a fresh machine, shortened (conftest's default_run)."""
+    log_dir = default_run / "results" / "gpt3_tiny" / "results"
     curve = losses(log_dir)
     assert curve[30] < curve[1] - 1.0, curve  # it learns, clearly
     assert (log_dir / "loss_curve.png").stat().st_size > 0
@@ -124,14 +114,14 @@ def test_default_pipeline_trains_and_leaves_its_artifacts(tmp_path: Path) -> Non
     for name in ("lr", "grad_norm", "train_step_timing", "tokens_per_sec", "peak_memory_gb"):
         assert name in record
     assert record["model_tflops_per_gpu"] > 0
-    converted = tmp_path / "results" / "gpt3_tiny" / "convert_nemo"
+    converted = default_run / "results" / "gpt3_tiny" / "convert_nemo"
     assert (converted / "megatron_gpt.nemo").stat().st_size > 0
     assert (converted / "hf" / "model.safetensors").is_file()
-    evaluated = tmp_path / "results" / "gpt3_tiny" / "eval_all"
+    evaluated = default_run / "results" / "gpt3_tiny" / "eval_all"
     results = json.loads((evaluated / "results.json").read_text())["results"]
     assert {"tiny_lambada", "tiny_choice", "tiny_wikitext", "tiny_generate"} <= set(results)
     assert "| tiny_choice | acc |" in (evaluated / "results.md").read_text()
-    exported = tmp_path / "results" / "gpt3_tiny" / "export"
+    exported = default_run / "results" / "gpt3_tiny" / "export"
     assert (exported / "model_repo" / "gpt3_tiny" / "config.pbtxt").is_file()
     assert json.loads((exported / "check.json").read_text())["text"]
 

@@ -7,6 +7,10 @@ blends, and calls torch functions that torch has deprecated. None of them asks t
 anything. Each is matched by its text (and category or logger), so any other warning, from
 megatron-core or elsewhere, still shows.
 
+SentencePiece's trainer, left at its INFO level, starts with absl's "WARNING: All log messages
+before absl::InitializeLog() ..." and dumps its whole trainer spec: the tokenizer job keeps it
+to warnings and errors (`showing_all()`).
+
 LAUNCHER_SHOW_ALL_WARNINGS=1 in a job's environment keeps them all (env_vars in the config).
 `launcher_scripts/jobs/__init__.py` installs this, so it runs before a job program imports
 megatron-core: Python imports a package before any of its modules.
@@ -64,9 +68,14 @@ class _DropLines(logging.Filter):
         return not self.pattern.match(record.getMessage())
 
 
+def showing_all() -> bool:
+    """Whether the user asked for every warning and library log line (the debug switch)."""
+    return os.environ.get(SWITCH) == "1"
+
+
 def install() -> None:
     """Add the filters (once per process); nothing when LAUNCHER_SHOW_ALL_WARNINGS=1."""
-    if os.environ.get(SWITCH) == "1":
+    if showing_all():
         return
     for category, message, module in BENIGN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)

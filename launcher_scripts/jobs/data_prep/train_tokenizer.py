@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.jobs import benign_warnings
 from launcher_scripts.jobs.data_prep import fingerprint, readers
 
 # What reading a truncated or corrupt (gzip) input raises.
@@ -111,6 +112,9 @@ def trainer_options(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
         "eos_id": args.eos_id,
         "pad_id": args.pad_id,
         "num_threads": os.cpu_count() or 1,
+        # INFO (0) prints absl's "WARNING: All log messages before absl::InitializeLog()" and
+        # the whole trainer spec; warnings and errors still show, and errors raise.
+        "minloglevel": 0 if benign_warnings.showing_all() else 1,
     }
     if args.max_sentences:
         options["input_sentence_size"] = args.max_sentences
@@ -160,6 +164,11 @@ def train(args: argparse.Namespace) -> Path:
     else:
         options["input"] = ",".join(str(path) for path in paths)
         options["input_format"] = args.input_format
+    print(
+        f"training a {args.model_type} tokenizer of {args.vocab_size} pieces on "
+        f"{len(paths)} input(s)",
+        flush=True,
+    )
     try:
         sentencepiece.SentencePieceTrainer.train(**options)
     except TrainError:
