@@ -308,6 +308,7 @@ def case_overrides(
             extra.append(f"container={IMAGE}")
     return stage, [*paths, f"cluster_type={backend_name}", *extra, f"stages=[{stage}]", *overrides]
 
+
 # The CPU build the local index serves; without it first, pip would pull torch's CUDA packages.
 TORCH_PIN = "torch==2.13.0"
 PIP_QUIET = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore"}

@@ -55,9 +55,7 @@ def read_key() -> str:
             "readable where the job runs"
         ) from None
     if not key:
-        raise JobError(
-            "wandb_api_key_file: the file it names is empty: put the W&B API key in it"
-        )
+        raise JobError("wandb_api_key_file: the file it names is empty: put the W&B API key in it")
     return key
 
 
