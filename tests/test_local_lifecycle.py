@@ -225,6 +225,8 @@ def test_cancel_checkpoints_the_training_and_a_rerun_resumes_from_it(
     assert not [p.name for p in checkpoints.iterdir() if p.name.startswith(TMP_PREFIX)]
     assert group_processes(group) == []
 
+    if (how, processes) != ("cancel", 1):
+        return  # resuming from a saved checkpoint is the same for each way of stopping
     # The same command resumes from the cancel's checkpoint (stopped here by max_time).
     rerun = run_main(*LONG_TRAINING, *overrides, "training.trainer.max_time=00:00:00:01")
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
