@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO, run_ops
+from tests.conftest import REPO, ctrl_c_as_in_a_terminal, run_ops
 from tests.test_autoconfig_search import AUTOCONFIG, validate_training
 
 LOGS = Path("gpt3") / "tiny_2gb"  # the gpt3/tiny search config's logs folder under base_results_dir
@@ -49,17 +49,6 @@ def start_search(results: Path, data: Path, *overrides: str) -> subprocess.Popen
         env=env,
         preexec_fn=ctrl_c_as_in_a_terminal,
     )
-
-
-def ctrl_c_as_in_a_terminal() -> None:
-    """SIGINT in its default state, as a program started from a terminal has it.
-
-    A shell without job control (a CI script, `cmd &` in any script) starts background
-    commands with SIGINT ignored, and an ignored signal stays ignored through exec: a test
-    suite started so passes that on to the search, whose Python then installs no
-    KeyboardInterrupt handler, and the test's SIGINT did nothing (returncode 0, the
-    "failure on a loaded machine", where the suite ran in the background beside the load)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def submitted_job_id(run_dir: Path, search: subprocess.Popen, timeout: float = 900) -> str:

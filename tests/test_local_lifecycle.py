@@ -18,7 +18,7 @@ from typing import IO, Any
 import pytest
 
 from launcher_scripts.jobs.training.progress import TMP_PREFIX, newest_step
-from tests.conftest import REPO, run_main, run_ops, write_run_manifest
+from tests.conftest import REPO, ctrl_c_as_in_a_terminal, run_main, run_ops, write_run_manifest
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
 # Long enough never to finish while a test waits; a checkpoint every few steps.
@@ -106,6 +106,7 @@ class Launcher:
             stderr=self.err,
             cwd=REPO,
             env=env,
+            preexec_fn=ctrl_c_as_in_a_terminal,  # one test stops it as ctrl-c would
         )
         self.group: int | None = None
 
