@@ -224,16 +224,25 @@ def weight_differences(first: Path, second: Path) -> dict[str, float]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+STOP_AND_RESUME_STEPS = (
+    "training.trainer.max_steps=40",
+    "training.exp_manager.checkpoint_callback_params.every_n_train_steps=20",
+)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 40 steps trained without a stop: the log folder both resume cases compare with."""
+    reference = tmp_path_factory.mktemp("uninterrupted") / "reference"
+    train(write_config(prepared, reference, *STOP_AND_RESUME_STEPS))
+    return reference
+
+
 @pytest.mark.parametrize("first_processes", [1, 2], ids=["same-layout", "dp2-then-dp1"])
 def test_signal_stop_and_resume_match_an_uninterrupted_run(
-    prepared: Path, tmp_path: Path, first_processes: int
+    prepared: Path, uninterrupted: Path, tmp_path: Path, first_processes: int
 ) -> None:
-    steps = (
-        "training.trainer.max_steps=40",
-        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=20",
-    )
-    reference = write_config(prepared, tmp_path / "reference", *steps)
-    train(reference)
+    steps = STOP_AND_RESUME_STEPS
 
     first = write_config(
         prepared, tmp_path / "resumed", *steps, f"training.trainer.devices={first_processes}"
@@ -252,8 +261,8 @@ def test_signal_stop_and_resume_match_an_uninterrupted_run(
     assert "resumed from" in result.stdout
 
     tolerance = 0.0 if first_processes == 1 else 1e-4
-    assert_same_losses(tmp_path / "reference", tmp_path / "resumed", tolerance)
-    differences = weight_differences(tmp_path / "reference", tmp_path / "resumed")
+    assert_same_losses(uninterrupted, tmp_path / "resumed", tolerance)
+    differences = weight_differences(uninterrupted, tmp_path / "resumed")
     if tolerance:
         # The key third of the QKV bias has a zero gradient in exact arithmetic (softmax ignores a
         # shift shared by all keys), so Adam turns rounding noise there into full-size steps: it
