@@ -7,6 +7,7 @@ adds it, and no program read it (`+training.model.tensor_model_paralel_size=2` t
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from pathlib import Path
@@ -29,10 +30,17 @@ KINDS = ("dataset", "model_family", "evaluation_kind", "peft_method")
 FREE_FORM = ("wandb_logger_kwargs", "language_file_counts", "split_fractions")
 
 
-def recipe_content(group: str, recipe: str) -> dict:
+@functools.cache
+def _recipe_content(group: str, recipe: str) -> dict:
     content = OmegaConf.to_container(OmegaConf.load(conf_dir() / group / f"{recipe}.yaml"))
     assert isinstance(content, dict)
     return content
+
+
+def recipe_content(group: str, recipe: str) -> dict:
+    """A shipped recipe as plain data, the caller's to change (each test reads every recipe of
+    its group: read once per session)."""
+    return copy.deepcopy(_recipe_content(group, recipe))
 
 
 @functools.cache

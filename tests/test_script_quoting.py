@@ -272,9 +272,10 @@ BAD_ENV_NAMES = ["A;touch M1", "1A", "A-B", "A B", "A$(touch M1)", "A=B", ""]
 def test_a_job_name_no_file_or_scheduler_can_hold_is_refused(
     stage: str, case: str, backend_name: str
 ) -> None:
+    _, overrides = case_overrides(case, backend_name)
+    composed = compose_config([*overrides, "dry_run=true"])
     for name in BAD_JOB_NAMES:
-        _, overrides = case_overrides(case, backend_name)
-        cfg = compose_config([*overrides, "dry_run=true"])
+        cfg = composed.copy()
         with open_dict(cfg):
             cfg[stage].run.name = name
         with pytest.raises(ConfigError) as error:
@@ -292,9 +293,10 @@ def test_a_code_path_pythonpath_cannot_hold_is_refused(backend_name: str) -> Non
 
 @pytest.mark.parametrize("backend_name", sorted(BACKENDS))
 def test_an_env_var_name_a_shell_cannot_export_is_refused(backend_name: str) -> None:
+    _, overrides = case_overrides("training_gpt3_tiny", backend_name)
+    composed = compose_config([*overrides, "dry_run=true"])
     for name in BAD_ENV_NAMES:
-        _, overrides = case_overrides("training_gpt3_tiny", backend_name)
-        cfg = compose_config([*overrides, "dry_run=true"])
+        cfg = composed.copy()
         with open_dict(cfg):
             cfg.env_vars[name] = "1"
         with pytest.raises(ConfigError) as error:
