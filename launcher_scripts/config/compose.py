@@ -18,8 +18,13 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.config import resolvers  # noqa: F401  (registers the resolvers)
+from launcher_scripts.config import (
+    resolvers,  # noqa: F401  (registers the resolvers)
+    yaml_loader,
+)
 from launcher_scripts.errors import ConfigError, LauncherError
+
+yaml_loader.install()  # Hydra's reading of the recipes, in C
 
 
 def conf_dir() -> Path:

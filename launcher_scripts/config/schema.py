@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.config import nemo_keys
+from launcher_scripts.config import nemo_keys, yaml_loader
 from launcher_scripts.config.compose import conf_dir, config_groups
 from launcher_scripts.errors import ConfigError
 
@@ -74,9 +74,6 @@ class Declared:
 # ----- what the shipped recipes hold --------------------------------------------------------
 
 
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 @functools.cache
 def shipped(group: str) -> tuple[tuple[str, dict[str, Any]], ...]:
     """(recipe name, unresolved content) of every recipe of a group; "" for config.yaml."""
@@ -84,10 +81,9 @@ def shipped(group: str) -> tuple[tuple[str, dict[str, Any]], ...]:
     files = [root / "config.yaml"] if group == "" else sorted((root / group).rglob("*.yaml"))
     recipes = []
     for path in files:
-        # Only the key structure and which values are booleans matter here, and YAML reads
-        # those as OmegaConf does; libyaml reads all the recipes some ten times faster, and
-        # every launch reads them.
-        content = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
+        # Plain data straight from YAML: building OmegaConf nodes for every recipe of the
+        # group cost more than the rest of a launch's checks.
+        content = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml_loader.loader())
         if isinstance(content, dict):
             content.pop("defaults", None)
             name = str(path.relative_to(root / group).with_suffix("")) if group else ""
