@@ -5,7 +5,6 @@ the same numbers, the stage's job writes its results, and bad recipes fail in pr
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +14,10 @@ import pytest
 
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.evaluation import recipe, report
-from tests.conftest import REPO, run_main
+from tests.conftest import ONE_THREAD, REPO, run_main
 
 # One thread per process, so layouts compare layouts and not matrix kernels blocked for
 # different thread counts (see tests/test_training.py).
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 EVALUATE = "launcher_scripts.jobs.evaluation.evaluate"
 BATCH = 3  # rows of different lengths share a batch, so padding is exercised
 

@@ -9,7 +9,6 @@ it these tests skip, except under CI=true, where they fail.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,10 +19,9 @@ from pathlib import Path
 import pytest
 
 from launcher_scripts.ports import free_port
-from tests.conftest import REPO
+from tests.conftest import ONE_THREAD, REPO
 
 PROMPTS = ["The history of", "In the morning the", "A small village near the river was"]
-ONE_THREAD = os.environ | {"OMP_NUM_THREADS": "1"}
 # Loading the models takes seconds on an idle machine and minutes on a busy CI runner.
 READY_TIMEOUT = 1200
 

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
-from tests.conftest import REPO, run_main
+from tests.conftest import ONE_THREAD, REPO, run_main
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
 # Small and quick; a vocabulary padded to 8192 at TP 1 and TP 2 alike (8000 real tokens), so
@@ -40,7 +40,6 @@ SMALL = (
 # torchrun gives each of several processes one thread; a lone process gets the same, so the
 # equivalence tests compare layouts and not matrix kernels blocked for different thread counts
 # (seen on CI: a two-thread single process 1.8e-4 away from the same model on two ranks).
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
