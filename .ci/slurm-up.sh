@@ -210,8 +210,16 @@ if [[ -n $restart ]]; then
     stop_daemon "$CTLD_PID" slurmctld
 fi
 if ! pid_alive "$CTLD_PID"; then
+    # Not running, and not stopped by us for a new slurm.conf: whatever jobs its saved state
+    # holds belong to an earlier boot (a machine image taken while tests ran). Recovered, they
+    # would hold the node as "running" and new jobs would wait behind them; -c starts clean.
+    clear=()
+    if [[ -z $restart ]] && compgen -G "/var/spool/slurmctld/job_state*" >/dev/null; then
+        log "slurmctld was not running: dropping the jobs its saved state holds from an earlier boot"
+        clear=(-c)
+    fi
     log "starting slurmctld"
-    slurmctld || die "slurmctld failed to start (see $LOGDIR/slurmctld.log)"
+    slurmctld "${clear[@]}" || die "slurmctld failed to start (see $LOGDIR/slurmctld.log)"
 fi
 if ! pid_alive "$SLURMD_PID"; then
     log "starting slurmd"
@@ -239,7 +247,9 @@ usable_state "$state" \
 
 left=$((deadline - SECONDS))
 ((left > 10)) || left=10
-timeout "$left" srun -N1 -n1 -p "$PARTITION" true \
-    || die "'srun -N1 -n1 true' failed; see $LOGDIR/slurmctld.log and $LOGDIR/slurmd.log"
+if ! timeout "$left" srun -N1 -n1 -p "$PARTITION" true; then
+    squeue -t all >&2 || true
+    die "'srun -N1 -n1 true' failed (the queue is above); see $LOGDIR/slurmctld.log and $LOGDIR/slurmd.log"
+fi
 
 summary
