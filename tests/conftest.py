@@ -413,12 +413,14 @@ def launcher_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def installed_launcher(
     launcher_wheel: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[InstalledLauncher]:
-    """Installed once per session (a few minutes, mostly pip reading its cache); removed at
+    """Installed once per session (a minute, mostly pip unpacking torch); removed at
     the end: a venv with torch is about 2 GB."""
     wheel = launcher_wheel
     venv = tmp_path_factory.mktemp("installed") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    # --no-compile: byte-compiling every module of torch and transformers was half the
+    # install; Python compiles what the tests import as it imports it.
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile"]
     env = {**os.environ, **PIP_QUIET}
     env.pop("PYTHONPATH", None)
     for requirement in (TORCH_PIN, f"{wheel}[train]"):

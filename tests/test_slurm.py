@@ -123,7 +123,9 @@ def test_a_failed_upstream_cancels_its_dependents(slurm: None, tmp_path: Path) -
     assert codes["gpt3_tiny"] is None, codes
 
 
-def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_path: Path) -> None:
+def test_preempted_training_checkpoints_requeues_and_resumes(
+    slurm: None, prepared: Path, tmp_path: Path
+) -> None:
     """USR1 to the batch shell (what --signal=B:USR1@grace sends before the time limit)."""
     steps = (
         "training.trainer.max_steps=40",
@@ -132,15 +134,7 @@ def test_preempted_training_checkpoints_requeues_and_resumes(slurm: None, tmp_pa
         # The same kernels in both runs whatever CPUs the Slurm step is given.
         "+env_vars.OMP_NUM_THREADS=1",
     )
-    data = f"data_dir={tmp_path}/data"
-    prepared = run_main(
-        f"base_results_dir={tmp_path}/prep", data, "stages=[data_preparation]", *SMALL_CLUSTER
-    )
-    assert prepared.returncode == 0, prepared.stderr
-    assert wait_for_run(tmp_path / "prep") == {
-        "custom_dataset-train_tokenizer": "COMPLETED",
-        "custom_dataset-preprocess": "COMPLETED",
-    }
+    data = f"data_dir={prepared}/data"
     # The same run on this machine: the Slurm cluster's keys left out (cluster/local.yaml).
     on_this_machine = [o for o in SMALL_CLUSTER if not o.startswith("cluster")]
     local = ("stages=[training]", *on_this_machine, *steps, "cluster_type=local")
