@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher_scripts.jobs.export.install import up_to_date
 from launcher_scripts.ports import free_port
 from tests.conftest import ONE_THREAD, REPO
 
@@ -149,6 +150,27 @@ def test_triton_serves_what_in_process_generation_gives(
     assert "top_p" in errors["bad_top_p"]
     assert "beam_width" in errors["stream_beam"]
     assert served["http_after_errors"] == greedy[:1]
+
+
+def test_install_triton_again_installs_nothing_and_says_so(triton_python: Path) -> None:
+    """A second `install-triton` (every CI run makes one) is one line, not pip's forty lines of
+    "Requirement already satisfied"."""
+    again = subprocess.run(
+        [sys.executable, "-m", "launcher_scripts", "install-triton"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("already installed in "), again.stdout
+    assert "Requirement already satisfied" not in again.stdout + again.stderr
+    assert len(again.stdout.splitlines()) == 2, again.stdout
+
+
+def test_a_venv_without_the_server_is_not_up_to_date(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    assert not up_to_date(venv)
 
 
 def test_serve_explains_what_is_missing(tmp_path: Path) -> None:

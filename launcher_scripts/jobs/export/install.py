@@ -10,6 +10,7 @@ clash with a numpy 2 installation.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -40,12 +41,30 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def up_to_date(venv: Path) -> bool:
+    """Whether pip would install nothing: every pinned package (extras' dependencies too) is
+    there. A pip too old for `--dry-run --report` answers False, and the install runs."""
+    asked = subprocess.run(
+        [str(venv_python(venv)), "-m", "pip", "install", "--dry-run", "--quiet"]
+        + ["--report", "-", *PACKAGES],
+        capture_output=True,
+        text=True,
+    )
+    try:
+        return asked.returncode == 0 and json.loads(asked.stdout)["install"] == []
+    except (ValueError, KeyError):
+        return False
+
+
 def install(venv: Path) -> None:
     if not venv_python(venv).is_file():
         print(f"creating {venv}", flush=True)
         subprocess.run(
             [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True
         )
+    elif up_to_date(venv):
+        print(f"already installed in {venv}: {', '.join(PACKAGES)}", flush=True)
+        return
     print(f"installing {', '.join(PACKAGES)} into {venv} (about 400 MB)", flush=True)
     subprocess.run(
         [str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "on", *PACKAGES],
