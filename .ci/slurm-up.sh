@@ -19,6 +19,7 @@ TIMEOUT="${SLURM_UP_TIMEOUT:-60}"
 FORCE_CPUS="${SLURM_UP_CPUS:-}"
 CONF=/etc/slurm/slurm.conf
 LOGDIR=/var/log/slurm
+STATE_DIR=/var/spool/slurmctld
 CTLD_PID=/run/slurmctld.pid
 SLURMD_PID=/run/slurmd.pid
 PARTITION="batch"
@@ -67,7 +68,7 @@ ReturnToService=2
 JobRequeue=1
 $extra
 
-StateSaveLocation=/var/spool/slurmctld
+StateSaveLocation=$STATE_DIR
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=$CTLD_PID
 SlurmdPidFile=$SLURMD_PID
@@ -174,7 +175,7 @@ if ! munge_ok; then
 fi
 
 # ---------------------------------------------------------------- slurm.conf
-install -d -m 0755 /etc/slurm "$LOGDIR" /var/spool/slurmctld /var/spool/slurmd
+install -d -m 0755 /etc/slurm "$LOGDIR" "$STATE_DIR" /var/spool/slurmd
 
 new_conf="$(mktemp)"
 trap 'rm -f "$new_conf"' EXIT
@@ -205,16 +206,18 @@ stop_daemon() { # pidfile name
     kill -9 "$pid" 2>/dev/null || true
 }
 
+ctld_was_running=""
+if pid_alive "$CTLD_PID"; then ctld_was_running=1; fi
 if [[ -n $restart ]]; then
     stop_daemon "$SLURMD_PID" slurmd
     stop_daemon "$CTLD_PID" slurmctld
 fi
 if ! pid_alive "$CTLD_PID"; then
-    # Not running, and not stopped by us for a new slurm.conf: whatever jobs its saved state
-    # holds belong to an earlier boot (a machine image taken while tests ran). Recovered, they
-    # would hold the node as "running" and new jobs would wait behind them; -c starts clean.
+    # Not running when this script came: whatever jobs its saved state holds belong to an
+    # earlier boot (a machine image taken while tests ran). Recovered, they would hold the
+    # node as "running" and new jobs would wait behind them; -c starts clean.
     clear=()
-    if [[ -z $restart ]] && compgen -G "/var/spool/slurmctld/job_state*" >/dev/null; then
+    if [[ -z $ctld_was_running ]] && compgen -G "$STATE_DIR/job_state*" >/dev/null; then
         log "slurmctld was not running: dropping the jobs its saved state holds from an earlier boot"
         clear=(-c)
     fi

@@ -39,7 +39,10 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
 
 # The environment for the jobs and programs tests start: one OpenMP thread per process. With
 # torch's default (a thread per core) and another program busy on one of the two cores, the
-# threads spin-wait for each other: a 15 s fine-tuning took 7 minutes on a busy runner.
+# threads spin-wait for each other: a 15 s fine-tuning took 7 minutes on a busy runner. And
+# torchrun gives each of several processes one thread: a lone process with the same compares
+# layouts, not matrix kernels blocked for different thread counts (seen on CI: a two-thread
+# single process 1.8e-4 away from the same model on two ranks).
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 

@@ -16,8 +16,6 @@ from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.evaluation import recipe, report
 from tests.conftest import ONE_THREAD, REPO, run_main
 
-# One thread per process, so layouts compare layouts and not matrix kernels blocked for
-# different thread counts (see tests/test_training.py).
 EVALUATE = "launcher_scripts.jobs.evaluation.evaluate"
 BATCH = 3  # rows of different lengths share a batch, so padding is exercised
 

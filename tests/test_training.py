@@ -37,11 +37,6 @@ SMALL = (
 )
 
 
-# torchrun gives each of several processes one thread; a lone process gets the same, so the
-# equivalence tests compare layouts and not matrix kernels blocked for different thread counts
-# (seen on CI: a two-thread single process 1.8e-4 away from the same model on two ranks).
-
-
 def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
     cfg = compose_config(
         [
