@@ -36,10 +36,10 @@ from auto_configurator.recipes import (
     write_recipe,
 )
 from auto_configurator.settings import PREFIX, TrainSettings
-from auto_configurator.shapes import Layout, ModelShape, tokenizer_vocab
-from auto_configurator.throughput import ClusterSpec, model_flops_per_step
+from launcher_scripts import families
+from launcher_scripts.costmodel.shapes import Layout, ModelShape, tokenizer_vocab
+from launcher_scripts.costmodel.throughput import ClusterSpec, model_flops_per_step
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.training import plan as training_plan
 
 T5_MICRO_BATCHES = (64, 32, 16, 8, 4, 2, 1)
 STOP_BEFORE_LIMIT_S = 1800  # trainer.max_time stops this long before the job's time limit
@@ -90,8 +90,8 @@ def generate(cfg: DictConfig, settings: TrainSettings, size_in_b: float) -> Base
     root = compose_recipe(settings.base_recipe, launcher_overrides(cfg), recipe_key)
     recipe = root[STAGE]
     check_family(recipe, settings.family, recipe_key)
-    encoder_decoder = settings.family in ("t5", "mt5")
-    if encoder_decoder:
+    family = families.of_model_type(settings.family)
+    if family.encoder_decoder:
         arch = sizing.encoder_decoder_architecture(size_in_b, settings.vocab_size)
     else:
         arch = sizing.stack_architecture(size_in_b, settings.vocab_size, settings.seq_length)
@@ -119,7 +119,7 @@ def generate(cfg: DictConfig, settings: TrainSettings, size_in_b: float) -> Base
     if "constant_steps" in sched:
         common["model.optim.sched.constant_steps"] = 0
     set_keys(recipe, common)
-    if encoder_decoder:
+    if family.encoder_decoder:
         _set_encoder_decoder(recipe, arch, seq)
     else:
         _set_stack(recipe, arch, seq)
@@ -127,7 +127,7 @@ def generate(cfg: DictConfig, settings: TrainSettings, size_in_b: float) -> Base
     training = resolved[STAGE]
     on_gpu = str(training.trainer.get("accelerator", "gpu")) != "cpu"
     path = settings.logs / f"base_cfg_{size_label(size_in_b)}.yaml"
-    if encoder_decoder:
+    if family.encoder_decoder:
         _choose_encoder_decoder_layout(root, recipe, settings, arch)
         flops = 6 * arch.parameters * gbs * seq  # 6 N D: T5 is outside the FLOPs model
         days = sizing.days_to_train(flops, steps, settings.gpus, settings.tflops_per_gpu)
@@ -284,7 +284,8 @@ def _choose_encoder_decoder_layout(
             if pipeline > 1:
                 values["model.pipeline_model_parallel_split_rank"] = pipeline // 2
             set_keys(recipe, values)
-            plan = training_plan.make_plan(resolved_stage(root), STAGE)
+            family = families.of_model_type(settings.family)
+            plan = family.plan(resolved_stage(root), STAGE)
             if plan.memory.total <= limit:
                 return
             smallest = min(smallest, plan.memory.total)

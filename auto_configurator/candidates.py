@@ -13,10 +13,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from auto_configurator.memory import MemoryBreakdown, memory_breakdown
 from auto_configurator.settings import PREFIX, TrainSettings
-from auto_configurator.shapes import Layout, ModelShape
-from auto_configurator.throughput import ClusterSpec, StepPrediction, predict_step
+from launcher_scripts.costmodel.memory import MemoryBreakdown, memory_breakdown
+from launcher_scripts.costmodel.shapes import Layout, ModelShape
+from launcher_scripts.costmodel.throughput import ClusterSpec, StepPrediction, predict_step
 from launcher_scripts.errors import ConfigError
 
 AUTO_MICRO_BATCHES = (1, 2, 4, 8, 16)

@@ -27,15 +27,15 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from auto_configurator.memory import GIB, MemoryBreakdown, memory_breakdown
-from auto_configurator.shapes import (
+from launcher_scripts.costmodel.memory import GIB, MemoryBreakdown, memory_breakdown
+from launcher_scripts.costmodel.shapes import (
     GATED_ACTIVATIONS,
     Layout,
     ModelShape,
     check_layout,
     tokenizer_vocab,
 )
-from auto_configurator.throughput import (
+from launcher_scripts.costmodel.throughput import (
     CLUSTERS,
     ClusterSpec,
     StepPrediction,
@@ -194,12 +194,12 @@ def recipe_config(request: Request) -> DictConfig:
         cfg = OmegaConf.create(DEFAULTS)
     else:
         from launcher_scripts.config.compose import compose_config
-        from launcher_scripts.jobs.training.families import family_of
+        from launcher_scripts.families import family_of
 
         root = compose_config([f"training={request.recipe}"])
         OmegaConf.set_struct(root, False)
         cfg = root.training
-        if family_of(cfg, "training").name == "t5":
+        if family_of(cfg, "training").encoder_decoder:
             raise ConfigError(
                 f"training={request.recipe}",
                 "is an encoder-decoder recipe, which estimate does not model",

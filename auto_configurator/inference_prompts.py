@@ -27,7 +27,7 @@ SEARCH_WIDTH = 6
 
 def load_tokenizer(model_file: Path, workdir: Path) -> TextTokenizer:
     """The model's tokenizer, its files extracted from the portable file into `workdir`."""
-    from launcher_scripts.jobs.conversion.portable import TOKENIZER_DIR, TOKENIZER_KEYS, read_config
+    from launcher_scripts.formats.portable import TOKENIZER_DIR, TOKENIZER_KEYS, read_config
 
     config = read_config(model_file)
     with tarfile.open(model_file) as tar:

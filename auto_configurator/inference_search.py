@@ -46,7 +46,7 @@ from auto_configurator.inference_settings import (
 from auto_configurator.runner import launcher_main
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.files import write_atomic
-from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
+from launcher_scripts.formats.tokenizer import TokenizerError
 from launcher_scripts.jobs.inference.text_tokenizer import TextTokenizer
 
 

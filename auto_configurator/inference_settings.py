@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.families import model_types, of_model_type
 
 PREFIX = "search_config.inference_settings"
-MODEL_TYPES = ("gpt3",)  # what the export stage serves and the runner builds
 DATA_TYPES = ("fp32", "fp16", "bf16")
 TRITON_CHOICES = {"auto": None, True: True, False: False}
 # A model config's precision -> the dtype the runner builds the model in.
@@ -80,11 +80,12 @@ def parse(section: Mapping[str, Any] | None) -> InferenceSettings:
     run = _Section(section, "run")
     bench = _Section(section, "benchmark")
     model_type = str(run.required("model_type"))
-    if model_type not in MODEL_TYPES:
+    served = tuple(t for t in model_types() if of_model_type(t).runs("export"))
+    if model_type not in served:
         raise ConfigError(
             run.key("model_type"),
-            f"{model_type!r} cannot be served: the export stage serves GPT models only",
-            f"Use one of: {', '.join(MODEL_TYPES)}",
+            f"{model_type!r} cannot be served: the export stage serves no such model",
+            f"Use one of: {', '.join(served)}",
         )
     data_type = run.get("data_type")
     if data_type is not None and str(data_type) not in DATA_TYPES:
@@ -134,7 +135,7 @@ def read_model(settings: InferenceSettings) -> ModelFacts:
             "Convert the trained model first (the launcher's conversion stage), or point "
             "model_file at a portable .nemo file",
         )
-    from launcher_scripts.jobs.conversion.portable_check import require_portable
+    from launcher_scripts.formats.portable_check import require_portable
 
     config = require_portable(
         path, key, "Give the .nemo file the launcher's conversion stage writes"

@@ -13,14 +13,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from launcher_scripts import families
 from launcher_scripts.config.compose import compose_config, is_recipe_file, recipe_options
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.files import write_atomic
 
 STAGE = "training"
-# The training recipe family (the recipe's model_family) each search config family needs.
-RECIPE_FAMILY = {"gpt3": "gpt", "t5": "t5", "mt5": "t5", "bert": "bert"}
 
 
 def launcher_overrides(cfg: DictConfig) -> list[str]:
@@ -45,14 +44,16 @@ def resolved_stage(root: DictConfig) -> DictConfig:
     return resolve(root, [STAGE])
 
 
-def check_family(recipe: DictConfig, family: str, setting_key: str) -> None:
-    wanted = RECIPE_FAMILY[family]
-    found = str(recipe.get("model_family", "gpt"))
-    if found != wanted:
+def check_family(recipe: DictConfig, model_type: str, setting_key: str) -> None:
+    """The recipe is of the family the search config's model type (its folder) belongs to."""
+    wanted = families.of_model_type(model_type)
+    found = families.family_of(recipe, STAGE)
+    if found is not wanted:
         raise ConfigError(
             setting_key,
-            f"is a {found} recipe but this search config is for {family} (model_family {wanted})",
-            f"Name a conf/training/{family}/ recipe",
+            f"is a {found.name} recipe but this search config is for {model_type} "
+            f"(model_family {wanted.name})",
+            f"Name a conf/training/{model_type}/ recipe",
         )
 
 

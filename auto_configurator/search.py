@@ -12,13 +12,13 @@ from tqdm import tqdm
 from auto_configurator import report, runner
 from auto_configurator.base_config import BaseConfig, size_label
 from auto_configurator.candidates import Evaluated, require_feasible
-from auto_configurator.recipes import RECIPE_FAMILY, STAGE, compose_recipe, write_recipe
+from auto_configurator.recipes import STAGE, compose_recipe, write_recipe
 from auto_configurator.settings import TrainSettings
 from launcher_scripts import pipeline
 from launcher_scripts.config.checks import require_choice
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.errors import ConfigError, LauncherError
-from launcher_scripts.jobs.training.families import FAMILIES
+from launcher_scripts.families import of_model_type
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,8 @@ class SearchResult:
 
 def check_searchable(settings: TrainSettings, base: BaseConfig) -> None:
     """Only models the analytical model describes and this launcher trains are measured."""
-    family = FAMILIES[RECIPE_FAMILY[settings.family]]
-    if base.shape is None or not family.trains:
+    family = of_model_type(settings.family)
+    if base.shape is None or not family.runs("training"):
         reason = (
             "the memory and throughput model describes decoder and encoder stacks, not T5"
             if base.shape is None

@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.families import model_types
 
 AUTO = "auto"
 PREFIX = "search_config.train_settings"
-# search_config/<family>/...: the model families and the training recipe family they map to.
-FAMILIES = ("gpt3", "t5", "mt5", "bert")
 RECOMPUTE_CHOICES = {
     "0": None,
     "none": None,
@@ -70,11 +69,11 @@ class TrainSettings:
 
 def family_of(search_config_value: str | None) -> str:
     family = str(search_config_value or "").split("/")[0]
-    if family not in FAMILIES:
+    if family not in model_types():
         raise ConfigError(
             "search_config",
             f"{search_config_value!r} is not under one of the model folders",
-            f"Use a search config under {', '.join(f'search_config/{f}/' for f in FAMILIES)}",
+            f"Use a search config under {', '.join(f'search_config/{f}/' for f in model_types())}",
         )
     return family
 

@@ -4,7 +4,7 @@ The recommendation inverts the training compute of a dense transformer, C = 6 N 
 for N parameters and D tokens (forward 2 N D, backward 4 N D; Kaplan et al. 2020, "Scaling
 Laws for Neural Language Models", section 2.1; attention's share is left out because the
 architecture is not known yet). The time to train a base config uses the architecture's own
-model FLOPs per step (auto_configurator.throughput.model_flops_per_step, which counts attention
+model FLOPs per step (costmodel.throughput.model_flops_per_step, which counts attention
 and the logits too) when the model is a decoder or encoder stack.
 
 The architecture rule: hidden size, heads and learning rate come from a table by model size

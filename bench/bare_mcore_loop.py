@@ -31,7 +31,7 @@ def main() -> int:
     from omegaconf import OmegaConf
 
     from launcher_scripts.jobs.training import cpu_compat, runtime
-    from launcher_scripts.jobs.training.recipe import rendezvous_timeout
+    from launcher_scripts.recipes.training import rendezvous_timeout
 
     cfg = OmegaConf.load(args.config)
     on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu" and torch.cuda.is_available()

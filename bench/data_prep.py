@@ -28,7 +28,7 @@ row, so end-to-end and raw rows compare the same quantity. The repeats of the jo
 raw gigatoken runs are interleaved, so that load from elsewhere on the machine hits both
 alike, and each time is their median. Before the timed runs the job runs once untimed: it
 warms the page cache for the corpus and lets the job remember its gigatoken-vs-tokenizers
-check (launcher_scripts.jobs.data_prep.tokenizer.CheckCache, kept in the work folder here);
+check (launcher_scripts.formats.tokenizer.CheckCache, kept in the work folder here);
 that first run's time is printed too. The machine's load average is printed at the end: other
 work running meanwhile makes every number unreliable.
 """
@@ -340,7 +340,7 @@ def job_output_digest(bench: Bench, eod: int) -> str:
     """The digest of the job's output in raw_encode's terms: each document's ids, EOD removed
     (after checking that every document ends with it)."""
     sys.path.insert(0, str(REPO))
-    from launcher_scripts.jobs.data_prep import indexed_writer
+    from launcher_scripts.formats import indexed_writer
 
     prefix = bench.out / f"{bench.corpus.stem}_text_document"
     index = indexed_writer.read_index(indexed_writer.idx_path(prefix))

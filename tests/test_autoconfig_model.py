@@ -1,4 +1,4 @@
-"""The AutoConfigurator's analytical model (auto_configurator.shapes, .memory, .throughput) and
+"""The AutoConfigurator's analytical model (costmodel.shapes, .memory, .throughput) and
 the `estimate` command, against figures derived here by hand from the published formulas:
 Korthikanti et al. 2022 (activations), Megatron-Core's distributed-optimizer table (bytes per
 parameter) and Narayanan et al. 2021 (model FLOPs)."""
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from auto_configurator import estimate
-from auto_configurator.memory import (
+from launcher_scripts.costmodel import estimates
+from launcher_scripts.costmodel.memory import (
     GIB,
     bytes_per_parameter,
     chunks_in_flight,
@@ -22,15 +23,14 @@ from auto_configurator.memory import (
     memory_breakdown,
     stage_activations,
 )
-from auto_configurator.shapes import Layout, ModelShape
-from auto_configurator.throughput import (
+from launcher_scripts.costmodel.shapes import Layout, ModelShape
+from launcher_scripts.costmodel.throughput import (
     ClusterSpec,
     hardware_flops_per_step,
     layer_forward_flops,
     model_flops_per_step,
     predict_step,
 )
-from launcher_scripts import estimates
 from launcher_scripts.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,13 +25,13 @@ from auto_configurator.candidates import (
     search_space,
 )
 from auto_configurator.main import main as autoconfig_main
-from auto_configurator.memory import memory_breakdown
 from auto_configurator.runner import Measurement, Run, measure
 from auto_configurator.settings import parse
-from auto_configurator.shapes import Layout, ModelShape
-from auto_configurator.throughput import ClusterSpec, predict_step
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import resolve
+from launcher_scripts.costmodel.memory import memory_breakdown
+from launcher_scripts.costmodel.shapes import Layout, ModelShape
+from launcher_scripts.costmodel.throughput import ClusterSpec, predict_step
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.stages import STAGES, StageContext
 from tests.conftest import REPO

@@ -388,9 +388,11 @@ def plan_lines(*overrides: str) -> list[str]:
             ]
         )
     )
-    from launcher_scripts.jobs.training import plan
+    from launcher_scripts.costmodel import plan
+    from launcher_scripts.families import family_of
 
-    return plan.describe(plan.make_plan(resolved, "training"))
+    family = family_of(resolved.training, "training")
+    return plan.describe(family.plan(resolved, "training"))
 
 
 def test_plan_settings_reach_the_plan() -> None:

@@ -20,14 +20,15 @@ import sentencepiece
 import tokenizers
 from tokenizers import Tokenizer
 
-from launcher_scripts.jobs.data_prep import indexed_writer, preprocess, readers
-from launcher_scripts.jobs.data_prep.sentences import split_sentences
-from launcher_scripts.jobs.data_prep.tokenizer import (
+from launcher_scripts.formats import indexed_writer
+from launcher_scripts.formats.sentences import split_sentences
+from launcher_scripts.formats.tokenizer import (
     PROBE_TEXTS,
     TokenizerError,
     TokenizerSpec,
     load_tokenizer,
 )
+from launcher_scripts.jobs.data_prep import preprocess, readers
 from tests import wordpiece_corpus
 from tests.data_prep_corpus import (
     EOD,

@@ -19,8 +19,8 @@ import zstandard
 from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import resolve
+from launcher_scripts.formats.mc4_files import plan_files
 from launcher_scripts.jobs.data_prep import mc4
-from launcher_scripts.jobs.data_prep.mc4_files import plan_files
 from launcher_scripts.stages import STAGES, StageContext
 from tests import wordpiece_corpus
 from tests.conftest import run_main

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.evaluation import recipe, report
+from launcher_scripts.jobs.evaluation import report
+from launcher_scripts.recipes import evaluation as recipe
 from tests.conftest import ONE_THREAD, REPO, run_main
 
 EVALUATE = "launcher_scripts.jobs.evaluation.evaluate"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from launcher_scripts.jobs.conversion import portable
+from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
 from tests.conftest import REPO, run_main

@@ -10,9 +10,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from launcher_scripts.jobs.conversion import portable
+from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
-from launcher_scripts.jobs.fine_tuning.tuning import PeftSettings
+from launcher_scripts.recipes.tuning import PeftSettings
 from tests.conftest import run_main
 
 

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import pytest
 
-from launcher_scripts.jobs.training.progress import TMP_PREFIX, newest_step
+from launcher_scripts.formats.progress import TMP_PREFIX, newest_step
 from tests.conftest import REPO, ctrl_c_as_in_a_terminal, run_main, run_ops, write_run_manifest
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from launcher_scripts import pipeline
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.errors import ConfigError, LauncherError
-from launcher_scripts.jobs.conversion.convert import with_tokenizer_files
-from launcher_scripts.jobs.training.progress import STATE_FILE
+from launcher_scripts.formats.progress import STATE_FILE
+from launcher_scripts.recipes.conversion import with_tokenizer_files
 from tests.conftest import run_main
 from tests.test_preflight import assert_one_line_error
 

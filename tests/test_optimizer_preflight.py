@@ -16,7 +16,7 @@ from launcher_scripts import pipeline
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.training.optimizer_checks import check_optimizer
+from launcher_scripts.recipes.optimizer import check_optimizer
 from tests.conftest import run_main
 from tests.test_preflight import assert_one_line_error
 from tests.test_published_recipes import FILLS

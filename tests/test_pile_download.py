@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import zstandard
 
+from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobs.data_prep import download, extract
-from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
 from launcher_scripts.ports import free_port
 from tests.http_site import Site
 

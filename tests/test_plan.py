@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from launcher_scripts.config.compose import compose_config
+from launcher_scripts.costmodel.plan import check_fits
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.training.plan import check_fits, make_plan
+from launcher_scripts.families import family_of
 from tests.conftest import run_main
 
 # GPT-3 126m: h 768, 12 layers, 12 heads, FFN 3072, sequence 2048, learned positions, GeLU,
@@ -30,7 +31,7 @@ def plan_of(tmp_path: Path, *overrides: str, recipe: str = "126m"):  # type: ign
             *overrides,
         ]
     )
-    return make_plan(cfg)
+    return family_of(cfg.training, "training").plan(cfg, "training")
 
 
 def test_126m_as_published(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from launcher_scripts.jobs.fine_tuning import peft_file
-from launcher_scripts.jobs.fine_tuning.tuning import PeftSettings
+from launcher_scripts.recipes.tuning import PeftSettings
 from tests.conftest import REPO, run_main
 from tests.damaged_files import damaged_tars, with_config
 
@@ -52,7 +52,7 @@ def lora_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_tiny_model_and_a_lora_file_pass(tiny_portable: Path, lora_file: Path) -> None:
-    from launcher_scripts.jobs.conversion import portable_check
+    from launcher_scripts.formats import portable_check
 
     summary = portable_check.inspect_portable(tiny_portable)
     assert (
@@ -63,7 +63,7 @@ def test_the_tiny_model_and_a_lora_file_pass(tiny_portable: Path, lora_file: Pat
 
 
 def test_each_kind_of_damage_is_one_line(broken: dict[str, Path]) -> None:
-    from launcher_scripts.jobs.conversion import portable_check
+    from launcher_scripts.formats import portable_check
 
     for kind, path in broken.items():
         with pytest.raises(portable_check.PortableFileError) as caught:

@@ -20,7 +20,7 @@ from launcher_scripts.clusters.base import time_limit_seconds
 from launcher_scripts.config.compose import compose_config, conf_dir, recipe_options
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.training.recipe import parse_max_time
+from launcher_scripts.recipes.training import parse_max_time
 
 DATA_DIR, RESULTS_DIR = "/data", "/results"
 PATHS = (f"data_dir={DATA_DIR}", f"base_results_dir={RESULTS_DIR}")

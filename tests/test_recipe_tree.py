@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher_scripts.clusters.base import time_limit_seconds
 from launcher_scripts.config.compose import compose_config, conf_dir
 from launcher_scripts.config.preflight import resolve
-from launcher_scripts.jobs.training.recipe import parse_max_time
+from launcher_scripts.recipes.training import parse_max_time
 from tests.conftest import run_main
 
 RECIPE_DIR = conf_dir() / "training" / "gpt3"

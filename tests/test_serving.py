@@ -264,7 +264,7 @@ def stub_processes() -> set[int]:
 
 
 def test_every_malformed_request_gets_a_400_naming_the_problem(server: tuple[int, int]) -> None:
-    from launcher_scripts.jobs.export.interface import PARAMETERS
+    from launcher_scripts.recipes.triton_interface import PARAMETERS
 
     port = server[0]
     expected = served_text(port)
@@ -377,7 +377,7 @@ def test_batches_are_cut_to_fit_the_memory_a_request_may_use() -> None:
     """The dynamic batcher may gather more rows with equal parameters than fit together."""
     from launcher_scripts.jobs.export.triton_model import Row, fitting_batches, too_large
     from launcher_scripts.jobs.inference.memory import Budget, ForwardShape
-    from launcher_scripts.jobs.inference.params import GenerationParams
+    from launcher_scripts.recipes.generation_params import GenerationParams
 
     shape = ForwardShape(128, 512, 4, False, 8064, 8000, 4, on_gpu=False)
     params = GenerationParams(tokens_to_generate=20, beam_width=4)

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.fine_tuning import sft_data
 from launcher_scripts.jobs.fine_tuning.sft_data import SftFormat
-from launcher_scripts.jobs.fine_tuning.tuning import read_spec
+from launcher_scripts.recipes.tuning import read_spec
 
 EOD = 0
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from launcher_scripts.jobs.training.progress import TMP_PREFIX, newest_step
+from launcher_scripts.formats.progress import TMP_PREFIX, newest_step
 from tests.conftest import REPO, run_main, run_ops
 from tests.http_site import Site
 from tests.test_local_pipeline import assert_pile_tokenized, pile_overrides, serve_pile

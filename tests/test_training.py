@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher_scripts.config.compose import compose_config
-from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
+from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from tests.conftest import ONE_THREAD, REPO, run_main
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
@@ -485,8 +485,8 @@ def test_token_ids_without_statistics_are_bounded_by_the_dtype(
     import numpy as np
 
     from launcher_scripts.errors import ConfigError
-    from launcher_scripts.jobs.data_prep import indexed_writer
-    from launcher_scripts.jobs.training import vocabulary
+    from launcher_scripts.formats import indexed_writer
+    from launcher_scripts.recipes import vocabulary
 
     prefix = tmp_path / "data_text_document"
     indexed_writer.write_dataset(prefix, [[5, 300, 9]], np.uint16)

@@ -39,7 +39,7 @@ from launcher_scripts.clusters.base import (
 from launcher_scripts.clusters.local import LocalBackend
 from launcher_scripts.config.checks import require_env_name
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
+from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import Command, JobSpec
 
 # torchrun's default c10d rendezvous port; jobs run one at a time, so one port serves them all.

@@ -21,7 +21,7 @@ when pod 0's record is not yet published as it starts; the other pods simply ret
 until it is. Global ranks also follow pod indexes, so a rank's log line names its pod.
 
 Array jobs (data preparation): each pod is one task, given RANK = its index and WORLD_SIZE = the
-array size, the pair launcher_scripts.jobs.data_prep.shards reads. Single-node jobs run
+array size, the pair launcher_scripts.formats.shards reads. Single-node jobs run
 `torchrun --standalone` (several processes) or plain `python3 -u -m module` (one). A job of
 several commands runs them in order in one container through `sh -c`, each line an argv joined
 by shlex.join.

@@ -38,7 +38,7 @@ from launcher_scripts.clusters.base import (
     utc_now,
 )
 from launcher_scripts.clusters.process_group import kill_group, members, running, send
-from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
+from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import JobSpec
 
 CHECKPOINT_SIGNAL = signal.SIGTERM  # what the training program saves and exits 75 on

@@ -362,7 +362,7 @@ class SlurmBackend:
         """Run the step in the background so the batch shell can forward the signal, then
         requeue when the program checkpointed on it and made progress since the last attempt;
         after a cancel (CANCEL_SIGNAL), end the job instead."""
-        progress = ["python3", "-m", "launcher_scripts.jobs.training.progress"]
+        progress = ["python3", "-m", "launcher_scripts.formats.progress"]
         progress.append(str(job.progress_dir))
         max_restarts = int(self.cluster.get("max_restarts") or 0)
         forward = (

@@ -15,9 +15,9 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from launcher_scripts.config.checks import require_choice, require_file, require_int
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.numa_binding import CORES as NUMA_CORES
-from launcher_scripts.jobs.numa_binding import MODES as NUMA_MODES
-from launcher_scripts.jobs.numa_binding import SCOPES as NUMA_SCOPES
+from launcher_scripts.recipes.numa import CORES as NUMA_CORES
+from launcher_scripts.recipes.numa import MODES as NUMA_MODES
+from launcher_scripts.recipes.numa import SCOPES as NUMA_SCOPES
 
 CLUSTER_TYPES = ("local", "bcm", "bcp", "k8s")
 GLOBAL_KEYS = (

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
+
+from launcher_scripts.families import family_of
 
 
 def run_config_job(
@@ -17,21 +19,22 @@ def run_config_job(
     stage: str,
     job: Callable[[DictConfig], None],
     input_errors: Callable[[], tuple[type[BaseException], ...]],
-    families: Collection[str] = ("gpt",),
+    program: str | None = None,
 ) -> int:
     """`input_errors` returns the exception types that mean bad inputs; it is called after the
-    arguments are parsed, so `--help` does not wait for the imports it needs. `families`: the
-    recipes' `model_family` values the job handles (preflight refuses the others too)."""
+    arguments are parsed, so `--help` does not wait for the imports it needs. `program`: the
+    families.PROGRAMS entry this job is (default: `stage`); a recipe whose model family has no
+    such job program in this version is refused (as preflight does)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help=f"the {stage} stage's resolved config")
     args = parser.parse_args(argv)
     cfg = OmegaConf.load(args.config)
     assert isinstance(cfg, DictConfig)
-    family = cfg.get("model_family", "gpt")
-    if family not in families:
+    family = family_of(cfg, stage)
+    if not family.runs(program or stage):
         print(
             f"error: {stage}.model_family: this launcher version has no {stage} job program for "
-            f"{family} models yet",
+            f"{family.name} models yet",
             file=sys.stderr,
             flush=True,
         )

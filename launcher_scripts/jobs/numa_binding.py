@@ -43,10 +43,8 @@ from launcher_scripts.jobs.numa_topology import (
     read_topology,
 )
 from launcher_scripts.jobs.process import process_info
+from launcher_scripts.recipes.numa import CORES, MODES, SCOPES, NumaPolicy
 
-MODES = ("all", "single", "single_unique", "unique_interleaved", "unique_contiguous")
-SCOPES = ("node", "socket")
-CORES = ("all_logical", "single_logical")
 EXIT_BAD_BINDING = 2
 
 Core = tuple[int, ...]  # the logical CPUs of one physical core
@@ -54,30 +52,6 @@ Core = tuple[int, ...]  # the logical CPUs of one physical core
 
 class BindingError(Exception):
     """The settings cannot be met on this machine (too few cores for min_cores, say)."""
-
-
-@dataclass(frozen=True)
-class NumaPolicy:
-    """The numa_mapping section of the configuration (less `enable`)."""
-
-    mode: str = "unique_contiguous"
-    scope: str = "node"
-    cores: str = "all_logical"
-    balanced: bool = True
-    min_cores: int = 1
-    max_cores: int | None = None
-
-    def args(self, local_ranks: int) -> tuple[str, ...]:
-        """The wrapper's options for a job of `local_ranks` processes per node."""
-        return (
-            f"--mode={self.mode}",
-            f"--scope={self.scope}",
-            f"--cores={self.cores}",
-            f"--balanced={str(self.balanced).lower()}",
-            f"--min-cores={self.min_cores}",
-            f"--max-cores={'null' if self.max_cores is None else self.max_cores}",
-            f"--local-ranks={local_ranks}",
-        )
 
 
 @dataclass(frozen=True)

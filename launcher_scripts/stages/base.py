@@ -11,8 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.config.checks import require_choice, require_env_name
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.numa_binding import NumaPolicy
 from launcher_scripts.jobspec import USER_DEPENDENCIES, Command, JobSpec, Resources
+from launcher_scripts.recipes.numa import NumaPolicy
 
 NUMA_BINDING = "launcher_scripts.jobs.numa_binding"
 

@@ -8,16 +8,14 @@ from typing import Any
 from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_int, require_layout
 from launcher_scripts.errors import ConfigError, RecipeError
-from launcher_scripts.jobs.conversion.architectures import hf_architecture
-from launcher_scripts.jobs.conversion.convert import (
-    CONVERTED_FAMILIES,
+from launcher_scripts.families import family_of
+from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.recipes.conversion import (
     TOKENIZER_FILES,
     ConversionError,
     pick_checkpoint,
     read_hparams,
 )
-from launcher_scripts.jobs.training.families import family_of
-from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 
 CONVERT = "launcher_scripts.jobs.conversion.convert"
@@ -46,9 +44,9 @@ class Conversion:
             f"{stage}.model.pipeline_model_parallel_size", cfg.model.pipeline_model_parallel_size
         )
         nemo_keys.check_model_parallel_size(cfg.model, f"{stage}.model")
-        family = family_of(cfg, stage).name
-        converted = family in CONVERTED_FAMILIES
-        require_job_program(ctx, "model_family", f"{family} checkpoints", converted)
+        family = family_of(cfg, stage)
+        converted = family.runs("conversion")
+        require_job_program(ctx, "model_family", f"{family.name} checkpoints", converted)
         if converted:
             self._check_checkpoint(ctx)
         trained = self._trained_model(ctx) if converted else None
@@ -59,7 +57,13 @@ class Conversion:
         model, model_key = trained
         require_layout(model, tp, pp, f"{stage}.model")
         if cfg.run.get("hf_dir_name"):
-            hf_architecture(model, key_prefix=model_key)
+            if family.hf_architecture is None:
+                raise ConfigError(
+                    f"{stage}.run.hf_dir_name",
+                    f"{family.name} models have no Hugging Face export in this version",
+                    "Set it to null",
+                )
+            family.hf_architecture(model, key_prefix=model_key)
 
     @staticmethod
     def _check_checkpoint(ctx: StageContext) -> None:

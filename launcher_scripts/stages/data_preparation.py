@@ -16,7 +16,8 @@ from launcher_scripts.config.checks import (
 )
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.data_prep.shards import parse_file_numbers
+from launcher_scripts.families import family_of
+from launcher_scripts.formats.shards import parse_file_numbers
 from launcher_scripts.jobspec import Command, JobSpec
 from launcher_scripts.stages.base import StageContext, make_job, register
 from launcher_scripts.stages.data_prep_common import (
@@ -196,13 +197,6 @@ TOKENIZER_TYPES: dict[str, TokenizerFiles] = {
     "BertWordPieceCase": TokenizerFiles("vocab.txt"),
     "BertWordPieceLowerCase": TokenizerFiles("vocab.txt", flags=("--lower-case",)),
 }
-# The tokenizer types each Pile recipe allows, by its model_family: those the family's
-# models are trained with.
-PILE_TOKENIZERS: dict[str, tuple[str, ...]] = {
-    "gpt": ("GPT2BPETokenizer",),
-    "t5": ("BertWordPieceCase", "BertWordPieceLowerCase"),
-    "bert": ("BertWordPieceLowerCase", "BertWordPieceCase"),
-}
 
 
 class PileDataset:
@@ -221,11 +215,9 @@ class PileDataset:
         self._check_array(ctx, numbers)
         array_size(ctx, len(numbers))
         workers_args(ctx)
-        family = ctx.cfg.model_family
-        require_choice(stage_key(ctx, "model_family"), family, PILE_TOKENIZERS)
-        require_choice(
-            stage_key(ctx, "tokenizer_type"), cfg.tokenizer_type, PILE_TOKENIZERS[family]
-        )
+        # The tokenizer types the family's models are trained with.
+        tokenizers = family_of(cfg, ctx.stage).pile_tokenizers
+        require_choice(stage_key(ctx, "tokenizer_type"), cfg.tokenizer_type, tokenizers)
         self._output_prefix(ctx)
         if not isinstance(ctx.cfg.split_sentences, bool):
             raise ConfigError(stage_key(ctx, "split_sentences"), "is not true or false", "Fix it")

@@ -10,11 +10,11 @@ from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_choice, require_int, require_layout
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.conversion.portable_check import require_peft
-from launcher_scripts.jobs.evaluation import recipe
-from launcher_scripts.jobs.fine_tuning import evaluate_tuned
-from launcher_scripts.jobs.training.families import family_of
+from launcher_scripts.families import family_of, running
+from launcher_scripts.formats.portable_check import require_peft
 from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.recipes import evaluation as recipe
+from launcher_scripts.recipes import tuned_evaluation as evaluate_tuned
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 from launcher_scripts.stages.conversion import Conversion
 
@@ -28,7 +28,10 @@ class Evaluation:
     declared_keys = (
         Declared(
             optional=evaluate_tuned.OPTIONAL_KEYS,
-            when=(("evaluation_kind", "fine_tuned"), ("model_family", "gpt")),
+            when=(
+                ("evaluation_kind", "fine_tuned"),
+                ("model_family", running("evaluation:fine_tuned")),
+            ),
         ),
     )
 
@@ -36,9 +39,9 @@ class Evaluation:
         cfg, stage = ctx.cfg, ctx.stage
         kind = cfg.get("evaluation_kind", "harness")
         require_choice(f"{stage}.evaluation_kind", kind, recipe.KINDS)
-        family = family_of(cfg, stage).name
-        runnable = (kind, family) in recipe.EVALUATED
-        require_job_program(ctx, "evaluation_kind", f"{kind} evaluation of {family}", runnable)
+        family = family_of(cfg, stage)
+        runnable = family.runs(f"evaluation:{kind}")
+        require_job_program(ctx, "evaluation_kind", f"{kind} evaluation of {family.name}", runnable)
         if runnable and kind == "harness":
             self._validate_harness(ctx)
         elif runnable:
@@ -179,7 +182,7 @@ class Evaluation:
         program = EVALUATE_TUNED if tuned else EVALUATE
         reads = (
             tuple(str(path) for _, path in self._tuned_inputs(cfg))
-            if tuned and family_of(cfg, ctx.stage).name == "gpt"
+            if tuned and family_of(cfg, ctx.stage).runs("evaluation:fine_tuned")
             else tuple(
                 str(path)
                 for path in (cfg.model.get("nemo_model"), cfg.model.get("restore_from_path"))

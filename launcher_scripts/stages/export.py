@@ -7,10 +7,15 @@ from pathlib import Path
 
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.conversion.portable_check import require_portable
-from launcher_scripts.jobs.export.interface import PARAMETER_NAMES, STREAM_SUFFIX
-from launcher_scripts.jobs.training.families import family_of
+from launcher_scripts.families import family_of
+from launcher_scripts.formats.portable_check import require_portable
 from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.recipes.generation_params import GenerationParams
+from launcher_scripts.recipes.triton_interface import (
+    PARAMETER_NAMES,
+    STREAM_SUFFIX,
+    generation_defaults,
+)
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 
 EXPORT = "launcher_scripts.jobs.export.export"
@@ -23,8 +28,8 @@ class Export:
 
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
-        family = family_of(cfg, stage).name
-        require_job_program(ctx, "model_family", f"{family} models", family == "gpt")
+        family = family_of(cfg, stage)
+        require_job_program(ctx, "model_family", f"{family.name} models", family.runs("export"))
         model_file = ctx.require_input(
             "nemo_file", "Convert first (stages=[conversion,export]), or point it at a .nemo file"
         )
@@ -51,8 +56,6 @@ class Export:
 
     @staticmethod
     def _check_generation(ctx: StageContext) -> None:
-        from launcher_scripts.jobs.export.export import generation_defaults
-        from launcher_scripts.jobs.inference.params import GenerationParams
 
         section = ctx.cfg.generation
         missing = [name for name in PARAMETER_NAMES if name not in section]

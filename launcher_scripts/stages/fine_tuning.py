@@ -7,18 +7,18 @@ from pathlib import Path
 
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import RecipeError
-from launcher_scripts.jobs.conversion.portable_check import require_peft, require_portable
-from launcher_scripts.jobs.fine_tuning.tuning import (
+from launcher_scripts.families import family_of, running
+from launcher_scripts.formats.portable_check import require_peft, require_portable
+from launcher_scripts.formats.progress import EXIT_PREEMPTED
+from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.optimizer import check_optimizer
+from launcher_scripts.recipes.tuning import (
     OPTIONAL_KEYS,
     all_inputs,
     check_positions,
     read_spec,
 )
-from launcher_scripts.jobs.training import recipe
-from launcher_scripts.jobs.training.families import family_of
-from launcher_scripts.jobs.training.optimizer_checks import check_optimizer
-from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
-from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 
 FINETUNE = "launcher_scripts.jobs.fine_tuning.finetune"
@@ -31,9 +31,10 @@ class TuningStage:
         cfg, stage = ctx.cfg, ctx.stage
         family = family_of(cfg, stage)
         check_optimizer(cfg.model, stage)
-        require_job_program(ctx, "model_family", family.name, family.name == "gpt")
-        if family.name != "gpt":
-            return  # T5 tuning recipes compose and render; their job program is not written
+        runnable = family.runs(self.name)
+        require_job_program(ctx, "model_family", family.name, runnable)
+        if not runnable:
+            return  # such recipes compose and render; their job program is not written
         spec = read_spec(cfg, stage)
         for key, path in all_inputs(spec):
             if not path.exists() and not ctx.will_exist(path):
@@ -80,7 +81,7 @@ class TuningStage:
         log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
         reads: tuple[str, ...] = ()
         writes: tuple[str, ...] = (str(log_dir),)
-        if family_of(cfg, ctx.stage).name == "gpt":
+        if family_of(cfg, ctx.stage).runs(self.name):
             spec = read_spec(cfg, ctx.stage)
             reads = tuple(str(path) for _, path in all_inputs(spec))
             writes = (str(log_dir / "checkpoints"), str(spec.output_file))
@@ -109,7 +110,7 @@ def _declared(stage_name: str) -> tuple[Declared, ...]:
     """The keys the tuning program and its training loop read beyond the shipped recipes'."""
     optional = (*recipe.LOOP_OPTIONAL_KEYS, *OPTIONAL_KEYS["common"], *OPTIONAL_KEYS[stage_name])
     return (
-        Declared(optional=optional, when=(("model_family", "gpt"),)),
+        Declared(optional=optional, when=(("model_family", running(stage_name)),)),
         Declared(free_form=recipe.LOOP_FREE_FORM),
     )
 

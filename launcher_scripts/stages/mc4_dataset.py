@@ -19,8 +19,8 @@ from omegaconf import DictConfig, ListConfig
 
 from launcher_scripts.config.checks import require_fraction, require_int
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.data_prep import indexed_writer
-from launcher_scripts.jobs.data_prep.mc4_files import (
+from launcher_scripts.formats import indexed_writer
+from launcher_scripts.formats.mc4_files import (
     PARTS_DIR,
     Mc4File,
     dataset_prefix,

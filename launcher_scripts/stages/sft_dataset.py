@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from launcher_scripts.config.checks import require_fraction, require_int
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.data_prep.sft_convert import SPLIT_NAMES
+from launcher_scripts.formats.shards import SPLIT_NAMES
 from launcher_scripts.jobspec import Command, JobSpec
 from launcher_scripts.stages.base import StageContext, make_job
 from launcher_scripts.stages.data_prep_common import JOBS, cpu_resources, stage_key

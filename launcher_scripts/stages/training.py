@@ -5,36 +5,39 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher_scripts.config.schema import Declared
-from launcher_scripts.jobs.training import plan as training_plan
-from launcher_scripts.jobs.training import recipe, vocabulary
-from launcher_scripts.jobs.training.families import family_of
-from launcher_scripts.jobs.training.progress import EXIT_PREEMPTED
+from launcher_scripts.costmodel import plan as training_plan
+from launcher_scripts.families import family_of, running
+from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes import vocabulary
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
-GPT = (("model_family", "gpt"),)  # the family the training loop runs
+TRAINED = (("model_family", running("training")),)  # the families the training loop runs
 
 
 @register
 class Training:
     name = "training"
     declared_keys = (
-        Declared(optional=recipe.LOOP_OPTIONAL_KEYS, when=GPT),
+        Declared(optional=recipe.LOOP_OPTIONAL_KEYS, when=TRAINED),
         Declared(free_form=recipe.LOOP_FREE_FORM),
     )
 
     def validate(self, ctx: StageContext) -> None:
         family = family_of(ctx.cfg, ctx.stage)
         family.validate(ctx.cfg, ctx.stage, ctx.will_exist)
-        require_job_program(ctx, "model_family", family.name, family.trains)
+        require_job_program(ctx, "model_family", family.name, family.runs("training"))
         prefixes = recipe.data_blend(ctx.cfg, ctx.stage).prefixes
         vocabulary.check_training_data(ctx.cfg, ctx.stage, prefixes)
-        training_plan.check_fits(training_plan.make_plan(ctx.root, ctx.stage), ctx.stage)
+        plan = family.plan(ctx.root, ctx.stage)
+        training_plan.check_fits(plan, ctx.stage)
 
     def plan(self, ctx: StageContext) -> list[str]:
         """What the dry run prints about this stage's cost."""
-        return training_plan.describe(training_plan.make_plan(ctx.root, ctx.stage))
+        family = family_of(ctx.cfg, ctx.stage)
+        return training_plan.describe(family.plan(ctx.root, ctx.stage))
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from launcher_scripts.jobs.evaluation.evaluate import configure_hub
-from launcher_scripts.jobs.evaluation.recipe import OFFLINE_TASKS, TASK_DIR
+from launcher_scripts.recipes.evaluation import OFFLINE_TASKS, TASK_DIR
 
 
 def direct_pair(runner: Any, context: str, continuation: str) -> tuple[float, bool]:

@@ -18,7 +18,8 @@ def main() -> None:
     dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")
     from megatron.core import parallel_state
 
-    from launcher_scripts.jobs.conversion import load, portable
+    from launcher_scripts.formats import portable
+    from launcher_scripts.jobs.conversion import load
     from launcher_scripts.jobs.training import cpu_compat
 
     cpu_compat.patch_cuda_queries()

@@ -21,7 +21,8 @@ def main() -> int:
     dist.init_process_group("gloo")
     from megatron.core import dist_checkpointing, parallel_state
 
-    from launcher_scripts.jobs.conversion import load, portable
+    from launcher_scripts.formats import portable
+    from launcher_scripts.jobs.conversion import load
     from launcher_scripts.jobs.training import cpu_compat
 
     cpu_compat.patch_cuda_queries()

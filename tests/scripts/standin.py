@@ -26,7 +26,7 @@ def record(role: str, argv: list[str]) -> None:
 
 
 def python3(argv: list[str]) -> None:
-    if "launcher_scripts.jobs.training.progress" in argv:
+    if "launcher_scripts.formats.progress" in argv:
         print(0)  # the latest checkpoint step, which a requeueable Slurm job compares
 
 

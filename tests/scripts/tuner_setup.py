@@ -19,12 +19,12 @@ def built_tuner(config: str, stage: str) -> Iterator[Any]:
 
     cpu_compat.patch_cuda_queries()
     cpu_compat.CudaDevicesOnCpu().__enter__()
-    from launcher_scripts.jobs.conversion import portable
+    from launcher_scripts.formats import portable
     from launcher_scripts.jobs.fine_tuning.finetune import training_cfg
     from launcher_scripts.jobs.fine_tuning.tuner import FineTuner
-    from launcher_scripts.jobs.fine_tuning.tuning import read_spec
     from launcher_scripts.jobs.training.pretrain import StopSignals
     from launcher_scripts.ports import free_port
+    from launcher_scripts.recipes.tuning import read_spec
 
     recipe = OmegaConf.load(config)
     with tempfile.TemporaryDirectory() as scratch:

@@ -9,90 +9,21 @@ offsets), so one process reads a checkpoint written at any TP/PP/DP and gets ful
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from launcher_scripts.files import replaced_directory
 from launcher_scripts.jobs.config_job import run_config_job
-from launcher_scripts.jobs.training.progress import (
-    Checkpoint,
-    complete_checkpoints,
-    damaged_checkpoints,
+from launcher_scripts.recipes.conversion import (
+    ConversionError,
+    pick_checkpoint,
+    read_hparams,
+    with_tokenizer_files,
 )
-
-
-class ConversionError(Exception):
-    """Bad inputs: printed as one line. `key`: the recipe key to name in a preflight."""
-
-    def __init__(self, message: str, key: str = "conversion.model.checkpoint_name") -> None:
-        super().__init__(message)
-        self.key = key
-
-
-CONVERTED_FAMILIES = ("gpt",)  # the recipes' model_family values this job reads
-# NeMo's conversion.model keys naming the tokenizer files to pack (null: as training recorded)
-TOKENIZER_FILES = ("vocab_file", "merge_file")
-
-
-def pick_checkpoint(folder: Path, name: str) -> Checkpoint:
-    """`latest` is the newest complete checkpoint; anything else is a name pattern (fnmatch),
-    of which the newest matching one is taken. A damaged checkpoint (a file missing or cut
-    short) newer than that is an error: converting an older one instead would be a surprise."""
-    found = complete_checkpoints(folder)
-    wanted = (
-        (lambda c: True) if name == "latest" else (lambda c: fnmatch.fnmatch(c.path.name, name))
-    )
-    damaged = [(c, why) for c, why in damaged_checkpoints(folder) if wanted(c)]
-    matching = [c for c in found if wanted(c)]
-    if damaged and (not matching or damaged[-1][0].state.step > matching[-1].state.step):
-        bad, problem = damaged[-1]
-        instead = (
-            f"convert the newest complete one with conversion.model.checkpoint_name="
-            f"{matching[-1].path.name!r}, or "
-            if matching
-            else ""
-        )
-        raise ConversionError(
-            f"checkpoint {bad.path} is damaged ({problem}): {instead}restore its files from "
-            "a copy (or resume training, which continues from the previous complete one)"
-        )
-    if not found:
-        raise ConversionError(
-            f"no complete checkpoint in {folder}: train first, or point "
-            "conversion.model.checkpoint_folder at a training run's checkpoints",
-            "conversion.model.checkpoint_folder",
-        )
-    if not matching:
-        names = ", ".join(c.path.name for c in found)
-        raise ConversionError(
-            f"{name!r} matches none of: {names}. "
-            "Use latest or one of these names (wildcards allowed)"
-        )
-    return matching[-1]
-
-
-def with_tokenizer_files(hparams: DictConfig, model_cfg: Any) -> DictConfig:
-    """The trained model's section with the recipe's tokenizer files (conversion.model.
-    vocab_file / merge_file, when set) in place of the paths training recorded: the same
-    files where they are now, e.g. in a workspace mounted elsewhere."""
-    for name in TOKENIZER_FILES:
-        value = model_cfg.get(name)
-        if value is not None:
-            hparams.tokenizer[name] = str(value)
-    return hparams
-
-
-def read_hparams(path: Path) -> DictConfig:
-    """The model section training saved (NeMo's layout: under a top-level `cfg`)."""
-    loaded = OmegaConf.load(path)
-    model = loaded.get("cfg", loaded)
-    assert isinstance(model, DictConfig)
-    return model
 
 
 def model_tensors(checkpoint: Path) -> dict[str, Any]:
@@ -134,7 +65,7 @@ def write_hf_files(directory: Path, model: DictConfig, tensors: dict[str, Any]) 
 
 
 def convert(cfg: DictConfig) -> None:
-    from launcher_scripts.jobs.conversion import portable
+    from launcher_scripts.formats import portable
 
     model_cfg = cfg.model
     hparams = with_tokenizer_files(read_hparams(Path(str(model_cfg.hparams_file))), model_cfg)
@@ -171,9 +102,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_config_job(
-        argv, __doc__.splitlines()[0], "conversion", convert, _input_errors, CONVERTED_FAMILIES
-    )
+    return run_config_job(argv, __doc__.splitlines()[0], "conversion", convert, _input_errors)
 
 
 if __name__ == "__main__":

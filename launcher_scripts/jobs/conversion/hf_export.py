@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from launcher_scripts.jobs.conversion.architectures import (
+from launcher_scripts.families.gpt_architectures import (
     GPT2,
     LLAMA,
     Architecture,

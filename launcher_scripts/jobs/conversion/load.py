@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.jobs.conversion.portable import Portable
+from launcher_scripts.formats.portable import Portable
 from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.init_weights import load_full_tensors
 

@@ -63,8 +63,8 @@ from urllib.request import Request, url2pathname, urlopen
 
 from tqdm import tqdm
 
-from launcher_scripts.jobs.data_prep import fingerprint
-from launcher_scripts.jobs.data_prep.shards import my_file_numbers
+from launcher_scripts.formats import fingerprint
+from launcher_scripts.formats.shards import my_file_numbers
 
 CHUNK_BYTES = 1 << 20
 MAX_RETRY_WAIT_S = 60.0

@@ -36,8 +36,8 @@ from typing import BinaryIO
 import zstandard
 from tqdm import tqdm
 
-from launcher_scripts.jobs.data_prep import fingerprint
-from launcher_scripts.jobs.data_prep.shards import my_file_numbers
+from launcher_scripts.formats import fingerprint
+from launcher_scripts.formats.shards import my_file_numbers
 
 READ_BYTES = 1 << 20
 # The Pile's frames declare windows beyond the 128 MiB that zstd decodes by default; 2 GiB is

@@ -38,14 +38,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from launcher_scripts.jobs.data_prep import (
-    download,
-    fingerprint,
-    indexed_writer,
-    preprocess,
-    shards,
-)
-from launcher_scripts.jobs.data_prep.mc4_files import (
+from launcher_scripts.formats import fingerprint, indexed_writer, shards
+from launcher_scripts.formats.mc4_files import (
     PARTS_DIR,
     TEXT_KEY,
     Mc4File,
@@ -53,6 +47,7 @@ from launcher_scripts.jobs.data_prep.mc4_files import (
     part_prefix,
     plan_files,
 )
+from launcher_scripts.jobs.data_prep import download, preprocess
 
 
 class Mc4Error(Exception):

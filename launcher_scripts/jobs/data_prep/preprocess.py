@@ -50,14 +50,15 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from launcher_scripts.jobs.data_prep import fingerprint, indexed_writer, readers, shards
-from launcher_scripts.jobs.data_prep.tokenizer import (
+from launcher_scripts.formats import fingerprint, indexed_writer, shards
+from launcher_scripts.formats.tokenizer import (
     DocumentTokenizer,
     TokenizerError,
     TokenizerSpec,
     load_tokenizer,
     use_single_thread,
 )
+from launcher_scripts.jobs.data_prep import readers
 
 # Byte ranges of one JSONL file: at least this big (per-unit costs stay negligible) ...
 MIN_RANGE_BYTES = 16 << 20

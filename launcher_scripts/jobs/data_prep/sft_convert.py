@@ -42,9 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from launcher_scripts.formats.shards import SPLIT_NAMES
 from launcher_scripts.jobs.data_prep.readers import ReadStats, open_input, report_bad
-
-SPLIT_NAMES = ("train", "validation", "test")
 
 
 class ConvertError(Exception):

@@ -25,8 +25,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.formats import fingerprint
 from launcher_scripts.jobs import benign_warnings
-from launcher_scripts.jobs.data_prep import fingerprint, readers
+from launcher_scripts.jobs.data_prep import readers
 
 # What reading a truncated or corrupt (gzip) input raises.
 UNREADABLE_INPUT: tuple[type[BaseException], ...] = (EOFError, gzip.BadGzipFile, zlib.error)

@@ -23,8 +23,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.families import family_of
 from launcher_scripts.jobs.config_job import run_config_job
-from launcher_scripts.jobs.evaluation import recipe, report
+from launcher_scripts.jobs.evaluation import report
+from launcher_scripts.recipes import evaluation as recipe
 
 LAUNCHER_ROOT = Path(__file__).resolve().parents[3]
 
@@ -103,7 +105,7 @@ class _QuietCustomDatasets(logging.Filter):
 
 def evaluate(cfg: DictConfig) -> None:
     kind = cfg.get("evaluation_kind", "harness")
-    if (kind, cfg.get("model_family", "gpt")) not in recipe.EVALUATED:
+    if not family_of(cfg, "evaluation").runs(f"evaluation:{kind}"):
         raise EvaluationError(
             f"evaluation.evaluation_kind: {kind} evaluation has no job program in this launcher "
             "version yet"
@@ -181,7 +183,7 @@ def evaluate(cfg: DictConfig) -> None:
 
 def _input_errors() -> tuple[type[BaseException], ...]:
     configure_hub()  # before anything imports the hub client
-    from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
+    from launcher_scripts.formats.tokenizer import TokenizerError
     from launcher_scripts.jobs.evaluation.lm_adapter import RequestError
     from launcher_scripts.jobs.inference.runner import InferenceError
     from launcher_scripts.jobs.training.runtime import JobError
@@ -190,7 +192,14 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_config_job(argv, __doc__.splitlines()[0], "evaluation", evaluate, _input_errors)
+    return run_config_job(
+        argv,
+        __doc__.splitlines()[0],
+        "evaluation",
+        evaluate,
+        _input_errors,
+        "evaluation:harness",
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.jobs.evaluation.recipe import TASK_DIR
+from launcher_scripts.recipes.evaluation import TASK_DIR
 
 
 def load(data_files: dict[str, str] | str, **_metadata: Any) -> Any:

@@ -14,22 +14,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import launcher_scripts
 from launcher_scripts.files import replaced_directory, write_atomic
 from launcher_scripts.jobs.config_job import run_config_job
-from launcher_scripts.jobs.export.interface import PARAMETER_NAMES
-
-
-def generation_defaults(cfg: DictConfig) -> dict[str, Any]:
-    section = OmegaConf.to_container(cfg.generation, resolve=True)
-    assert isinstance(section, dict)
-    values = {name: section[name] for name in PARAMETER_NAMES}
-    values["stop_words"] = tuple(values["stop_words"] or ())
-    return values
+from launcher_scripts.recipes.triton_interface import generation_defaults
 
 
 def export(cfg: DictConfig) -> None:
@@ -73,7 +64,7 @@ def export(cfg: DictConfig) -> None:
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:
-    from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
+    from launcher_scripts.formats.tokenizer import TokenizerError
     from launcher_scripts.jobs.inference.runner import InferenceError
 
     return (InferenceError, TokenizerError, ValueError)

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from launcher_scripts.jobs.export.interface import PARAMETERS, TEXT_INPUT
+from launcher_scripts.recipes.triton_interface import PARAMETERS, TEXT_INPUT
 
 INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
 GENERATE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?$")

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.jobs.export.interface import (
+from launcher_scripts.recipes.triton_interface import (
     FINISH_REASON,
     PARAMETERS,
     STREAM_SUFFIX,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher_scripts.files import write_atomic
-from launcher_scripts.jobs.data_prep.shards import RANK_VARIABLES
+from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobs.export.http_front import Front
 from launcher_scripts.jobs.export.install import bundled_server, default_venv, site_packages
 from launcher_scripts.ports import free_port

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from launcher_scripts.jobs.export.interface import (
+from launcher_scripts.recipes.triton_interface import (
     FINISH_REASON,
     PARAMETERS,
     TEXT_INPUT,

@@ -22,25 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-PEFT_KEYS = ("peft_model_file", "adapter_model_file", "virtual_prompt_model_file")
-# Keys this program reads with a default that an evaluation recipe may leave out (the
-# preflight's key check knows them from here); the PEFT_KEYS belong to their recipes' method.
-OPTIONAL_KEYS = (
-    "model.restore_from_path",
-    "model.language_model_path",
-    "model.disable_special_tokens",
-    "model.eval_batch_size",
-    "data.prompt_template",
-    "data.context_key",
-    "data.label_key",
-    "data.max_seq_length",
-    "data.pred_file_path",
-    "inference.greedy",
-    "inference.top_k",
-    "inference.top_p",
-    "inference.temperature",
-    "inference.repetition_penalty",
-)
+from launcher_scripts.recipes.tuned_evaluation import model_file_of, peft_file_of
 
 
 def normalize(text: str) -> str:
@@ -65,17 +47,6 @@ def scores(prediction: str, answers: list[str]) -> dict[str, float]:
         "exact_match": max(float(normalize(prediction) == normalize(a)) for a in answers),
         "f1": max(token_f1(prediction, a) for a in answers),
     }
-
-
-def peft_file_of(model: Any) -> Path | None:
-    for key in PEFT_KEYS:
-        if model.get(key):
-            return Path(str(model[key]))
-    return None
-
-
-def model_file_of(model: Any) -> Path:
-    return Path(str(model.get("restore_from_path") or model.language_model_path))
 
 
 def data_section(cfg: DictConfig, stored: dict[str, Any]) -> dict[str, Any]:
@@ -103,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     from launcher_scripts.jobs.fine_tuning import peft, peft_file, sft_data
     from launcher_scripts.jobs.fine_tuning.answers import prompt_logits, write_jsonl
     from launcher_scripts.jobs.inference.generation import generate
-    from launcher_scripts.jobs.inference.params import GenerationParams
     from launcher_scripts.jobs.inference.runner import InferenceError, close_runner, open_runner
     from launcher_scripts.jobs.training.init_weights import load_full_tensors
+    from launcher_scripts.recipes.generation_params import GenerationParams
 
     model = cfg.model
     on_gpu = str(cfg.run.accelerator) != "cpu" and torch.cuda.is_available()

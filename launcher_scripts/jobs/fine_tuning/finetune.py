@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.fine_tuning import sft_data
-from launcher_scripts.jobs.fine_tuning.tuning import (
+from launcher_scripts.recipes.tuning import (
     LAYOUT_KEYS,
     TuningSpec,
     check_positions,
@@ -113,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     if not on_gpu:
         cpu_compat.patch_cuda_queries()
         cpu_compat.CudaDevicesOnCpu().__enter__()
-    from launcher_scripts.jobs.conversion import portable
-    from launcher_scripts.jobs.conversion.portable_check import inspect_peft, inspect_portable
-    from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
+    from launcher_scripts.formats import portable
+    from launcher_scripts.formats.portable_check import inspect_peft, inspect_portable
+    from launcher_scripts.formats.tokenizer import TokenizerError
     from launcher_scripts.jobs.training.pretrain import StopSignals
-    from launcher_scripts.jobs.training.recipe import rendezvous_timeout
     from launcher_scripts.jobs.training.runtime import JobError
+    from launcher_scripts.recipes.training import rendezvous_timeout
 
     try:
         wandb_logger.check_ready(recipe_cfg.exp_manager, args.stage)

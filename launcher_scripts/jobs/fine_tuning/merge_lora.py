@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from launcher_scripts.jobs.conversion import portable
-from launcher_scripts.jobs.conversion.portable_check import inspect_peft, inspect_portable
+from launcher_scripts.formats import portable
+from launcher_scripts.formats.portable_check import inspect_peft, inspect_portable
 from launcher_scripts.jobs.fine_tuning import peft_file
-from launcher_scripts.jobs.fine_tuning.tuning import PeftSettings
+from launcher_scripts.recipes.tuning import PeftSettings
 
 # LoRA target -> the base weight it adapts (stacked over layers: [layers, out, in])
 BASE_WEIGHTS = {

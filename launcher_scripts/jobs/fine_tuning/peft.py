@@ -40,7 +40,7 @@ from megatron.core.utils import (
 )
 
 from launcher_scripts.errors import RecipeError
-from launcher_scripts.jobs.fine_tuning.tuning import PeftSettings
+from launcher_scripts.recipes.tuning import PeftSettings
 
 # target name -> (submodule of the layer, linear, parallel style)
 LORA_TARGETS = {

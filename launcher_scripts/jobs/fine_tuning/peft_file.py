@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.jobs.conversion.portable import PEFT_CONFIG, add_bytes, readable
-from launcher_scripts.jobs.fine_tuning.tuning import PeftSettings
+from launcher_scripts.formats.portable import PEFT_CONFIG, add_bytes, readable
+from launcher_scripts.recipes.tuning import PeftSettings
 
 CONFIG = PEFT_CONFIG
 WEIGHTS = "peft_weights.safetensors"

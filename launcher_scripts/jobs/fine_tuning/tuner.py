@@ -12,21 +12,21 @@ import torch
 import torch.distributed as dist
 
 from launcher_scripts.files import write_atomic
-from launcher_scripts.jobs.conversion import portable
+from launcher_scripts.formats import portable
+from launcher_scripts.formats.portable import Portable
 from launcher_scripts.jobs.conversion.load import EMBEDDINGS
-from launcher_scripts.jobs.conversion.portable import Portable
 from launcher_scripts.jobs.fine_tuning import peft, peft_file, sft_data
 from launcher_scripts.jobs.fine_tuning.answers import exact_match, prompt_logits, write_jsonl
 from launcher_scripts.jobs.fine_tuning.packing import PackedSamples
-from launcher_scripts.jobs.fine_tuning.tuning import TuningSpec
 from launcher_scripts.jobs.inference.generation import generate
-from launcher_scripts.jobs.inference.params import GenerationParams
 from launcher_scripts.jobs.inference.runner import ModelRunner
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
 from launcher_scripts.jobs.training import checkpointing, data, init_weights
 from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.jobs.training.trainer import Trainer
+from launcher_scripts.recipes.generation_params import GenerationParams
+from launcher_scripts.recipes.tuning import TuningSpec
 
 GENERATION_BATCH = 16
 

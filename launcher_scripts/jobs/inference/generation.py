@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from launcher_scripts.jobs.inference.params import MAX_SEED, GenerationParams
+from launcher_scripts.recipes.generation_params import MAX_SEED, GenerationParams
 
 LogitsFn = Callable[[list[list[int]]], torch.Tensor]
 FINISH_REASONS = ("length", "stop", "eod")

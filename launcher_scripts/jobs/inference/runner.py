@@ -146,7 +146,8 @@ def open_runner(
     TP/PP groups and build the model from the portable file. Every rank must call it."""
     from megatron.core import parallel_state
 
-    from launcher_scripts.jobs.conversion import load, portable
+    from launcher_scripts.formats import portable
+    from launcher_scripts.jobs.conversion import load
     from launcher_scripts.jobs.training import cpu_compat, runtime
 
     if on_gpu is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.jobs.data_prep.tokenizer import (
+from launcher_scripts.formats.tokenizer import (
     TokenizerError,
     gpt2_reference,
     resolve_eod,

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
-from launcher_scripts.jobs.training.progress import (
+from launcher_scripts.formats.progress import (
     STATE_FILE,
     STOP_SIGNALS,
     TMP_PREFIX,

@@ -24,11 +24,11 @@ from megatron.core.datasets.blended_megatron_dataset_config import (
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from launcher_scripts.jobs.data_prep.tokenizer import load_tokenizer
-from launcher_scripts.jobs.training import recipe, vocabulary
+from launcher_scripts.formats.shards import SPLIT_NAMES
+from launcher_scripts.formats.tokenizer import load_tokenizer
 from launcher_scripts.jobs.training.runtime import JobError
-
-SPLIT_NAMES = ("train", "validation", "test")
+from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes import vocabulary
 
 
 class DataError(JobError):

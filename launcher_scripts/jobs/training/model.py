@@ -21,9 +21,9 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
-from launcher_scripts import estimates
-from launcher_scripts.jobs.training import recipe
+from launcher_scripts.costmodel import estimates
 from launcher_scripts.jobs.training.runtime import JobError
+from launcher_scripts.recipes import training as recipe
 
 # activation -> (function, gated linear unit)
 ACTIVATIONS = {

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.jobs.training.progress import STOP_SIGNALS
+from launcher_scripts.formats.progress import STOP_SIGNALS
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,16 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         cpu_compat.patch_cuda_queries()
         cpu_compat.CudaDevicesOnCpu().__enter__()
     from launcher_scripts.errors import ConfigError
-    from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError
-    from launcher_scripts.jobs.training.families import family_of
-    from launcher_scripts.jobs.training.recipe import rendezvous_timeout
+    from launcher_scripts.families import family_of
+    from launcher_scripts.formats.tokenizer import TokenizerError
     from launcher_scripts.jobs.training.runtime import JobError
     from launcher_scripts.jobs.training.trainer import Trainer
+    from launcher_scripts.recipes.training import rendezvous_timeout
 
     try:
         wandb_logger.check_ready(cfg.exp_manager, "training")
         family = family_of(cfg, "training")
-        if not family.trains:
+        if not family.runs("training"):
             raise JobError(
                 f"training.model_family: {family.name} pretraining has no job program in this "
                 "launcher version yet (the launcher's preflight refuses such runs)"

@@ -13,8 +13,8 @@ from megatron.core import parallel_state, tensor_parallel
 # process_info is part of this module's interface (the job programs call runtime.process_info).
 from launcher_scripts.jobs.process import ProcessInfo, process_info  # noqa: F401
 from launcher_scripts.jobs.training import cpu_compat
-from launcher_scripts.jobs.training.recipe import Parallelism
 from launcher_scripts.ports import free_port
+from launcher_scripts.recipes.training import Parallelism
 
 COLLECTIVE_TIMEOUT_MINUTES = 30
 

@@ -27,28 +27,22 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank
 from omegaconf import OmegaConf
 
-from launcher_scripts import estimates
+from launcher_scripts.costmodel import estimates
 from launcher_scripts.files import write_atomic
-from launcher_scripts.jobs.training import (
-    checkpointing,
-    data,
-    init_weights,
-    metrics,
-    recipe,
-    wandb_logger,
-)
-from launcher_scripts.jobs.training import model as model_builder
-from launcher_scripts.jobs.training.checkpointing import TrainState
-from launcher_scripts.jobs.training.progress import (
+from launcher_scripts.formats.progress import (
     EXIT_PREEMPTED,
     Checkpoint,
     damaged_checkpoints,
 )
+from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, wandb_logger
+from launcher_scripts.jobs.training import model as model_builder
+from launcher_scripts.jobs.training.checkpointing import TrainState
 from launcher_scripts.jobs.training.runtime import (
     JobError,
     init_model_parallel,
     seed_everything,
 )
+from launcher_scripts.recipes import training as recipe
 
 
 class ResumeError(JobError):

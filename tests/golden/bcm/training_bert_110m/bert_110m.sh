@@ -26,7 +26,7 @@ step_pid=
 cancelled=0
 trap 'echo "launcher: USR1 received, asking the job step to checkpoint"; if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi' USR1
 trap 'cancelled=1; echo "launcher: cancel requested, asking the job step to checkpoint and stop"; if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi' USR2
-step_before=$(python3 -m launcher_scripts.jobs.training.progress /results/bert_110m/results/checkpoints)
+step_before=$(python3 -m launcher_scripts.formats.progress /results/bert_110m/results/checkpoints)
 if [ "$cancelled" -eq 1 ]; then
     echo "launcher: cancelled before the job step started"
     scancel "$SLURM_JOB_ID"
@@ -51,7 +51,7 @@ while :; do
     kill -0 "$step_pid" 2>/dev/null || break  # wait was interrupted by the trap
 done
 set -e
-step_after=$(python3 -m launcher_scripts.jobs.training.progress /results/bert_110m/results/checkpoints)
+step_after=$(python3 -m launcher_scripts.formats.progress /results/bert_110m/results/checkpoints)
 if [ "$cancelled" -eq 1 ] && [ "$code" -ne 0 ]; then
     echo "launcher: cancelled (exit code $code); newest checkpoint at step $step_after; not requeued"
     scancel "$SLURM_JOB_ID"

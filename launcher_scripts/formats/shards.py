@@ -87,3 +87,7 @@ def _checked(rank: int, world_size: int) -> tuple[int, int]:
 def share(items: Sequence[T], rank: int, world_size: int) -> list[T]:
     """The items task `rank` of `world_size` owns: every world_size-th, starting at rank."""
     return list(items[rank::world_size])
+
+
+# The splits of a dataset, in the order megatron-core's split string gives their shares.
+SPLIT_NAMES = ("train", "validation", "test")

@@ -76,7 +76,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from auto_configurator.shapes import Layout, ModelShape
+from launcher_scripts.costmodel.shapes import Layout, ModelShape
 
 GIB = 2**30
 MASK_BYTES = 1  # dropout masks are bytes

@@ -28,9 +28,9 @@ from typing import IO, Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.conversion.portable import CONFIG as MODEL_CONFIG
-from launcher_scripts.jobs.conversion.portable import PEFT_CONFIG, TOKENIZER_DIR, TOKENIZER_KEYS
-from launcher_scripts.jobs.conversion.portable import WEIGHTS as MODEL_WEIGHTS
+from launcher_scripts.formats.portable import CONFIG as MODEL_CONFIG
+from launcher_scripts.formats.portable import PEFT_CONFIG, TOKENIZER_DIR, TOKENIZER_KEYS
+from launcher_scripts.formats.portable import WEIGHTS as MODEL_WEIGHTS
 
 PEFT_WEIGHTS = "peft_weights.safetensors"  # peft_file.WEIGHTS
 # A safetensors header is JSON of a few KB per hundred tensors; a larger length prefix means

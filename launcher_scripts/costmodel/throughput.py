@@ -53,8 +53,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
-from auto_configurator.memory import bytes_per_parameter, stage_parameters
-from auto_configurator.shapes import Layout, ModelShape
+from launcher_scripts.costmodel.memory import bytes_per_parameter, stage_parameters
+from launcher_scripts.costmodel.shapes import Layout, ModelShape
 from launcher_scripts.errors import ConfigError
 
 GB = 1e9  # bandwidths are GB/s

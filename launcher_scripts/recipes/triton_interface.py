@@ -8,6 +8,9 @@ Every input but `text_input` is optional; a missing one takes the export's defau
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
@@ -36,3 +39,11 @@ PARAMETERS: tuple[RequestParameter, ...] = (
     RequestParameter("length_penalty", "TYPE_FP32", "float32", "FP32"),
 )
 PARAMETER_NAMES = tuple(p.name for p in PARAMETERS)
+
+
+def generation_defaults(cfg: DictConfig) -> dict[str, Any]:
+    section = OmegaConf.to_container(cfg.generation, resolve=True)
+    assert isinstance(section, dict)
+    values = {name: section[name] for name in PARAMETER_NAMES}
+    values["stop_words"] = tuple(values["stop_words"] or ())
+    return values

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.data_prep import indexed_writer
-from launcher_scripts.jobs.data_prep.tokenizer import TokenizerError, TokenizerSpec, load_tokenizer
+from launcher_scripts.formats import indexed_writer
+from launcher_scripts.formats.tokenizer import TokenizerError, TokenizerSpec, load_tokenizer
 
 SCAN_LIMIT_BYTES = 1 << 30
 SCAN_CHUNK_ITEMS = 1 << 24

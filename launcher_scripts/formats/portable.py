@@ -83,7 +83,7 @@ def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def read_config(path: Path) -> DictConfig:
     """The model config of a whole, self-consistent portable file, without reading the weights:
     ValueError (portable_check.PortableFileError, one line saying what is wrong) otherwise."""
-    from launcher_scripts.jobs.conversion.portable_check import inspect_portable
+    from launcher_scripts.formats.portable_check import inspect_portable
 
     return inspect_portable(path).config
 

@@ -36,7 +36,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from launcher_scripts.jobs.data_prep import fingerprint
+from launcher_scripts.formats import fingerprint
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1

@@ -13,7 +13,7 @@ from typing import Any
 
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.training.optimizer_checks import OPTIMIZERS, check_optimizer
+from launcher_scripts.recipes.optimizer import OPTIMIZERS, check_optimizer
 
 ACTIVATIONS = ("gelu", "fast-swiglu", "swiglu", "squared-relu")
 NORMALIZATIONS = ("layernorm", "layernorm1p", "rmsnorm")
@@ -481,3 +481,19 @@ def check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
                 f"{path} does not exist",
                 "Run data_preparation first (or in the same run), or fix the path",
             )
+
+
+def encoder_decoder_split(model: Any, pipeline: int, stage: str) -> tuple[int, int]:
+    """(encoder stages, decoder stages): the encoder runs on the pipeline stages before
+    `pipeline_model_parallel_split_rank`, the decoder on the rest."""
+    if pipeline == 1:
+        return 1, 1
+    name = key(stage, "model.pipeline_model_parallel_split_rank")
+    split = model.get("pipeline_model_parallel_split_rank")
+    if isinstance(split, bool) or not isinstance(split, int) or not 0 < split < pipeline:
+        raise ConfigError(
+            name,
+            f"{split!r} must be between 1 and PP - 1 = {pipeline - 1}",
+            f"Set it to e.g. {pipeline // 2}: the encoder runs on the stages before it",
+        )
+    return split, pipeline - split

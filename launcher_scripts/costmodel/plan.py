@@ -4,16 +4,16 @@ dry runs use it)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from auto_configurator import throughput
-from auto_configurator.memory import MemoryBreakdown, bytes_per_parameter, memory_breakdown
-from auto_configurator.shapes import Layout, ModelShape, tokenizer_vocab
-from launcher_scripts import estimates
+from launcher_scripts.costmodel import estimates, throughput
+from launcher_scripts.costmodel.memory import MemoryBreakdown, bytes_per_parameter, memory_breakdown
+from launcher_scripts.costmodel.shapes import Layout, ModelShape, tokenizer_vocab
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.training import recipe
-from launcher_scripts.jobs.training.families import family_of, t5_pipeline_split
+from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.training import encoder_decoder_split
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ class Costs:
     seq: int  # the tokens of one sample that `plan.num_tokens` counts
 
 
+CostFunction = Callable[[Any, recipe.Parallelism, int, int, str], Costs]
+
+
 def decoder_stack_costs(
     cfg: Any, par: recipe.Parallelism, vocab: int, micro_batches: int, stage: str
 ) -> Costs:
@@ -72,7 +75,7 @@ def encoder_decoder_costs(
     """T5 and mT5: an encoder over seq_length tokens, a decoder over seq_length_dec."""
     model = cfg.model
     padded = estimates.padded_vocab(vocab, model, par.tensor)
-    encoder_stages, _ = t5_pipeline_split(model, par.pipeline, stage)
+    encoder_stages, _ = encoder_decoder_split(model, par.pipeline, stage)
     encoder_seq, decoder_seq = int(model.data.seq_length), int(model.data.seq_length_dec)
     params = estimates.encoder_decoder_parameters(
         model, padded, par.tensor, par.pipeline, encoder_stages
@@ -107,9 +110,6 @@ def encoder_decoder_costs(
     return Costs(params, memory, flops, encoder_seq)
 
 
-COSTS = {"gpt": decoder_stack_costs, "bert": decoder_stack_costs, "t5": encoder_decoder_costs}
-
-
 DEFAULT_TFLOPS_PER_GPU = 140.0
 
 
@@ -133,14 +133,15 @@ def plan_settings(root: Any) -> tuple[float, float | None]:
     return tflops, tokens
 
 
-def make_plan(root: Any, stage: str = "training") -> TrainingPlan:
+def make_plan(root: Any, stage: str, costs_of: CostFunction) -> TrainingPlan:
+    """`costs_of`: the recipe's model family's (`ModelFamily.costs`)."""
     cfg = root[stage]
     model = cfg.model
     par = recipe.parallelism(cfg, stage)
     micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
     vocab, assumed = tokenizer_vocab(model.tokenizer)
     micro_batches = max(1, global_batch // (micro * par.data))
-    costs = COSTS[family_of(cfg, stage).name](cfg, par, vocab, micro_batches, stage)
+    costs = costs_of(cfg, par, vocab, micro_batches, stage)
     tflops_per_gpu, num_tokens = plan_settings(root)
     tokens = num_tokens or int(cfg.trainer.max_steps) * global_batch * costs.seq
     gpu_memory = (root.get("cluster") or {}).get("gpu_memory_gb")

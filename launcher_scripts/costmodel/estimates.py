@@ -1,7 +1,7 @@
 """What a training recipe costs, from its numbers alone (no torch): parameters, memory per GPU,
 model FLOPs. The dry-run plan prints these; training logs the same FLOPs count.
 
-GPT and BERT stacks use the AutoConfigurator's analytical model (auto_configurator.shapes,
+GPT and BERT stacks use the AutoConfigurator's analytical model (launcher_scripts.costmodel.shapes,
 .memory, .throughput: Korthikanti et al. 2022 for activations, Megatron-Core's distributed
 optimizer table for weights, gradients and optimizer state, Narayanan et al. 2021 for FLOPs;
 their docstrings cite the formulas). This module adapts recipes to it and keeps what only the
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from auto_configurator import memory, shapes, throughput
-from auto_configurator.shapes import Layout, ModelShape
+from launcher_scripts.costmodel import memory, shapes, throughput
+from launcher_scripts.costmodel.shapes import Layout, ModelShape
 
 GB = 1e9
 
@@ -26,7 +26,7 @@ def padded_vocab(vocab: int, model: Any, tensor: int) -> int:
 
 def model_flops_per_sample(model: Any, seq_length: int, padded_vocab: int) -> float:
     """Megatron's model FLOPs for one sequence of a GPT recipe's `model` section, forward and
-    backward, no recompute (auto_configurator.throughput.model_flops_per_sample)."""
+    backward, no recompute (launcher_scripts.costmodel.throughput.model_flops_per_sample)."""
     shape = ModelShape.from_recipe(model, vocab_size=padded_vocab, seq_length=seq_length)
     return throughput.model_flops_per_sample(shape, padded_vocab)
 
@@ -119,7 +119,7 @@ def encoder_decoder_flops_per_sample(
 ) -> float:
     """Model FLOPs of one sample, forward and backward (3 x the forward), counted matmul by
     matmul as the GPT count is: the encoder's and decoder's self-attention layers
-    (auto_configurator.throughput.layer_forward_flops), the decoder's cross-attention and the
+    (costmodel.throughput.layer_forward_flops), the decoder's cross-attention and the
     LM head."""
 
     def stack(block: Any, seq: int) -> float:
@@ -176,7 +176,7 @@ def encoder_decoder_activations(
 ) -> tuple[float, float]:
     """Bytes of activations on the busiest pipeline stage: (the layers', the LM head's).
 
-    Per layer, auto_configurator.memory.layer_activation_bytes (Korthikanti et al. Table 2)
+    Per layer, launcher_scripts.costmodel.memory.layer_activation_bytes (Korthikanti et al. Table 2)
     plus cross-attention in the decoder. Without pipelining the one stage holds every layer for
     one micro-batch and the LM head's section 4.3 terms; with it, the first encoder stage keeps
     min(PP, m) micro-batches in flight (1F1B) and the first decoder stage min(decoder stages,

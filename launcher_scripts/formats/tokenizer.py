@@ -49,7 +49,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from launcher_scripts.jobs.data_prep.sentences import split_sentences
+from launcher_scripts.formats.sentences import split_sentences
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 ENGINES = ("auto", "gigatoken", "tokenizers")

@@ -5,7 +5,7 @@ had when the checkpoint was saved (`files`, recorded by the save). A checkpoint 
 files is missing or of another size (a copy cut short, a full disk during a sync) is damaged:
 resume and conversion never read it, and say so (`damaged_checkpoints`).
 
-    python3 -m launcher_scripts.jobs.training.progress CHECKPOINT_DIR   # the step, or 0
+    python3 -m launcher_scripts.formats.progress CHECKPOINT_DIR   # the step, or 0
 
 The Slurm script runs this before and after a training attempt to decide whether a requeue
 would make progress.

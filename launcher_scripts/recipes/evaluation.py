@@ -12,7 +12,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig
 
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobs.conversion.portable_check import require_portable
+from launcher_scripts.formats.portable_check import require_portable
 
 TASK_DIR = Path(__file__).resolve().parents[2] / "sample_data" / "eval_tasks"
 
@@ -38,10 +38,6 @@ PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "b
 # `harness`: lm-evaluation-harness tasks (jobs/evaluation/evaluate.py); `fine_tuned`: a tuned
 # model's answers scored by exact match and F1 (jobs/fine_tuning/evaluate_tuned.py).
 KINDS = ("harness", "fine_tuned")
-EVALUATED = {
-    ("harness", "gpt"),
-    ("fine_tuned", "gpt"),
-}  # (evaluation_kind, model_family) pairs this job runs
 
 
 def requested_names(value: Any, key: str = TASKS_KEY) -> list[str]:

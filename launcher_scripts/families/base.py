@@ -1,0 +1,90 @@
+"""What the rest of the launcher asks of a model family, and the registry that answers.
+
+A family is one module of this package (gpt, t5, bert) that registers a `ModelFamily`. The
+stages, the plan, the job programs and the AutoConfigurator ask the family a recipe names
+(`model_family`) instead of comparing names. Everything here is torch-free: preflight and dry
+runs use it. The torch side of a family (its megatron-core model, datasets and forward step)
+is the module named by `runtime`, which only job programs import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from launcher_scripts.config.checks import require_choice
+from launcher_scripts.costmodel.plan import CostFunction, TrainingPlan, make_plan
+from launcher_scripts.recipes.training import key
+
+Validator = Callable[[Any, str, Callable[[str], bool]], None]
+ArchitectureOf = Callable[..., Any]  # the recipe's model section -> a Hugging Face architecture
+
+# What a job program may do with a family; `ModelFamily.programs` lists those this version has.
+PROGRAMS = (
+    "training",
+    "conversion",
+    "fine_tuning",
+    "peft",
+    "prompt_learning",
+    "adapter_learning",
+    "ia3_learning",
+    "evaluation:harness",
+    "evaluation:fine_tuned",
+    "export",
+)
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str  # the recipes' `model_family` value
+    # The AutoConfigurator's model types and conf/ recipe folders of this family (mT5 is T5
+    # with its own tokenizer and data).
+    model_types: tuple[str, ...]
+    validate: Validator  # a training recipe's checks, run in preflight
+    costs: CostFunction  # parameters, memory and FLOPs for the plan and the AutoConfigurator
+    encoder_decoder: bool
+    pile_tokenizers: tuple[str, ...]  # the tokenizer types its Pile data is prepared with
+    programs: frozenset[str]  # what this version's job programs do with it (PROGRAMS)
+    hf_architecture: ArchitectureOf | None = None  # None: no Hugging Face export
+    runtime: str | None = None  # the module of its torch side (jobs import it)
+
+    def runs(self, program: str) -> bool:
+        assert program in PROGRAMS, program
+        return program in self.programs
+
+    def plan(self, root: Any, stage: str) -> TrainingPlan:
+        """The plan of a training recipe of this family (root: the resolved configuration)."""
+        return make_plan(root, stage, self.costs)
+
+
+FAMILIES: dict[str, ModelFamily] = {}
+DEFAULT = "gpt"  # what a recipe without `model_family` is
+
+
+def register(family: ModelFamily) -> ModelFamily:
+    assert family.name not in FAMILIES, family.name
+    unknown = family.programs - set(PROGRAMS)
+    assert not unknown, unknown
+    FAMILIES[family.name] = family
+    return family
+
+
+def family_of(cfg: Any, stage: str) -> ModelFamily:
+    """The family of a stage's recipe; one line naming `<stage>.model_family` if unknown."""
+    name = cfg.get("model_family", DEFAULT)
+    require_choice(key(stage, "model_family"), name, FAMILIES)
+    return FAMILIES[name]
+
+
+def model_types() -> tuple[str, ...]:
+    return tuple(t for family in FAMILIES.values() for t in family.model_types)
+
+
+def of_model_type(model_type: str) -> ModelFamily:
+    return next(f for f in FAMILIES.values() if model_type in f.model_types)
+
+
+def running(program: str) -> tuple[str, ...]:
+    """The `model_family` values whose recipes a program runs."""
+    return tuple(name for name, family in FAMILIES.items() if family.runs(program))

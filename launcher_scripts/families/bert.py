@@ -1,0 +1,55 @@
+"""BERT: an encoder trained on masked tokens and sentence order (megatron-core's BertModel).
+Its recipes keep GPT's flat model keys plus the masked-LM settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from launcher_scripts.config.checks import require_choice
+from launcher_scripts.costmodel.plan import decoder_stack_costs
+from launcher_scripts.families.base import ModelFamily, register
+from launcher_scripts.families.encoder_checks import (
+    ENCODER_ACTIVATIONS,
+    common_checks,
+)
+from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.training import key
+
+# BERT's, as megatron-core's BertModel takes them.
+BERT_POSITION_EMBEDDINGS = ("learned_absolute", "rope")
+
+
+def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
+    model = cfg.model
+    par = recipe.parallelism(cfg, stage)
+    recipe.check_world(par, stage)
+    recipe.check_layer_split(
+        model.num_layers, par.pipeline * (par.virtual_pipeline or 1), par, stage
+    )
+    recipe.check_attention(model, par, key(stage, "model"))
+    seq = recipe.check_sequence(model.data.seq_length, par, stage)
+    recipe.check_positions(model, seq, "model.data.seq_length", stage)
+    require_choice(
+        key(stage, "model.activation"), model.get("activation", "gelu"), ENCODER_ACTIVATIONS
+    )
+    require_choice(
+        key(stage, "model.position_embedding_type"),
+        model.get("position_embedding_type", "learned_absolute"),
+        BERT_POSITION_EMBEDDINGS,
+    )
+    recipe.check_recompute(model, stage)
+    common_checks(cfg, stage, will_exist)
+
+
+BERT = register(
+    ModelFamily(
+        name="bert",
+        model_types=("bert",),
+        validate=validate,
+        costs=decoder_stack_costs,  # the same layer stack; its small pooler and heads left out
+        encoder_decoder=False,
+        pile_tokenizers=("BertWordPieceLowerCase", "BertWordPieceCase"),
+        programs=frozenset(),
+    )
+)

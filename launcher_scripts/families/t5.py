@@ -1,0 +1,101 @@
+"""T5 and mT5: an encoder-decoder trained on span corruption (megatron-core's T5Model). Their
+recipes keep the NeMo launcher's layout: `model.encoder` and `model.decoder` blocks and a
+pipeline split rank. mT5 is T5 with a SentencePiece tokenizer and multilingual data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from launcher_scripts.config.checks import require_choice, require_int
+from launcher_scripts.costmodel.plan import encoder_decoder_costs
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.families.base import ModelFamily, register
+from launcher_scripts.families.encoder_checks import ENCODER_ACTIVATIONS, common_checks
+from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.training import encoder_decoder_split, key
+
+# The position embeddings the reference documents for T5 blocks: a learned table, or T5's
+# bucketed relative bias.
+POSITION_EMBEDDINGS = ("learned_absolute", "relative")
+BLOCKS = ("encoder", "decoder")
+
+
+def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
+    model = cfg.model
+    par = recipe.parallelism(cfg, stage)
+    recipe.check_world(par, stage)
+    for name, value in (
+        ("model.virtual_pipeline_model_parallel_size", par.virtual_pipeline),
+        ("model.context_parallel_size", par.context if par.context > 1 else None),
+    ):
+        if value is not None:
+            raise ConfigError(
+                key(stage, name), "is not supported for T5 models", "Set it to null (or 1)"
+            )
+    encoder_stages, decoder_stages = encoder_decoder_split(model, par.pipeline, stage)
+    blocks = (("encoder", encoder_stages), ("decoder", decoder_stages))
+    for block, stages in blocks:
+        prefix = f"model.{block}"
+        recipe.check_layer_split(
+            model[block].num_layers, stages, par, stage, f"{prefix}.num_layers"
+        )
+        recipe.check_attention(model[block], par, key(stage, prefix))
+        activation = model[block].get("activation", "gelu")
+        require_choice(key(stage, f"{prefix}.activation"), activation, ENCODER_ACTIVATIONS)
+        recipe.check_recompute(model[block], stage, prefix)
+    _positions(model, stage)
+    if model.encoder.hidden_size != model.decoder.hidden_size:
+        raise ConfigError(
+            key(stage, "model.decoder.hidden_size"),
+            f"{model.decoder.hidden_size} differs from the encoder's {model.encoder.hidden_size}",
+            "Use one hidden size: the decoder attends to the encoder's output",
+        )
+    seq = recipe.check_sequence(model.data.seq_length, par, stage)
+    recipe.check_positions(model, seq, "model.data.seq_length", stage)
+    decoder_seq = require_int(key(stage, "model.data.seq_length_dec"), model.data.seq_length_dec)
+    recipe.check_positions(model, decoder_seq, "model.data.seq_length_dec", stage)
+    sentinels = model.tokenizer.get("num_sentinel_tokens", 0)
+    require_int(key(stage, "model.tokenizer.num_sentinel_tokens"), sentinels)
+    common_checks(cfg, stage, will_exist)
+
+
+def _positions(model: Any, stage: str) -> None:
+    """The model's position embeddings (NeMo's top-level model.position_embedding_type) and
+    each block's (which follow it unless set): a documented type, and for the relative bias
+    whole numbers of buckets and of the largest distance."""
+    for prefix, section in (("model", model), *((f"model.{b}", model[b]) for b in BLOCKS)):
+        if "position_embedding_type" not in section:
+            continue
+        kind = section.position_embedding_type
+        require_choice(key(stage, f"{prefix}.position_embedding_type"), kind, POSITION_EMBEDDINGS)
+        if kind == "relative":
+            for name in ("relative_attention_num_buckets", "relative_attention_max_distance"):
+                require_int(key(stage, f"{prefix}.{name}"), section.get(name))
+
+
+def _positions(model: Any, stage: str) -> None:
+    """The model's position embeddings (NeMo's top-level model.position_embedding_type) and
+    each block's (which follow it unless set): a documented type, and for the relative bias
+    whole numbers of buckets and of the largest distance."""
+    for prefix, section in (("model", model), *((f"model.{b}", model[b]) for b in BLOCKS)):
+        if "position_embedding_type" not in section:
+            continue
+        kind = section.position_embedding_type
+        require_choice(key(stage, f"{prefix}.position_embedding_type"), kind, POSITION_EMBEDDINGS)
+        if kind == "relative":
+            for name in ("relative_attention_num_buckets", "relative_attention_max_distance"):
+                require_int(key(stage, f"{prefix}.{name}"), section.get(name))
+
+
+T5 = register(
+    ModelFamily(
+        name="t5",
+        model_types=("t5", "mt5"),
+        validate=validate,
+        costs=encoder_decoder_costs,
+        encoder_decoder=True,
+        pile_tokenizers=("BertWordPieceCase", "BertWordPieceLowerCase"),
+        programs=frozenset(),
+    )
+)
