@@ -17,5 +17,6 @@ GPT = register(
         pile_tokenizers=("GPT2BPETokenizer",),
         programs=frozenset(PROGRAMS),
         hf_architecture=hf_architecture,
+        runtime="launcher_scripts.jobs.models.gpt",
     )
 )

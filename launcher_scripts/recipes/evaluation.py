@@ -14,7 +14,7 @@ from omegaconf import DictConfig, ListConfig
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable_check import require_portable
 
-TASK_DIR = Path(__file__).resolve().parents[2] / "sample_data" / "eval_tasks"
+TASK_DIR = Path(__file__).resolve().parents[1] / "sample_data" / "eval_tasks"
 
 # The launcher's names (NeMo's) for the zero-shot benchmarks, and lm-eval's names for them.
 # They need their datasets from the Hugging Face hub, or already in its cache.

@@ -122,8 +122,9 @@ BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
 class SampleStream:
     """A dataset read as consecutive global batches, this data-parallel rank's share of each."""
 
-    def __init__(self, dataset: Any, micro_batch_size: int) -> None:
+    def __init__(self, dataset: Any, micro_batch_size: int, keys: tuple[str, ...] = BATCH_KEYS):
         self.dataset = dataset
+        self.keys = keys
         self.micro_batch_size = micro_batch_size
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
@@ -139,6 +140,6 @@ class SampleStream:
             ]
             yield {
                 name: torch.stack([item[name] for item in items])
-                for name in BATCH_KEYS
+                for name in self.keys
                 if name in items[0]
             }

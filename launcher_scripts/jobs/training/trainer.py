@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,15 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank
 from omegaconf import OmegaConf
 
-from launcher_scripts.costmodel import estimates
+from launcher_scripts.costmodel.plan import Costs
+from launcher_scripts.families import family_of
 from launcher_scripts.files import write_atomic
 from launcher_scripts.formats.progress import (
     EXIT_PREEMPTED,
     Checkpoint,
     damaged_checkpoints,
 )
+from launcher_scripts.jobs.models import runtime_of
 from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, wandb_logger
 from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.checkpointing import TrainState
@@ -67,7 +68,9 @@ class Trainer:
             checkpointing.clean_temporary(self.checkpoint_dir)
         dist.barrier()
 
-        self.vocab = data.vocab_info(cfg)
+        self.family = family_of(cfg, "training")
+        self.runtime = runtime_of(self.family)
+        self.vocab = self.runtime.data_tokenizer(cfg)
         self.use_te = (
             on_gpu
             and bool(cfg.model.get("transformer_engine", False))
@@ -78,7 +81,7 @@ class Trainer:
                 "training.model.context_parallel_size > 1 needs Transformer Engine on GPUs "
                 "(and transformer_engine=True): set it to 1 here"
             )
-        self.config = model_builder.transformer_config(cfg, self.use_te, on_gpu)
+        self.config = self.runtime.transformer_config(cfg, self.use_te, on_gpu)
         self.model = self._build_model()
         self.optimizer = self._build_optimizer()
         self.scheduler = self._build_scheduler()
@@ -108,7 +111,7 @@ class Trainer:
 
     def _make_chunks(self) -> list[Any]:
         """This rank's model chunks with their starting weights, before any wrapping."""
-        chunks = model_builder.build_chunks(
+        chunks = self.runtime.build_chunks(
             self.cfg, self.config, self.vocab.vocab_size, self.use_te
         )
         if self.on_gpu:
@@ -207,15 +210,16 @@ class Trainer:
         val_batches = limit if isinstance(limit, int) and not isinstance(limit, bool) else 0
         index_dir = model.data.get("index_mapping_dir") or self.log_dir / "index_cache"
         data.check_vocabulary(self.cfg, self.vocab)
-        train, valid, _test = data.build_datasets(
+        train, valid, _test = self.runtime.build_datasets(
             self.cfg,
             self.vocab,
             # No test split: pretraining never evaluates on it (the evaluation stage does).
             (int(trainer.max_steps) * gbs, max(val_batches * gbs, 1), 0),
             Path(str(index_dir)),
         )
-        self.train_stream = data.SampleStream(train, int(model.micro_batch_size))
-        self.valid_stream = data.SampleStream(valid, int(model.micro_batch_size)) if valid else None
+        mbs, keys = int(model.micro_batch_size), self.runtime.batch_keys
+        self.train_stream = data.SampleStream(train, mbs, keys)
+        self.valid_stream = data.SampleStream(valid, mbs, keys) if valid else None
         if self.valid_stream is not None and not val_batches:
             fraction = float(limit or 0)
             val_batches = max(1, int(fraction * len(valid) // gbs)) if fraction else 0
@@ -229,18 +233,18 @@ class Trainer:
             batch = get_batch_on_this_cp_rank(batch)
         if self.on_gpu:
             batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
-        mask = batch.get("attention_mask")  # None: causal over the whole sequence
-        output = model(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
-        return output, partial(token_loss, batch["loss_mask"])
+        return self.runtime.forward_step(batch, model)
 
     def _run_schedule(self, start: int, micro_batches: int, forward_only: bool, stream: Any):
         iterators = [stream.micro_batches(start, micro_batches) for _ in range(len(self.model))]
+        seq_length, decoder_seq_length = self.runtime.sequence_lengths(self.cfg)
         return get_forward_backward_func()(
             forward_step_func=self._forward_step,
             data_iterator=iterators if len(iterators) > 1 else iterators[0],
             model=self.model,
             num_microbatches=micro_batches,
-            seq_length=int(self.cfg.model.data.seq_length),
+            seq_length=seq_length,
+            decoder_seq_length=decoder_seq_length,
             micro_batch_size=int(self.cfg.model.micro_batch_size),
             forward_only=forward_only,
         )
@@ -429,11 +433,7 @@ class Trainer:
             self._say(f"training already finished: step {self.state.step} of {max_steps}")
             return self._finish()
         self._before_first_step()
-        flops_per_sample = estimates.model_flops_per_sample(
-            self.cfg.model,
-            int(self.cfg.model.data.seq_length),
-            model_builder.padded_vocab_size(self.vocab.vocab_size, self.cfg),
-        )
+        costs = self.family.costs(self.cfg, self.par, self.vocab.vocab_size, 1, "training")
         window: list[float] = []  # step times since the last log line
         window_loss: torch.Tensor | None = None
         saved_step = self.state.step
@@ -448,7 +448,7 @@ class Trainer:
             if step % log_every == 0 or step == max_steps:
                 # The mean over the steps since the last log line, as Megatron reports it.
                 record["reduced_train_loss"] = self._reduce_loss(window_loss)
-                self._log_train(step, record, window, flops_per_sample)
+                self._log_train(step, record, window, costs)
                 window, window_loss = [], None
             if step % self._val_interval() == 0:
                 val_loss = self.validate()
@@ -478,10 +478,10 @@ class Trainer:
         """Runs once the data, the resumed state and the metrics log are ready."""
 
     def _log_train(
-        self, step: int, record: dict[str, float], window: list[float], flops_per_sample: float
+        self, step: int, record: dict[str, float], window: list[float], costs: Costs
     ) -> None:
         step_time = sum(window) / len(window)
-        tokens = record["global_batch_size"] * int(self.cfg.model.data.seq_length)
+        tokens = record["global_batch_size"] * costs.seq
         record = {
             "step": step,
             "wall_time": time.time(),
@@ -489,7 +489,7 @@ class Trainer:
             **record,
             "train_step_timing": step_time,
             "tokens_per_sec": tokens / step_time,
-            "model_tflops_per_gpu": flops_per_sample
+            "model_tflops_per_gpu": costs.flops_per_sample
             * record["global_batch_size"]
             / step_time
             / self.par.world_size
@@ -515,12 +515,3 @@ class Trainer:
                 print(f"loss curve: {curve}", flush=True)
         dist.barrier()
         return 0
-
-
-def token_loss(loss_mask: torch.Tensor, output: torch.Tensor) -> tuple[Any, Any, Any]:
-    """Summed token losses and the token count; megatron-core divides by the global count."""
-    losses = output.float().reshape(-1)
-    mask = loss_mask.reshape(-1).to(losses)
-    loss = torch.sum(losses * mask)
-    tokens = mask.sum().to(torch.int)
-    return loss, tokens, {"lm loss": torch.stack([loss.detach(), tokens.detach().to(loss)])}
