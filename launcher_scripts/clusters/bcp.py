@@ -9,7 +9,7 @@ shares its process running (submit, tee into the log, cancel, logs) by subclassi
 Rank wiring. bcprun starts ONE process per node (`--npernode 1`); on each node that process is
 `python3 -m torch.distributed.run`, which starts the command's processes and gives each the
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT that our programs read
-(launcher_scripts/jobs/training/runtime.py process_info, jobs/data_prep/shards.py). The nodes
+(launcher_scripts/jobs/training/runtime.py process_info, formats/shards.py). The nodes
 meet in torchrun's c10d rendezvous hosted by node 0 (NGC_MASTER_ADDR, else the hostname of the
 node running the script, which is node 0), and the rendezvous assigns node ranks. This relies on
 nothing of bcprun but "run this command once on each of N nodes": not on which per-process
