@@ -103,6 +103,26 @@ def test_t5_and_bert_jobs_say_their_tokenizer_and_outputs() -> None:
     assert bert[3].writes == ("/data/my-bert_07_text_sentence",)
 
 
+def test_custom_dataset_renders_wordpiece_sentence_data() -> None:
+    """BERT and T5 data from the user's files: a WordPiece vocabulary trained on them, each
+    document split into sentences, shards named _sentence."""
+    corpus = Path(__file__).parent.parent / "launcher_scripts/sample_data/tiny_corpus.jsonl.gz"
+    train, preprocess = stage_jobs(
+        f"{STAGE}.raw_dataset_files=[{corpus}]",
+        f"{STAGE}.train_tokenizer_args.model_type=wordpiece",
+        f"{STAGE}.split_sentences=true",
+        f"{STAGE}.lower_case=true",
+    )
+    vocab = "/data/custom_dataset/bpe/custom_sp_tokenizer.vocab.txt"
+    argv = argv_of(train)
+    assert argv[argv.index("--model-prefix") + 1] == vocab.removesuffix(".vocab.txt")
+    assert "--lower-case" in argv and train.writes == (vocab,)
+    argv = argv_of(preprocess)
+    assert argv[argv.index("--vocab-file") + 1 :][:2] == [vocab, "--lower-case"]
+    assert "--split-sentences" in argv and "--tokenizer-model" not in argv
+    assert preprocess.writes == ("/data/custom_dataset/preprocessed/tiny_corpus_text_sentence",)
+
+
 def test_mc4_jobs_split_files_then_languages() -> None:
     jobs = stage_jobs(
         f"{STAGE}=mt5/download_mc4", f"{STAGE}.languages=[lv,en]", f"{STAGE}.run.node_array_size=3"
@@ -212,6 +232,13 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
         ("mt5/download_mc4", ["c4_url=ftp://host/c4"], [f"{STAGE}.c4_url", "http(s) URL"]),
         ("mt5/download_mc4", ["download_mc4=false", "languages=lv"],
          [f"{STAGE}.c4_dir", "256 files are missing", f"{STAGE}.download_mc4=true"]),
+        ("generic/custom_dataset", ["split_sentences=yes"],
+         [f"{STAGE}.split_sentences", "is not true or false"]),
+        ("generic/custom_dataset", ["train_tokenizer_args.model_type=wordpiece",
+                                    "vocab_file=/elsewhere/vocab.txt"],
+         [f"{STAGE}.vocab_file", "custom_sp_tokenizer.vocab.txt", "train_tokenizer=false"]),
+        ("generic/custom_dataset", ["train_tokenizer=false", "vocab_file=/no/vocab.txt"],
+         [f"{STAGE}.vocab_file", "/no/vocab.txt"]),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_naming_the_key(
@@ -305,6 +332,33 @@ def test_bert_recipe_end_to_end(site: Site, tmp_path: Path) -> None:
             sentences = [dataset[i].tolist() for i in range(starts[index], starts[index + 1])]
             decoded = [wordpiece_corpus.decode(ids, vocab) for ids in sentences]
             assert decoded == [sentence.lower() for sentence in document]
+
+
+def test_custom_dataset_prepares_bert_and_t5_data(tmp_path: Path) -> None:
+    """The default corpus, a WordPiece vocabulary trained on it and sentence-split shards:
+    what the BERT and T5 recipes read, made with no download. A second run redoes nothing."""
+    overrides = (
+        f"stages=[{STAGE}]", f"data_dir={tmp_path / 'data'}",
+        f"base_results_dir={tmp_path / 'results'}",
+        f"{STAGE}.train_tokenizer_args.model_type=wordpiece",
+        f"{STAGE}.train_tokenizer_args.vocab_size=1000",
+        f"{STAGE}.split_sentences=true", f"{STAGE}.lower_case=true",
+    )  # fmt: skip
+    result = run_main(*overrides)
+    assert result.returncode == 0, result.stdout + result.stderr
+    folder = tmp_path / "data" / "custom_dataset"
+    vocab = (folder / "bpe" / "custom_sp_tokenizer.vocab.txt").read_text().splitlines()
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert len(set(vocab)) == len(vocab) == 1000
+    assert all(token == token.lower() for token in vocab[5:])  # lower_case
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    data = IndexedDataset(str(folder / "preprocessed" / "tiny_corpus_text_sentence"))
+    documents = len(data.document_indices) - 1
+    assert documents == 4000 and len(data) > 2 * documents  # several sentences a document
+    assert max(int(data[i].max()) for i in range(len(data))) < 1000
+    again = run_main(*overrides)
+    assert again.returncode == 0 and "skip: " in again.stdout + again.stderr
 
 
 def train_sentencepiece(texts: list[str], vocab_size: int = 120) -> bytes:

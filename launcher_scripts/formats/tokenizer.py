@@ -498,3 +498,10 @@ class CheckCache:
         except OSError:
             with contextlib.suppress(OSError):  # e.g. the folder could not be made
                 tmp.unlink(missing_ok=True)
+
+
+def trained_tokenizer_file(model_prefix: str, model_type: str) -> Path:
+    """What the tokenizer-training job leaves: NAME.model (SentencePiece), or NAME.vocab.txt
+    (a BERT WordPiece vocabulary, model type `wordpiece`)."""
+    suffix = ".vocab.txt" if model_type == "wordpiece" else ".model"
+    return Path(f"{model_prefix}{suffix}")

@@ -18,6 +18,7 @@ from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import family_of
 from launcher_scripts.formats.shards import parse_file_numbers
+from launcher_scripts.formats.tokenizer import trained_tokenizer_file
 from launcher_scripts.jobspec import Command, JobSpec
 from launcher_scripts.stages.base import StageContext, make_job, register
 from launcher_scripts.stages.data_prep_common import (
@@ -33,7 +34,8 @@ from launcher_scripts.stages.mc4_dataset import Mc4Dataset
 from launcher_scripts.stages.sft_dataset import DollySftDataset, SquadSftDataset
 
 INPUT_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
-SENTENCEPIECE_MODEL_TYPES = ("unigram", "bpe", "word", "char")
+# SentencePiece's model types, and a BERT WordPiece vocabulary (BERT and T5 data).
+TOKENIZER_MODEL_TYPES = ("unigram", "bpe", "word", "char", "wordpiece")
 
 
 class Dataset(Protocol):
@@ -69,6 +71,9 @@ class CustomDataset:
                 )
             seen[stem] = source
         require_fraction(stage_key(ctx, "max_bad_fraction"), cfg.max_bad_fraction)
+        for name in ("split_sentences", "lower_case"):
+            if not isinstance(cfg.get(name, False), bool):
+                raise ConfigError(stage_key(ctx, name), "is not true or false", "Fix it")
         workers_args(ctx)
         if cfg.train_tokenizer:
             self._validate_training(ctx)
@@ -78,24 +83,28 @@ class CustomDataset:
     def _validate_training(self, ctx: StageContext) -> None:
         args = ctx.cfg.train_tokenizer_args
         prefix = stage_key(ctx, "train_tokenizer_args")
-        require_choice(f"{prefix}.model_type", args.model_type, SENTENCEPIECE_MODEL_TYPES)
+        require_choice(f"{prefix}.model_type", args.model_type, TOKENIZER_MODEL_TYPES)
         require_choice(f"{prefix}.input_format", args.input_format, ("text", "tsv"))
         require_int(f"{prefix}.vocab_size", args.vocab_size, minimum=8)
         for index, source in enumerate(self._tokenizer_inputs(ctx)):
             require_input(f"{prefix}.input[{index}]", source, (*INPUT_SUFFIXES, ".txt", ".tsv"))
         trained = self._trained_model(ctx)
-        if ctx.cfg.preprocess_data and Path(str(ctx.cfg.tokenizer_model)) != trained:
+        name = "vocab_file" if self._wordpiece(ctx) else "tokenizer_model"
+        given = ctx.cfg.get(name)
+        if ctx.cfg.preprocess_data and given is not None and Path(str(given)) != trained:
             raise ConfigError(
-                stage_key(ctx, "tokenizer_model"),
-                f"is {ctx.cfg.tokenizer_model} but the tokenizer being trained is {trained}",
-                "Leave tokenizer_model at its default, or set train_tokenizer=false",
+                stage_key(ctx, name),
+                f"is {given} but the tokenizer being trained is {trained}",
+                f"Leave {name} at its default (null for vocab_file), or set train_tokenizer=false",
             )
 
     def _validate_tokenizer(self, ctx: StageContext) -> None:
         cfg = ctx.cfg
-        if cfg.vocab_file or cfg.merge_file:
+        if cfg.merge_file:
             require_file(stage_key(ctx, "vocab_file"), cfg.vocab_file)
             require_file(stage_key(ctx, "merge_file"), cfg.merge_file)
+        elif cfg.vocab_file:  # a BERT WordPiece vocab.txt
+            require_file(stage_key(ctx, "vocab_file"), cfg.vocab_file)
         else:
             require_file(stage_key(ctx, "tokenizer_model"), cfg.tokenizer_model)
 
@@ -117,9 +126,18 @@ class CustomDataset:
         return [Path(str(p)) for p in ([given] if isinstance(given, str) else given)]
 
     @staticmethod
-    def _trained_model(ctx: StageContext) -> Path:
+    def _wordpiece(ctx: StageContext) -> bool:
+        """Whether the data is tokenized with a BERT WordPiece vocabulary (trained or given)."""
         cfg = ctx.cfg
-        return Path(str(cfg.bpe_save_dir)) / f"{cfg.train_tokenizer_args.model_prefix}.model"
+        if cfg.train_tokenizer:
+            return str(cfg.train_tokenizer_args.model_type) == "wordpiece"
+        return bool(cfg.vocab_file) and not cfg.merge_file
+
+    @staticmethod
+    def _trained_model(ctx: StageContext) -> Path:
+        cfg, args = ctx.cfg, ctx.cfg.train_tokenizer_args
+        prefix = Path(str(cfg.bpe_save_dir)) / str(args.model_prefix)
+        return trained_tokenizer_file(str(prefix), str(args.model_type))
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg, name = ctx.cfg, str(ctx.cfg.run.name)
@@ -135,12 +153,14 @@ class CustomDataset:
             args += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
             if not cfg.append_eod:
                 args.append("--no-append-eod")
+            split = bool(cfg.get("split_sentences", False))
+            if split:
+                args.append("--split-sentences")
+            # Megatron's names: sentence-split data ends in _sentence, other data in _document.
+            level = "sentence" if split else "document"
+            folder = Path(str(cfg.preprocessed_dir))
             outputs = tuple(
-                str(
-                    Path(str(cfg.preprocessed_dir))
-                    / f"{output_stem(Path(f))}_{cfg.text_key}_document"
-                )
-                for f in files
+                str(folder / f"{output_stem(Path(f))}_{cfg.text_key}_{level}") for f in files
             )
             jobs.append(
                 make_job(
@@ -157,9 +177,13 @@ class CustomDataset:
 
     def _tokenizer_args(self, ctx: StageContext) -> list[str]:
         cfg = ctx.cfg
+        if self._wordpiece(ctx):
+            vocab = self._trained_model(ctx) if cfg.train_tokenizer else cfg.vocab_file
+            lower = ["--lower-case"] if cfg.get("lower_case", False) else []
+            return ["--vocab-file", str(vocab), *lower]
         if cfg.train_tokenizer:
             return ["--tokenizer-model", str(self._trained_model(ctx))]
-        if cfg.vocab_file or cfg.merge_file:
+        if cfg.merge_file:
             return ["--vocab-file", str(cfg.vocab_file), "--merge-file", str(cfg.merge_file)]
         return ["--tokenizer-model", str(cfg.tokenizer_model)]
 
@@ -168,10 +192,12 @@ class CustomDataset:
         model = self._trained_model(ctx)
         inputs = [str(p) for p in self._tokenizer_inputs(ctx)]
         argv = ["--input", *inputs, "--text-key", str(cfg.text_key)]
-        argv += ["--model-prefix", str(model.with_suffix(""))]
+        argv += ["--model-prefix", str(Path(str(cfg.bpe_save_dir)) / str(args.model_prefix))]
         argv += ["--input-format", str(args.input_format), "--model-type", str(args.model_type)]
         for option in ("vocab_size", "character_coverage", "unk_id", "bos_id", "eos_id", "pad_id"):
             argv += [f"--{option.replace('_', '-')}", str(args[option])]
+        if cfg.get("lower_case", False):
+            argv.append("--lower-case")
         return make_job(
             ctx,
             f"{name}-train_tokenizer",

@@ -1,7 +1,12 @@
-"""Train a SentencePiece tokenizer on text files or on the datasets preprocess reads.
+"""Train a SentencePiece tokenizer, or a BERT WordPiece vocabulary, on text files or on the
+datasets preprocess reads.
 
     python3 -m launcher_scripts.jobs.data_prep.train_tokenizer --input data.jsonl \\
         --model-prefix out/tokenizer --vocab-size 8000
+
+`--model-type wordpiece` writes NAME.vocab.txt: a vocab.txt as BERT's (and the T5 recipes')
+WordPiece tokenizers read it, [PAD] [UNK] [CLS] [SEP] [MASK] first, trained by the `tokenizers`
+library with BERT's normalizer (lower-cased with --lower-case) and pre-tokenizer.
 
 Plain text inputs (anything but .json/.jsonl(.gz) and directories) go to SentencePiece as
 files in --input-format (`text`: a sentence per line; `tsv`: sentence<TAB>count). Datasets
@@ -25,10 +30,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.files import write_atomic
 from launcher_scripts.formats import fingerprint
+from launcher_scripts.formats.tokenizer import trained_tokenizer_file
 from launcher_scripts.jobs import benign_warnings
 from launcher_scripts.jobs.data_prep import readers
 
+# SentencePiece's model types, and BERT's WordPiece.
+MODEL_TYPES = ("bpe", "unigram", "char", "word", "wordpiece")
+WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # What reading a truncated or corrupt (gzip) input raises.
 UNREADABLE_INPUT: tuple[type[BaseException], ...] = (EOFError, gzip.BadGzipFile, zlib.error)
 
@@ -53,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model-prefix", required=True, metavar="DIR/NAME", help="writes NAME.model, NAME.vocab"
     )
-    parser.add_argument("--model-type", default="bpe", choices=("bpe", "unigram", "char", "word"))
+    parser.add_argument("--model-type", default="bpe", choices=MODEL_TYPES)
+    parser.add_argument(
+        "--lower-case", action="store_true", help="wordpiece: lower-case and strip accents"
+    )
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--character-coverage", type=float, default=0.9995)
     parser.add_argument("--unk-id", type=int, default=1)
@@ -130,30 +143,42 @@ def made_from(args: argparse.Namespace) -> fingerprint.Fingerprint:
         name: getattr(args, name)
         for name in (
             "text_key", "model_type", "vocab_size", "character_coverage", "unk_id", "bos_id",
-            "eos_id", "pad_id", "input_format", "max_sentences",
+            "eos_id", "pad_id", "input_format", "max_sentences", "lower_case",
         )
     }  # fmt: skip
     return fingerprint.make(settings, [Path(raw) for raw in args.input])
 
 
+def up_to_date(args: argparse.Namespace) -> bool:
+    """Whether the output exists, made from the same inputs and settings (else it says why
+    it trains again). Missing inputs are an error either way."""
+    model = trained_tokenizer_file(args.model_prefix, args.model_type)
+    missing = [raw for raw in args.input if not Path(raw).exists()]
+    if missing:
+        raise TrainError(f"input {', '.join(missing)} does not exist")
+    if not model.exists():
+        return False
+    reasons = fingerprint.stale_reasons(fingerprint.recorded_fingerprint(model), made_from(args))
+    if not reasons:
+        print(f"skip: {model} already exists")
+        return True
+    print(f"{'; '.join(reasons)}: training {model} again")
+    return False
+
+
 def train(args: argparse.Namespace) -> Path:
     """Train unless a model made from the same inputs and settings exists; returns the .model
-    path."""
+    (or .vocab.txt) path."""
+    if args.model_type == "wordpiece":
+        return train_wordpiece(args)
     import sentencepiece
 
     prefix = Path(args.model_prefix)
     model = Path(f"{prefix}.model")
     wanted = made_from(args)
-    if model.exists():
-        reasons = fingerprint.stale_reasons(fingerprint.recorded_fingerprint(model), wanted)
-        if not reasons:
-            print(f"skip: {model} already exists")
-            return model
-        print(f"{'; '.join(reasons)}: training {model} again")
+    if up_to_date(args):
+        return model
     paths = [Path(raw) for raw in args.input]
-    missing = [str(path) for path in paths if not path.exists()]
-    if missing:
-        raise TrainError(f"input {', '.join(missing)} does not exist")
     prefix.parent.mkdir(parents=True, exist_ok=True)
     tmp_prefix = prefix.with_name(f".{prefix.name}.tmp-{os.getpid()}")
     options = trainer_options(args, str(tmp_prefix))
@@ -189,6 +214,42 @@ def train(args: argparse.Namespace) -> Path:
     os.replace(f"{tmp_prefix}.model", model)
     print(f"wrote {model} and {prefix}.vocab")
     return model
+
+
+def train_wordpiece(args: argparse.Namespace) -> Path:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    vocab = trained_tokenizer_file(args.model_prefix, "wordpiece")
+    if up_to_date(args):
+        return vocab
+    paths = [Path(raw) for raw in args.input]
+    if args.input_format == "tsv":
+        raise TrainError("--input-format tsv is SentencePiece's: give text or dataset inputs")
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        lowercase=args.lower_case, strip_accents=args.lower_case
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=args.vocab_size, special_tokens=list(WORDPIECE_SPECIALS), show_progress=False
+    )
+    print(
+        f"training a WordPiece vocabulary of {args.vocab_size} tokens on {len(paths)} input(s)",
+        flush=True,
+    )
+    stats = readers.ReadStats()
+    try:
+        tokenizer.train_from_iterator(sentences(paths, args.text_key, stats), trainer)
+    finally:
+        for line in readers.report_bad(stats, "inputs"):
+            print(line, file=sys.stderr)
+    ordered = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    vocab.parent.mkdir(parents=True, exist_ok=True)
+    vocab.unlink(missing_ok=True)
+    fingerprint.write_record(vocab, {"fingerprint": made_from(args)})
+    write_atomic(vocab, "".join(f"{token}\n" for token, _ in ordered))
+    print(f"wrote {vocab} ({len(ordered)} tokens)")
+    return vocab
 
 
 def _cleanup(prefix: Path) -> None:
