@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,30 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("prepared")
     result = run_main(
         "stages=[data_preparation]", f"data_dir={root}/data", f"base_results_dir={root}/results"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return root
+
+
+# Data preparation for the encoder families: a WordPiece vocabulary trained on the shipped
+# corpus and its documents split into sentences (what bert/tiny and t5/tiny read).
+WORDPIECE_DATA = (
+    "data_preparation.train_tokenizer_args.model_type=wordpiece",
+    "data_preparation.train_tokenizer_args.vocab_size=2000",
+    "data_preparation.split_sentences=true",
+    "data_preparation.lower_case=true",
+)
+
+
+@pytest.fixture(scope="session")
+def prepared_wordpiece(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped corpus prepared for BERT and T5, done once."""
+    root = tmp_path_factory.mktemp("prepared_wordpiece")
+    result = run_main(
+        "stages=[data_preparation]",
+        f"data_dir={root}/data",
+        f"base_results_dir={root}/results",
+        *WORDPIECE_DATA,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return root
@@ -433,3 +458,100 @@ def installed_launcher(
         assert result.returncode == 0, f"pip install {requirement}:\n{result.stderr[-3000:]}"
     yield InstalledLauncher(venv, wheel)
     shutil.rmtree(venv, ignore_errors=True)
+
+
+# ----- training runs: the pretraining program started as a job starts it -------------------
+
+PRETRAIN = "launcher_scripts.jobs.training.pretrain"
+
+
+def command(config: Path, processes: int) -> list[str]:
+    program = ["-m", PRETRAIN, "--config", str(config)]
+    if processes == 1:
+        return [sys.executable, *program]
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    return [sys.executable, *launcher, *program]
+
+
+def train(config: Path, processes: int = 1, timeout: float = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        command(config, processes),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env=ONE_THREAD,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+def losses(log_dir: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["reduced_train_loss"] for r in records if "reduced_train_loss" in r}
+
+
+def val_losses(log_dir: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+
+
+def assert_same_losses(a: Path, b: Path, tolerance: float) -> None:
+    first, second = losses(a), losses(b)
+    assert sorted(first) == sorted(second)
+    worst = max(abs(first[s] - second[s]) for s in first)
+    assert worst <= tolerance, (first, second)
+    assert val_losses(a).keys() == val_losses(b).keys()
+    for step, value in val_losses(a).items():
+        assert abs(value - val_losses(b)[step]) <= tolerance
+
+
+def test_default_pipeline_trains_and_leaves_its_artifacts(default_run: Path) -> None:
+    """`python3 main.py` as on a fresh machine, shortened (conftest's default_run)."""
+    log_dir = default_run / "results" / "gpt3_tiny" / "results"
+    curve = losses(log_dir)
+    assert curve[30] < curve[1] - 1.0, curve  # it learns, clearly
+    assert (log_dir / "loss_curve.png").stat().st_size > 0
+    assert (log_dir / "hparams.yaml").is_file()
+    assert list((log_dir / "tensorboard").glob("events.out.tfevents.*"))
+    checkpoints = sorted(p.name for p in (log_dir / "checkpoints").iterdir())
+    assert any("step=30" in name for name in checkpoints), checkpoints
+    assert all((log_dir / "checkpoints" / n / "train_state.json").is_file() for n in checkpoints)
+    record = json.loads((log_dir / "metrics.jsonl").read_text().splitlines()[0])
+    for name in ("lr", "grad_norm", "train_step_timing", "tokens_per_sec", "peak_memory_gb"):
+        assert name in record
+    assert record["model_tflops_per_gpu"] > 0
+    converted = default_run / "results" / "gpt3_tiny" / "convert_nemo"
+    assert (converted / "megatron_gpt.nemo").stat().st_size > 0
+    assert (converted / "hf" / "model.safetensors").is_file()
+    evaluated = default_run / "results" / "gpt3_tiny" / "eval_all"
+    results = json.loads((evaluated / "results.json").read_text())["results"]
+    assert {"tiny_lambada", "tiny_choice", "tiny_wikitext", "tiny_generate"} <= set(results)
+    assert "| tiny_choice | acc |" in (evaluated / "results.md").read_text()
+    exported = default_run / "results" / "gpt3_tiny" / "export"
+    assert (exported / "model_repo" / "gpt3_tiny" / "config.pbtxt").is_file()
+    assert json.loads((exported / "check.json").read_text())["text"]
+
+
+def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:
+    """Start training, send SIGTERM once a few steps are logged, return the exit code."""
+    process = subprocess.Popen(
+        command(config, processes),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=ONE_THREAD,
+    )
+    # Generous: a busy machine trains slowly. Signalled earlier the test would be another one.
+    metrics_file, deadline = log_dir / "metrics.jsonl", time.monotonic() + 1800
+    try:
+        while process.poll() is None:
+            if metrics_file.exists() and len(losses(log_dir)) >= 3:
+                break
+            assert time.monotonic() < deadline, "training logged no 3 steps in 1800 s"
+            time.sleep(0.05)
+    finally:
+        # The whole group, as Slurm or a shell's Ctrl-C would: torchrun and its workers.
+        os.killpg(process.pid, signal.SIGTERM)
+    return process.wait(timeout=600)

@@ -17,8 +17,8 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher_scripts.config.compose import compose_config
-from tests.conftest import REPO, run_main
-from tests.test_training import ONE_THREAD, train, write_config
+from tests.conftest import ONE_THREAD, REPO, run_main, train
+from tests.test_training import write_config
 
 IMPROVED = (
     "training.model.position_embedding_type=rope",

@@ -26,10 +26,11 @@ DATA_DIR, RESULTS_DIR = "/data", "/results"
 PATHS = (f"data_dir={DATA_DIR}", f"base_results_dir={RESULTS_DIR}")
 
 FAMILY_DIRS = ("t5", "mt5", "bert")  # conf/training/<dir>: the recipes this file pins
-TRAINING = [
+TRAINING = [  # the published sizes; the CPU recipes (tiny) are tested where they train
     f"{family}/{path.stem}"
     for family in FAMILY_DIRS
     for path in sorted((conf_dir() / "training" / family).glob("*.yaml"))
+    if path.stem != "tiny"
 ]
 SMALLEST = {"t5": "t5/220m", "mt5": "mt5/170m", "bert": "bert/110m"}
 MT5_EXTRA_KEYS = {"run.preprocessed_dir", "run.blending_alpha"}  # mT5's keys beyond T5's

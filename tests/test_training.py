@@ -4,13 +4,11 @@ equivalence, signal-stop and exact resume, torn checkpoints, and the artifacts a
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +16,17 @@ from omegaconf import OmegaConf
 
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
-from tests.conftest import ONE_THREAD, REPO, run_main
+from tests.conftest import (
+    ONE_THREAD,
+    REPO,
+    assert_same_losses,
+    command,
+    losses,
+    run_main,
+    stop_with_signal,
+    train,
+)
 
-PRETRAIN = "launcher_scripts.jobs.training.pretrain"
 # Small and quick; a vocabulary padded to 8192 at TP 1 and TP 2 alike (8000 real tokens), so
 # layouts compute the same logits.
 SMALL = (
@@ -50,74 +56,6 @@ def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
     path = log_dir.parent / f"{log_dir.name}.yaml"
     OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.training, resolve=True)), path)
     return path
-
-
-def command(config: Path, processes: int) -> list[str]:
-    program = ["-m", PRETRAIN, "--config", str(config)]
-    if processes == 1:
-        return [sys.executable, *program]
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
-    return [sys.executable, *launcher, *program]
-
-
-def train(config: Path, processes: int = 1, timeout: float = 600) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        command(config, processes),
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=timeout,
-        env=ONE_THREAD,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return result
-
-
-def losses(log_dir: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["reduced_train_loss"] for r in records if "reduced_train_loss" in r}
-
-
-def val_losses(log_dir: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
-
-
-def assert_same_losses(a: Path, b: Path, tolerance: float) -> None:
-    first, second = losses(a), losses(b)
-    assert sorted(first) == sorted(second)
-    worst = max(abs(first[s] - second[s]) for s in first)
-    assert worst <= tolerance, (first, second)
-    assert val_losses(a).keys() == val_losses(b).keys()
-    for step, value in val_losses(a).items():
-        assert abs(value - val_losses(b)[step]) <= tolerance
-
-
-def test_default_pipeline_trains_and_leaves_its_artifacts(default_run: Path) -> None:
-    """`python3 main.py` as on a fresh machine, shortened (conftest's default_run)."""
-    log_dir = default_run / "results" / "gpt3_tiny" / "results"
-    curve = losses(log_dir)
-    assert curve[30] < curve[1] - 1.0, curve  # it learns, clearly
-    assert (log_dir / "loss_curve.png").stat().st_size > 0
-    assert (log_dir / "hparams.yaml").is_file()
-    assert list((log_dir / "tensorboard").glob("events.out.tfevents.*"))
-    checkpoints = sorted(p.name for p in (log_dir / "checkpoints").iterdir())
-    assert any("step=30" in name for name in checkpoints), checkpoints
-    assert all((log_dir / "checkpoints" / n / "train_state.json").is_file() for n in checkpoints)
-    record = json.loads((log_dir / "metrics.jsonl").read_text().splitlines()[0])
-    for name in ("lr", "grad_norm", "train_step_timing", "tokens_per_sec", "peak_memory_gb"):
-        assert name in record
-    assert record["model_tflops_per_gpu"] > 0
-    converted = default_run / "results" / "gpt3_tiny" / "convert_nemo"
-    assert (converted / "megatron_gpt.nemo").stat().st_size > 0
-    assert (converted / "hf" / "model.safetensors").is_file()
-    evaluated = default_run / "results" / "gpt3_tiny" / "eval_all"
-    results = json.loads((evaluated / "results.json").read_text())["results"]
-    assert {"tiny_lambada", "tiny_choice", "tiny_wikitext", "tiny_generate"} <= set(results)
-    assert "| tiny_choice | acc |" in (evaluated / "results.md").read_text()
-    exported = default_run / "results" / "gpt3_tiny" / "export"
-    assert (exported / "model_repo" / "gpt3_tiny" / "config.pbtxt").is_file()
-    assert json.loads((exported / "check.json").read_text())["text"]
 
 
 @pytest.mark.parametrize(
@@ -165,30 +103,6 @@ def test_interleaved_pipeline_matches_the_plain_pipeline(prepared: Path, tmp_pat
     interleaved = ("training.model.virtual_pipeline_model_parallel_size=2",)
     train(write_config(prepared, tmp_path / "vp", *improved, *interleaved), processes=2)
     assert_same_losses(tmp_path / "plain", tmp_path / "vp", 1e-4)
-
-
-def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:
-    """Start training, send SIGTERM once a few steps are logged, return the exit code."""
-    process = subprocess.Popen(
-        command(config, processes),
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env=ONE_THREAD,
-    )
-    # Generous: a busy machine trains slowly. Signalled earlier the test would be another one.
-    metrics_file, deadline = log_dir / "metrics.jsonl", time.monotonic() + 1800
-    try:
-        while process.poll() is None:
-            if metrics_file.exists() and len(losses(log_dir)) >= 3:
-                break
-            assert time.monotonic() < deadline, "training logged no 3 steps in 1800 s"
-            time.sleep(0.05)
-    finally:
-        # The whole group, as Slurm or a shell's Ctrl-C would: torchrun and its workers.
-        os.killpg(process.pid, signal.SIGTERM)
-    return process.wait(timeout=600)
 
 
 def weight_differences(first: Path, second: Path) -> dict[str, float]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from launcher_scripts.config.checks import require_choice
 from launcher_scripts.costmodel.plan import decoder_stack_costs
+from launcher_scripts.errors import ConfigError
 from launcher_scripts.families.base import ModelFamily, register
 from launcher_scripts.families.encoder_checks import (
     ENCODER_ACTIVATIONS,
@@ -18,6 +19,10 @@ from launcher_scripts.recipes.training import key
 
 # BERT's, as megatron-core's BertModel takes them.
 BERT_POSITION_EMBEDDINGS = ("learned_absolute", "rope")
+
+# pre_ln: megatron-core's BERT (the NeMo launcher's); post_ln: the original BERT (Hugging Face's).
+BLOCK_TYPES = ("pre_ln", "post_ln")
+DATALOADERS = ("single", "cyclic")
 
 
 def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
@@ -38,6 +43,21 @@ def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
         model.get("position_embedding_type", "learned_absolute"),
         BERT_POSITION_EMBEDDINGS,
     )
+    require_choice(
+        key(stage, "model.transformer_block_type"),
+        model.get("transformer_block_type", "pre_ln"),
+        BLOCK_TYPES,
+    )
+    if not isinstance(model.get("bert_binary_head", True), bool):
+        raise ConfigError(key(stage, "model.bert_binary_head"), "is not true or false", "Fix it")
+    loader = model.data.get("dataloader_type", "single")
+    if str(loader).upper() == "LDDL":
+        raise ConfigError(
+            key(stage, "model.data.dataloader_type"),
+            "LDDL is not supported by this launcher (its binned, pre-masked Parquet shards)",
+            "Use single: data_preparation's sentence-split shards, masked as they are read",
+        )
+    require_choice(key(stage, "model.data.dataloader_type"), loader, DATALOADERS)
     recipe.check_recompute(model, stage)
     common_checks(cfg, stage, will_exist)
 
@@ -50,6 +70,7 @@ BERT = register(
         costs=decoder_stack_costs,  # the same layer stack; its small pooler and heads left out
         encoder_decoder=False,
         pile_tokenizers=("BertWordPieceLowerCase", "BertWordPieceCase"),
-        programs=frozenset(),
+        programs=frozenset({"training"}),
+        runtime="launcher_scripts.jobs.models.bert",
     )
 )

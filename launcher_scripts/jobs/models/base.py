@@ -18,7 +18,9 @@ from launcher_scripts.families import ModelFamily
 from launcher_scripts.jobs.training.runtime import JobError
 
 # (batch, model) -> (output, loss function of the output): megatron-core's forward_step_func
-# contract. The loss function returns (summed loss, counted tokens, {"lm loss": [sum, count]}).
+# contract. The loss function returns (summed loss, counted tokens, {"lm loss": [sum, count]})
+# when the config calculates per-token loss, else (mean loss, {"lm loss": [mean, 1]}); the
+# trainer's reported loss is the sum over micro-batches and ranks over the count.
 ForwardStep = Callable[[dict[str, Any], Any], tuple[Any, Callable[[Any], tuple[Any, Any, Any]]]]
 
 

@@ -139,7 +139,8 @@ class SampleStream:
                 for offset in range(self.micro_batch_size)
             ]
             yield {
-                name: torch.stack([item[name] for item in items])
+                # GPTDataset gives tensors, the BERT and T5 datasets numpy arrays.
+                name: torch.stack([torch.as_tensor(item[name]) for item in items])
                 for name in self.keys
                 if name in items[0]
             }

@@ -28,9 +28,14 @@ from launcher_scripts.recipes import training as recipe
 # activation -> (function, gated linear unit)
 ACTIVATIONS = {
     "gelu": (F.gelu, False),
+    "relu": (F.relu, False),
     "squared-relu": (squared_relu, False),
     "swiglu": (F.silu, True),
     "fast-swiglu": (F.silu, True),
+    "geglu": (F.gelu, True),
+    "fast-geglu": (F.gelu, True),
+    "reglu": (F.relu, True),
+    "fast-reglu": (F.relu, True),
 }
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
