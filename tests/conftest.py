@@ -555,3 +555,23 @@ def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:
         # The whole group, as Slurm or a shell's Ctrl-C would: torchrun and its workers.
         os.killpg(process.pid, signal.SIGTERM)
     return process.wait(timeout=600)
+
+
+def write_training_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
+    """The training stage's resolved recipe, as the launcher writes it for the job, reading the
+    data under `prepared` and logging to `log_dir`."""
+    from omegaconf import OmegaConf
+
+    from launcher_scripts.config.compose import compose_config
+
+    cfg = compose_config(
+        [
+            f"data_dir={prepared}/data",
+            f"base_results_dir={prepared}/results",
+            f"training.exp_manager.explicit_log_dir={log_dir}",
+            *overrides,
+        ]
+    )
+    path = log_dir.parent / f"{log_dir.name}.yaml"
+    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.training, resolve=True)), path)
+    return path

@@ -8,11 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from launcher_scripts.config.compose import compose_config
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
-from tests.conftest import assert_same_losses, losses, run_main, stop_with_signal, train
+from tests.conftest import (
+    assert_same_losses,
+    losses,
+    run_main,
+    stop_with_signal,
+    train,
+    write_training_config,
+)
 
 SMALL = (
     "training=bert/tiny",
@@ -26,18 +31,7 @@ SMALL = (
 
 
 def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
-    cfg = compose_config(
-        [
-            f"data_dir={prepared}/data",
-            f"base_results_dir={prepared}/results",
-            f"training.exp_manager.explicit_log_dir={log_dir}",
-            *SMALL,
-            *overrides,
-        ]
-    )
-    path = log_dir.parent / f"{log_dir.name}.yaml"
-    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.training, resolve=True)), path)
-    return path
+    return write_training_config(prepared, log_dir, *SMALL, *overrides)
 
 
 def test_bert_tiny_learns_through_main(prepared_wordpiece: Path, tmp_path: Path) -> None:

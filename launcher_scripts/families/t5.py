@@ -19,6 +19,8 @@ from launcher_scripts.recipes.training import encoder_decoder_split, key
 # bucketed relative bias.
 POSITION_EMBEDDINGS = ("learned_absolute", "relative")
 BLOCKS = ("encoder", "decoder")
+# megatron-core's T5 layers normalise before attention and MLP.
+BLOCK_TYPES = ("pre_ln",)
 
 
 def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
@@ -44,6 +46,8 @@ def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
         activation = model[block].get("activation", "gelu")
         require_choice(key(stage, f"{prefix}.activation"), activation, ENCODER_ACTIVATIONS)
         recipe.check_recompute(model[block], stage, prefix)
+        layout = model[block].get("transformer_block_type", "pre_ln")
+        require_choice(key(stage, f"{prefix}.transformer_block_type"), layout, BLOCK_TYPES)
     _positions(model, stage)
     if model.encoder.hidden_size != model.decoder.hidden_size:
         raise ConfigError(
@@ -60,18 +64,13 @@ def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     common_checks(cfg, stage, will_exist)
 
 
-def _positions(model: Any, stage: str) -> None:
-    """The model's position embeddings (NeMo's top-level model.position_embedding_type) and
-    each block's (which follow it unless set): a documented type, and for the relative bias
-    whole numbers of buckets and of the largest distance."""
-    for prefix, section in (("model", model), *((f"model.{b}", model[b]) for b in BLOCKS)):
-        if "position_embedding_type" not in section:
-            continue
-        kind = section.position_embedding_type
-        require_choice(key(stage, f"{prefix}.position_embedding_type"), kind, POSITION_EMBEDDINGS)
-        if kind == "relative":
-            for name in ("relative_attention_num_buckets", "relative_attention_max_distance"):
-                require_int(key(stage, f"{prefix}.{name}"), section.get(name))
+def training_gap(cfg: Any, stage: str) -> tuple[str, str] | None:
+    """megatron-core 0.16's pipeline schedule hands one tensor between stages, so a decoder
+    stage after another would lack the encoder's output: T5 trains at PP 1 here for now."""
+    pipeline = recipe.parallelism(cfg, stage).pipeline
+    if pipeline > 1:
+        return "model.pipeline_model_parallel_size", f"T5 on {pipeline} pipeline stages"
+    return None
 
 
 def _positions(model: Any, stage: str) -> None:
@@ -96,6 +95,8 @@ T5 = register(
         costs=encoder_decoder_costs,
         encoder_decoder=True,
         pile_tokenizers=("BertWordPieceCase", "BertWordPieceLowerCase"),
-        programs=frozenset(),
+        programs=frozenset({"training"}),
+        runtime="launcher_scripts.jobs.models.t5",
+        training_gap=training_gap,
     )
 )

@@ -21,7 +21,15 @@ POSITION_EMBEDDINGS = ("learned_absolute", "rope")
 PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "bf16-mixed": "bf16"}
 RECOMPUTE_GRANULARITIES = ("selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
-SCHEDULERS = ("CosineAnnealing", "constant")
+# NeMo's schedule names and megatron-core's decay styles for them. WarmupAnnealing: linear
+# warm-up, then linear decay to min_lr; InverseSquareRootAnnealing: lr ~ 1 / sqrt(step).
+DECAY_STYLES = {
+    "CosineAnnealing": "cosine",
+    "constant": "constant",
+    "WarmupAnnealing": "linear",
+    "InverseSquareRootAnnealing": "inverse-square-root",
+}
+SCHEDULERS = tuple(DECAY_STYLES)
 
 # Keys the training loop (trainer.py, metrics.py, pretrain.py) reads with a default, which a
 # recipe may leave out; the tuning stages run the same loop on their recipe's run, trainer,
@@ -76,7 +84,7 @@ class DataBlend:
 class Schedule:
     warmup_steps: int
     constant_steps: int
-    decay_style: str  # cosine | constant
+    decay_style: str  # megatron-core's: cosine | constant | linear | inverse-square-root
     min_lr: float
 
 
@@ -158,10 +166,13 @@ def schedule(cfg: Any, stage: str = "training") -> Schedule:
             f"{name!r} is not supported",
             f"Use one of: {', '.join(SCHEDULERS)}",
         )
+    warmup = int(sched.get("warmup_steps") or 0)
+    if sched.get("warmup_ratio") is not None:  # NeMo: a share of max_steps instead
+        warmup = int(float(sched.warmup_ratio) * int(cfg.trainer.max_steps))
     return Schedule(
-        warmup_steps=int(sched.get("warmup_steps") or 0),
+        warmup_steps=warmup,
         constant_steps=int(sched.get("constant_steps") or 0),
-        decay_style="cosine" if name == "CosineAnnealing" else "constant",
+        decay_style=DECAY_STYLES[name],
         min_lr=float(sched.get("min_lr") or 0.0),
     )
 

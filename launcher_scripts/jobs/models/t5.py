@@ -1,0 +1,303 @@
+"""T5's and mT5's torch side: megatron-core's T5Model trained on span corruption
+(T5MaskedWordPieceDataset) over sentence-split data.
+
+The vocabulary is the tokenizer's plus what span corruption needs past it: for a WordPiece
+vocab.txt (T5) [BOS] and [EOS] (the decoder's first input and the targets' end), for a
+SentencePiece model (mT5) [CLS], [SEP] and [MASK]; then `num_sentinel_tokens` sentinels
+<extra_id_0>, <extra_id_1>, ... that stand for the masked spans. Id 0 must be the padding
+(megatron-core's T5 masks take id 0 for it).
+
+megatron-core's local T5 specs need three things on a machine without Transformer Engine or
+Apex: their block-level final norm is Transformer Engine's (None without it: the stack would
+silently have no final LayerNorm), their layer norms are torch's (no sequence parallelism), and
+their attention refuses the relative position bias. All three are LocalNorm / a biased local
+attention here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.t5_dataset import (
+    T5MaskedWordPieceDataset,
+    T5MaskedWordPieceDatasetConfig,
+)
+from megatron.core.models.T5 import T5Model
+from megatron.core.models.T5.t5_spec import (
+    decoder_model_with_local_spec,
+    encoder_model_with_local_spec,
+)
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+from omegaconf import OmegaConf
+
+from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
+from launcher_scripts.jobs.training import data, model
+from launcher_scripts.jobs.training.model import LocalNorm
+from launcher_scripts.jobs.training.runtime import JobError
+from launcher_scripts.recipes import training as recipe
+
+BATCH_KEYS = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask")
+SENTINEL = "<extra_id_{}>"
+TOKENIZER_KEY = "training.model.tokenizer"
+
+
+class SpanCorruptionVocab:
+    """What megatron-core's T5 dataset reads of a tokenizer: special ids, the sentinels, every
+    id's text ("##" marks a word's continuation, for whole-word masking) and a cache key."""
+
+    def __init__(self, tokens: list[str], continuation: list[bool], extra: list[str], source: str):
+        sentinels = [token for token in extra if token.startswith("<extra_id_")]
+        names = tokens + extra
+        self.vocab = {token: index for index, token in enumerate(names)}
+        self.inv_vocab = {
+            index: ("##" + token if index < len(tokens) and continuation[index] else token)
+            for index, token in enumerate(names)
+        }
+        self.vocab_size = len(names)
+        self.pad = 0
+        self.cls, self.sep, self.mask = (self.vocab[t] for t in self.specials("cls sep mask"))
+        self.bos, self.eos = (self.vocab[t] for t in self.specials("bos eos"))
+        self.additional_special_tokens_ids = [self.vocab[t] for t in sentinels]
+        digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+        self.unique_identifiers = {"class": "SpanCorruptionVocab", "vocab": digest}
+        self.source = source
+
+    def specials(self, names: str) -> list[str]:
+        found = []
+        for name in names.split():
+            candidates = [f"[{name.upper()}]", f"<{name}>", f"<{name.upper()}>"]
+            candidates += {"bos": ["<s>"], "eos": ["</s>"]}.get(name, [])
+            match = next((c for c in candidates if c in self.vocab), None)
+            if match is None:
+                raise JobError(f"{TOKENIZER_KEY}: {self.source} has no {name} token")
+            found.append(match)
+        return found
+
+
+def _wordpiece(vocab_file: Path, sentinels: int) -> SpanCorruptionVocab:
+    tokens = vocab_file.read_text(encoding="utf-8").splitlines()
+    if not tokens or tokens[0] != "[PAD]":
+        raise JobError(
+            f"{TOKENIZER_KEY}.vocab_file: the first line of {vocab_file} is not [PAD]: T5's "
+            "padding is id 0 (data_preparation's wordpiece vocabulary has it there)"
+        )
+    extra = [t for t in ("[BOS]", "[EOS]") if t not in tokens]
+    extra += [SENTINEL.format(i) for i in range(sentinels)]
+    continuation = [token.startswith("##") for token in tokens]
+    tokens = [token.removeprefix("##") for token in tokens]
+    return SpanCorruptionVocab(tokens, continuation, extra, str(vocab_file))
+
+
+def _sentencepiece(model_file: Path, sentinels: int) -> SpanCorruptionVocab:
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    if processor.pad_id() != 0:
+        raise JobError(
+            f"{TOKENIZER_KEY}.model: {model_file} pads with id {processor.pad_id()}, not 0: "
+            "train it with pad_id=0 (data_preparation's train_tokenizer_args do)"
+        )
+    tokens = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    tokens[0], tokens[processor.bos_id()], tokens[processor.eos_id()] = "<pad>", "<s>", "</s>"
+    # A piece that does not start a word (no "▁") continues the one before it.
+    continuation = [
+        not (token.startswith("▁") or processor.is_control(i) or processor.is_unknown(i))
+        for i, token in enumerate(tokens)
+    ]
+    extra = ["[CLS]", "[SEP]", "[MASK]", *(SENTINEL.format(i) for i in range(sentinels))]
+    return SpanCorruptionVocab(tokens, continuation, extra, str(model_file))
+
+
+def data_tokenizer(cfg: Any) -> SpanCorruptionVocab:
+    tokenizer = cfg.model.tokenizer
+    sentinels = int(tokenizer.get("num_sentinel_tokens") or 0)
+    if sentinels < 1:
+        raise JobError(
+            f"{TOKENIZER_KEY}.num_sentinel_tokens: {sentinels}: span corruption needs a sentinel "
+            "per masked span: use e.g. 100"
+        )
+    if tokenizer.get("model"):
+        return _sentencepiece(Path(str(tokenizer.model)), sentinels)
+    return _wordpiece(Path(str(tokenizer.vocab_file)), sentinels)
+
+
+def build_datasets(
+    cfg: Any, vocab: SpanCorruptionVocab, samples: tuple[int, int, int], cache_dir: Path
+) -> tuple[Any, Any, Any]:
+    """Samples of whole sentences of one document, spans of `masked_lm_prob` of the tokens
+    (up to `max_ngram_size` long) replaced by sentinels in the encoder's input; the decoder
+    reads the sentinels and the spans they replace."""
+    data_cfg = cfg.model.data
+    blend = recipe.data_blend(cfg)
+    split = str(data_cfg.get("splits_string", "969,30,1"))
+    data.check_splits(blend.prefixes, split, samples)
+    config = T5MaskedWordPieceDatasetConfig(
+        random_seed=int(cfg.model.get("seed", 1234)),
+        sequence_length=int(data_cfg.seq_length),
+        sequence_length_decoder=int(data_cfg.seq_length_dec),
+        blend=(list(blend.prefixes), list(blend.weights) if blend.weights else None),
+        split=split,
+        path_to_cache=str(cache_dir),
+        tokenizer=vocab,
+        masking_probability=float(data_cfg.masked_lm_prob),
+        short_sequence_probability=float(data_cfg.get("short_seq_prob", 0.0)),
+        masking_max_ngram=int(data_cfg.get("max_ngram_size", 10)),
+        masking_do_full_word=bool(data_cfg.get("whole_word_masking", True)),
+        masking_do_permutation=bool(data_cfg.get("permutation", False)),
+        masking_use_longer_ngrams=bool(data_cfg.get("favor_longer_ngrams", False)),
+        masking_use_geometric_distribution=bool(data_cfg.get("geometric_dist", True)),
+        mmap_bin_files=True,
+    )
+    if not samples[2]:
+        config.split_matrix = [*config.split_matrix[:2], None]
+    builder = BlendedMegatronDatasetBuilder(
+        T5MaskedWordPieceDataset, list(samples), lambda: True, config
+    )
+    train, valid, test = builder.build()
+    return train, valid, test
+
+
+def block_view(cfg: Any, block: str) -> Any:
+    """The recipe with `model` replaced by one block's keys over the model's shared ones: what
+    the GPT config builder reads (layers, widths, norms, activation) for that stack."""
+    shared = {k: v for k, v in cfg.model.items() if k not in ("encoder", "decoder")}
+    view = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    view.model = OmegaConf.merge(shared, cfg.model[block])
+    return view
+
+
+def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfig:
+    """The decoder's config (T5Model's `config`, which the schedule and the optimizer use),
+    holding the encoder's as `encoder_config`."""
+    config = model.transformer_config(block_view(cfg, "decoder"), use_te, on_gpu)
+    config.encoder_config = model.transformer_config(block_view(cfg, "encoder"), use_te, on_gpu)
+    return config
+
+
+class BiasedDotProductAttention(DotProductAttention):
+    """megatron-core's local attention with an additive bias (T5's relative position bias,
+    [1, heads of this rank, sq, sk]): scale x q.k + bias, then the mask and the softmax."""
+
+    def forward(  # type: ignore[override]
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Any,
+        attn_mask_type: Any = None,
+        attention_bias: Any = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        if attention_bias is None:
+            return super().forward(
+                query, key, value, attention_mask, attn_mask_type, None, packed_seq_params
+            )
+        repeat = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        if repeat > 1:
+            key = key.repeat_interleave(repeat, dim=2)
+            value = value.repeat_interleave(repeat, dim=2)
+        length, batch = query.shape[0], query.shape[1]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale
+        scores = scores + attention_bias.to(scores.dtype)
+        probs = self.scale_mask_softmax(scores, attention_mask, self.softmax_offset)
+        if self.config.sequence_parallel:
+            probs = self.attention_dropout(probs)
+        else:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                probs = self.attention_dropout(probs)
+        context = torch.matmul(probs.to(v.dtype), v).permute(2, 0, 1, 3).contiguous()
+        return context.view(length, batch, self.hidden_size_per_partition)
+
+
+def _local(spec: ModuleSpec) -> ModuleSpec:
+    sub = spec.submodules
+    sub.input_layernorm = LocalNorm
+    sub.pre_mlp_layernorm = LocalNorm
+    if sub.pre_cross_attn_layernorm is not IdentityOp:
+        sub.pre_cross_attn_layernorm = LocalNorm
+    sub.self_attention.submodules.core_attention = BiasedDotProductAttention
+    if isinstance(sub.cross_attention, ModuleSpec):
+        sub.cross_attention.submodules.core_attention = BiasedDotProductAttention
+    return spec
+
+
+def build_chunks(
+    cfg: Any, config: TransformerConfig, vocab_size: int, use_te: bool
+) -> list[T5Model]:
+    if use_te:
+        raise JobError(
+            "training.model.transformer_engine: T5 runs megatron-core's local layers in this "
+            "version: set it to False"
+        )
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        raise JobError(  # preflight refuses it first (families/t5.py)
+            "training.model.pipeline_model_parallel_size: T5 trains without pipeline "
+            "parallelism in this version: set it to 1"
+        )
+    model_cfg = cfg.model
+    encoder_config = config.encoder_config
+    encoder = TransformerBlockSubmodules(
+        layer_specs=[_local(encoder_model_with_local_spec())] * encoder_config.num_layers,
+        layer_norm=LocalNorm,
+    )
+    decoder = TransformerBlockSubmodules(
+        layer_specs=[_local(decoder_model_with_local_spec())] * config.num_layers,
+        layer_norm=LocalNorm,
+    )
+    positions = str(model_cfg.get("position_embedding_type", "learned_absolute"))
+    chunk = T5Model(
+        config=config,
+        encoder_config=encoder_config,
+        transformer_encoder_layer_spec=encoder,
+        transformer_decoder_layer_spec=decoder,
+        vocab_size=model.padded_vocab_size(vocab_size, cfg),
+        max_sequence_length=int(model_cfg.max_position_embeddings),
+        pre_process=True,
+        post_process=True,
+        fp16_lm_cross_entropy=bool(model_cfg.get("fp16_lm_cross_entropy", False)),
+        parallel_output=True,
+        share_embeddings_and_output_weights=bool(
+            model_cfg.get("share_decoder_tokens_head_embeddings", True)
+        ),
+        position_embedding_type=positions,
+        relative_attention_num_buckets=int(model_cfg.get("relative_attention_num_buckets", 32)),
+        relative_attention_max_distance=int(model_cfg.get("relative_attention_max_distance", 128)),
+    )
+    return [chunk]
+
+
+def forward_step(batch: dict[str, Any], chunk: Any) -> tuple[Any, Any]:
+    enc_mask, dec_mask, enc_dec_mask = T5MaskedWordPieceDataset.config_attention_mask(
+        batch["text_enc"], batch["text_dec"], batch["enc_mask"], batch["dec_mask"], use_local=True
+    )
+    output = chunk(
+        batch["text_enc"],
+        batch["text_dec"],
+        enc_mask,
+        dec_mask,
+        enc_dec_mask,
+        lm_labels=batch["labels"].clamp(min=0),  # -1: padding, left out by loss_mask
+    )
+    return output, partial(token_loss, batch["loss_mask"])
+
+
+RUNTIME = ModelRuntime(
+    transformer_config=transformer_config,
+    build_chunks=build_chunks,
+    data_tokenizer=data_tokenizer,
+    build_datasets=build_datasets,
+    forward_step=forward_step,
+    sequence_lengths=lambda cfg: (int(cfg.model.data.seq_length), None),
+    batch_keys=BATCH_KEYS,
+)
