@@ -49,7 +49,21 @@ def test_bert_tiny_learns_through_main(prepared_wordpiece: Path, tmp_path: Path)
     # From about ln(2048) + ln(2) (masked tokens and sentence order at chance) to well below.
     assert first > 7.5 and last < first - 0.8, curve
     assert (log_dir / "loss_curve.png").stat().st_size > 0
+    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["model_tflops_per_gpu"] > 0 for r in records if "model_tflops_per_gpu" in r)
     assert any((log_dir / "checkpoints").iterdir())
+
+
+LAYOUT_STEPS = ("training.trainer.max_steps=6",)
+
+
+@pytest.fixture(scope="module")
+def single_process(prepared_wordpiece: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six steps on one process: the run every layout is compared with."""
+    log_dir = tmp_path_factory.mktemp("bert_single") / "single"
+    index = f"training.model.data.index_mapping_dir={log_dir.parent}/i"
+    train(write_config(prepared_wordpiece, log_dir, *LAYOUT_STEPS, index))
+    return log_dir
 
 
 @pytest.mark.parametrize(
@@ -62,15 +76,19 @@ def test_bert_tiny_learns_through_main(prepared_wordpiece: Path, tmp_path: Path)
     ids=["tp2", "pp2", "tp2-sequence-parallel"],
 )
 def test_bert_layouts_match_a_single_process(
-    prepared_wordpiece: Path, tmp_path: Path, layout: tuple[str, ...]
+    prepared_wordpiece: Path, single_process: Path, tmp_path: Path, layout: tuple[str, ...]
 ) -> None:
-    steps = ("training.trainer.max_steps=6", f"training.model.data.index_mapping_dir={tmp_path}/i")
-    train(write_config(prepared_wordpiece, tmp_path / "single", *steps))
+    index = f"training.model.data.index_mapping_dir={single_process.parent}/i"
     parallel = write_config(
-        prepared_wordpiece, tmp_path / "parallel", *steps, "training.trainer.devices=2", *layout
+        prepared_wordpiece,
+        tmp_path / "parallel",
+        *LAYOUT_STEPS,
+        index,
+        "training.trainer.devices=2",
+        *layout,
     )
     train(parallel, processes=2)
-    assert_same_losses(tmp_path / "single", tmp_path / "parallel", 1e-4)
+    assert_same_losses(single_process, tmp_path / "parallel", 1e-4)
 
 
 def test_bert_stop_and_resume_match_an_uninterrupted_run(
@@ -108,14 +126,3 @@ def test_bad_bert_keys_are_one_line(override: str, fragments: list[str], tmp_pat
     [line] = result.stderr.strip().splitlines()
     assert all(fragment in line for fragment in fragments), line
     assert not (tmp_path / "results").exists()
-
-
-def test_bert_metrics_log_every_step_with_its_flops(
-    prepared_wordpiece: Path, tmp_path: Path
-) -> None:
-    """Each step logs the combined loss (masked tokens plus sentence order) and model FLOP/s."""
-    log_dir = tmp_path / "run"
-    train(write_config(prepared_wordpiece, log_dir, "training.trainer.max_steps=2"))
-    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "reduced_train_loss" in r] == [1, 2]
-    assert all(r["model_tflops_per_gpu"] > 0 for r in records if "model_tflops_per_gpu" in r)
