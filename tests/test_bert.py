@@ -126,3 +126,18 @@ def test_bad_bert_keys_are_one_line(override: str, fragments: list[str], tmp_pat
     [line] = result.stderr.strip().splitlines()
     assert all(fragment in line for fragment in fragments), line
     assert not (tmp_path / "results").exists()
+
+
+def test_the_published_layout_trains(prepared_wordpiece: Path, tmp_path: Path) -> None:
+    """The published recipes' BERT: pre-LN (megatron-core's), GeGLU, no sentence-order head."""
+    log_dir = tmp_path / "run"
+    layout = (
+        "training.model.transformer_block_type=pre_ln",
+        "training.model.activation=geglu",
+        "training.model.bert_binary_head=false",
+        "training.model.layernorm_epsilon=1e-5",
+        "training.trainer.max_steps=8",
+    )
+    train(write_config(prepared_wordpiece, log_dir, *layout))
+    curve = losses(log_dir)
+    assert sorted(curve) == list(range(1, 9)) and curve[8] < curve[1], curve
