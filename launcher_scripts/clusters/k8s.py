@@ -297,7 +297,8 @@ class K8sBackend:
             return  # the API server is unreachable now: the record says what was known
         if job is not None:
             record.state = job_state(job)
-        elif record.state == "RUNNING":
+        elif record.state in ("PENDING", "RUNNING"):
+            # Gone before it finished (deleted, or its namespace was): nothing says how it ended.
             record.state = "LOST"
 
     def cancel(self, record: JobRecord) -> int | None:
