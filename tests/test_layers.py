@@ -22,6 +22,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "launcher_scripts"
 TORCH_FREE = ("recipes", "formats", "costmodel", "families", "config")
 LAUNCHER_SIDE = ("stages", "clusters", "config", "recipes", "formats", "costmodel", "families")
+# What neither the torch-free layers nor the job programs may import.
+ABOVE_THE_LAYERS = (
+    "launcher_scripts.stages",
+    "launcher_scripts.clusters",
+    "launcher_scripts.pipeline",
+    "launcher_scripts.ops",
+    "launcher_scripts.main",
+    "auto_configurator",
+)
 LIBRARIES_WITH_TORCH = ("torch", "megatron", "transformers", "transformer_engine", "lm_eval")
 
 
@@ -91,27 +100,11 @@ def test_the_recipe_format_family_and_cost_layers_import_no_torch() -> None:
 
 
 def test_the_torch_free_layers_import_nothing_above_them() -> None:
-    above = (
-        "launcher_scripts.stages",
-        "launcher_scripts.clusters",
-        "launcher_scripts.pipeline",
-        "launcher_scripts.ops",
-        "launcher_scripts.main",
-        "auto_configurator",
-    )
-    assert violations(tuple(PACKAGE / name for name in TORCH_FREE), above) == []
+    assert violations(tuple(PACKAGE / name for name in TORCH_FREE), ABOVE_THE_LAYERS) == []
 
 
 def test_job_programs_import_no_stage_backend_pipeline_or_autoconfigurator() -> None:
-    above = (
-        "launcher_scripts.stages",
-        "launcher_scripts.clusters",
-        "launcher_scripts.pipeline",
-        "launcher_scripts.ops",
-        "launcher_scripts.main",
-        "auto_configurator",
-    )
-    assert violations((PACKAGE / "jobs",), above) == []
+    assert violations((PACKAGE / "jobs",), ABOVE_THE_LAYERS) == []
 
 
 def family_names() -> set[str]:

@@ -12,9 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from launcher_scripts.config.compose import compose_config
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from tests.conftest import (
     ONE_THREAD,
@@ -25,6 +23,7 @@ from tests.conftest import (
     run_main,
     stop_with_signal,
     train,
+    write_training_config,
 )
 
 # Small and quick; a vocabulary padded to 8192 at TP 1 and TP 2 alike (8000 real tokens), so
@@ -44,18 +43,7 @@ SMALL = (
 
 
 def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
-    cfg = compose_config(
-        [
-            f"data_dir={prepared}/data",
-            f"base_results_dir={prepared}/results",
-            f"training.exp_manager.explicit_log_dir={log_dir}",
-            *SMALL,
-            *overrides,
-        ]
-    )
-    path = log_dir.parent / f"{log_dir.name}.yaml"
-    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.training, resolve=True)), path)
-    return path
+    return write_training_config(prepared, log_dir, *SMALL, *overrides)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,6 @@ from megatron.core.datasets.bert_dataset import (
     BERTMaskedWordPieceDataset,
     BERTMaskedWordPieceDatasetConfig,
 )
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
 from megatron.core.models.bert.bert_model import BertModel
@@ -41,7 +40,6 @@ from launcher_scripts.jobs.models.base import ModelRuntime
 from launcher_scripts.jobs.training import data, model
 from launcher_scripts.jobs.training.model import LocalNorm
 from launcher_scripts.jobs.training.runtime import JobError
-from launcher_scripts.recipes import training as recipe
 
 BATCH_KEYS = ("text", "types", "labels", "loss_mask", "padding_mask", "is_random")
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
@@ -86,16 +84,13 @@ def build_datasets(
     random when the binary head predicts sentence order; 15% (masked_lm_prob) of the tokens,
     whole words, masked (80% [MASK], 10% random, 10% kept), as Megatron's BERT pretraining."""
     data_cfg = cfg.model.data
-    blend = recipe.data_blend(cfg)
-    split = str(data_cfg.get("splits_string", "969,30,1"))
-    data.check_splits(blend.prefixes, split, samples)
-    config = BERTMaskedWordPieceDatasetConfig(
-        random_seed=int(cfg.model.get("seed", 1234)),
-        sequence_length=int(data_cfg.seq_length),
-        blend=(list(blend.prefixes), list(blend.weights) if blend.weights else None),
-        split=split,
-        path_to_cache=str(cache_dir),
-        tokenizer=vocab,
+    return data.build_splits(
+        cfg,
+        BERTMaskedWordPieceDataset,
+        BERTMaskedWordPieceDatasetConfig,
+        vocab,
+        samples,
+        cache_dir,
         masking_probability=float(data_cfg.masked_lm_prob),
         short_sequence_probability=float(data_cfg.get("short_seq_prob", 0.1)),
         masking_max_ngram=3,
@@ -104,15 +99,7 @@ def build_datasets(
         masking_use_longer_ngrams=False,
         masking_use_geometric_distribution=False,
         classification_head=binary_head(cfg),
-        mmap_bin_files=True,
     )
-    if not samples[2]:
-        config.split_matrix = [*config.split_matrix[:2], None]
-    builder = BlendedMegatronDatasetBuilder(
-        BERTMaskedWordPieceDataset, list(samples), lambda: True, config
-    )
-    train, valid, test = builder.build()
-    return train, valid, test
 
 
 def binary_head(cfg: Any) -> bool:

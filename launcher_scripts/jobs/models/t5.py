@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.t5_dataset import (
     T5MaskedWordPieceDataset,
     T5MaskedWordPieceDatasetConfig,
@@ -44,7 +43,6 @@ from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
 from launcher_scripts.jobs.training import data, model
 from launcher_scripts.jobs.training.model import LocalNorm
 from launcher_scripts.jobs.training.runtime import JobError
-from launcher_scripts.recipes import training as recipe
 
 BATCH_KEYS = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask")
 SENTINEL = "<extra_id_{}>"
@@ -138,17 +136,14 @@ def build_datasets(
     (up to `max_ngram_size` long) replaced by sentinels in the encoder's input; the decoder
     reads the sentinels and the spans they replace."""
     data_cfg = cfg.model.data
-    blend = recipe.data_blend(cfg)
-    split = str(data_cfg.get("splits_string", "969,30,1"))
-    data.check_splits(blend.prefixes, split, samples)
-    config = T5MaskedWordPieceDatasetConfig(
-        random_seed=int(cfg.model.get("seed", 1234)),
-        sequence_length=int(data_cfg.seq_length),
+    return data.build_splits(
+        cfg,
+        T5MaskedWordPieceDataset,
+        T5MaskedWordPieceDatasetConfig,
+        vocab,
+        samples,
+        cache_dir,
         sequence_length_decoder=int(data_cfg.seq_length_dec),
-        blend=(list(blend.prefixes), list(blend.weights) if blend.weights else None),
-        split=split,
-        path_to_cache=str(cache_dir),
-        tokenizer=vocab,
         masking_probability=float(data_cfg.masked_lm_prob),
         short_sequence_probability=float(data_cfg.get("short_seq_prob", 0.0)),
         masking_max_ngram=int(data_cfg.get("max_ngram_size", 10)),
@@ -156,15 +151,7 @@ def build_datasets(
         masking_do_permutation=bool(data_cfg.get("permutation", False)),
         masking_use_longer_ngrams=bool(data_cfg.get("favor_longer_ngrams", False)),
         masking_use_geometric_distribution=bool(data_cfg.get("geometric_dist", True)),
-        mmap_bin_files=True,
     )
-    if not samples[2]:
-        config.split_matrix = [*config.split_matrix[:2], None]
-    builder = BlendedMegatronDatasetBuilder(
-        T5MaskedWordPieceDataset, list(samples), lambda: True, config
-    )
-    train, valid, test = builder.build()
-    return train, valid, test
 
 
 def block_view(cfg: Any, block: str) -> Any:

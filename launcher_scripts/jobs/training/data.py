@@ -86,33 +86,58 @@ def check_vocabulary(cfg: Any, vocab: VocabInfo, stage: str = "training") -> Non
     )
 
 
-def build_datasets(
-    cfg: Any, vocab: VocabInfo, samples: tuple[int, int, int], cache_dir: Path
+def build_splits(
+    cfg: Any,
+    dataset_type: type,
+    config_type: type,
+    tokenizer: Any,
+    samples: tuple[int, int, int],
+    cache_dir: Path,
+    **fields: Any,
 ) -> tuple[Any, Any, Any]:
-    """(train, validation, test) datasets sized for `samples`; rank 0 builds the index first."""
+    """(train, validation, test) datasets of the recipe's blend sized for `samples`, of any
+    megatron-core dataset class: the fields every config shares come from the recipe, the
+    dataset's own ones are `fields`. Rank 0 builds the index first."""
     data = cfg.model.data
     blend = recipe.data_blend(cfg)
-    check_splits(blend.prefixes, str(data.get("splits_string", "969,30,1")), samples)
-    config = GPTDatasetConfig(
+    split = str(data.get("splits_string", "969,30,1"))
+    check_splits(blend.prefixes, split, samples)
+    config = config_type(
         random_seed=int(cfg.model.get("seed", 1234)),
         sequence_length=int(data.seq_length),
         blend=(list(blend.prefixes), list(blend.weights) if blend.weights else None),
-        split=str(data.get("splits_string", "969,30,1")),
+        split=split,
         path_to_cache=str(cache_dir),
-        tokenizer=vocab,
-        reset_position_ids=bool(data.get("reset_position_ids", False)),
-        reset_attention_mask=bool(data.get("reset_attention_mask", False)),
-        eod_mask_loss=bool(data.get("eod_mask_loss", False)),
-        create_attention_mask=False,  # causal masking is done by the attention kernel
+        tokenizer=tokenizer,
         mmap_bin_files=True,
+        **fields,
     )
     if not samples[2]:
         # Skip the test split (same train/validation boundaries): pretraining never reads it,
         # and megatron-core cannot build a split that holds no documents.
         config.split_matrix = [*config.split_matrix[:2], None]
-    builder = BlendedMegatronDatasetBuilder(GPTDataset, list(samples), lambda: True, config)
+    builder = BlendedMegatronDatasetBuilder(dataset_type, list(samples), lambda: True, config)
     train, valid, test = builder.build()
     return train, valid, test
+
+
+def build_datasets(
+    cfg: Any, vocab: VocabInfo, samples: tuple[int, int, int], cache_dir: Path
+) -> tuple[Any, Any, Any]:
+    """GPT's next-token samples."""
+    data = cfg.model.data
+    return build_splits(
+        cfg,
+        GPTDataset,
+        GPTDatasetConfig,
+        vocab,
+        samples,
+        cache_dir,
+        reset_position_ids=bool(data.get("reset_position_ids", False)),
+        reset_attention_mask=bool(data.get("reset_attention_mask", False)),
+        eod_mask_loss=bool(data.get("eod_mask_loss", False)),
+        create_attention_mask=False,  # causal masking is done by the attention kernel
+    )
 
 
 # What a micro-batch holds; packed fine-tuning data adds its attention mask.
