@@ -562,6 +562,120 @@ def test_default_pipeline_trains_and_leaves_its_artifacts(default_run: Path) -> 
     assert json.loads((exported / "check.json").read_text())["text"]
 
 
+# ----- conversion: a training run's checkpoint to the portable file and Hugging Face --------
+
+
+def convert(prepared: Path, run: Path, output: Path, *overrides: str) -> Path:
+    """Run the conversion job on `run`'s checkpoint; returns the portable file."""
+    from omegaconf import OmegaConf
+
+    from launcher_scripts.config.compose import compose_config
+
+    cfg = compose_config(
+        [
+            f"data_dir={prepared}/data",
+            f"base_results_dir={prepared}/results",
+            f"conversion.model.checkpoint_folder={run}/checkpoints",
+            f"conversion.model.hparams_file={run}/hparams.yaml",
+            f"conversion.run.output_path={output}",
+            *overrides,
+        ]
+    )
+    config = output.parent / f"{output.name}.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.conversion, resolve=True)), config)
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher_scripts.jobs.conversion.convert", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return output / str(cfg.conversion.run.nemo_file_name)
+
+
+def logits_in_a_fresh_process(
+    script: str, model: Path, folder: Path
+) -> subprocess.CompletedProcess:
+    """tests/scripts/<script>.py on `model` and folder/inputs.pt, writing folder/<script>.pt."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            f"tests.scripts.{script}",
+            str(model),
+            str(folder / "inputs.pt"),
+            str(folder / f"{script}.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=300,
+    )
+
+
+def assert_hf_computes_our_logits(
+    model_file: Path, hf_dir: Path, inputs: dict[str, Any], architecture: str, folder: Path
+) -> dict[str, Any]:
+    """transformers loads `hf_dir` as `architecture` and computes the outputs our model built
+    from `model_file` computes on `inputs` (tests/scripts/portable_logits.py), to 1e-4 in fp32,
+    each in a fresh process. Logits are compared where the query is a token, not padding (id 0;
+    megatron-core's masks give padded queries a uniform attention, transformers does not).
+    Returns transformers' outputs."""
+    import torch
+
+    torch.save(inputs, folder / "inputs.pt")
+    ours = logits_in_a_fresh_process("portable_logits", model_file, folder)
+    theirs = logits_in_a_fresh_process("hf_logits", hf_dir, folder)
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert theirs.returncode == 0, theirs.stderr[-3000:]
+    assert theirs.stdout.split()[-1] == architecture
+    expected, computed = (
+        torch.load(folder / "portable_logits.pt"),
+        torch.load(folder / "hf_logits.pt"),
+    )
+    assert expected.keys() == computed.keys()
+    queries = next(inputs[k] for k in ("tokens", "text_dec", "text") if k in inputs) != 0
+    for name, value in expected.items():
+        gap = (value - computed[name]).abs()
+        if name == "logits":
+            gap = gap * queries.unsqueeze(-1)
+        worst = gap.max().item()
+        # The position and the scale make a rare failure (seen in CI) diagnosable.
+        where = tuple(int(i) for i in torch.nonzero(gap == gap.max())[0])
+        scale = value.abs().max().item()
+        assert worst <= 1e-4, f"{name}: max |ours - theirs| {worst} at {where}; max {scale}"
+    return computed
+
+
+def assert_reshards_exactly(
+    model_file: Path, run: Path, layouts: tuple[tuple[int, int], ...]
+) -> None:
+    """The portable file built at each (TP, PP) equals, bit for bit, the model loaded from the
+    run's training checkpoint at that layout (tests/scripts/reshard_check.py)."""
+    checkpoint = next(p for p in (run / "checkpoints").iterdir() if p.name.startswith("megatron"))
+    for tensor, pipeline in layouts:
+        processes = tensor * pipeline
+        check = subprocess.run(
+            [
+                *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
+                f"--nproc-per-node={processes}",
+                *("-m", "tests.scripts.reshard_check", str(model_file), str(checkpoint)),
+                *(str(tensor), str(pipeline)),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=ONE_THREAD,
+            timeout=600,
+        )
+        assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+        assert check.stdout.count(" 0 mismatched") == processes, check.stdout
+
+
 def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:
     """Start training, send SIGTERM once a few steps are logged, return the exit code."""
     process = subprocess.Popen(

@@ -1,17 +1,27 @@
-"""BERT pretraining on megatron-core, for real on the CPU: the tiny recipe learns through
-`python3 main.py`, TP2 / PP2 / sequence parallelism give the single process's losses, a stopped
-run resumes exactly, and the recipe's BERT keys are checked before anything runs."""
+"""BERT pretraining and conversion on megatron-core, for real on the CPU: the tiny recipe learns
+and converts through `python3 main.py`, transformers computes the converted model's logits (post-
+and pre-LN), the portable file rebuilds the model exactly at another TP/PP, TP2 / PP2 / sequence
+parallelism give the single process's losses, a stopped run resumes exactly, and the recipe's
+BERT keys are checked before anything runs."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
+from launcher_scripts.formats.tokenizer import wordpiece_reference
 from tests.conftest import (
+    REPO,
+    assert_hf_computes_our_logits,
+    assert_reshards_exactly,
     assert_same_losses,
+    convert,
     losses,
     run_main,
     stop_with_signal,
@@ -30,14 +40,35 @@ SMALL = (
 )
 
 
+SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
+VOCAB = "data/custom_dataset/bpe/custom_sp_tokenizer.vocab.txt"  # under prepared_wordpiece
+
+
 def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
     return write_training_config(prepared, log_dir, *SMALL, *overrides)
 
 
-def test_bert_tiny_learns_through_main(prepared_wordpiece: Path, tmp_path: Path) -> None:
+def bert_inputs() -> dict[str, Any]:
+    """Two segments per row, the second row padded (id 0, padding_mask 0) after 30 tokens."""
+    text = torch.randint(5, 2000, (3, 40), generator=torch.Generator().manual_seed(0))
+    types = torch.zeros_like(text)
+    types[:, 20:] = 1
+    padding_mask = torch.ones_like(text)
+    for tensor in (text, types, padding_mask):
+        tensor[1, 30:] = 0
+    return {"text": text, "types": types, "padding_mask": padding_mask}
+
+
+def test_bert_tiny_learns_and_converts_through_main(
+    prepared_wordpiece: Path, tmp_path: Path
+) -> None:
+    from transformers import BertForMaskedLM, BertTokenizer
+
     result = run_main(
-        "stages=[training]",
+        "stages=[training,conversion]",
         "training=bert/tiny",
+        "conversion=bert/convert_bert",
+        "conversion.run.hf_dir_name=hf",
         f"data_dir={prepared_wordpiece}/data",
         f"base_results_dir={tmp_path}",
         "training.trainer.max_steps=60",
@@ -52,6 +83,51 @@ def test_bert_tiny_learns_through_main(prepared_wordpiece: Path, tmp_path: Path)
     records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["model_tflops_per_gpu"] > 0 for r in records if "model_tflops_per_gpu" in r)
     assert any((log_dir / "checkpoints").iterdir())
+
+    # transformers loads the export with no custom code and computes our logits; its masked-LM
+    # class loads the same directory, and its tokenizer gives the ids the data was prepared with.
+    converted = tmp_path / "bert_tiny" / "convert_nemo"
+    inputs = bert_inputs()
+    computed = assert_hf_computes_our_logits(
+        converted / "megatron_bert.nemo", converted / "hf", inputs, "BertForPreTraining", tmp_path
+    )
+    assert set(computed) == {"logits", "order"}
+    masked_lm = BertForMaskedLM.from_pretrained(converted / "hf").eval()
+    with torch.no_grad():
+        logits = masked_lm(
+            input_ids=inputs["text"],
+            attention_mask=inputs["padding_mask"],
+            token_type_ids=inputs["types"],
+        ).logits
+    assert (logits - computed["logits"]).abs().max().item() <= 1e-5
+    tokenizer = BertTokenizer.from_pretrained(converted / "hf")
+    reference = wordpiece_reference(str(prepared_wordpiece / VOCAB), lower_case=True)
+    with gzip.open(SAMPLE, "rt") as lines:
+        texts = [json.loads(line)["text"] for _, line in zip(range(20), lines, strict=False)]
+    assert [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts] == [
+        reference.encode(t).ids for t in texts
+    ]
+
+
+def test_pre_ln_bert_converts_to_megatron_bert_and_reshards_exactly(
+    prepared_wordpiece: Path, tmp_path: Path
+) -> None:
+    """megatron-core's own layout is transformers' MegatronBert; the portable file rebuilds the
+    trained model bit for bit at TP2 and at PP2."""
+    run = tmp_path / "run"
+    steps = ("training.trainer.max_steps=2", "training.model.transformer_block_type=pre_ln")
+    train(write_config(prepared_wordpiece, run, *steps))
+    model_file = convert(
+        prepared_wordpiece,
+        run,
+        tmp_path / "converted",
+        "conversion=bert/convert_bert",
+        "conversion.run.hf_dir_name=hf",
+    )
+    hf_dir = tmp_path / "converted" / "hf"
+    architecture = "MegatronBertForPreTraining"
+    assert_hf_computes_our_logits(model_file, hf_dir, bert_inputs(), architecture, tmp_path)
+    assert_reshards_exactly(model_file, run, ((2, 1), (1, 2)))
 
 
 LAYOUT_STEPS = ("training.trainer.max_steps=6",)

@@ -66,6 +66,11 @@ def upstream(group: str, recipe: str) -> tuple[str, ...]:
     if group not in UPSTREAM or trained is None:
         return (f"stages=[{group}]",)
     family = str(target.get("model_family", "gpt"))
+    if compose_config([f"training={trained}"]).training.get("model_family", "gpt") != family:
+        # A recipe that converts whatever this run trains (${training.run.name}): a training
+        # recipe of its folder (t5/, mt5/, bert/).
+        folder = recipe.split("/")[0]
+        trained = next(r for r in recipe_options("training") if r.startswith(f"{folder}/"))
     args = [f"stages=[{','.join((*UPSTREAM[group], group))}]", f"training={trained}"]
     if "conversion" in UPSTREAM[group]:
         args += [

@@ -1,17 +1,25 @@
-"""T5 and mT5 pretraining on megatron-core, for real on the CPU: the tiny recipes learn through
-`python3 main.py` (T5 with a WordPiece vocabulary, mT5 with SentencePiece), TP2 and sequence
-parallelism give the single process's losses (learned and relative position embeddings), a
-stopped run resumes exactly, and what this version cannot train is refused before it runs."""
+"""T5 and mT5 pretraining and conversion on megatron-core, for real on the CPU: the tiny recipes
+learn and convert through `python3 main.py` (T5 with a WordPiece vocabulary, mT5 with
+SentencePiece), transformers' T5 and MT5 classes compute the converted model's logits, the
+portable file rebuilds the model exactly at another TP, TP2 and sequence parallelism give the
+single process's losses (learned and relative position embeddings), a stopped run resumes
+exactly, and what this version cannot train or export is refused before it runs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from tests.conftest import (
+    assert_hf_computes_our_logits,
+    assert_reshards_exactly,
     assert_same_losses,
+    convert,
     losses,
     run_main,
     stop_with_signal,
@@ -44,10 +52,40 @@ def assert_learns(log_dir: Path, drop: float) -> None:
     assert any((log_dir / "checkpoints").iterdir())
 
 
-def test_t5_tiny_learns_through_main(prepared_wordpiece: Path, tmp_path: Path) -> None:
+def t5_inputs(vocabulary: int) -> dict[str, Any]:
+    """Encoder and decoder tokens, the second row padded (id 0) in both."""
+    generator = torch.Generator().manual_seed(0)
+    encoder = torch.randint(5, vocabulary, (3, 40), generator=generator)
+    decoder = torch.randint(5, vocabulary, (3, 17), generator=generator)
+    encoder[1, 25:] = 0
+    decoder[1, 11:] = 0
+    return {"text_enc": encoder, "text_dec": decoder}
+
+
+def converts_to(converted: Path, nemo: str, architecture: str, folder: Path) -> Any:
+    """transformers computes the logits of the model the conversion wrote; returns its
+    tokenizer, whose added tokens (the sentinels) are the model's ids."""
+    from transformers import AutoTokenizer
+
+    hf_dir = converted / "hf"
+    vocabulary = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+    inputs = t5_inputs(vocabulary)
+    assert_hf_computes_our_logits(converted / nemo, hf_dir, inputs, architecture, folder)
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    sentinels = tokenizer.convert_tokens_to_ids(["<extra_id_0>", "<extra_id_99>"])
+    assert sentinels[1] - sentinels[0] == 99 and sentinels[1] < vocabulary, sentinels
+    return tokenizer
+
+
+CONVERT_TO_HF = ("conversion.model.vocab_file=null", "conversion.run.hf_dir_name=hf")
+
+
+def test_t5_tiny_learns_and_converts_through_main(prepared_wordpiece: Path, tmp_path: Path) -> None:
     result = run_main(
-        "stages=[training]",
+        "stages=[training,conversion]",
         "training=t5/tiny",
+        "conversion=t5/convert_t5",
+        *CONVERT_TO_HF,
         f"data_dir={prepared_wordpiece}/data",
         f"base_results_dir={tmp_path}",
         "training.trainer.max_steps=40",
@@ -55,13 +93,19 @@ def test_t5_tiny_learns_through_main(prepared_wordpiece: Path, tmp_path: Path) -
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_learns(tmp_path / "t5_tiny" / "results", 1.0)
+    converted = tmp_path / "t5_tiny" / "convert_nemo"
+    tokenizer = converts_to(converted, "megatron_t5.nemo", "T5ForConditionalGeneration", tmp_path)
+    # [BOS] and [EOS] follow the 2000 WordPieces; the sentinels follow them.
+    assert tokenizer.convert_tokens_to_ids(["[BOS]", "[EOS]", "<extra_id_0>"]) == [2000, 2001, 2002]
 
 
-def test_mt5_tiny_learns_from_sentencepiece_data(tmp_path: Path) -> None:
+def test_mt5_tiny_learns_and_converts_from_sentencepiece_data(tmp_path: Path) -> None:
     """mT5's kind of tokenizer: the default SentencePiece model, sentinels past its pieces."""
     result = run_main(
-        "stages=[data_preparation,training]",
+        "stages=[data_preparation,training,conversion]",
         "training=mt5/tiny",
+        "conversion=mt5/convert_mt5",
+        *CONVERT_TO_HF,
         f"data_dir={tmp_path}/data",
         f"base_results_dir={tmp_path}",
         "data_preparation.split_sentences=true",
@@ -72,6 +116,10 @@ def test_mt5_tiny_learns_from_sentencepiece_data(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_learns(tmp_path / "mt5_tiny" / "results", 1.0)
+    converted = tmp_path / "mt5_tiny" / "convert_nemo"
+    tokenizer = converts_to(converted, "megatron_mt5.nemo", "MT5ForConditionalGeneration", tmp_path)
+    # [CLS], [SEP] and [MASK] follow the 8000 pieces; the sentinels follow them.
+    assert tokenizer.convert_tokens_to_ids(["[CLS]", "<extra_id_0>"]) == [8000, 8003]
 
 
 LAYOUT_STEPS = ("training.trainer.max_steps=6",)
@@ -79,7 +127,8 @@ LAYOUT_STEPS = ("training.trainer.max_steps=6",)
 
 @pytest.fixture(scope="module")
 def single_process(prepared_wordpiece: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Six steps on one process: the run the learned-position layouts are compared with."""
+    """Six steps on one process: the run the layouts are compared with (T5's relative bias,
+    split over the tensor-parallel ranks by head)."""
     log_dir = tmp_path_factory.mktemp("t5_single") / "single"
     index = f"training.model.data.index_mapping_dir={log_dir.parent}/i"
     train(write_config(prepared_wordpiece, log_dir, *LAYOUT_STEPS, index))
@@ -110,12 +159,26 @@ def test_t5_layouts_match_a_single_process(
     assert_same_losses(single_process, tmp_path / "parallel", 1e-4)
 
 
-def test_t5_relative_positions_match_at_tp2(prepared_wordpiece: Path, tmp_path: Path) -> None:
-    """T5's bucketed relative bias, split over the tensor-parallel ranks by head."""
+def test_a_t5_checkpoint_converts_to_one_file_and_reshards_exactly(
+    prepared_wordpiece: Path, single_process: Path, tmp_path: Path
+) -> None:
+    model_file = convert(
+        prepared_wordpiece,
+        single_process,
+        tmp_path / "converted",
+        "conversion=t5/convert_t5",
+        "conversion.model.vocab_file=null",
+    )
+    assert not (tmp_path / "converted" / "hf").exists()
+    assert_reshards_exactly(model_file, single_process, ((2, 1), (1, 1)))
+
+
+def test_t5_learned_positions_match_at_tp2(prepared_wordpiece: Path, tmp_path: Path) -> None:
+    """The published recipes' learned position table (t5/tiny has T5's relative bias)."""
     steps = (
         *LAYOUT_STEPS,
         f"training.model.data.index_mapping_dir={tmp_path}/i",
-        "training.model.position_embedding_type=relative",
+        "training.model.position_embedding_type=learned_absolute",
     )
     train(write_config(prepared_wordpiece, tmp_path / "single", *steps))
     parallel = write_config(
@@ -179,6 +242,38 @@ def test_bad_t5_keys_are_one_line(override: str, fragments: list[str], tmp_path:
     result = run_main(
         "stages=[training]", "training=t5/tiny", "dry_run=true", f"data_dir={tmp_path}",
         f"base_results_dir={tmp_path / 'results'}", override,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert all(fragment in line for fragment in fragments), line
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        (["training=t5/tiny"],
+         ["conversion.model_family: gpt, but training.model is a t5 model",
+          "conversion=t5/convert_t5"]),
+        (["training=t5/tiny", "conversion=t5/convert_t5", *CONVERT_TO_HF,
+          "training.model.position_embedding_type=learned_absolute"],
+         ["training.model.position_embedding_type", "T5 v1.1"]),
+        (["training=t5/tiny", "conversion=t5/convert_t5", *CONVERT_TO_HF,
+          "training.model.share_decoder_tokens_head_embeddings=true"],
+         ["training.model.share_decoder_tokens_head_embeddings", "bias"]),
+        (["training=bert/tiny", "conversion=bert/convert_bert", "conversion.run.hf_dir_name=hf",
+          "training.model.activation=geglu"],
+         ["training.model.activation", "no Hugging Face BERT class"]),
+    ],
+    ids=["another-family", "t5-learned-positions", "t5-tied-head", "bert-geglu"],
+)  # fmt: skip
+def test_conversion_preflight_names_the_family_and_the_export(
+    prepared_wordpiece: Path, tmp_path: Path, overrides: list[str], fragments: list[str]
+) -> None:
+    """Before anything runs: a conversion recipe of another family than the trained model's,
+    and a Hugging Face export of a layout no transformers class computes."""
+    result = run_main(
+        "stages=[training,conversion]", "dry_run=true", f"data_dir={prepared_wordpiece}/data",
+        f"base_results_dir={tmp_path / 'results'}", *overrides,
     )  # fmt: skip
     assert result.returncode == 2, result.stdout + result.stderr
     [line] = result.stderr.strip().splitlines()

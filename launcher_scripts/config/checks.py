@@ -81,8 +81,14 @@ def require_fraction(key: str, value: Any) -> float:
 
 
 def require_layout(model: Any, tensor: int, pipeline: int, key_prefix: str) -> None:
-    """TP must divide the model's attention heads and PP its layers; the error names
-    `<key_prefix>.tensor_model_parallel_size` or `...pipeline_model_parallel_size`."""
+    """TP must divide the model's attention heads and PP its layers (each block's, in an
+    encoder-decoder's section); the error names `<key_prefix>.tensor_model_parallel_size` or
+    `...pipeline_model_parallel_size`."""
+    blocks = [model[name] for name in ("encoder", "decoder") if name in model]
+    for block in blocks:
+        require_layout(block, tensor, pipeline, key_prefix)
+    if blocks:
+        return
     if int(model.num_attention_heads) % tensor:
         raise ConfigError(
             f"{key_prefix}.tensor_model_parallel_size",

@@ -18,7 +18,19 @@ from launcher_scripts.costmodel.plan import CostFunction, TrainingPlan, make_pla
 from launcher_scripts.recipes.training import key
 
 Validator = Callable[[Any, str, Callable[[str], bool]], None]
-ArchitectureOf = Callable[..., Any]  # the recipe's model section -> a Hugging Face architecture
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A Hugging Face transformers class that holds a model exactly."""
+
+    name: str  # the transformers class, written into config.json
+    model_type: str  # transformers' model_type
+
+
+# (the recipe's model section, the key to name in errors) -> its Hugging Face architecture, or
+# ConfigError naming the key that rules every one out
+ArchitectureOf = Callable[..., Architecture]
 
 # What a job program may do with a family; `ModelFamily.programs` lists those this version has.
 PROGRAMS = (

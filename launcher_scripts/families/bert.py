@@ -9,7 +9,7 @@ from typing import Any
 from launcher_scripts.config.checks import require_choice
 from launcher_scripts.costmodel.plan import decoder_stack_costs
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.families.base import ModelFamily, register
+from launcher_scripts.families.base import Architecture, ModelFamily, register
 from launcher_scripts.families.encoder_checks import (
     ENCODER_ACTIVATIONS,
     common_checks,
@@ -62,6 +62,50 @@ def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     common_checks(cfg, stage, will_exist)
 
 
+# transformer_block_type -> the class with the sentence-order head, and the one without
+HF_ARCHITECTURES = {
+    "post_ln": (
+        Architecture("BertForPreTraining", "bert"),
+        Architecture("BertForMaskedLM", "bert"),
+    ),
+    "pre_ln": (
+        Architecture("MegatronBertForPreTraining", "megatron-bert"),
+        Architecture("MegatronBertForMaskedLM", "megatron-bert"),
+    ),
+}
+
+
+def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
+    """post_ln: Hugging Face's BERT; pre_ln (megatron-core's layout, a final LayerNorm, none on
+    the embeddings): its MegatronBert. Both take learned positions, LayerNorm and the exact
+    GeLU in every layer, which is what they compute."""
+
+    def refuse(name: str, problem: str) -> ConfigError:
+        return ConfigError(
+            f"{key_prefix}.{name}",
+            f"{problem}: no Hugging Face BERT class computes this model",
+            "Export a BERT with learned_absolute positions, gelu and layernorm, or set "
+            "conversion.run.hf_dir_name=null",
+        )
+
+    for name, default, allowed in (
+        ("position_embedding_type", "learned_absolute", "learned_absolute"),
+        ("activation", "gelu", "gelu"),
+        ("normalization", "layernorm", "layernorm"),
+    ):
+        value = model.get(name, default)
+        if value != allowed:
+            raise refuse(name, f"{value!r}")
+    heads = int(model.num_attention_heads)
+    if int(model.get("num_query_groups") or heads) != heads:
+        raise refuse("num_query_groups", "grouped-query attention")
+    channels = model.get("kv_channels")
+    if channels is not None and int(channels) * heads != int(model.hidden_size):
+        raise refuse("kv_channels", f"{channels} per head x {heads} heads != {model.hidden_size}")
+    with_head, without = HF_ARCHITECTURES[str(model.get("transformer_block_type", "pre_ln"))]
+    return with_head if model.get("bert_binary_head", True) else without
+
+
 BERT = register(
     ModelFamily(
         name="bert",
@@ -70,7 +114,8 @@ BERT = register(
         costs=decoder_stack_costs,  # the same layer stack; its small pooler and heads left out
         encoder_decoder=False,
         pile_tokenizers=("BertWordPieceLowerCase", "BertWordPieceCase"),
-        programs=frozenset({"training"}),
+        programs=frozenset({"training", "conversion"}),
+        hf_architecture=hf_architecture,
         runtime="launcher_scripts.jobs.models.bert",
     )
 )

@@ -10,17 +10,10 @@ that no standard architecture can represent is refused with the key that makes i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from launcher_scripts.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Architecture:
-    name: str  # the transformers class, written into config.json
-    model_type: str  # transformers' model_type
-
+from launcher_scripts.families.base import Architecture
 
 GPT2 = Architecture("GPT2LMHeadModel", "gpt2")
 STABLELM = Architecture("StableLmForCausalLM", "stablelm")

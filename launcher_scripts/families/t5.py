@@ -10,7 +10,7 @@ from typing import Any
 from launcher_scripts.config.checks import require_choice, require_int
 from launcher_scripts.costmodel.plan import encoder_decoder_costs
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.families.base import ModelFamily, register
+from launcher_scripts.families.base import Architecture, ModelFamily, register
 from launcher_scripts.families.encoder_checks import ENCODER_ACTIVATIONS, common_checks
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.training import encoder_decoder_split, key
@@ -87,6 +87,75 @@ def _positions(model: Any, stage: str) -> None:
                 require_int(key(stage, f"{prefix}.{name}"), section.get(name))
 
 
+T5_CLASS = Architecture("T5ForConditionalGeneration", "t5")
+MT5_CLASS = Architecture("MT5ForConditionalGeneration", "mt5")
+# Our activation -> Hugging Face T5's feed_forward_proj computing it exactly ("gated-gelu" is
+# the tanh GeLU there; gelu_python is the exact one).
+HF_FEED_FORWARD = {
+    "gelu": "gelu",
+    "relu": "relu",
+    "geglu": "gated-gelu_python",
+    "fast-geglu": "gated-gelu_python",
+    "reglu": "gated-relu",
+    "fast-reglu": "gated-relu",
+    "swiglu": "gated-silu",
+    "fast-swiglu": "gated-silu",
+}
+# What Hugging Face's T5 config holds once for both blocks.
+SHARED_BLOCK_KEYS = (
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "kv_channels",
+    "layernorm_epsilon",
+    "activation",
+)
+
+
+def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
+    """T5 v1.1's layout (mT5's too) is what Hugging Face's T5 classes compute: relative
+    position buckets, RMSNorm, no linear biases, an output layer of its own, one width for both
+    blocks. A SentencePiece model is mT5's tokenizer: MT5ForConditionalGeneration."""
+
+    def refuse(name: str, problem: str) -> ConfigError:
+        return ConfigError(
+            f"{key_prefix}.{name}",
+            f"{problem}: Hugging Face's T5 classes compute T5 v1.1's layout only",
+            "Train with relative positions, rmsnorm, bias=False and "
+            "share_decoder_tokens_head_embeddings=False (t5/tiny does), or set "
+            "conversion.run.hf_dir_name=null",
+        )
+
+    if model.get("share_decoder_tokens_head_embeddings", True):
+        raise refuse("share_decoder_tokens_head_embeddings", "an output layer with a bias")
+    for prefix, section in (("", model), *((f"{b}.", model[b]) for b in BLOCKS)):
+        positions = section.get("position_embedding_type", "learned_absolute")
+        if positions != "relative":
+            raise refuse(f"{prefix}position_embedding_type", f"{positions!r}")
+    for block in BLOCKS:
+        section = model[block]
+        checks = (
+            ("normalization", "layernorm", "rmsnorm"),
+            ("bias", True, False),
+            ("relative_position_bias_self_attention_only", True, True),
+        )
+        for name, default, allowed in checks:
+            value = section.get(name, default)
+            if value != allowed:
+                raise refuse(f"{block}.{name}", f"{value!r}")
+        activation = section.get("activation", "gelu")
+        if activation not in HF_FEED_FORWARD:
+            raise refuse(f"{block}.activation", f"{activation!r}")
+        heads = int(section.num_attention_heads)
+        if int(section.get("num_query_groups") or heads) != heads:
+            raise refuse(f"{block}.num_query_groups", "grouped-query attention")
+    for name in SHARED_BLOCK_KEYS:
+        encoder, decoder = model.encoder.get(name), model.decoder.get(name)
+        if encoder != decoder:
+            raise refuse(f"decoder.{name}", f"{decoder!r} differs from the encoder's {encoder!r}")
+    return MT5_CLASS if model.tokenizer.get("library") == "sentencepiece" else T5_CLASS
+
+
 T5 = register(
     ModelFamily(
         name="t5",
@@ -95,7 +164,8 @@ T5 = register(
         costs=encoder_decoder_costs,
         encoder_decoder=True,
         pile_tokenizers=("BertWordPieceCase", "BertWordPieceLowerCase"),
-        programs=frozenset({"training"}),
+        programs=frozenset({"training", "conversion"}),
+        hf_architecture=hf_architecture,
         runtime="launcher_scripts.jobs.models.t5",
         training_gap=training_gap,
     )

@@ -5,14 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_int, require_layout
 from launcher_scripts.errors import ConfigError, RecipeError
-from launcher_scripts.families import family_of
+from launcher_scripts.families import DEFAULT, family_of
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes.conversion import (
     TOKENIZER_FILES,
     ConversionError,
+    family_mismatch,
     pick_checkpoint,
     read_hparams,
 )
@@ -55,6 +58,9 @@ class Conversion:
         if trained is None:
             return
         model, model_key = trained
+        problem = family_mismatch(model, family.name, model_key)
+        if problem:
+            raise RecipeError(f"{stage}.model_family: {problem}")
         require_layout(model, tp, pp, f"{stage}.model")
         if cfg.run.get("hf_dir_name"):
             if family.hf_architecture is None:
@@ -107,7 +113,11 @@ class Conversion:
         if hparams.is_file():
             return read_hparams(hparams), str(hparams)
         if ctx.will_exist(hparams) and "training" in ctx.root:
-            return ctx.root.training.model, "training.model"
+            training = ctx.root.training
+            model = OmegaConf.merge(
+                training.model, {"model_family": training.get("model_family", DEFAULT)}
+            )
+            return model, "training.model"
         return None
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:

@@ -1,10 +1,10 @@
 """Logits of a Hugging Face export, computed by transformers in a fresh process:
 
-python -m tests.scripts.hf_logits HF_DIR TOKENS.pt OUT.pt
+python -m tests.scripts.hf_logits HF_DIR INPUTS.pt OUT.pt
 
-Prints the model class transformers chose. A fresh interpreter keeps the comparison with
-tests/scripts/portable_logits.py free of whatever earlier tests left in the pytest process
-(threads, default dtype, global flags).
+INPUTS.pt and OUT.pt as tests/scripts/portable_logits.py's. Prints the model class transformers
+chose. A fresh interpreter keeps the comparison free of whatever earlier tests left in the
+pytest process (threads, default dtype, global flags).
 """
 
 from __future__ import annotations
@@ -16,12 +16,38 @@ import torch
 
 
 def main() -> None:
-    from transformers import AutoModelForCausalLM
+    import transformers
 
-    hf_dir, tokens_file, output = (Path(a) for a in sys.argv[1:4])
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    hf_dir, inputs_file, output = (Path(a) for a in sys.argv[1:4])
+    inputs = torch.load(inputs_file)
+    if "tokens" in inputs:
+        auto, arguments = transformers.AutoModelForCausalLM, {"input_ids": inputs["tokens"]}
+    elif "text_enc" in inputs:
+        enc, dec = inputs["text_enc"], inputs["text_dec"]
+        auto = transformers.AutoModelForSeq2SeqLM
+        arguments = {
+            "input_ids": enc,
+            "attention_mask": (enc != 0).long(),
+            "decoder_input_ids": dec,
+            "decoder_attention_mask": (dec != 0).long(),
+        }
+    else:
+        auto = transformers.AutoModelForPreTraining
+        arguments = {
+            "input_ids": inputs["text"],
+            "attention_mask": inputs["padding_mask"],
+            "token_type_ids": inputs["types"],
+        }
+    model = auto.from_pretrained(hf_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        torch.save(model(torch.load(tokens_file)).logits, output)
+        result = model(**arguments)
+    logits = getattr(result, "logits", None)
+    if logits is None:  # BERT's pre-training heads
+        logits = result.prediction_logits
+    saved = {"logits": logits}
+    if getattr(result, "seq_relationship_logits", None) is not None:
+        saved["order"] = result.seq_relationship_logits
+    torch.save(saved, output)
     print(type(model).__name__)
 
 

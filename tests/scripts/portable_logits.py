@@ -1,6 +1,10 @@
 """Logits of our model built from a portable file, on one process:
 
-python -m tests.scripts.portable_logits MODEL.nemo TOKENS.pt OUT.pt
+python -m tests.scripts.portable_logits MODEL.nemo INPUTS.pt OUT.pt
+
+INPUTS.pt holds a model's inputs by the names its batches use: `tokens` (GPT), `text`, `types`
+and `padding_mask` (BERT), `text_enc` and `text_dec` (T5; id 0 is padding). OUT.pt gets
+{"logits": ...} and, for BERT with its sentence-order head, {"order": ...}.
 """
 
 from __future__ import annotations
@@ -8,13 +12,32 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 
+def outputs(chunk: Any, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if "tokens" in inputs:
+        tokens = inputs["tokens"]
+        positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+        return {"logits": chunk(tokens, positions, None)}
+    if "text_enc" in inputs:
+        from megatron.core.datasets.t5_dataset import T5MaskedWordPieceDataset
+
+        enc, dec = inputs["text_enc"], inputs["text_dec"]
+        masks = T5MaskedWordPieceDataset.config_attention_mask(
+            enc, dec, (enc != 0).long(), (dec != 0).long(), use_local=True
+        )
+        return {"logits": chunk(enc, dec, *masks)}
+    types = inputs["types"] if chunk.add_binary_head else None
+    logits, order = chunk(inputs["text"], inputs["padding_mask"], tokentype_ids=types)
+    return {"logits": logits} | ({} if order is None else {"order": order})
+
+
 def main() -> None:
-    model_file, tokens_file, output = (Path(a) for a in sys.argv[1:4])
+    model_file, inputs_file, output = (Path(a) for a in sys.argv[1:4])
     dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")
     from megatron.core import parallel_state
 
@@ -28,10 +51,8 @@ def main() -> None:
     cpu_compat.install()
     cpu_compat.seed_model_parallel_rngs(1)
     chunks = load.build(portable.read(model_file, Path(tempfile.mkdtemp())), 1, 1, on_gpu=False)
-    tokens = torch.load(tokens_file)
-    positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
     with torch.no_grad():
-        torch.save(chunks[0](tokens, positions, None), output)
+        torch.save(outputs(chunks[0], torch.load(inputs_file)), output)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from launcher_scripts.families import DEFAULT
 from launcher_scripts.files import replaced_directory
 from launcher_scripts.jobs.config_job import run_config_job
 from launcher_scripts.recipes.conversion import (
     ConversionError,
+    family_mismatch,
     pick_checkpoint,
     read_hparams,
     with_tokenizer_files,
@@ -53,14 +55,19 @@ def write_hf_files(directory: Path, model: DictConfig, tensors: dict[str, Any]) 
     import torch
     from safetensors.torch import save_file
 
+    from launcher_scripts.families import family_of
     from launcher_scripts.jobs.conversion import hf_tokenizer
-    from launcher_scripts.jobs.conversion.hf_export import to_hf
+    from launcher_scripts.jobs.models.base import runtime_of
 
-    config, state = to_hf(model, tensors)
-    config |= hf_tokenizer.write(model, directory)
+    to_hf = runtime_of(family_of(model, "conversion")).to_hf
+    assert to_hf is not None, "preflight checks the family's hf_architecture"
+    exported = to_hf(model, tensors)
+    config = exported.config | hf_tokenizer.write(model, directory, exported.added_tokens)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     # Own storage for each: per-layer slices of one stacked tensor must not share memory.
-    state = {name: t.clone(memory_format=torch.contiguous_format) for name, t in state.items()}
+    state = {
+        name: t.clone(memory_format=torch.contiguous_format) for name, t in exported.state.items()
+    }
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -69,6 +76,12 @@ def convert(cfg: DictConfig) -> None:
 
     model_cfg = cfg.model
     hparams = with_tokenizer_files(read_hparams(Path(str(model_cfg.hparams_file))), model_cfg)
+    family = cfg.get("model_family", DEFAULT)
+    problem = family_mismatch(hparams, family, str(model_cfg.hparams_file))
+    if problem:
+        raise ConversionError(problem, "conversion.model_family")
+    # Whoever loads the file builds the model of its family.
+    hparams.model_family = family
     checkpoint = pick_checkpoint(
         Path(str(model_cfg.checkpoint_folder)), str(model_cfg.checkpoint_name)
     )

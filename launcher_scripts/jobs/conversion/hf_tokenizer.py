@@ -2,6 +2,10 @@
 
 SentencePiece .model           -> tokenizer.model + LlamaTokenizer settings without BOS/EOS
 GPT-2 BPE (vocab + merges)     -> vocab.json, merges.txt + GPT2Tokenizer settings
+WordPiece vocab.txt (BERT, T5) -> vocab.txt + BertTokenizer settings (the casing trained with)
+
+A model's tokens past its tokenizer's own (T5's sentinels) are added as special tokens, in id
+order, so that they get the model's ids.
 """
 
 from __future__ import annotations
@@ -14,28 +18,53 @@ from typing import Any
 from launcher_scripts.errors import ConfigError
 
 
-def write(model: Any, directory: Path) -> dict[str, int]:
+def write(model: Any, directory: Path, added: tuple[str, ...] = ()) -> dict[str, int]:
     """Write the tokenizer files into `directory`; returns token ids for config.json."""
     tokenizer = model.tokenizer
     library = str(tokenizer.get("library") or "")
     if library == "sentencepiece":
-        return _sentencepiece(Path(str(tokenizer.model)), directory, model)
-    if tokenizer.get("vocab_file") and tokenizer.get("merge_file"):
+        return _sentencepiece(Path(str(tokenizer.model)), directory, model, added)
+    if tokenizer.get("vocab_file") and tokenizer.get("merge_file") and not added:
         return _gpt2(
             Path(str(tokenizer.vocab_file)), Path(str(tokenizer.merge_file)), directory, model
         )
+    if tokenizer.get("vocab_file") and not tokenizer.get("merge_file"):
+        return _wordpiece(Path(str(tokenizer.vocab_file)), directory, model, added)
     raise ConfigError(
         "training.model.tokenizer",
         f"library {library!r} has no Hugging Face equivalent here",
-        "Use a SentencePiece model or GPT-2 BPE files (vocab_file and merge_file)",
+        "Use a SentencePiece model, GPT-2 BPE files (vocab_file and merge_file) or a "
+        "WordPiece vocab.txt (vocab_file alone)",
     )
 
 
-def _settings(directory: Path, settings: dict[str, Any]) -> None:
+def _settings(directory: Path, settings: dict[str, Any], added: tuple[str, ...]) -> None:
+    if added:
+        settings["additional_special_tokens"] = list(added)
     (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def _sentencepiece(source: Path, directory: Path, model: Any) -> dict[str, int]:
+def _wordpiece(source: Path, directory: Path, model: Any, added: tuple[str, ...]) -> dict[str, int]:
+    tokens = source.read_text(encoding="utf-8").splitlines()
+    # The added tokens are lines past the vocabulary's: the model's ids, in order.
+    (directory / "vocab.txt").write_text("\n".join([*tokens, *added]) + "\n", encoding="utf-8")
+    lower_case = str(model.tokenizer.get("type") or "").endswith("LowerCase")
+    _settings(
+        directory,
+        {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": lower_case,
+            "strip_accents": None,  # with the lower-casing, as BERT's normaliser does
+            "model_max_length": int(model.max_position_embeddings),
+        },
+        added,
+    )
+    return {}
+
+
+def _sentencepiece(
+    source: Path, directory: Path, model: Any, added: tuple[str, ...] = ()
+) -> dict[str, int]:
     import sentencepiece
 
     shutil.copy2(source, directory / "tokenizer.model")
@@ -60,6 +89,7 @@ def _sentencepiece(source: Path, directory: Path, model: Any) -> dict[str, int]:
             "eos_token": piece(processor.eos_id()),
             "pad_token": piece(processor.pad_id()),
         },
+        added,
     )
     ids = {"bos_token_id": processor.bos_id(), "eos_token_id": processor.eos_id()}
     return {name: value for name, value in ids.items() if value >= 0}
@@ -78,6 +108,7 @@ def _gpt2(vocab: Path, merges: Path, directory: Path, model: Any) -> dict[str, i
             "eos_token": end,
             "unk_token": end,
         },
+        (),
     )
     table = json.loads(vocab.read_text())
     return {"bos_token_id": table[end], "eos_token_id": table[end]} if end in table else {}

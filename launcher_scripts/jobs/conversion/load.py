@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.families import family_of
 from launcher_scripts.formats.portable import Portable
-from launcher_scripts.jobs.training import model as model_builder
+from launcher_scripts.jobs.models.base import runtime_of
 from launcher_scripts.jobs.training.init_weights import load_full_tensors
 
 EMBEDDINGS = "embedding.word_embeddings.weight"
@@ -40,8 +41,9 @@ def build(portable: Portable, tensor: int, pipeline: int, on_gpu: bool) -> list[
     rows = int(portable.tensors[EMBEDDINGS].shape[0])
     if rows % tensor:
         raise ValueError(f"the {rows} embedding rows do not split over TP={tensor}")
-    config = model_builder.transformer_config(cfg, use_te=False, on_gpu=on_gpu)
-    chunks = model_builder.build_chunks(cfg, config, rows, use_te=False)
+    runtime = runtime_of(family_of(portable.config, "model"))
+    config = runtime.transformer_config(cfg, False, on_gpu)
+    chunks = runtime.build_chunks(cfg, config, rows, False)
     if on_gpu:
         chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
     load_full_tensors(chunks, portable.tensors)

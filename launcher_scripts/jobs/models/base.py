@@ -1,8 +1,9 @@
-"""What the training loop asks of a model family's torch side.
+"""What the job programs ask of a model family's torch side.
 
 A family's spec (launcher_scripts.families) names its runtime module; that module defines
 `RUNTIME`, a ModelRuntime. The trainer builds the model, the datasets and each micro-batch's
-forward pass and loss through it, and never asks which family it trains.
+forward pass and loss through it, and never asks which family it trains; conversion and the
+programs that load a portable file build the model and its Hugging Face export through it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,22 @@ import torch
 
 from launcher_scripts.families import ModelFamily
 from launcher_scripts.jobs.training.runtime import JobError
+
+
+@dataclass
+class HfModel:
+    """A model as a Hugging Face transformers checkpoint."""
+
+    config: dict[str, Any]  # config.json (the tokenizer's ids are added to it)
+    state: dict[str, torch.Tensor]  # model.safetensors
+    # The model's tokens past its tokenizer's own, in id order (T5's sentinels): the exported
+    # tokenizer adds them so that its ids are the model's.
+    added_tokens: tuple[str, ...] = ()
+
+
+# (the model section training saved, its full tensors by megatron-core name) -> the checkpoint
+# of the architecture the family's spec chose for it
+HfExport = Callable[[Any, dict[str, torch.Tensor]], HfModel]
 
 # (batch, model) -> (output, loss function of the output): megatron-core's forward_step_func
 # contract. The loss function returns (summed loss, counted tokens, {"lm loss": [sum, count]})
@@ -39,9 +56,11 @@ class ModelRuntime:
     # pipeline stages exchange
     sequence_lengths: Callable[[Any], tuple[int, int | None]]
     batch_keys: tuple[str, ...]  # what a micro-batch holds
+    to_hf: HfExport | None = None  # None: no Hugging Face export
 
 
 def runtime_of(family: ModelFamily) -> ModelRuntime:
+    """The family's torch side (imports megatron-core)."""
     if family.runtime is None:
         raise JobError(
             f"model_family {family.name}: this launcher version has no training program for it"

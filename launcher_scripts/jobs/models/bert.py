@@ -36,6 +36,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
+from launcher_scripts.jobs.models import bert_hf
 from launcher_scripts.jobs.models.base import ModelRuntime
 from launcher_scripts.jobs.training import data, model
 from launcher_scripts.jobs.training.model import LocalNorm
@@ -251,4 +252,5 @@ RUNTIME = ModelRuntime(
     forward_step=forward_step,
     sequence_lengths=lambda cfg: (int(cfg.model.data.seq_length), None),
     batch_keys=BATCH_KEYS,
+    to_hf=bert_hf.to_hf,
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from launcher_scripts.jobs.models import gpt_hf
 from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
 from launcher_scripts.jobs.training import data, model
 
@@ -23,4 +24,5 @@ RUNTIME = ModelRuntime(
     forward_step=forward_step,
     sequence_lengths=lambda cfg: (int(cfg.model.data.seq_length), None),
     batch_keys=data.BATCH_KEYS,
+    to_hf=gpt_hf.to_hf,
 )

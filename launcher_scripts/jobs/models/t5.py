@@ -39,6 +39,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from omegaconf import OmegaConf
 
+from launcher_scripts.jobs.models import t5_hf
 from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
 from launcher_scripts.jobs.training import data, model
 from launcher_scripts.jobs.training.model import LocalNorm
@@ -69,6 +70,7 @@ class SpanCorruptionVocab:
         digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
         self.unique_identifiers = {"class": "SpanCorruptionVocab", "vocab": digest}
         self.source = source
+        self.added = tuple(extra)  # the tokens past the tokenizer's own, in id order
 
     def specials(self, names: str) -> list[str]:
         found = []
@@ -287,4 +289,5 @@ RUNTIME = ModelRuntime(
     forward_step=forward_step,
     sequence_lengths=lambda cfg: (int(cfg.model.data.seq_length), None),
     batch_keys=BATCH_KEYS,
+    to_hf=t5_hf.to_hf,
 )

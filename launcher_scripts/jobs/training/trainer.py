@@ -107,6 +107,7 @@ class Trainer:
         model = OmegaConf.to_container(self.cfg.model, resolve=True)
         assert isinstance(model, dict)
         model["precision"] = self.cfg.trainer.precision
+        model["model_family"] = self.family.name  # the model conversion and loading build
         write_atomic(self.log_dir / "hparams.yaml", OmegaConf.to_yaml({"cfg": model}))
 
     def _make_chunks(self) -> list[Any]:

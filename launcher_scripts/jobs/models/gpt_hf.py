@@ -1,9 +1,9 @@
-"""Our model's full tensors (megatron-core names) as a Hugging Face transformers checkpoint.
+"""A GPT's full tensors (megatron-core names) as a Hugging Face transformers checkpoint.
 
 The input is what `load_plain_tensors` reads from a training checkpoint: one full tensor per
 key, whatever TP/PP wrote it, with the layers stacked on a leading axis. The output is the
-config.json and the state dict of a standard architecture (see architectures.py), loadable by
-transformers with no custom code.
+config.json and the state dict of a standard architecture (families/gpt_architectures.py),
+loadable by transformers with no custom code.
 """
 
 from __future__ import annotations
@@ -12,16 +12,14 @@ from typing import Any
 
 import torch
 
-from launcher_scripts.families.gpt_architectures import (
-    GPT2,
-    LLAMA,
-    Architecture,
-    hf_architecture,
-)
+from launcher_scripts.families.base import Architecture
+from launcher_scripts.families.gpt_architectures import GPT2, LLAMA, hf_architecture
+from launcher_scripts.jobs.models.base import HfModel
+from launcher_scripts.jobs.models.hf_common import dtype_name, split_qkv
+from launcher_scripts.jobs.models.hf_common import head_dims as _dims
 
 LAYERS = "decoder.layers."
 NORM_WEIGHTS = ("layer_norm_weight", "final_layernorm.weight")
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _standard_norms(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -33,34 +31,13 @@ def _standard_norms(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, t
     }
 
 
-def split_qkv(
-    weight: torch.Tensor, heads: int, groups: int, head_dim: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """megatron-core stores Q, K and V interleaved by query group: for each group, its query
-    heads, then its key head, then its value head (rows). Returns Q, K, V stacked plainly."""
-    per_group = heads // groups
-    rest = weight.shape[1:]
-    grouped = weight.reshape(groups, per_group + 2, head_dim, *rest)
-    q = grouped[:, :per_group].reshape(heads * head_dim, *rest)
-    k = grouped[:, per_group].reshape(groups * head_dim, *rest)
-    v = grouped[:, per_group + 1].reshape(groups * head_dim, *rest)
-    return q, k, v
-
-
-def _dims(model: Any) -> tuple[int, int, int]:
-    heads = int(model.num_attention_heads)
-    groups = int(model.get("num_query_groups") or heads)
-    head_dim = int(model.get("kv_channels") or model.hidden_size // heads)
-    return heads, groups, head_dim
-
-
-def to_hf(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json contents, state dict) for the recipe's `model` section and its tensors."""
+def to_hf(model: Any, tensors: dict[str, torch.Tensor]) -> HfModel:
+    """The checkpoint for the recipe's `model` section and its tensors."""
     architecture = hf_architecture(model)
     tensors = _standard_norms(model, tensors)
     if architecture == GPT2:
-        return _gpt2(model, tensors)
-    return _rotary(model, tensors, architecture)
+        return HfModel(*_gpt2(model, tensors))
+    return HfModel(*_rotary(model, tensors, architecture))
 
 
 def _common_config(tensors: dict[str, torch.Tensor], architecture: Architecture) -> dict:
@@ -70,7 +47,7 @@ def _common_config(tensors: dict[str, torch.Tensor], architecture: Architecture)
         "model_type": architecture.model_type,
         "vocab_size": int(embeddings.shape[0]),
         "tie_word_embeddings": "output_layer.weight" not in tensors,
-        "torch_dtype": DTYPE_NAMES[embeddings.dtype],
+        "torch_dtype": dtype_name(embeddings),
     }
 
 

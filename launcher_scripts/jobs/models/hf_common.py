@@ -1,0 +1,46 @@
+"""What the families' Hugging Face exports share: megatron-core's fused attention weights split
+the way transformers keeps them, and the dtype names of config.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def split_qkv(
+    weight: torch.Tensor, heads: int, groups: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """megatron-core stores Q, K and V interleaved by query group: for each group, its query
+    heads, then its key head, then its value head (rows). Returns Q, K, V stacked plainly."""
+    per_group = heads // groups
+    rest = weight.shape[1:]
+    grouped = weight.reshape(groups, per_group + 2, head_dim, *rest)
+    q = grouped[:, :per_group].reshape(heads * head_dim, *rest)
+    k = grouped[:, per_group].reshape(groups * head_dim, *rest)
+    v = grouped[:, per_group + 1].reshape(groups * head_dim, *rest)
+    return q, k, v
+
+
+def split_kv(weight: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-attention's fused key-value weight, interleaved per head: [k_h; v_h] for each."""
+    rest = weight.shape[1:]
+    paired = weight.reshape(heads, 2, head_dim, *rest)
+    return (
+        paired[:, 0].reshape(heads * head_dim, *rest),
+        paired[:, 1].reshape(heads * head_dim, *rest),
+    )
+
+
+def head_dims(model: Any) -> tuple[int, int, int]:
+    """(heads, query groups, head size) of a model section (or a T5 block)."""
+    heads = int(model.num_attention_heads)
+    groups = int(model.get("num_query_groups") or heads)
+    head_dim = int(model.get("kv_channels") or model.hidden_size // heads)
+    return heads, groups, head_dim
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    return DTYPE_NAMES[tensor.dtype]
