@@ -54,6 +54,24 @@ def _cache_recipe_files() -> None:
 _cache_recipe_files()
 
 
+# Fixtures standing for something one machine has once: the tests using one run on one xdist
+# worker, one after another (a second Triton server would change the processes a serving test
+# counts; Slurm tests wait on the one node's queue).
+SHARED = {
+    "slurm": "slurm",
+    "default_run": "triton",
+    "exported": "triton",
+    "triton_python": "triton",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = next((SHARED[f] for f in getattr(item, "fixturenames", ()) if f in SHARED), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-goldens",
