@@ -347,6 +347,11 @@ CASES = {
         ],
     ),
     "conversion_gpt3": ("conversion", ["conversion.run.model_train_name=gpt3_126m"]),
+    "conversion_t5": ("conversion", ["training=t5/220m", "conversion=t5/convert_t5"]),
+    "conversion_bert": (
+        "conversion",
+        ["training=bert/tiny", "conversion=bert/convert_bert", "conversion.run.hf_dir_name=hf"],
+    ),
     "evaluation_gpt3_tp2": (
         "evaluation",
         [
