@@ -588,35 +588,44 @@ def test_default_pipeline_trains_and_leaves_its_artifacts(default_run: Path) -> 
 # ----- conversion: a training run's checkpoint to the portable file and Hugging Face --------
 
 
-def convert(prepared: Path, run: Path, output: Path, *overrides: str) -> Path:
-    """Run the conversion job on `run`'s checkpoint; returns the portable file."""
+def run_conversion_job(
+    overrides: list[str], config: Path, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """The conversion job as the launcher starts it, on the recipe `overrides` compose (its
+    resolved section written to `config`)."""
     from omegaconf import OmegaConf
 
     from launcher_scripts.config.compose import compose_config
 
-    cfg = compose_config(
-        [
-            f"data_dir={prepared}/data",
-            f"base_results_dir={prepared}/results",
-            f"conversion.model.checkpoint_folder={run}/checkpoints",
-            f"conversion.model.hparams_file={run}/hparams.yaml",
-            f"conversion.run.output_path={output}",
-            *overrides,
-        ]
-    )
-    config = output.parent / f"{output.name}.yaml"
+    cfg = compose_config(overrides)
     config.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.conversion, resolve=True)), config)
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "launcher_scripts.jobs.conversion.convert", "--config", str(config)],
         capture_output=True,
         text=True,
         cwd=REPO,
         env=ONE_THREAD,
-        timeout=600,
+        timeout=timeout,
     )
+
+
+def convert(prepared: Path, run: Path, output: Path, *overrides: str) -> Path:
+    """Run the conversion job on `run`'s checkpoint; returns the portable file."""
+    from omegaconf import OmegaConf
+
+    args = [
+        f"data_dir={prepared}/data",
+        f"base_results_dir={prepared}/results",
+        f"conversion.model.checkpoint_folder={run}/checkpoints",
+        f"conversion.model.hparams_file={run}/hparams.yaml",
+        f"conversion.run.output_path={output}",
+        *overrides,
+    ]
+    config = output.parent / f"{output.name}.yaml"
+    result = run_conversion_job(args, config)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return output / str(cfg.conversion.run.nemo_file_name)
+    return output / str(OmegaConf.load(config).run.nemo_file_name)
 
 
 def logits_in_a_fresh_process(

@@ -7,21 +7,18 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from launcher_scripts.config.compose import compose_config
 from tests.conftest import (
     REPO,
     assert_hf_computes_our_logits,
     assert_reshards_exactly,
     convert,
+    run_conversion_job,
     run_main,
     train,
 )
@@ -159,16 +156,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(tiny_portable: Path, tmp_pa
     assert not (tmp_path / "results").exists() and not (tmp_path / "out").exists()
     # The job itself, for a run whose preflight could not look: the same line, exit 1.
     (older / "common.pt").unlink()
-    config = tmp_path / "convert.yaml"
-    cfg = compose_config(["stages=[conversion]", *paths])
-    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.conversion, resolve=True)), config)
-    job = subprocess.run(
-        [sys.executable, "-m", "launcher_scripts.jobs.conversion.convert", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+    job = run_conversion_job(["stages=[conversion]", *paths], tmp_path / "convert.yaml", 300)
     assert job.returncode == 1, job.stdout + job.stderr
     assert "Traceback" not in job.stderr
     last = job.stderr.strip().splitlines()[-1]

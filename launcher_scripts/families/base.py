@@ -28,6 +28,15 @@ class Architecture:
     model_type: str  # transformers' model_type
 
 
+def head_size_problem(model: Any) -> str | None:
+    """What is wrong, for a Hugging Face config that derives the head size as hidden / heads
+    (GPT-2, StableLM, Llama, BERT), with the model's kv_channels; None when nothing is."""
+    channels, heads, hidden = model.get("kv_channels"), model.num_attention_heads, model.hidden_size
+    if channels is not None and int(channels) * int(heads) != int(hidden):
+        return f"{channels} per head x {heads} heads != hidden {hidden}"
+    return None
+
+
 # (the recipe's model section, the key to name in errors) -> its Hugging Face architecture, or
 # ConfigError naming the key that rules every one out
 ArchitectureOf = Callable[..., Architecture]

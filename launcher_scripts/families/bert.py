@@ -9,7 +9,12 @@ from typing import Any
 from launcher_scripts.config.checks import require_choice
 from launcher_scripts.costmodel.plan import decoder_stack_costs
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.families.base import Architecture, ModelFamily, register
+from launcher_scripts.families.base import (
+    Architecture,
+    ModelFamily,
+    head_size_problem,
+    register,
+)
 from launcher_scripts.families.encoder_checks import (
     ENCODER_ACTIVATIONS,
     common_checks,
@@ -99,9 +104,9 @@ def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
     heads = int(model.num_attention_heads)
     if int(model.get("num_query_groups") or heads) != heads:
         raise refuse("num_query_groups", "grouped-query attention")
-    channels = model.get("kv_channels")
-    if channels is not None and int(channels) * heads != int(model.hidden_size):
-        raise refuse("kv_channels", f"{channels} per head x {heads} heads != {model.hidden_size}")
+    head_size = head_size_problem(model)
+    if head_size:
+        raise refuse("kv_channels", head_size)
     with_head, without = HF_ARCHITECTURES[str(model.get("transformer_block_type", "pre_ln"))]
     return with_head if model.get("bert_binary_head", True) else without
 

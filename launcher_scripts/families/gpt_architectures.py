@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.families.base import Architecture
+from launcher_scripts.families.base import Architecture, head_size_problem
 
 GPT2 = Architecture("GPT2LMHeadModel", "gpt2")
 STABLELM = Architecture("StableLmForCausalLM", "stablelm")
@@ -37,11 +37,9 @@ def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
             "one (rope, swiglu, bias=false), or set the Hugging Face export off",
         )
 
-    channels = model.get("kv_channels")
-    hidden = int(model.hidden_size)
-    if channels is not None and int(channels) * heads != hidden:
-        # GPT-2, StableLM and Llama configs derive the head size as hidden / heads.
-        raise refuse("kv_channels", f"{channels} per head x {heads} heads != hidden {hidden}")
+    head_size = head_size_problem(model)
+    if head_size:
+        raise refuse("kv_channels", head_size)
     if positions == "learned_absolute":
         if activation != "gelu":
             raise refuse("activation", f"{activation!r} with learned position embeddings")
