@@ -1,13 +1,15 @@
 """T5 and mT5 pretraining and conversion on megatron-core, for real on the CPU: the tiny recipes
 learn and convert through `python3 main.py` (T5 with a WordPiece vocabulary, mT5 with
 SentencePiece), transformers' T5 and MT5 classes compute the converted model's logits, the
-portable file rebuilds the model exactly at another TP, TP2 and sequence parallelism give the
-single process's losses (learned and relative position embeddings), a stopped run resumes
-exactly, and what this version cannot train or export is refused before it runs."""
+portable file rebuilds the model exactly at another TP/PP, TP2, sequence parallelism and two or
+three pipeline stages (the encoder on all but the last) give the single process's losses
+(learned and relative position embeddings), a stopped run resumes exactly, and what this
+version cannot train or export is refused before it runs."""
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -135,16 +137,40 @@ def single_process(prepared_wordpiece: Path, tmp_path_factory: pytest.TempPathFa
     return log_dir
 
 
+PP2 = (
+    "training.model.pipeline_model_parallel_size=2",
+    "training.model.pipeline_model_parallel_split_rank=1",
+)
+# Two encoder stages: each hands the next its hidden states, and both hold the encoder's
+# relative bias table, whose gradients they sum.
+PP3 = (
+    "training.model.pipeline_model_parallel_size=3",
+    "training.model.pipeline_model_parallel_split_rank=2",
+)
+
+
 @pytest.mark.parametrize(
-    "layout",
+    ("layout", "processes"),
     [
-        ("training.model.tensor_model_parallel_size=2",),
-        ("training.model.tensor_model_parallel_size=2", "training.model.sequence_parallel=true"),
+        (("training.model.tensor_model_parallel_size=2",), 2),
+        (
+            (
+                "training.model.tensor_model_parallel_size=2",
+                "training.model.sequence_parallel=true",
+            ),
+            2,
+        ),
+        (PP2, 2),
+        ((*PP3, "training.model.optim.name=distributed_fused_adam"), 3),
     ],
-    ids=["tp2", "tp2-sequence-parallel"],
+    ids=["tp2", "tp2-sequence-parallel", "pp2", "pp3-distributed-optimizer"],
 )
 def test_t5_layouts_match_a_single_process(
-    prepared_wordpiece: Path, single_process: Path, tmp_path: Path, layout: tuple[str, ...]
+    prepared_wordpiece: Path,
+    single_process: Path,
+    tmp_path: Path,
+    layout: tuple[str, ...],
+    processes: int,
 ) -> None:
     index = f"training.model.data.index_mapping_dir={single_process.parent}/i"
     parallel = write_config(
@@ -152,10 +178,10 @@ def test_t5_layouts_match_a_single_process(
         tmp_path / "parallel",
         *LAYOUT_STEPS,
         index,
-        "training.trainer.devices=2",
+        f"training.trainer.devices={processes}",
         *layout,
     )
-    train(parallel, processes=2)
+    train(parallel, processes=processes)
     assert_same_losses(single_process, tmp_path / "parallel", 1e-4)
 
 
@@ -170,60 +196,80 @@ def test_a_t5_checkpoint_converts_to_one_file_and_reshards_exactly(
         "conversion.model.vocab_file=null",
     )
     assert not (tmp_path / "converted" / "hf").exists()
-    assert_reshards_exactly(model_file, single_process, ((2, 1), (1, 1)))
+    assert_reshards_exactly(model_file, single_process, ((2, 1), (1, 2), (1, 1)))
 
 
-def test_t5_learned_positions_match_at_tp2(prepared_wordpiece: Path, tmp_path: Path) -> None:
-    """The published recipes' learned position table (t5/tiny has T5's relative bias)."""
+def test_t5_published_layout_matches_at_tp2_and_pp2(
+    prepared_wordpiece: Path, tmp_path: Path
+) -> None:
+    """The published recipes' learned position table and output layer tied to the embedding
+    (t5/tiny has T5 v1.1's relative bias and an output layer of its own): on two pipeline
+    stages both tables are copies on the decoder's stage."""
     steps = (
         *LAYOUT_STEPS,
         f"training.model.data.index_mapping_dir={tmp_path}/i",
         "training.model.position_embedding_type=learned_absolute",
+        "training.model.share_decoder_tokens_head_embeddings=true",
     )
     train(write_config(prepared_wordpiece, tmp_path / "single", *steps))
-    parallel = write_config(
-        prepared_wordpiece,
-        tmp_path / "parallel",
-        *steps,
-        "training.trainer.devices=2",
-        "training.model.tensor_model_parallel_size=2",
-    )
-    train(parallel, processes=2)
-    assert_same_losses(tmp_path / "single", tmp_path / "parallel", 1e-4)
+    for name, layout in (("tp2", ("training.model.tensor_model_parallel_size=2",)), ("pp2", PP2)):
+        parallel = write_config(
+            prepared_wordpiece, tmp_path / name, *steps, "training.trainer.devices=2", *layout
+        )
+        train(parallel, processes=2)
+        assert_same_losses(tmp_path / "single", tmp_path / name, 1e-4)
 
 
 def test_t5_stop_and_resume_match_an_uninterrupted_run(
     prepared_wordpiece: Path, tmp_path: Path
 ) -> None:
+    """Stopped by a signal and resumed, on one process and on two pipeline stages; the stages'
+    checkpoint (its copied embedding stored once) converts to a portable file that rebuilds the
+    single-stage model exactly."""
     steps = (
         "training.trainer.max_steps=30",
         "training.exp_manager.checkpoint_callback_params.every_n_train_steps=10",
         f"training.model.data.index_mapping_dir={tmp_path}/i",
     )
     train(write_config(prepared_wordpiece, tmp_path / "reference", *steps))
-    config = write_config(prepared_wordpiece, tmp_path / "resumed", *steps)
-    assert stop_with_signal(config, tmp_path / "resumed", 1) == EXIT_PREEMPTED
-    assert max(losses(tmp_path / "resumed")) < 30
-    assert "resumed from" in train(config).stdout
-    assert_same_losses(tmp_path / "reference", tmp_path / "resumed", 0.0)
+    for name, processes, layout, tolerance in (
+        ("resumed", 1, (), 0.0),
+        ("pipeline", 2, (*PP2, "training.trainer.devices=2"), 1e-4),
+    ):
+        config = write_config(prepared_wordpiece, tmp_path / name, *steps, *layout)
+        assert stop_with_signal(config, tmp_path / name, processes) in (
+            EXIT_PREEMPTED,
+            # torchrun reports its workers' stop as its own failure; the checkpoint counts
+            *(() if processes == 1 else (1, -signal.SIGTERM)),
+        )
+        assert max(losses(tmp_path / name)) < 30
+        assert "resumed from" in train(config, processes=processes).stdout
+        assert_same_losses(tmp_path / "reference", tmp_path / name, tolerance)
+    model_file = convert(
+        prepared_wordpiece,
+        tmp_path / "pipeline",
+        tmp_path / "converted",
+        "conversion=t5/convert_t5",
+        "conversion.model.vocab_file=null",
+    )
+    assert_reshards_exactly(model_file, tmp_path / "pipeline", ((1, 1),))
 
 
-def test_t5_pipeline_parallelism_is_refused_before_a_real_run(
+def test_a_t5_decoder_on_several_pipeline_stages_is_one_line(
     prepared_wordpiece: Path, tmp_path: Path
 ) -> None:
-    """A dry run checks and renders a PP 2 recipe (t5/23b is one); a real run stops at once."""
-    common = (
+    """t5/23b's split rank (PP / 2) at PP 4 would put the decoder on two stages."""
+    result = run_main(
         "stages=[training]", "training=t5/tiny", f"data_dir={prepared_wordpiece}/data",
-        "training.trainer.devices=2",
-        "training.model.pipeline_model_parallel_size=2",
-        "training.model.pipeline_model_parallel_split_rank=1",
+        "training.trainer.devices=4", "training.model.pipeline_model_parallel_size=4",
+        f"base_results_dir={tmp_path / 'results'}",
     )  # fmt: skip
-    assert run_main(*common, "dry_run=true", f"base_results_dir={tmp_path / 'dry'}").returncode == 0
-    result = run_main(*common, f"base_results_dir={tmp_path / 'results'}")
     assert result.returncode == 2, result.stdout + result.stderr
     [line] = result.stderr.strip().splitlines()
-    assert "training.model.pipeline_model_parallel_size" in line
-    assert "T5 on 2 pipeline stages" in line
+    assert line.startswith(
+        "error: training.model.pipeline_model_parallel_split_rank: 2 must be PP - 1"
+    )
+    assert "Set it to 3" in line
     assert not (tmp_path / "results").exists()
 
 

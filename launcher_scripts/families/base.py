@@ -68,9 +68,6 @@ class ModelFamily:
     pile_tokenizers: tuple[str, ...]  # the tokenizer types its Pile data is prepared with
     programs: frozenset[str]  # what this version's job programs do with it (PROGRAMS)
     hf_architecture: ArchitectureOf | None = None  # None: no Hugging Face export
-    # What of a training recipe this version's program cannot run yet: (its key below the
-    # stage, what it is), or None. A dry run still checks and renders such a recipe.
-    training_gap: Callable[[Any, str], tuple[str, str] | None] | None = None
     runtime: str | None = None  # the module of its torch side (jobs import it)
 
     def runs(self, program: str) -> bool:

@@ -64,15 +64,6 @@ def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     common_checks(cfg, stage, will_exist)
 
 
-def training_gap(cfg: Any, stage: str) -> tuple[str, str] | None:
-    """megatron-core 0.16's pipeline schedule hands one tensor between stages, so a decoder
-    stage after another would lack the encoder's output: T5 trains at PP 1 here for now."""
-    pipeline = recipe.parallelism(cfg, stage).pipeline
-    if pipeline > 1:
-        return "model.pipeline_model_parallel_size", f"T5 on {pipeline} pipeline stages"
-    return None
-
-
 def _positions(model: Any, stage: str) -> None:
     """The model's position embeddings (NeMo's top-level model.position_embedding_type) and
     each block's (which follow it unless set): a documented type, and for the relative bias
@@ -167,6 +158,5 @@ T5 = register(
         programs=frozenset({"training", "conversion"}),
         hf_architecture=hf_architecture,
         runtime="launcher_scripts.jobs.models.t5",
-        training_gap=training_gap,
     )
 )

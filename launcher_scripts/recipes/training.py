@@ -496,15 +496,19 @@ def check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
 
 def encoder_decoder_split(model: Any, pipeline: int, stage: str) -> tuple[int, int]:
     """(encoder stages, decoder stages): the encoder runs on the pipeline stages before
-    `pipeline_model_parallel_split_rank`, the decoder on the rest."""
+    `pipeline_model_parallel_split_rank`, the decoder on the rest. megatron-core's schedule hands
+    one tensor from stage to stage, and a decoder stage after another would need two (its
+    input and the encoder's output): the decoder is the last stage alone."""
     if pipeline == 1:
         return 1, 1
     name = key(stage, "model.pipeline_model_parallel_split_rank")
     split = model.get("pipeline_model_parallel_split_rank")
-    if isinstance(split, bool) or not isinstance(split, int) or not 0 < split < pipeline:
+    if isinstance(split, bool) or not isinstance(split, int) or split != pipeline - 1:
         raise ConfigError(
             name,
-            f"{split!r} must be between 1 and PP - 1 = {pipeline - 1}",
-            f"Set it to e.g. {pipeline // 2}: the encoder runs on the stages before it",
+            f"{split!r} must be PP - 1 = {pipeline - 1}: megatron-core hands one tensor between "
+            "pipeline stages, so the encoder runs on the stages before the split rank and the "
+            "whole decoder on the last stage",
+            f"Set it to {pipeline - 1}",
         )
     return split, pipeline - split

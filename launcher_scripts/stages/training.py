@@ -29,9 +29,6 @@ class Training:
         family = family_of(ctx.cfg, ctx.stage)
         family.validate(ctx.cfg, ctx.stage, ctx.will_exist)
         require_job_program(ctx, "model_family", family.name, family.runs("training"))
-        gap = family.training_gap(ctx.cfg, ctx.stage) if family.training_gap else None
-        if gap is not None:
-            require_job_program(ctx, *gap, runnable=False)
         prefixes = recipe.data_blend(ctx.cfg, ctx.stage).prefixes
         vocabulary.check_training_data(ctx.cfg, ctx.stage, prefixes)
         plan = family.plan(ctx.root, ctx.stage)

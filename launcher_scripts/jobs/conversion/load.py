@@ -32,6 +32,9 @@ def inference_cfg(model: DictConfig, tensor: int, pipeline: int) -> DictConfig:
         # The embedding rows are already padded: take them as they are.
         "make_vocab_size_divisible_by": 1,
     }
+    if "pipeline_model_parallel_split_rank" in section:
+        # An encoder-decoder runs its decoder on the last stage (recipes.training).
+        section["pipeline_model_parallel_split_rank"] = max(pipeline - 1, 0)
     trainer = {"precision": section.pop("precision", 32), "devices": tensor * pipeline}
     return OmegaConf.create({"model": section, "trainer": trainer | {"num_nodes": 1}})
 

@@ -57,6 +57,10 @@ class ModelRuntime:
     sequence_lengths: Callable[[Any], tuple[int, int | None]]
     batch_keys: tuple[str, ...]  # what a micro-batch holds
     to_hf: HfExport | None = None  # None: no Hugging Face export
+    # (model chunks, token count, ...) -> None: megatron-core's finalize_model_grads_func
+    # contract; None: megatron-core's own. A family whose pipeline stages hold copies of a
+    # table sums their gradients in it.
+    finalize_grads: Callable[..., None] | None = None
 
 
 def runtime_of(family: ModelFamily) -> ModelRuntime:

@@ -12,21 +12,33 @@ Apex: their block-level final norm is Transformer Engine's (None without it: the
 silently have no final LayerNorm), their layer norms are torch's (no sequence parallelism), and
 their attention refuses the relative position bias. All three are LocalNorm / a biased local
 attention here.
+
+Pipeline parallelism: megatron-core 0.16's schedule hands one tensor from stage to stage, so
+the encoder runs on the stages before `pipeline_model_parallel_split_rank`, each passing its
+hidden states on, and the whole decoder on the last stage, which receives the encoder's output
+(the recipe check allows no other split). Tables that both sides need (the word and position
+embeddings; the encoder's relative bias on each encoder stage) are copies with one initial
+value: their gradients are summed over the stages holding them (`finalize_grads`), the gradient
+norm counts the first copy only, and the checkpoint stores the first copy (`T5Stage`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.datasets.t5_dataset import (
     T5MaskedWordPieceDataset,
     T5MaskedWordPieceDatasetConfig,
 )
+from megatron.core.dist_checkpointing.mapping import ShardedTensor
+from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 from megatron.core.models.T5 import T5Model
 from megatron.core.models.T5.t5_spec import (
     decoder_model_with_local_spec,
@@ -42,8 +54,10 @@ from omegaconf import OmegaConf
 from launcher_scripts.jobs.models import t5_hf
 from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
 from launcher_scripts.jobs.training import data, model
+from launcher_scripts.jobs.training.checkpointing import unwrap
 from launcher_scripts.jobs.training.model import LocalNorm
 from launcher_scripts.jobs.training.runtime import JobError
+from launcher_scripts.recipes.training import encoder_decoder_split, parallelism
 
 BATCH_KEYS = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask")
 SENTINEL = "<extra_id_{}>"
@@ -167,9 +181,18 @@ def block_view(cfg: Any, block: str) -> Any:
 
 def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfig:
     """The decoder's config (T5Model's `config`, which the schedule and the optimizer use),
-    holding the encoder's as `encoder_config`."""
+    holding the encoder's as `encoder_config`. Under pipeline parallelism each block's
+    `pipeline_model_parallel_size` is the stages it spans (the encoder's before the split rank,
+    the decoder's one): megatron-core numbers a stage's layers, and names them in checkpoints,
+    from it."""
     config = model.transformer_config(block_view(cfg, "decoder"), use_te, on_gpu)
-    config.encoder_config = model.transformer_config(block_view(cfg, "encoder"), use_te, on_gpu)
+    encoder = model.transformer_config(block_view(cfg, "encoder"), use_te, on_gpu)
+    pipeline = parallelism(cfg).pipeline
+    if pipeline > 1:
+        encoder_stages, _ = encoder_decoder_split(cfg.model, pipeline, "training")
+        encoder = dataclasses.replace(encoder, pipeline_model_parallel_size=encoder_stages)
+        config.pipeline_model_parallel_size = 1  # kept: the schedule's hooks are set on it
+    config.encoder_config = encoder
     return config
 
 
@@ -221,6 +244,30 @@ def _local(spec: ModuleSpec) -> ModuleSpec:
     return spec
 
 
+class T5Stage(T5Model):
+    """A T5Model on one pipeline stage, which knows the tables it holds as copies of another
+    stage's: their checkpoint entries are marked as replicas, so that the first copy is the
+    one stored (megatron-core's T5Model marks none)."""
+
+    copies: tuple[str, ...] = ()  # state-dict prefixes of the copied tables
+    # (parameter, process group of the stages holding it): gradients summed after each step
+    replicated: tuple[tuple[torch.nn.Parameter, Any], ...] = ()
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata=None):
+        state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        for name, tensor in state.items():
+            if isinstance(tensor, ShardedTensor) and name.startswith(
+                tuple(prefix + copy for copy in self.copies)
+            ):
+                rest = tensor.replica_id[1:] if isinstance(tensor.replica_id, tuple) else (0,)
+                tensor.replica_id = (1, *rest)
+        return state
+
+
+def _layer_specs(spec: ModuleSpec, layers: int) -> TransformerBlockSubmodules:
+    return TransformerBlockSubmodules(layer_specs=[_local(spec)] * layers, layer_norm=LocalNorm)
+
+
 def build_chunks(
     cfg: Any, config: TransformerConfig, vocab_size: int, use_te: bool
 ) -> list[T5Model]:
@@ -229,31 +276,28 @@ def build_chunks(
             "training.model.transformer_engine: T5 runs megatron-core's local layers in this "
             "version: set it to False"
         )
-    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        raise JobError(  # preflight refuses it first (families/t5.py)
-            "training.model.pipeline_model_parallel_size: T5 trains without pipeline "
-            "parallelism in this version: set it to 1"
-        )
     model_cfg = cfg.model
     encoder_config = config.encoder_config
-    encoder = TransformerBlockSubmodules(
-        layer_specs=[_local(encoder_model_with_local_spec())] * encoder_config.num_layers,
-        layer_norm=LocalNorm,
-    )
-    decoder = TransformerBlockSubmodules(
-        layer_specs=[_local(decoder_model_with_local_spec())] * config.num_layers,
-        layer_norm=LocalNorm,
-    )
+    pipeline = parallel_state.get_pipeline_model_parallel_world_size()
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    encoder_stages = encoder_config.pipeline_model_parallel_size
+    on_encoder = pipeline == 1 or stage < encoder_stages
+    on_decoder = pipeline == 1 or stage == pipeline - 1
     positions = str(model_cfg.get("position_embedding_type", "learned_absolute"))
-    chunk = T5Model(
+    chunk = T5Stage(
         config=config,
         encoder_config=encoder_config,
-        transformer_encoder_layer_spec=encoder,
-        transformer_decoder_layer_spec=decoder,
+        transformer_encoder_layer_spec=_layer_specs(
+            encoder_model_with_local_spec(), encoder_config.num_layers // encoder_stages
+        ),
+        transformer_decoder_layer_spec=_layer_specs(
+            decoder_model_with_local_spec(), config.num_layers
+        ),
         vocab_size=model.padded_vocab_size(vocab_size, cfg),
         max_sequence_length=int(model_cfg.max_position_embeddings),
-        pre_process=True,
-        post_process=True,
+        # The decoder stage embeds the decoder's tokens.
+        pre_process=stage == 0 or on_decoder,
+        post_process=on_decoder,
         fp16_lm_cross_entropy=bool(model_cfg.get("fp16_lm_cross_entropy", False)),
         parallel_output=True,
         share_embeddings_and_output_weights=bool(
@@ -262,14 +306,91 @@ def build_chunks(
         position_embedding_type=positions,
         relative_attention_num_buckets=int(model_cfg.get("relative_attention_num_buckets", 32)),
         relative_attention_max_distance=int(model_cfg.get("relative_attention_max_distance", 128)),
+        add_encoder=on_encoder,
+        add_decoder=on_decoder,
     )
+    if pipeline > 1:
+        _split_over_stages(chunk, stage, pipeline, encoder_stages)
     return [chunk]
+
+
+def _split_over_stages(chunk: T5Stage, stage: int, pipeline: int, encoder_stages: int) -> None:
+    """Drops the relative bias table of the block a stage does not run, gives the last encoder
+    stage the encoder's final norm (megatron-core puts it on the last pipeline stage, which
+    holds the decoder here), and lists the tables that are copies of another stage's."""
+    copies: list[str] = []
+    replicated: list[tuple[torch.nn.Parameter, Any]] = []
+    relative = chunk.position_embedding_type == "relative"
+    # Created by every rank, the decoder's too (new process groups are collective).
+    encoder_group = (
+        _encoder_stages_group(encoder_stages) if relative and encoder_stages > 1 else None
+    )
+    if chunk.add_encoder:
+        if relative:
+            chunk.decoder_relative_pos_emb = None
+        if stage == encoder_stages - 1:
+            encoder_config = chunk.encoder_config
+            chunk.encoder.final_layernorm = LocalNorm(
+                encoder_config, encoder_config.hidden_size, encoder_config.layernorm_epsilon
+            )
+        if encoder_group is not None:
+            replicated += [(p, encoder_group) for p in chunk.encoder_relative_pos_emb.parameters()]
+            if stage > 0:
+                copies.append("encoder_relative_pos_emb.")
+    elif relative:
+        chunk.encoder_relative_pos_emb = None
+    if chunk.pre_process:
+        # megatron-core sums a tied word embedding's gradients itself; an untied one and the
+        # learned position table are summed here.
+        learned = chunk.position_embeddings is not None
+        tables = (
+            [] if chunk.share_embeddings_and_output_weights else [chunk.embedding.word_embeddings]
+        )
+        tables += [chunk.position_embeddings] if learned else []
+        group = parallel_state.get_embedding_group()
+        replicated += [(p, group) for table in tables for p in table.parameters()]
+        if stage == pipeline - 1:
+            # T5Model registers the position table twice: also as `position_embeddings`.
+            copies += ["embedding.", *(["position_embeddings."] if learned else [])]
+    for name in copies:
+        for param in getattr(chunk, name.rstrip(".")).parameters():
+            param.shared = True  # the gradient norm counts the first copy only
+    chunk.copies, chunk.replicated = tuple(copies), tuple(replicated)
+
+
+def _encoder_stages_group(encoder_stages: int) -> Any:
+    """The process group of this rank's encoder stages (the first `encoder_stages` ranks of its
+    pipeline group). Every rank creates every such group, in the same order."""
+    pipeline_group = parallel_state.get_pipeline_model_parallel_group()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, dist.get_process_group_ranks(pipeline_group))
+    mine = None
+    for ranks in sorted({tuple(ranks[:encoder_stages]) for ranks in everyone}):
+        group = dist.new_group(list(ranks))
+        if dist.get_rank() in ranks:
+            mine = group
+    return mine
+
+
+def finalize_grads(model_chunks: list[Any], *args: Any, **kwargs: Any) -> None:
+    """megatron-core's gradient finalisation, then the copied tables' gradients summed over
+    the stages holding them, so that every copy takes the same optimizer step."""
+    finalize_model_grads(model_chunks, *args, **kwargs)
+    for chunk in model_chunks:
+        for param, group in unwrap(chunk).replicated:
+            grad = param.main_grad if hasattr(param, "main_grad") else param.grad
+            if grad is not None:
+                dist.all_reduce(grad, group=group)
 
 
 def forward_step(batch: dict[str, Any], chunk: Any) -> tuple[Any, Any]:
     enc_mask, dec_mask, enc_dec_mask = T5MaskedWordPieceDataset.config_attention_mask(
         batch["text_enc"], batch["text_dec"], batch["enc_mask"], batch["dec_mask"], use_local=True
     )
+    stage = unwrap(chunk)
+    # The decoder stage of a pipeline receives the encoder's output (set_input_tensor): given
+    # explicitly, it skips the encoder branch it does not hold.
+    received = None if stage.add_encoder else stage.encoder_hidden_state
     output = chunk(
         batch["text_enc"],
         batch["text_dec"],
@@ -277,6 +398,7 @@ def forward_step(batch: dict[str, Any], chunk: Any) -> tuple[Any, Any]:
         dec_mask,
         enc_dec_mask,
         lm_labels=batch["labels"].clamp(min=0),  # -1: padding, left out by loss_mask
+        encoder_hidden_states=received,
     )
     return output, partial(token_loss, batch["loss_mask"])
 
@@ -290,4 +412,5 @@ RUNTIME = ModelRuntime(
     sequence_lengths=lambda cfg: (int(cfg.model.data.seq_length), None),
     batch_keys=BATCH_KEYS,
     to_hf=t5_hf.to_hf,
+    finalize_grads=finalize_grads,
 )

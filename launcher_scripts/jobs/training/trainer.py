@@ -185,7 +185,7 @@ class Trainer:
     def _configure_schedule_hooks(self) -> None:
         config = self.config
         config.grad_scale_func = self.optimizer.scale_loss
-        config.finalize_model_grads_func = finalize_model_grads
+        config.finalize_model_grads_func = self.runtime.finalize_grads or finalize_model_grads
         if self.on_gpu and self.par.data > 1:
             no_sync = [chunk.no_sync for chunk in self.model]
             config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
