@@ -266,7 +266,9 @@ def _choose_encoder_decoder_layout(
         for pipeline in (1, 2, 4, 8):
             fits_world = world % (tensor * pipeline) == 0 and tensor <= settings.gpus_per_node
             heads_ok = arch.num_attention_heads % tensor == 0
-            stages_ok = pipeline == 1 or arch.num_layers % (pipeline // 2) == 0
+            # The encoder on the first PP - 1 stages, the decoder on the last (megatron-core's
+            # schedule hands one tensor between stages: recipes.training.encoder_decoder_split).
+            stages_ok = pipeline == 1 or arch.num_layers % (pipeline - 1) == 0
             if fits_world and heads_ok and stages_ok:
                 options.append((tensor * pipeline, tensor, pipeline))
     gbs = int(recipe.model.global_batch_size)
@@ -282,7 +284,7 @@ def _choose_encoder_decoder_layout(
                 "model.micro_batch_size": micro,
             }
             if pipeline > 1:
-                values["model.pipeline_model_parallel_split_rank"] = pipeline // 2
+                values["model.pipeline_model_parallel_split_rank"] = pipeline - 1
             set_keys(recipe, values)
             family = families.of_model_type(settings.family)
             plan = family.plan(resolved_stage(root), STAGE)

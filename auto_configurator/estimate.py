@@ -12,6 +12,12 @@ parallelism, bf16, the distributed optimizer, MBS 1, GBS = MBS x data-parallel s
 GPT-2's vocabulary. A cluster is described by `cluster=h100` (the ClusterSpec defaults: H100
 SXM, 989 dense bf16 TFLOP/s at 55%, NVLink 450 GB/s, 50 GB/s per GPU across nodes) or
 `cluster=a100`, and/or any `cluster.<field>=<value>`; only then is the step time predicted.
+
+A T5 or mT5 recipe (`training=t5/220m`) gives the parameters, the memory of its busiest
+pipeline stage (cross-attention, the encoder on the stages before the split rank and the decoder
+on the last, costmodel.plan.encoder_decoder_costs) and the model FLOPs; its keys are set as
+model.encoder.<key> / model.decoder.<key>. The step-time model describes one layer stack, so a
+described cluster gives an encoder-decoder estimate its memory verdict but no step time.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from launcher_scripts.costmodel import estimates
 from launcher_scripts.costmodel.memory import GIB, MemoryBreakdown, memory_breakdown
+from launcher_scripts.costmodel.plan import Costs
 from launcher_scripts.costmodel.shapes import (
     GATED_ACTIVATIONS,
     Layout,
@@ -43,6 +51,8 @@ from launcher_scripts.costmodel.throughput import (
     predict_step,
 )
 from launcher_scripts.errors import ConfigError, LauncherError
+from launcher_scripts.families import family_of
+from launcher_scripts.recipes import training as recipe_keys
 
 MODEL_KEYS = (
     "num_layers",
@@ -76,9 +86,30 @@ MODEL_KEYS = (
     "tokenizer.vocab_file",
 )
 TRAINER_KEYS = ("num_nodes", "devices", "precision")
+# An encoder-decoder recipe's blocks (model.encoder.<key>, model.decoder.<key>) and its own keys.
+BLOCK_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "kv_channels",
+    "activation",
+    "normalization",
+    "bias",
+    "activations_checkpoint_granularity",
+    "activations_checkpoint_method",
+    "activations_checkpoint_num_layers",
+)
+ENCODER_DECODER_KEYS = (
+    "model.pipeline_model_parallel_split_rank",
+    "model.data.seq_length",
+    "model.data.seq_length_dec",
+    *(f"model.{block}.{key}" for block in ("encoder", "decoder") for key in BLOCK_KEYS),
+)
 KNOWN_KEYS = (
     *(f"model.{key}" for key in MODEL_KEYS),
     *(f"trainer.{key}" for key in TRAINER_KEYS),
+    *ENCODER_DECODER_KEYS,
 )
 CHOICES = {
     "model.activation": ("gelu", "squared-relu", "relu", *GATED_ACTIVATIONS),
@@ -194,22 +225,39 @@ def recipe_config(request: Request) -> DictConfig:
         cfg = OmegaConf.create(DEFAULTS)
     else:
         from launcher_scripts.config.compose import compose_config
-        from launcher_scripts.families import family_of
 
         root = compose_config([f"training={request.recipe}"])
         OmegaConf.set_struct(root, False)
         cfg = root.training
-        if family_of(cfg, "training").encoder_decoder:
-            raise ConfigError(
-                f"training={request.recipe}",
-                "is an encoder-decoder recipe, which estimate does not model",
-                "Use a gpt3 or bert recipe (a training dry run prints T5 plans)",
-            )
+    check_keys_fit(request, request.recipe is not None and is_encoder_decoder(cfg))
     for key, value in request.overrides.items():
         OmegaConf.update(cfg, key, value, merge=True)
     if cfg.model.get("global_batch_size") is None:
         cfg.model.global_batch_size = default_global_batch(cfg)
     return cfg
+
+
+def is_encoder_decoder(cfg: DictConfig) -> bool:
+    return family_of(cfg, "training").encoder_decoder
+
+
+def check_keys_fit(request: Request, encoder_decoder: bool) -> None:
+    """An encoder-decoder recipe sets its layers per block; a single stack has no blocks."""
+    for key in request.overrides:
+        name = key.removeprefix("model.")
+        if encoder_decoder and name in (*BLOCK_KEYS, "encoder_seq_length"):
+            hint = (
+                "Use model.data.seq_length (and model.data.seq_length_dec)"
+                if name == "encoder_seq_length"
+                else f"Use model.encoder.{name} and/or model.decoder.{name}"
+            )
+            raise ConfigError(key, "is set per block in an encoder-decoder recipe", hint)
+        if not encoder_decoder and key in ENCODER_DECODER_KEYS:
+            raise ConfigError(
+                key,
+                "is a key of encoder-decoder recipes",
+                "Use it with training=t5/<size> or training=mt5/<size>",
+            )
 
 
 def default_global_batch(cfg: DictConfig) -> Any:
@@ -230,18 +278,73 @@ def default_global_batch(cfg: DictConfig) -> Any:
         return None
 
 
-def make_estimate(request: Request) -> Estimate:
+@dataclass(frozen=True)
+class EncoderDecoderEstimate:
+    """A T5/mT5 recipe's costs (the launcher plan's) at its layout."""
+
+    model: dict[str, Any]  # the blocks' shapes, the sequence lengths, the vocabulary
+    par: recipe_keys.Parallelism
+    encoder_stages: int
+    micro_batch: int
+    global_batch: int
+    vocab_assumed: bool
+    padded_vocab: int
+    costs: Costs
+    cluster: ClusterSpec | None
+
+    @property
+    def memory(self) -> MemoryBreakdown:
+        return self.costs.memory
+
+    @property
+    def micro_batches(self) -> int:
+        return max(1, self.global_batch // (self.micro_batch * self.par.data))
+
+    @property
+    def model_flops_per_step(self) -> float:
+        return self.costs.flops_per_sample * self.global_batch
+
+    def to_json(self) -> dict:
+        par = self.par
+        result: dict[str, Any] = {
+            **self.memory.to_json(),
+            "parameters_total": self.costs.params.total,
+            "model_flops_per_step": self.model_flops_per_step,
+            "model": self.model,
+            "padded_vocab_size": self.padded_vocab,
+            "vocab_assumed": self.vocab_assumed,
+            "layout": {
+                "world": par.world_size,
+                "tensor": par.tensor,
+                "pipeline": par.pipeline,
+                "encoder_stages": self.encoder_stages,
+                "sequence_parallel": par.sequence_parallel,
+                "data": par.data,
+                "micro_batch": self.micro_batch,
+                "global_batch": self.global_batch,
+                "micro_batches": self.micro_batches,
+            },
+        }
+        if self.cluster is not None:
+            result["cluster"] = asdict(self.cluster)
+            result["fits"] = self.memory.total_gib <= self.cluster.gpu_memory_gib
+        return result
+
+
+def make_estimate(request: Request) -> Estimate | EncoderDecoderEstimate:
     cfg = recipe_config(request)
+    cluster = None
+    if request.cluster_described:
+        base = asdict(CLUSTERS[request.cluster_preset or "h100"])
+        cluster = ClusterSpec.from_settings({**base, **request.cluster_settings})
+    if request.recipe is not None and is_encoder_decoder(cfg):
+        return encoder_decoder_estimate(cfg, cluster)
     vocab, assumed = None, False
     if cfg.model.get("padded_vocab_size") is None:
         vocab, assumed = tokenizer_vocab(cfg.model.get("tokenizer") or {})
     shape = ModelShape.from_recipe(cfg.model, vocab_size=vocab)
     layout = Layout.from_recipe(cfg)
     check_layout(shape, layout)
-    cluster = None
-    if request.cluster_described:
-        base = asdict(CLUSTERS[request.cluster_preset or "h100"])
-        cluster = ClusterSpec.from_settings({**base, **request.cluster_settings})
     return Estimate(
         shape=shape,
         layout=layout,
@@ -251,6 +354,124 @@ def make_estimate(request: Request) -> Estimate:
         cluster=cluster,
         step=predict_step(shape, layout, cluster) if cluster else None,
     )
+
+
+def encoder_decoder_estimate(
+    cfg: DictConfig, cluster: ClusterSpec | None
+) -> EncoderDecoderEstimate:
+    """The training stage's own checks of the recipe (one line for a bad key), then its plan's
+    costs."""
+    family = family_of(cfg, "training")
+    family.validate(cfg, "training", lambda _path: True)
+    model = cfg.model
+    par = recipe_keys.parallelism(cfg, "training")
+    vocab, assumed = tokenizer_vocab(model.tokenizer)
+    micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
+    costs = family.costs(cfg, par, vocab, max(1, global_batch // (micro * par.data)), "training")
+    encoder_stages, _ = recipe_keys.encoder_decoder_split(model, par.pipeline, "training")
+    blocks = {
+        block: {
+            name: OmegaConf.select(model, f"{block}.{name}")
+            for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads")
+        }
+        for block in ("encoder", "decoder")
+    }
+    return EncoderDecoderEstimate(
+        model={
+            **blocks,
+            "seq_length": int(model.data.seq_length),
+            "seq_length_dec": int(model.data.seq_length_dec),
+            "vocab_size": vocab,
+        },
+        par=par,
+        encoder_stages=encoder_stages,
+        micro_batch=micro,
+        global_batch=global_batch,
+        vocab_assumed=assumed,
+        padded_vocab=estimates.padded_vocab(vocab, model, par.tensor),
+        costs=costs,
+        cluster=cluster,
+    )
+
+
+def memory_section(estimate: Estimate | EncoderDecoderEstimate) -> tuple[str, list]:
+    m = estimate.memory
+    return (
+        f"memory per GPU, GiB ({m.stage} pipeline stage)"
+        if m.stage != "only"
+        else "memory per GPU, GiB",
+        [
+            ("weights", f"{m.weights_gib:10.3f}"),
+            ("gradients", f"{m.gradients_gib:10.3f}"),
+            ("optimizer", f"{m.optimizer_gib:10.3f}"),
+            ("layer activations", f"{m.layer_activations_gib:10.3f}"),
+            ("other activations", f"{m.other_activations_gib:10.3f}"),
+            ("recompute workspace", f"{m.recompute_workspace_gib:10.3f}"),
+            ("total", f"{m.total_gib:10.3f}" + fit_note(estimate)),
+        ],
+    )
+
+
+def aligned(sections: list[tuple[str, list[tuple[str, str]]]]) -> list[str]:
+    width = max(len(name) for _, rows in sections for name, _ in rows)
+    lines: list[str] = []
+    for title, rows in sections:
+        lines.append(title)
+        lines.extend(f"  {name:<{width}}  {value}" for name, value in rows)
+    return lines
+
+
+def encoder_decoder_table(estimate: EncoderDecoderEstimate) -> list[str]:
+    par, model = estimate.par, estimate.model
+
+    def block(name: str) -> str:
+        b = model[name]
+        return (
+            f"{b['num_layers']} layers, hidden {b['hidden_size']}, {b['num_attention_heads']} "
+            f"heads, FFN {b['ffn_hidden_size']}"
+        )
+
+    vocab = f"vocab {model['vocab_size']}" + (" (assumed)" if estimate.vocab_assumed else "")
+    encoder_stages = (
+        "stage 0" if estimate.encoder_stages == 1 else f"stages 0-{estimate.encoder_stages - 1}"
+    )
+    split = (
+        f" (encoder on {encoder_stages}, decoder on stage {par.pipeline - 1})"
+        if par.pipeline > 1
+        else ""
+    )
+    params = estimate.costs.params
+    sections: list[tuple[str, list[tuple[str, str]]]] = [
+        (
+            "model",
+            [
+                ("encoder", f"{block('encoder')}, seq {model['seq_length']}"),
+                ("decoder", f"{block('decoder')}, seq {model['seq_length_dec']}"),
+                ("vocabulary", f"{vocab}, padded to {estimate.padded_vocab}"),
+                (
+                    "parameters",
+                    f"{params.total / 1e9:.3f} B, {params.per_gpu / 1e9:.3f} B on the busiest GPU",
+                ),
+                (
+                    "layout",
+                    f"{par.world_size} GPUs: TP {par.tensor}, PP {par.pipeline}{split}, DP "
+                    f"{par.data}"
+                    + (", SP" if par.sequence_parallel else "")
+                    + f"; MBS {estimate.micro_batch}, GBS {estimate.global_batch} "
+                    f"({estimate.micro_batches} micro-batches)",
+                ),
+            ],
+        ),
+        memory_section(estimate),
+        ("compute", [("model FLOPs per step", f"{estimate.model_flops_per_step:.4e}")]),
+    ]
+    lines = aligned(sections)
+    if estimate.cluster is not None:
+        lines.append(
+            "step time: not predicted for encoder-decoder models (the step-time model "
+            "describes one layer stack)"
+        )
+    return lines
 
 
 def table(estimate: Estimate) -> list[str]:
@@ -289,20 +510,7 @@ def table(estimate: Estimate) -> list[str]:
                 ("training", f"{layout.dtype}, {recompute}, {optimizer}"),
             ],
         ),
-        (
-            f"memory per GPU, GiB ({m.stage} pipeline stage)"
-            if m.stage != "only"
-            else "memory per GPU, GiB",
-            [
-                ("weights", f"{m.weights_gib:10.3f}"),
-                ("gradients", f"{m.gradients_gib:10.3f}"),
-                ("optimizer", f"{m.optimizer_gib:10.3f}"),
-                ("layer activations", f"{m.layer_activations_gib:10.3f}"),
-                ("other activations", f"{m.other_activations_gib:10.3f}"),
-                ("recompute workspace", f"{m.recompute_workspace_gib:10.3f}"),
-                ("total", f"{m.total_gib:10.3f}" + fit_note(estimate)),
-            ],
-        ),
+        memory_section(estimate),
         ("compute", [("model FLOPs per step", f"{estimate.model_flops_per_step:.4e}")]),
     ]
     step = estimate.step
@@ -326,15 +534,10 @@ def table(estimate: Estimate) -> list[str]:
                 ],
             )
         )
-    width = max(len(name) for _, rows in sections for name, _ in rows)
-    lines: list[str] = []
-    for title, rows in sections:
-        lines.append(title)
-        lines.extend(f"  {name:<{width}}  {value}" for name, value in rows)
-    return lines
+    return aligned(sections)
 
 
-def fit_note(estimate: Estimate) -> str:
+def fit_note(estimate: Estimate | EncoderDecoderEstimate) -> str:
     if estimate.cluster is None:
         return ""
     budget = estimate.cluster.gpu_memory_gib
@@ -357,6 +560,8 @@ def main(argv: Sequence[str]) -> int:
         return LauncherError.exit_code
     if request.as_json:
         print(json.dumps(estimate.to_json(), indent=2))
+    elif isinstance(estimate, EncoderDecoderEstimate):
+        print("\n".join(encoder_decoder_table(estimate)))
     else:
         print("\n".join(table(estimate)))
     return 0

@@ -1,7 +1,7 @@
-"""The AutoConfigurator's analytical model (costmodel.shapes, .memory, .throughput) and
-the `estimate` command, against figures derived here by hand from the published formulas:
-Korthikanti et al. 2022 (activations), Megatron-Core's distributed-optimizer table (bytes per
-parameter) and Narayanan et al. 2021 (model FLOPs)."""
+"""The AutoConfigurator's analytical model (costmodel.shapes, .memory, .throughput, and the
+encoder-decoder terms of .estimates) and the `estimate` command, against figures derived here by
+hand from the published formulas: Korthikanti et al. 2022 (activations), Megatron-Core's
+distributed-optimizer table (bytes per parameter) and Narayanan et al. 2021 (model FLOPs)."""
 
 from __future__ import annotations
 
@@ -547,7 +547,19 @@ def test_estimate_reads_a_recipe_and_overrides(capsys: pytest.CaptureFixture[str
             "error: model.global_batch_size: 30 is not a multiple of",
         ),
         (["training=gpt3/9b"], "error: training=gpt3/9b: no such recipe."),
-        (["training=t5/220m"], "error: training=t5/220m: is an encoder-decoder recipe"),
+        (
+            ["training=t5/220m", "model.num_layers=4"],
+            "error: model.num_layers: is set per block in an encoder-decoder recipe. Use "
+            "model.encoder.num_layers",
+        ),
+        (
+            [*GPT3_KEYS, "model.decoder.num_layers=4"],
+            "error: model.decoder.num_layers: is a key of encoder-decoder recipes.",
+        ),
+        (
+            ["training=t5/220m", "trainer.devices=4", "model.pipeline_model_parallel_size=4"],
+            "error: training.model.pipeline_model_parallel_split_rank: 2 must be PP - 1 = 3",
+        ),
         ([*GPT3_KEYS, "cluster.dp_overlap=2"], "error: cluster.dp_overlap: 2 is above 1."),
         (["num_layers"], "error: num_layers: is not key=value."),
     ],
@@ -565,3 +577,92 @@ def test_estimate_as_a_module_reports_bad_input_with_exit_2() -> None:
     result = run_estimate("model.hidden_size=64")
     assert result.returncode == 2
     assert result.stderr.startswith("error: model.num_attention_heads: is missing.")
+
+
+# ----- T5: cross-attention and the encoder/decoder pipeline split, by hand --------------------
+
+T5_KEYS = [
+    "training=t5/220m", "trainer.num_nodes=1", "trainer.devices=2",
+    "model.pipeline_model_parallel_size=2", "model.pipeline_model_parallel_split_rank=1",
+    "model.micro_batch_size=4", "model.global_batch_size=32",
+    *(
+        f"model.{block}.{key}"
+        for block in ("encoder", "decoder")
+        for key in (
+            "hidden_size=1024", "num_attention_heads=16", "kv_channels=64",
+            "ffn_hidden_size=4096", "activation=gelu", "activations_checkpoint_granularity=null",
+        )
+    ),
+    "model.encoder.num_layers=4", "model.decoder.num_layers=2",
+]  # fmt: skip
+
+
+def test_t5_estimate_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
+    """A 4+2-layer T5 (h 1024, 16 heads, FFN 4h, bf16), encoder on stage 0 and decoder on
+    stage 1, MBS 4 of GBS 32 (8 micro-batches, DP 1), encoder 512 and decoder 128 tokens, the
+    assumed vocabulary (28996 WordPieces + 100 sentinels) padded to 29184."""
+    assert estimate.main([*T5_KEYS, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    h, a, v, enc, dec, b = 1024, 16, 29184, 512, 128, 4
+    assert result["padded_vocab_size"] == v and result["vocab_assumed"]
+
+    # Parameters. A layer: QKV 3h^2+3h, projection h^2+h, fc1 4h^2+4h, fc2 4h^2+h, two
+    # LayerNorms 4h. Cross-attention: Q, K, V, projection 4h^2 + 4h, its LayerNorm 2h.
+    layer = 12 * h * h + 13 * h
+    cross = 4 * h * h + 6 * h
+    embeddings = v * h + 512 * h  # words, learned positions (512)
+    stage_0 = embeddings + 4 * layer + 2 * h  # the encoder and its final norm
+    stage_1 = embeddings + 2 * (layer + cross) + 2 * h + v  # final norm, LM-head bias
+    assert result["parameters_total"] == stage_0 + stage_1 - embeddings
+    assert result["parameters_per_gpu"] == max(stage_0, stage_1) == stage_0
+    # bf16 with fp32 gradients and the distributed optimizer over 1 rank: 2 + 4 + 12 bytes.
+    weights, gradients, optimizer = 2 * stage_0, 4 * stage_0, 12 * stage_0
+
+    # Activations, Korthikanti et al. Table 2 per layer: sbh(34 + 5as/h) bytes.
+    encoder_layer = enc * b * h * (34 + 5 * a * enc / h)
+    # Cross-attention, derived as Table 2's attention block: Q and the projection input over
+    # the decoder's tokens and K, V over the encoder's (2 bytes each, 4sbh + 4 s_enc bh), the
+    # scores' softmax, dropout output and mask (5 a s s_enc b), the norm input, Q-projection
+    # input and the dropout mask (5sbh).
+    cross_bytes = (4 * dec + 4 * enc) * b * h + 5 * a * dec * enc * b + 5 * dec * b * h
+    decoder_layer = dec * b * h * (34 + 5 * a * dec / h) + cross_bytes
+    # Stage 0 under 1F1B holds min(PP, m) = 2 micro-batches: its 4 layers, the embedding's
+    # dropout mask (sbh) and the encoder's final-norm input (2sbh) each.
+    stage_0_layers = 2 * 4 * encoder_layer
+    stage_0_other = 2 * (enc * b * h + 2 * enc * b * h)
+    # Stage 1 holds one: 2 layers, the decoder embedding's mask, the received encoder output
+    # (2 s_enc bh) and [K] 4.3's head: the final norm's and output layer's inputs (4sbh) and
+    # fp32 logits (4sbV).
+    stage_1_layers = 2 * decoder_layer
+    stage_1_other = dec * b * h + 2 * enc * b * h + 4 * dec * b * h + 4 * dec * b * v
+    assert stage_0_layers + stage_0_other > stage_1_layers + stage_1_other
+    expected = {
+        "weights_gib": weights,
+        "gradients_gib": gradients,
+        "optimizer_gib": optimizer,
+        "layer_activations_gib": stage_0_layers,
+        "other_activations_gib": stage_0_other,
+        "total_gib": weights + gradients + optimizer + stage_0_layers + stage_0_other,
+    }
+    for key, value in expected.items():
+        assert result[key] * GIB == pytest.approx(value, rel=1e-12), key
+
+    # Model FLOPs (x3 for backward), Narayanan et al.'s counting: each layer 24sh^2 + 4s^2h,
+    # cross-attention 4h^2 (s + s_enc) for its projections + 4 s s_enc h, the LM head 2shV.
+    forward = (
+        4 * (24 * enc * h * h + 4 * enc * enc * h)
+        + 2 * (24 * dec * h * h + 4 * dec * dec * h)
+        + 2 * (4 * h * h * (dec + enc) + 4 * dec * enc * h)
+        + 2 * dec * h * v
+    )
+    assert result["model_flops_per_step"] == pytest.approx(32 * 3 * forward, rel=1e-12)
+
+
+def test_t5_estimate_table_names_the_split_and_the_missing_step_time() -> None:
+    result = run_estimate(*T5_KEYS, "cluster=h100")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "encoder     " in out and "4 layers, hidden 1024, 16 heads, FFN 4096, seq 512" in out
+    assert "PP 2 (encoder on stage 0, decoder on stage 1)" in out
+    assert "of 80 GiB: fits" in out
+    assert "step time: not predicted for encoder-decoder models" in out

@@ -42,8 +42,8 @@ class Parameters:
 # decoder layers add cross-attention (queries from the decoder, keys and values from the
 # encoder's output). One embedding table serves both and the output layer (tied), and the LM
 # head has a bias. With pipeline parallelism the encoder runs on the `encoder_stages` first
-# stages and the decoder on the `decoder_stages` after them; each side's first stage holds the
-# embeddings.
+# stages and the whole decoder on the last (megatron-core hands one tensor between stages);
+# the first stage and the decoder's each hold the embeddings.
 
 
 def block_shape(block: Any, seq: int, vocab: int, max_positions: int | None = None) -> ModelShape:
@@ -107,10 +107,13 @@ def encoder_decoder_parameters(
     if pipeline == 1:
         largest = total
     else:
-        decoder_stages = pipeline - encoder_stages
+        # The first stage (embeddings; the encoder's final norm when it is the only encoder
+        # stage) or the decoder's, the last (a copy of the embeddings, every decoder layer).
         encoder_stage = embeddings + encoder_shape.num_layers // encoder_stages * encoder_layer
-        decoder_stage = embeddings + decoder_shape.num_layers // decoder_stages * decoder_layer
-        largest = max(encoder_stage, decoder_stage + head)
+        if encoder_stages == 1:
+            encoder_stage += encoder_shape.norm_parameters()
+        decoder_stage = embeddings + decoder_shape.num_layers * decoder_layer + head
+        largest = max(encoder_stage, decoder_stage)
     return Parameters(total, -(-largest // tensor))
 
 
@@ -174,29 +177,42 @@ def encoder_decoder_activations(
     padded_vocab: int,
     precision: str = "bf16",
 ) -> tuple[float, float]:
-    """Bytes of activations on the busiest pipeline stage: (the layers', the LM head's).
+    """Bytes of activations on the busiest pipeline stage: (the layers', the rest).
 
     Per layer, launcher_scripts.costmodel.memory.layer_activation_bytes (Korthikanti et al. Table 2)
-    plus cross-attention in the decoder. Without pipelining the one stage holds every layer for
-    one micro-batch and the LM head's section 4.3 terms; with it, the first encoder stage keeps
-    min(PP, m) micro-batches in flight (1F1B) and the first decoder stage min(decoder stages,
-    m)."""
+    plus cross-attention in the decoder. The rest, per micro-batch ([K] section 4.3): each
+    embedding's dropout mask, the encoder's output kept twice (its final norm's input, and the
+    input of every cross-attention's key/value projection) and the LM head's terms. Without
+    pipelining one stage holds it all for one micro-batch. With it the encoder runs on the
+    first stages and the decoder on the last: the first stage keeps min(PP, m) micro-batches in
+    flight (1F1B) with their embeddings (and the final norm's input when it is the only encoder
+    stage); the last keeps one micro-batch of the decoder, its embedding, the received encoder
+    output and the LM head."""
     encoder, decoder = model.encoder, model.decoder
     args = (micro_batch, tensor, sequence_parallel)
     encoder_shape = block_shape(encoder, encoder_seq, padded_vocab)
     decoder_shape = block_shape(decoder, decoder_seq, padded_vocab)
-    encoder_layer = memory.layer_activation_bytes(
-        encoder_shape, block_layout(encoder, *args, precision)
-    )
+    encoder_layout = block_layout(encoder, *args, precision)
+    encoder_layer = memory.layer_activation_bytes(encoder_shape, encoder_layout)
     decoder_layout = block_layout(decoder, *args, precision)
     decoder_layer = memory.layer_activation_bytes(decoder_shape, decoder_layout)
     decoder_layer += cross_attention_bytes(decoder, decoder_seq, encoder_seq, *args)
+    encoder_embedding = memory.embedding_activation_bytes(encoder_shape, encoder_layout)
+    decoder_embedding = memory.embedding_activation_bytes(decoder_shape, decoder_layout)
+    sequence_split = tensor if sequence_parallel else 1
+    hidden = encoder_shape.hidden_size
+    encoder_output = encoder_layout.element_bytes * encoder_seq * micro_batch * hidden
+    encoder_output /= sequence_split
+    head = memory.output_activation_bytes(decoder_shape, decoder_layout)
+    decoder_layers = decoder_shape.num_layers * decoder_layer
+    decoder_other = decoder_embedding + encoder_output + head
     if pipeline == 1:
-        layers = encoder_shape.num_layers * encoder_layer + decoder_shape.num_layers * decoder_layer
-        return layers, memory.output_activation_bytes(decoder_shape, decoder_layout)
-    decoder_stages = pipeline - encoder_stages
-    encoder_layers = encoder_shape.num_layers / encoder_stages
-    decoder_layers = decoder_shape.num_layers / decoder_stages
-    encoder_side = encoder_layers * encoder_layer * min(pipeline, micro_batches)
-    decoder_side = decoder_layers * decoder_layer * min(decoder_stages, micro_batches)
-    return max(encoder_side, decoder_side), 0.0
+        layers = encoder_shape.num_layers * encoder_layer + decoder_layers
+        return layers, encoder_embedding + encoder_output + decoder_other
+    in_flight = min(pipeline, micro_batches)
+    encoder_layers = encoder_shape.num_layers // encoder_stages * encoder_layer * in_flight
+    final_norm = encoder_output if encoder_stages == 1 else 0.0
+    encoder_other = (encoder_embedding + final_norm) * in_flight
+    if decoder_layers + decoder_other >= encoder_layers + encoder_other:
+        return decoder_layers, decoder_other
+    return encoder_layers, encoder_other
