@@ -241,9 +241,11 @@ def _choose_stack_layout(
 
 def apply_layout(recipe: DictConfig, candidate: Candidate) -> None:
     """Give the recipe the candidate's parallel sizes, micro-batch and recomputation (keys a
-    recipe may lack, such as BERT's context_parallel_size, are added)."""
+    recipe may lack, such as its recomputation method, are added; BERT's missing
+    context_parallel_size stays missing at CP 1)."""
     values = {}
-    for override in candidate.overrides(STAGE):
+    has_context = "context_parallel_size" in recipe.model
+    for override in candidate.overrides(STAGE, has_context):
         key, _, text = override.partition("=")
         values[key.removeprefix(f"{STAGE}.")] = _parse(text)
     set_keys(recipe, values, add=True)

@@ -60,15 +60,18 @@ class Candidate:
             recompute_num_layers=layers or 1,
         )
 
-    def overrides(self, stage: str = "training") -> list[str]:
-        """The launcher overrides that give a recipe this layout."""
+    def overrides(self, stage: str = "training", recipe_has_context: bool = True) -> list[str]:
+        """The launcher overrides that give a recipe this layout. A recipe without context
+        parallelism (BERT's) gets no context_parallel_size key at CP 1: its family declares
+        none."""
         model = f"{stage}.model"
         granularity, method, layers = self._recompute
+        context = [f"{model}.context_parallel_size={self.context}"]
         return [
             f"{model}.tensor_model_parallel_size={self.tensor}",
             f"{model}.pipeline_model_parallel_size={self.pipeline}",
             f"{model}.virtual_pipeline_model_parallel_size={_yaml(self.virtual_pipeline)}",
-            f"{model}.context_parallel_size={self.context}",
+            *(context if recipe_has_context or self.context > 1 else []),
             f"{model}.sequence_parallel={_yaml(self.sequence_parallel)}",
             f"{model}.micro_batch_size={self.micro_batch}",
             f"{model}.activations_checkpoint_granularity={_yaml(granularity)}",

@@ -35,7 +35,8 @@ def check_searchable(settings: TrainSettings, base: BaseConfig) -> None:
     family = of_model_type(settings.family)
     if base.shape is None or not family.runs("training"):
         reason = (
-            "the memory and throughput model describes decoder and encoder stacks, not T5"
+            "the step-time model that ranks candidates describes one layer stack, not T5's "
+            "encoder and decoder"
             if base.shape is None
             else f"this launcher version has no {family.name} training job to measure with"
         )
@@ -149,8 +150,9 @@ def write_best_config(
     settings: TrainSettings, base: BaseConfig, best: report.Outcome, folder: Path
 ) -> Path:
     """The base config with the fastest measured layout: a recipe the launcher runs as is."""
+    has_context = "context_parallel_size" in base.recipe.model
     root = compose_recipe(
-        str(base.path), best.evaluated.candidate.overrides(STAGE), "search_config"
+        str(base.path), best.evaluated.candidate.overrides(STAGE, has_context), "search_config"
     )
     path = folder / f"optimal_config_{size_label(base.size_in_b)}_{settings.num_nodes}nodes.yaml"
     m = best.measurement

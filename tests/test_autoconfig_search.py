@@ -403,3 +403,30 @@ def test_real_measured_search_on_cpu_picks_the_measured_fastest(
     assert (final / "predicted_vs_measured.png").stat().st_size > 0
     assert (final / "failed_jobs.csv").read_text().startswith("run,layout,state")
     assert "best: " + fastest["run"] in result.stdout
+
+
+def test_real_measured_bert_search_on_cpu(prepared_wordpiece: Path, tmp_path: Path) -> None:
+    """bert/tiny (no context_parallel_size key in its family's recipes) on two CPU processes:
+    two short runs through main.py, and a best config the training stage accepts."""
+    result = run_autoconfig(
+        "search_config=bert/tiny",
+        "run_training_hp_search=true",
+        f"base_results_dir={tmp_path}",
+        f"data_dir={prepared_wordpiece}/data",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    final = tmp_path / "bert" / "tiny_2gb" / "final_results"
+    with open(final / "candidates.csv") as handle:
+        measured = [r for r in csv.DictReader(handle) if r["status"] == "measured"]
+    assert len(measured) == 2, measured
+    summary = json.loads((final / "summary.json").read_text())
+    fastest = min(measured, key=lambda r: float(r["measured_step_time_s"]))
+    assert summary["best"]["run"] == fastest["run"]
+    best = Path(summary["best_config"])
+    model = OmegaConf.load(best).model
+    assert "context_parallel_size" not in model
+    assert (model.tensor_model_parallel_size, model.micro_batch_size) == (
+        int(fastest["tp"]),
+        int(fastest["mbs"]),
+    )
+    validate_training(best, f"data_dir={prepared_wordpiece}/data")
