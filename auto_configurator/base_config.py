@@ -244,8 +244,7 @@ def apply_layout(recipe: DictConfig, candidate: Candidate) -> None:
     recipe may lack, such as its recomputation method, are added; BERT's missing
     context_parallel_size stays missing at CP 1)."""
     values = {}
-    has_context = "context_parallel_size" in recipe.model
-    for override in candidate.overrides(STAGE, has_context):
+    for override in candidate.overrides(STAGE, recipe.model):
         key, _, text = override.partition("=")
         values[key.removeprefix(f"{STAGE}.")] = _parse(text)
     set_keys(recipe, values, add=True)

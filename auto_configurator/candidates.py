@@ -12,6 +12,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from auto_configurator.settings import PREFIX, TrainSettings
 from launcher_scripts.costmodel.memory import MemoryBreakdown, memory_breakdown
@@ -60,12 +61,13 @@ class Candidate:
             recompute_num_layers=layers or 1,
         )
 
-    def overrides(self, stage: str = "training", recipe_has_context: bool = True) -> list[str]:
-        """The launcher overrides that give a recipe this layout. A recipe without context
-        parallelism (BERT's) gets no context_parallel_size key at CP 1: its family declares
-        none."""
+    def overrides(self, stage: str = "training", recipe_model: Any = None) -> list[str]:
+        """The launcher overrides that give a recipe (its `model` section, when given) this
+        layout. A recipe without context parallelism (BERT's) gets no context_parallel_size key
+        at CP 1: its family declares none."""
         model = f"{stage}.model"
         granularity, method, layers = self._recompute
+        recipe_has_context = recipe_model is None or "context_parallel_size" in recipe_model
         context = [f"{model}.context_parallel_size={self.context}"]
         return [
             f"{model}.tensor_model_parallel_size={self.tensor}",

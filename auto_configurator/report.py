@@ -254,8 +254,14 @@ def write_tables(
 
 
 def write_summary(
-    folder: Path, outcomes: Sequence[Outcome], best_config: Path | None, candidates: int
+    folder: Path,
+    outcomes: Sequence[Outcome],
+    best_config: Path | None,
+    candidates: int,
+    recipe_model: Any,
 ) -> dict:
+    """summary.json; `recipe_model`: the base recipe's model section, which the best layout's
+    overrides are written for."""
     fastest = measured_fastest(outcomes)
     measured_runs = [o for o in outcomes if o.measurement.measured]
     xs = [o.evaluated.prediction.step_time_s for o in measured_runs]
@@ -275,7 +281,7 @@ def write_summary(
             "run": f"candidate_{best.run.index}",
             "predicted_rank": best.run.index,
             "layout": best.evaluated.candidate.label,
-            "overrides": best.evaluated.candidate.overrides(),
+            "overrides": best.evaluated.candidate.overrides(recipe_model=recipe_model),
             "measured_step_time_s": best.measurement.step_time_s,
             "predicted_step_time_s": best.evaluated.prediction.step_time_s,
         }

@@ -135,7 +135,7 @@ def plan_runs(
             *common,
             f"{STAGE}.run.name={name}",
             f"{STAGE}.run.results_dir={run_dir}",
-            *candidate.overrides(STAGE, "context_parallel_size" in base_recipe.model),
+            *candidate.overrides(STAGE, base_recipe.model),
             *_wandb_overrides(cfg, name),
             *(str(o) for o in cfg.launcher_overrides or ()),
         ]

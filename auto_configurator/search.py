@@ -125,7 +125,9 @@ def _report(
     best_config = write_best_config(settings, base, best, folder) if best else None
     title = f"{settings.family} {size_label(base.size_in_b)}, {settings.gpus} GPUs"
     plotted = report.plot(outcomes, folder / "predicted_vs_measured.png", title)
-    summary = report.write_summary(folder, outcomes, best_config, len(base.evaluated))
+    summary = report.write_summary(
+        folder, outcomes, best_config, len(base.evaluated), base.recipe.model
+    )
     if fastest:
         print(f"\nthe {min(settings.output_top_n, len(fastest))} fastest measured layouts:")
         print(report.top_table(outcomes, settings.output_top_n))
@@ -150,10 +152,8 @@ def write_best_config(
     settings: TrainSettings, base: BaseConfig, best: report.Outcome, folder: Path
 ) -> Path:
     """The base config with the fastest measured layout: a recipe the launcher runs as is."""
-    has_context = "context_parallel_size" in base.recipe.model
-    root = compose_recipe(
-        str(base.path), best.evaluated.candidate.overrides(STAGE, has_context), "search_config"
-    )
+    overrides = best.evaluated.candidate.overrides(STAGE, base.recipe.model)
+    root = compose_recipe(str(base.path), overrides, "search_config")
     path = folder / f"optimal_config_{size_label(base.size_in_b)}_{settings.num_nodes}nodes.yaml"
     m = best.measurement
     header = (
