@@ -287,6 +287,7 @@ class EncoderDecoderEstimate:
     encoder_stages: int
     micro_batch: int
     global_batch: int
+    micro_batches: int  # per step and data-parallel rank
     vocab_assumed: bool
     padded_vocab: int
     costs: Costs
@@ -295,10 +296,6 @@ class EncoderDecoderEstimate:
     @property
     def memory(self) -> MemoryBreakdown:
         return self.costs.memory
-
-    @property
-    def micro_batches(self) -> int:
-        return max(1, self.global_batch // (self.micro_batch * self.par.data))
 
     @property
     def model_flops_per_step(self) -> float:
@@ -367,7 +364,8 @@ def encoder_decoder_estimate(
     par = recipe_keys.parallelism(cfg, "training")
     vocab, assumed = tokenizer_vocab(model.tokenizer)
     micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
-    costs = family.costs(cfg, par, vocab, max(1, global_batch // (micro * par.data)), "training")
+    micro_batches = max(1, global_batch // (micro * par.data))
+    costs = family.costs(cfg, par, vocab, micro_batches, "training")
     encoder_stages, _ = recipe_keys.encoder_decoder_split(model, par.pipeline, "training")
     blocks = {
         block: {
@@ -387,6 +385,7 @@ def encoder_decoder_estimate(
         encoder_stages=encoder_stages,
         micro_batch=micro,
         global_batch=global_batch,
+        micro_batches=micro_batches,
         vocab_assumed=assumed,
         padded_vocab=estimates.padded_vocab(vocab, model, par.tensor),
         costs=costs,

@@ -255,10 +255,9 @@ class T5Stage(T5Model):
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata=None):
         state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        copied = tuple(prefix + copy for copy in self.copies)
         for name, tensor in state.items():
-            if isinstance(tensor, ShardedTensor) and name.startswith(
-                tuple(prefix + copy for copy in self.copies)
-            ):
+            if copied and isinstance(tensor, ShardedTensor) and name.startswith(copied):
                 rest = tensor.replica_id[1:] if isinstance(tensor.replica_id, tuple) else (0,)
                 tensor.replica_id = (1, *rest)
         return state
