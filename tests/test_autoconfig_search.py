@@ -362,21 +362,28 @@ def test_measure_skips_warmup_and_detects_out_of_memory(tmp_path: Path) -> None:
 # ----- the real search -------------------------------------------------------------------------
 
 
-def test_real_measured_search_on_cpu_picks_the_measured_fastest(
-    prepared: Path, tmp_path: Path
-) -> None:
-    """gpt3/tiny on two CPU processes: four short runs through main.py and the local backend."""
+def real_search(
+    search_config: str, prepared: Path, tmp_path: Path
+) -> tuple[subprocess.CompletedProcess, Path, list[dict[str, str]]]:
+    """A measured search of a tiny search config on the CPU: (the process, its final_results
+    folder, the rows of candidates.csv)."""
     result = run_autoconfig(
-        "search_config=gpt3/tiny",
+        f"search_config={search_config}",
         "run_training_hp_search=true",
         f"base_results_dir={tmp_path}",
         f"data_dir={prepared}/data",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    logs = tmp_path / "gpt3" / "tiny_2gb"
-    final = logs / "final_results"
+    final = tmp_path / f"{search_config}_2gb" / "final_results"
     with open(final / "candidates.csv") as handle:
-        rows = list(csv.DictReader(handle))
+        return result, final, list(csv.DictReader(handle))
+
+
+def test_real_measured_search_on_cpu_picks_the_measured_fastest(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """gpt3/tiny on two CPU processes: four short runs through main.py and the local backend."""
+    result, final, rows = real_search("gpt3/tiny", prepared, tmp_path)
     measured = [r for r in rows if r["status"] == "measured"]
     assert len(measured) >= 3, rows
     assert {r["status"] for r in rows} >= {"measured", "not run (below limit_search_runs)"}
@@ -408,16 +415,8 @@ def test_real_measured_search_on_cpu_picks_the_measured_fastest(
 def test_real_measured_bert_search_on_cpu(prepared_wordpiece: Path, tmp_path: Path) -> None:
     """bert/tiny (no context_parallel_size key in its family's recipes) on two CPU processes:
     two short runs through main.py, and a best config the training stage accepts."""
-    result = run_autoconfig(
-        "search_config=bert/tiny",
-        "run_training_hp_search=true",
-        f"base_results_dir={tmp_path}",
-        f"data_dir={prepared_wordpiece}/data",
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    final = tmp_path / "bert" / "tiny_2gb" / "final_results"
-    with open(final / "candidates.csv") as handle:
-        measured = [r for r in csv.DictReader(handle) if r["status"] == "measured"]
+    _, final, rows = real_search("bert/tiny", prepared_wordpiece, tmp_path)
+    measured = [r for r in rows if r["status"] == "measured"]
     assert len(measured) == 2, measured
     summary = json.loads((final / "summary.json").read_text())
     fastest = min(measured, key=lambda r: float(r["measured_step_time_s"]))
@@ -425,6 +424,7 @@ def test_real_measured_bert_search_on_cpu(prepared_wordpiece: Path, tmp_path: Pa
     best = Path(summary["best_config"])
     model = OmegaConf.load(best).model
     assert "context_parallel_size" not in model
+    assert not any("context_parallel_size" in o for o in summary["best"]["overrides"])
     assert (model.tensor_model_parallel_size, model.micro_batch_size) == (
         int(fastest["tp"]),
         int(fastest["mbs"]),
