@@ -3,10 +3,9 @@
 It starts from a shipped recipe (search_config.train_settings.base_recipe, e.g. gpt3/126m),
 composed by the launcher so every key the stage reads is there, and changes the numbers: the
 architecture (sizing.py's rule), sequence length, batch, nodes, steps for the tokens, time
-limits and the parallel layout. For GPT and BERT the layout is the one the analytical model
-predicts fastest among those that fit (the search then measures the best few); T5 and mT5 (an
-encoder-decoder the analytical model does not describe) take the first layout, in order of
-least model parallelism and largest micro-batch, that the launcher's own plan says fits.
+limits and the parallel layout: the one the analytical model (a layer stack for GPT and BERT,
+an encoder-decoder for T5 and mT5: searched_models.py) predicts fastest among those that fit.
+The search then measures the best few.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from auto_configurator import sizing
 from auto_configurator.candidates import (
     Candidate,
     Evaluated,
+    SearchedModel,
     SearchSpace,
     evaluate,
     require_feasible,
@@ -35,13 +35,12 @@ from auto_configurator.recipes import (
     set_keys,
     write_recipe,
 )
+from auto_configurator.searched_models import searched_model
 from auto_configurator.settings import PREFIX, TrainSettings
 from launcher_scripts import families
-from launcher_scripts.costmodel.shapes import Layout, ModelShape, tokenizer_vocab
-from launcher_scripts.costmodel.throughput import ClusterSpec, model_flops_per_step
-from launcher_scripts.errors import ConfigError
+from launcher_scripts.costmodel.shapes import Layout
+from launcher_scripts.costmodel.throughput import ClusterSpec
 
-T5_MICRO_BATCHES = (64, 32, 16, 8, 4, 2, 1)
 STOP_BEFORE_LIMIT_S = 1800  # trainer.max_time stops this long before the job's time limit
 
 
@@ -53,7 +52,7 @@ class BaseConfig:
     recipe: DictConfig  # the written training recipe, unresolved
     steps: int  # to train num_tokens_in_b
     days: float  # at tflops_per_gpu, from the model FLOPs of the architecture
-    shape: ModelShape | None = None  # GPT and BERT: what the analytical model describes
+    model: SearchedModel | None = None  # the analytical model's view of the recipe
     layout: Layout | None = None
     space: SearchSpace | None = None
     evaluated: tuple[Evaluated, ...] = ()
@@ -123,18 +122,10 @@ def generate(cfg: DictConfig, settings: TrainSettings, size_in_b: float) -> Base
         _set_encoder_decoder(recipe, arch, seq)
     else:
         _set_stack(recipe, arch, seq)
-    resolved = resolved_stage(root)
-    training = resolved[STAGE]
-    on_gpu = str(training.trainer.get("accelerator", "gpu")) != "cpu"
+    training = resolved_stage(root)[STAGE]
+    base = _choose_layout(recipe, training, settings, cfg, size_in_b, arch, steps)
     path = settings.logs / f"base_cfg_{size_label(size_in_b)}.yaml"
-    if family.encoder_decoder:
-        _choose_encoder_decoder_layout(root, recipe, settings, arch)
-        flops = 6 * arch.parameters * gbs * seq  # 6 N D: T5 is outside the FLOPs model
-        days = sizing.days_to_train(flops, steps, settings.gpus, settings.tflops_per_gpu)
-        base = BaseConfig(path, size_in_b, arch, recipe, steps, days, on_gpu=on_gpu)
-    else:
-        base = _choose_stack_layout(recipe, training, settings, cfg, size_in_b, arch, steps)
-        base = replace(base, path=path, on_gpu=on_gpu)
+    base = replace(base, path=path)
     header = (
         f"Base config for a {size_label(size_in_b)} {settings.family} model, written by the "
         f"AutoConfigurator\nfrom the {settings.base_recipe} recipe: "
@@ -179,18 +170,6 @@ def _set_encoder_decoder(recipe: DictConfig, arch: sizing.Architecture, seq: int
     set_keys(recipe, values)
 
 
-def model_of(training: DictConfig, settings: TrainSettings) -> tuple[ModelShape, Layout]:
-    """The analytical model's view of a resolved GPT or BERT training recipe. The vocabulary is
-    the tokenizer's when its file can be read now, else the search config's vocab_size."""
-    model = OmegaConf.to_container(training.model, resolve=True)
-    vocab, assumed = tokenizer_vocab(model.get("tokenizer") or {})
-    shape = ModelShape.from_recipe(
-        model, vocab_size=settings.vocab_size if assumed else vocab, prefix=f"{STAGE}.model"
-    )
-    layout = Layout.from_recipe(OmegaConf.to_container(training, resolve=True), f"{STAGE}.")
-    return shape, layout
-
-
 def cluster_spec(cfg: DictConfig, settings: TrainSettings) -> ClusterSpec:
     values = OmegaConf.to_container(cfg.cluster_spec, resolve=True) or {}
     values = {
@@ -201,7 +180,7 @@ def cluster_spec(cfg: DictConfig, settings: TrainSettings) -> ClusterSpec:
     return ClusterSpec.from_settings(values, prefix="cluster_spec")
 
 
-def _choose_stack_layout(
+def _choose_layout(
     recipe: DictConfig,
     training: DictConfig,
     settings: TrainSettings,
@@ -210,20 +189,20 @@ def _choose_stack_layout(
     arch: sizing.Architecture,
     steps: int,
 ) -> BaseConfig:
-    shape, layout = model_of(training, settings)
+    model, layout = searched_model(training, settings, STAGE)
     on_gpu = str(training.trainer.get("accelerator", "gpu")) != "cpu"
-    space = search_space(settings, shape, on_gpu)
+    space = search_space(settings, model, on_gpu)
     evaluated = evaluate(
         space.candidates(),
-        shape,
+        model,
         layout,
         space,
         cluster_spec(cfg, settings),
         settings.memory_limit_bytes,
     )
-    best = require_feasible(evaluated, shape, space, settings)[0]
+    best = require_feasible(evaluated, model, space, settings)[0]
     apply_layout(recipe, best.candidate)
-    flops = model_flops_per_step(shape, best.layout)
+    flops = model.flops_per_step(best.layout)
     days = sizing.days_to_train(flops, steps, settings.gpus, settings.tflops_per_gpu)
     return BaseConfig(
         Path(),
@@ -232,10 +211,11 @@ def _choose_stack_layout(
         recipe,
         steps,
         days,
-        shape,
+        model,
         best.layout,
         space,
         tuple(evaluated),
+        on_gpu,
     )
 
 
@@ -253,54 +233,3 @@ def apply_layout(recipe: DictConfig, candidate: Candidate) -> None:
 def _parse(text: str) -> object:
     """An override's value as YAML reads it (null, true, 4)."""
     return OmegaConf.create(f"v: {text}").v
-
-
-def _choose_encoder_decoder_layout(
-    root: DictConfig, recipe: DictConfig, settings: TrainSettings, arch: sizing.Architecture
-) -> None:
-    """T5/mT5: the first (TP, PP, MBS) by least TP x PP, then largest micro-batch, whose memory
-    the launcher's plan estimates within the GPU's memory less the margin."""
-    world = settings.gpus
-    limit = settings.memory_limit_bytes
-    options = []
-    for tensor in (1, 2, 4, 8):
-        for pipeline in (1, 2, 4, 8):
-            fits_world = world % (tensor * pipeline) == 0 and tensor <= settings.gpus_per_node
-            heads_ok = arch.num_attention_heads % tensor == 0
-            # The encoder on the first PP - 1 stages, the decoder on the last (megatron-core's
-            # schedule hands one tensor between stages: recipes.training.encoder_decoder_split).
-            stages_ok = pipeline == 1 or arch.num_layers % (pipeline - 1) == 0
-            if fits_world and heads_ok and stages_ok:
-                options.append((tensor * pipeline, tensor, pipeline))
-    gbs = int(recipe.model.global_batch_size)
-    smallest = math.inf
-    for _, tensor, pipeline in sorted(options):
-        data = world // (tensor * pipeline)
-        for micro in T5_MICRO_BATCHES:
-            if gbs % (micro * data):
-                continue
-            values = {
-                "model.tensor_model_parallel_size": tensor,
-                "model.pipeline_model_parallel_size": pipeline,
-                "model.micro_batch_size": micro,
-            }
-            if pipeline > 1:
-                values["model.pipeline_model_parallel_split_rank"] = pipeline - 1
-            set_keys(recipe, values)
-            family = families.of_model_type(settings.family)
-            plan = family.plan(resolved_stage(root), STAGE)
-            if plan.memory.total <= limit:
-                return
-            smallest = min(smallest, plan.memory.total)
-    if smallest == math.inf:
-        raise ConfigError(
-            f"{PREFIX}.global_batch_size",
-            f"{gbs} splits over no layout's data-parallel ranks",
-            f"Use a multiple of the {world} GPUs, or auto",
-        )
-    raise ConfigError(
-        f"{PREFIX}.gpu_memory_gb",
-        f"no T5 layout up to TP 8 x PP 8 fits: the smallest needs {smallest / 2**30:.1f} GiB "
-        f"per GPU of {limit / 2**30:.1f} usable",
-        "Add nodes or GPUs, or choose a smaller model",
-    )

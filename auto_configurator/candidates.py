@@ -3,7 +3,8 @@ and the ranking by predicted step time.
 
 A candidate is TP, PP, VP (interleaved chunks), CP, sequence parallelism, micro-batch size and
 activation recomputation; nodes, GPUs, the global batch, precision and optimizer are the base
-config's. Memory and step time come from the analytical model (memory.py, throughput.py).
+config's. Memory and step time come from the analytical model of the recipe's kind
+(searched_models.py: a layer stack, or an encoder-decoder).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from auto_configurator.settings import PREFIX, TrainSettings
-from launcher_scripts.costmodel.memory import MemoryBreakdown, memory_breakdown
+from launcher_scripts.costmodel.encoder_decoder import EncoderDecoderShape
+from launcher_scripts.costmodel.memory import MemoryBreakdown
 from launcher_scripts.costmodel.shapes import Layout, ModelShape
-from launcher_scripts.costmodel.throughput import ClusterSpec, StepPrediction, predict_step
+from launcher_scripts.costmodel.throughput import ClusterSpec, StepPrediction
 from launcher_scripts.errors import ConfigError
 
 AUTO_MICRO_BATCHES = (1, 2, 4, 8, 16)
@@ -63,22 +65,36 @@ class Candidate:
 
     def overrides(self, stage: str = "training", recipe_model: Any = None) -> list[str]:
         """The launcher overrides that give a recipe (its `model` section, when given) this
-        layout. A recipe without context parallelism (BERT's) gets no context_parallel_size key
-        at CP 1: its family declares none."""
+        layout, in the keys the recipe declares: a recipe without context parallelism (BERT's)
+        gets no context_parallel_size key at CP 1; an encoder-decoder recipe (T5's) gets its
+        recomputation per block and its pipeline split rank."""
         model = f"{stage}.model"
         granularity, method, layers = self._recompute
-        recipe_has_context = recipe_model is None or "context_parallel_size" in recipe_model
-        context = [f"{model}.context_parallel_size={self.context}"]
+
+        def declared(name: str) -> bool:
+            return recipe_model is not None and name in recipe_model
+
+        blocks = [f"{model}.{block}" for block in ("encoder", "decoder") if declared(block)]
+        split = f"{model}.pipeline_model_parallel_split_rank={self.pipeline - 1}"
+        with_context = recipe_model is None or declared("context_parallel_size") or self.context > 1
+        recompute = [
+            override
+            for section in blocks or [model]
+            for override in (
+                f"{section}.activations_checkpoint_granularity={_yaml(granularity)}",
+                f"{section}.activations_checkpoint_method={_yaml(method)}",
+                f"{section}.activations_checkpoint_num_layers={_yaml(layers)}",
+            )
+        ]
         return [
             f"{model}.tensor_model_parallel_size={self.tensor}",
             f"{model}.pipeline_model_parallel_size={self.pipeline}",
+            *([split] if declared("pipeline_model_parallel_split_rank") else []),
             f"{model}.virtual_pipeline_model_parallel_size={_yaml(self.virtual_pipeline)}",
-            *(context if recipe_has_context or self.context > 1 else []),
+            *([f"{model}.context_parallel_size={self.context}"] if with_context else []),
             f"{model}.sequence_parallel={_yaml(self.sequence_parallel)}",
             f"{model}.micro_batch_size={self.micro_batch}",
-            f"{model}.activations_checkpoint_granularity={_yaml(granularity)}",
-            f"{model}.activations_checkpoint_method={_yaml(method)}",
-            f"{model}.activations_checkpoint_num_layers={_yaml(layers)}",
+            *recompute,
         ]
 
     @property
@@ -135,21 +151,37 @@ def _powers_of_two(limit: int) -> tuple[int, ...]:
     return tuple(2**i for i in range(limit.bit_length()) if 2**i <= limit)
 
 
-def search_space(settings: TrainSettings, shape: ModelShape, on_gpu: bool = True) -> SearchSpace:
+class SearchedModel(Protocol):
+    """What the search asks of a model kind (searched_models.py): the rules a layout must
+    keep, the sizes `auto` searches, and the memory and step time of a layout."""
+
+    shape: ModelShape | EncoderDecoderShape
+    rules: tuple[Rule, ...]
+    auto_virtual_pipeline: tuple[int | None, ...]
+
+    def auto_pipeline(self, world: int) -> tuple[int, ...]: ...
+
+    def auto_context(self) -> tuple[int, ...]: ...
+
+    def memory(self, layout: Layout) -> MemoryBreakdown: ...
+
+    def predict(self, layout: Layout, cluster: ClusterSpec) -> StepPrediction: ...
+
+    def flops_per_step(self, layout: Layout) -> float: ...
+
+
+def search_space(settings: TrainSettings, model: SearchedModel, on_gpu: bool = True) -> SearchSpace:
     """The values each search key takes: the user's lists, or for `auto`: TP powers of two up to
-    a node, PP the divisors of the layer count up to the GPUs, VP none/2/4/8, CP 1 (powers of
-    two up to 8 from LONG_SEQUENCE tokens), SP on and off, MBS 1 to 16, recomputation none,
-    selective and full (none only on CPU), model parallel size TP x PP from 1 to all GPUs."""
+    a node, the model's PP sizes (a layer stack: the divisors of its layers up to the GPUs),
+    VP none/2/4/8 (none for T5), CP 1 (powers of two up to 8 from LONG_SEQUENCE tokens on a
+    stack), SP on and off, MBS 1 to 16, recomputation none, selective and full (none only on
+    CPU), model parallel size TP x PP from 1 to all GPUs."""
     world = settings.gpus
-    pipeline_auto = tuple(
-        d for d in range(1, shape.num_layers + 1) if shape.num_layers % d == 0 and d <= world
-    )
-    long = shape.seq_length >= LONG_SEQUENCE
     return SearchSpace(
         tensor=settings.tensor_parallel_sizes or _powers_of_two(min(settings.gpus_per_node, world)),
-        pipeline=settings.pipeline_parallel_sizes or pipeline_auto,
-        virtual_pipeline=settings.virtual_pipeline_sizes or AUTO_VIRTUAL_PIPELINE,
-        context=settings.context_parallel_sizes or (_powers_of_two(8) if long else (1,)),
+        pipeline=settings.pipeline_parallel_sizes or model.auto_pipeline(world),
+        virtual_pipeline=settings.virtual_pipeline_sizes or model.auto_virtual_pipeline,
+        context=settings.context_parallel_sizes or model.auto_context(),
         sequence_parallel=settings.sequence_parallel or (False, True),
         micro_batch=settings.micro_batch_sizes or AUTO_MICRO_BATCHES,
         recompute=settings.recompute or ((None, "selective", "full") if on_gpu else (None,)),
@@ -166,8 +198,9 @@ def search_space(settings: TrainSettings, shape: ModelShape, on_gpu: bool = True
 class Rule:
     name: str  # what candidates.csv says about a layout that breaks it
     setting: str  # the train_settings key to change when no layout passes
-    holds: Callable[[ModelShape, Layout, SearchSpace], bool]
-    fix: Callable[[ModelShape, Layout, SearchSpace], str]
+    # (the model's shape: a ModelShape or an EncoderDecoderShape, the layout, the space)
+    holds: Callable[[Any, Layout, SearchSpace], bool]
+    fix: Callable[[Any, Layout, SearchSpace], str]
 
 
 def _micro_batches_exact(layout: Layout) -> bool:
@@ -276,9 +309,84 @@ RULES = (
 )
 
 
-def broken_rule(shape: ModelShape, layout: Layout, space: SearchSpace) -> Rule | None:
-    """The first rule the layout breaks, or None when it is valid."""
-    return next((rule for rule in RULES if not rule.holds(shape, layout, space)), None)
+def _rule(name: str) -> Rule:
+    return next(rule for rule in RULES if rule.name == name)
+
+
+def _both_blocks(s: EncoderDecoderShape) -> tuple[ModelShape, ModelShape]:
+    return s.encoder, s.decoder
+
+
+# T5 and mT5: both blocks' widths split by TP; the encoder on PP - 1 stages and the decoder on
+# the last (recipes.training.encoder_decoder_split); no interleaving, no context parallelism.
+ENCODER_DECODER_RULES = (
+    Rule(
+        "heads % TP",
+        "tensor_parallel_sizes",
+        lambda s, lay, _: all(
+            b.num_attention_heads % lay.tensor == 0 and b.query_groups % lay.tensor == 0
+            for b in _both_blocks(s)
+        ),
+        lambda s, _lay, _sp: (
+            f"Choose TP sizes that divide the encoder's {s.encoder.num_attention_heads} and the "
+            f"decoder's {s.decoder.num_attention_heads} heads, e.g. [1, 2, 4]"
+        ),
+    ),
+    Rule(
+        "ffn % TP",
+        "tensor_parallel_sizes",
+        lambda s, lay, _: all(b.ffn_hidden_size % lay.tensor == 0 for b in _both_blocks(s)),
+        lambda s, _lay, _sp: (
+            f"Choose TP sizes that divide ffn_hidden_size {s.encoder.ffn_hidden_size} "
+            f"(encoder) and {s.decoder.ffn_hidden_size} (decoder)"
+        ),
+    ),
+    Rule(
+        "encoder layers % (PP - 1)",
+        "pipeline_parallel_sizes",
+        lambda s, lay, _: lay.pipeline == 1 or s.encoder.num_layers % (lay.pipeline - 1) == 0,
+        lambda s, _lay, _sp: (
+            f"Choose PP sizes with PP - 1 dividing the {s.encoder.num_layers} encoder layers "
+            "(the encoder runs on PP - 1 stages, the decoder on the last), e.g. [1, 2]"
+        ),
+    ),
+    Rule(
+        "no VP (encoder-decoder)",
+        "virtual_pipeline_sizes",
+        lambda _s, lay, _sp: lay.virtual_pipeline is None,
+        lambda _s, _lay, _sp: (
+            "Set virtual_pipeline_sizes=auto: the encoder-decoder schedule does not interleave"
+        ),
+    ),
+    Rule(
+        "no CP (encoder-decoder)",
+        "context_parallel_sizes",
+        lambda _s, lay, _sp: lay.context == 1,
+        lambda _s, _lay, _sp: "Set context_parallel_sizes=[1]: T5 has no context parallelism",
+    ),
+    _rule("GPUs % (TP x PP x CP)"),
+    _rule("model parallel size (TP x PP) out of bounds"),
+    _rule("GBS % (MBS x DP)"),
+    _rule("SP needs TP >= 2"),
+    Rule(
+        "seq % TP (SP)",
+        "sequence_parallel",
+        lambda s, lay, _: (
+            not lay.sequence_parallel
+            or (s.encoder_seq % lay.tensor == 0 and s.decoder_seq % lay.tensor == 0)
+        ),
+        lambda s, _lay, _sp: (
+            f"Choose TP sizes that divide seq_length {s.encoder_seq} and seq_length_dec "
+            f"{s.decoder_seq}"
+        ),
+    ),
+    _rule("recomputation needs CUDA"),
+)
+
+
+def broken_rule(model: SearchedModel, layout: Layout, space: SearchSpace) -> Rule | None:
+    """The first of the model's rules the layout breaks, or None when it is valid."""
+    return next((rule for rule in model.rules if not rule.holds(model.shape, layout, space)), None)
 
 
 # ----- evaluation and ranking --------------------------------------------------------------
@@ -316,7 +424,7 @@ class Evaluated:
 
 def evaluate(
     candidates: Iterable[Candidate],
-    shape: ModelShape,
+    model: SearchedModel,
     base: Layout,
     space: SearchSpace,
     cluster: ClusterSpec,
@@ -326,7 +434,7 @@ def evaluate(
     evaluated = []
     for candidate in candidates:
         layout = candidate.layout(base)
-        rule = broken_rule(shape, layout, space)
+        rule = broken_rule(model, layout, space)
         if rule is not None:
             evaluated.append(Evaluated(candidate, layout, rule, memory_limit=memory_limit))
             continue
@@ -334,8 +442,8 @@ def evaluate(
             Evaluated(
                 candidate,
                 layout,
-                memory=memory_breakdown(shape, layout),
-                prediction=predict_step(shape, layout, cluster),
+                memory=model.memory(layout),
+                prediction=model.predict(layout, cluster),
                 memory_limit=memory_limit,
             )
         )
@@ -355,7 +463,10 @@ def ranked(evaluated: Sequence[Evaluated]) -> list[Evaluated]:
 
 
 def require_feasible(
-    evaluated: Sequence[Evaluated], shape: ModelShape, space: SearchSpace, settings: TrainSettings
+    evaluated: Sequence[Evaluated],
+    model: SearchedModel,
+    space: SearchSpace,
+    settings: TrainSettings,
 ) -> list[Evaluated]:
     """The ranked feasible candidates; a one-line ConfigError when there are none."""
     best = ranked(evaluated)
@@ -365,10 +476,11 @@ def require_feasible(
     if not valid:
         # The rule that breaks the most layouts (counting every rule each layout breaks): the
         # setting to change first.
+        shape, rules = model.shape, model.rules
         counts = Counter(
-            rule.name for e in evaluated for rule in RULES if not rule.holds(shape, e.layout, space)
+            rule.name for e in evaluated for rule in rules if not rule.holds(shape, e.layout, space)
         )
-        rule = max(RULES, key=lambda r: counts[r.name])
+        rule = max(rules, key=lambda r: counts[r.name])
         example = next(e for e in evaluated if not rule.holds(shape, e.layout, space))
         count = counts[rule.name]
         share = "all" if count == len(evaluated) else f"{count} of"

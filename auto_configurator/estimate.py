@@ -15,9 +15,9 @@ SXM, 989 dense bf16 TFLOP/s at 55%, NVLink 450 GB/s, 50 GB/s per GPU across node
 
 A T5 or mT5 recipe (`training=t5/220m`) gives the parameters, the memory of its busiest
 pipeline stage (cross-attention, the encoder on the stages before the split rank and the decoder
-on the last, costmodel.plan.encoder_decoder_costs) and the model FLOPs; its keys are set as
-model.encoder.<key> / model.decoder.<key>. The step-time model describes one layer stack, so a
-described cluster gives an encoder-decoder estimate its memory verdict but no step time.
+on the last, costmodel.encoder_decoder) and the model FLOPs, and on a described cluster the
+step time of those unequal stages; its keys are set as model.encoder.<key> /
+model.decoder.<key>.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher_scripts.costmodel import estimates
+from launcher_scripts.costmodel import encoder_decoder, estimates
 from launcher_scripts.costmodel.memory import GIB, MemoryBreakdown, memory_breakdown
 from launcher_scripts.costmodel.plan import Costs
 from launcher_scripts.costmodel.shapes import (
@@ -163,13 +163,20 @@ class Estimate:
                 "micro_batches": self.layout.micro_batches,
             },
         }
-        if self.cluster is not None and self.step is not None:
-            result["predicted_step_time_s"] = self.step.step_time_s
-            result["tflops_per_gpu"] = self.step.tflops_per_gpu
-            result["step"] = self.step.to_json()
-            result["cluster"] = asdict(self.cluster)
-            result["fits"] = self.memory.total_gib <= self.cluster.gpu_memory_gib
-        return result
+        return {**result, **cluster_json(self)}
+
+
+def cluster_json(estimate: Estimate | EncoderDecoderEstimate) -> dict[str, Any]:
+    """The predicted step and the memory verdict, on a described cluster."""
+    if estimate.cluster is None or estimate.step is None:
+        return {}
+    return {
+        "predicted_step_time_s": estimate.step.step_time_s,
+        "tflops_per_gpu": estimate.step.tflops_per_gpu,
+        "step": estimate.step.to_json(),
+        "cluster": asdict(estimate.cluster),
+        "fits": estimate.memory.total_gib <= estimate.cluster.gpu_memory_gib,
+    }
 
 
 def parse_args(argv: Sequence[str]) -> Request:
@@ -292,6 +299,7 @@ class EncoderDecoderEstimate:
     padded_vocab: int
     costs: Costs
     cluster: ClusterSpec | None
+    step: StepPrediction | None
 
     @property
     def memory(self) -> MemoryBreakdown:
@@ -322,10 +330,7 @@ class EncoderDecoderEstimate:
                 "micro_batches": self.micro_batches,
             },
         }
-        if self.cluster is not None:
-            result["cluster"] = asdict(self.cluster)
-            result["fits"] = self.memory.total_gib <= self.cluster.gpu_memory_gib
-        return result
+        return {**result, **cluster_json(self)}
 
 
 def make_estimate(request: Request) -> Estimate | EncoderDecoderEstimate:
@@ -367,6 +372,8 @@ def encoder_decoder_estimate(
     micro_batches = max(1, global_batch // (micro * par.data))
     costs = family.costs(cfg, par, vocab, micro_batches, "training")
     encoder_stages, _ = recipe_keys.encoder_decoder_split(model, par.pipeline, "training")
+    shape = encoder_decoder.EncoderDecoderShape(model, vocab)
+    layout = Layout.from_recipe(cfg)
     blocks = {
         block: {
             name: OmegaConf.select(model, f"{block}.{name}")
@@ -390,6 +397,7 @@ def encoder_decoder_estimate(
         padded_vocab=estimates.padded_vocab(vocab, model, par.tensor),
         costs=costs,
         cluster=cluster,
+        step=encoder_decoder.predict_step(shape, layout, cluster) if cluster else None,
     )
 
 
@@ -464,13 +472,9 @@ def encoder_decoder_table(estimate: EncoderDecoderEstimate) -> list[str]:
         memory_section(estimate),
         ("compute", [("model FLOPs per step", f"{estimate.model_flops_per_step:.4e}")]),
     ]
-    lines = aligned(sections)
-    if estimate.cluster is not None:
-        lines.append(
-            "step time: not predicted for encoder-decoder models (the step-time model "
-            "describes one layer stack)"
-        )
-    return lines
+    if estimate.step is not None:
+        sections.append(step_section(estimate.step))
+    return aligned(sections)
 
 
 def table(estimate: Estimate) -> list[str]:
@@ -512,28 +516,29 @@ def table(estimate: Estimate) -> list[str]:
         memory_section(estimate),
         ("compute", [("model FLOPs per step", f"{estimate.model_flops_per_step:.4e}")]),
     ]
-    step = estimate.step
-    if step is not None:
-        sections.append(
-            (
-                "predicted step, seconds",
-                [
-                    ("compute", f"{step.compute_s:10.4f}"),
-                    ("fixed per-layer cost", f"{step.overhead_s:10.4f}"),
-                    ("TP communication", f"{step.tp_comm_s:10.4f}"),
-                    ("CP communication", f"{step.cp_comm_s:10.4f}"),
-                    ("pipeline bubble", f"{step.pp_bubble_s:10.4f}"),
-                    ("pipeline sends", f"{step.pp_comm_s:10.4f}"),
-                    (
-                        "DP gradient reduction",
-                        f"{step.dp_comm_s:10.4f} ({step.dp_exposed_s:.4f} exposed)",
-                    ),
-                    ("step time", f"{step.step_time_s:10.4f}"),
-                    ("model TFLOP/s per GPU", f"{step.tflops_per_gpu:10.1f}"),
-                ],
-            )
-        )
+    if estimate.step is not None:
+        sections.append(step_section(estimate.step))
     return aligned(sections)
+
+
+def step_section(step: StepPrediction) -> tuple[str, list[tuple[str, str]]]:
+    return (
+        "predicted step, seconds",
+        [
+            ("compute", f"{step.compute_s:10.4f}"),
+            ("fixed per-layer cost", f"{step.overhead_s:10.4f}"),
+            ("TP communication", f"{step.tp_comm_s:10.4f}"),
+            ("CP communication", f"{step.cp_comm_s:10.4f}"),
+            ("pipeline bubble", f"{step.pp_bubble_s:10.4f}"),
+            ("pipeline sends", f"{step.pp_comm_s:10.4f}"),
+            (
+                "DP gradient reduction",
+                f"{step.dp_comm_s:10.4f} ({step.dp_exposed_s:.4f} exposed)",
+            ),
+            ("step time", f"{step.step_time_s:10.4f}"),
+            ("model TFLOP/s per GPU", f"{step.tflops_per_gpu:10.1f}"),
+        ],
+    )
 
 
 def fit_note(estimate: Estimate | EncoderDecoderEstimate) -> str:

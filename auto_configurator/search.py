@@ -30,19 +30,14 @@ class SearchResult:
     summary: dict
 
 
-def check_searchable(settings: TrainSettings, base: BaseConfig) -> None:
-    """Only models the analytical model describes and this launcher trains are measured."""
+def check_searchable(settings: TrainSettings) -> None:
+    """Only models this launcher trains are measured."""
     family = of_model_type(settings.family)
-    if base.shape is None or not family.runs("training"):
-        reason = (
-            "the step-time model that ranks candidates describes one layer stack, not T5's "
-            "encoder and decoder"
-            if base.shape is None
-            else f"this launcher version has no {family.name} training job to measure with"
-        )
+    if not family.runs("training"):
         raise ConfigError(
             "run_training_hp_search",
-            f"cannot search {settings.family} layouts: {reason}",
+            f"cannot search {settings.family} layouts: this launcher version has no "
+            f"{family.name} training job to measure with",
             "Set run_training_hp_search=false; the base config is written either way",
         )
 
@@ -52,9 +47,9 @@ SEARCH_BACKENDS = ("local", "bcm")  # where the measured runs can go in this ver
 
 def run(cfg: DictConfig, settings: TrainSettings, base: BaseConfig) -> SearchResult:
     require_choice("cluster_type", cfg.cluster_type, SEARCH_BACKENDS)
-    check_searchable(settings, base)
-    assert base.space is not None and base.shape is not None
-    ranking = require_feasible(base.evaluated, base.shape, base.space, settings)
+    check_searchable(settings)
+    assert base.space is not None and base.model is not None
+    ranking = require_feasible(base.evaluated, base.model, base.space, settings)
     chosen = ranking[: settings.limit_search_runs]
     evaluated = base.evaluated
     invalid = sum(not e.valid for e in evaluated)

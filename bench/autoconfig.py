@@ -270,8 +270,8 @@ def search_view(overrides: list[str]):  # type: ignore[no-untyped-def]
     settings = parse(cfg.search_config_value, train_settings(cfg))
     assert settings.model_size_in_b is not None
     base = base_config.generate(cfg, settings, settings.model_size_in_b)
-    assert base.shape is not None and base.space is not None
-    ranking = require_feasible(base.evaluated, base.shape, base.space, settings)
+    assert base.model is not None and base.space is not None
+    ranking = require_feasible(base.evaluated, base.model, base.space, settings)
     return cfg, settings, base, ranking
 
 
@@ -335,8 +335,8 @@ def main() -> int:
         *args.overrides,
     ]
     _, _, uncalibrated, _ = search_view(common)
-    assert uncalibrated.shape is not None
-    spec = calibrate(uncalibrated.shape)
+    assert uncalibrated.model is not None
+    spec = calibrate(uncalibrated.model.shape)
     print(f"cluster spec calibrated on this CPU ({os.cpu_count()} CPUs, one thread a process):")
     for key, value in spec.items():
         print(f"  {key:<20} {value:.4g}")

@@ -658,11 +658,53 @@ def test_t5_estimate_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["model_flops_per_step"] == pytest.approx(32 * 3 * forward, rel=1e-12)
 
 
-def test_t5_estimate_table_names_the_split_and_the_missing_step_time() -> None:
+def test_t5_estimate_table_names_the_split_and_the_step_time() -> None:
     result = run_estimate(*T5_KEYS, "cluster=h100")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "encoder     " in out and "4 layers, hidden 1024, 16 heads, FFN 4096, seq 512" in out
     assert "PP 2 (encoder on stage 0, decoder on stage 1)" in out
     assert "of 80 GiB: fits" in out
-    assert "step time: not predicted for encoder-decoder models" in out
+    assert "predicted step, seconds" in out and "pipeline bubble" in out
+
+
+def test_t5_step_time_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
+    """T5_KEYS at TP 2 on 4 GPUs (DP 1, 8 micro-batches of 4): the encoder's 4 layers on stage
+    0, the decoder's 2 and the LM head on stage 1; costmodel.encoder_decoder's terms, by hand,
+    on a cluster of round numbers."""
+    cluster = {
+        "peak_tflops": 100, "compute_efficiency": 0.5, "intra_node_gbps": 100,
+        "collective_latency_us": 10, "layer_overhead_us": 100, "dp_overlap": 0,
+    }  # fmt: skip
+    keys = [*T5_KEYS, "trainer.devices=4", "model.tensor_model_parallel_size=2"]
+    keys += [f"cluster.{name}={value}" for name, value in cluster.items()]
+    assert estimate.main([*keys, "--json"]) == 0
+    step = json.loads(capsys.readouterr().out)["step"]
+    h, v, enc, dec, b, t, m = 1024, 29184, 512, 128, 4, 2, 8
+    rate, latency, overhead = 100e12 * 0.5, 10e-6, 100e-6
+    # Forward FLOPs of one sequence: a layer 24sh^2 + 4s^2h; cross-attention 4h^2 (s + s_enc)
+    # + 4 s s_enc h; the LM head 2shV. Stage time = 3 x forward x b / t at the rate.
+    encoder_layer = 24 * enc * h * h + 4 * enc * enc * h
+    decoder_layer = 24 * dec * h * h + 4 * dec * dec * h + 4 * h * h * (dec + enc)
+    decoder_layer += 4 * dec * enc * h
+    stage_0_compute = 4 * 3 * encoder_layer * b / t / rate
+    stage_1_compute = (2 * 3 * decoder_layer + 3 * 2 * dec * h * v) * b / t / rate
+
+    def allreduce(tokens: int) -> float:  # a ring over 2 ranks: reduce-scatter + all-gather
+        return 2 * (latency + 0.5 * 2 * tokens * b * h / 100e9)
+
+    # An encoder layer: 2 all-reduces forward, 2 backward; a decoder layer 3 + 3 of its own
+    # tokens and 1 of the encoder's (the gradient of cross-attention's K/V input).
+    stage_0 = stage_0_compute + 4 * overhead + 4 * 4 * allreduce(enc)
+    stage_1 = stage_1_compute + 2 * 1.5 * overhead + 2 * (6 * allreduce(dec) + allreduce(enc))
+    assert stage_0 > stage_1
+    # 1F1B: m x the busiest stage, plus the other stage's fill/drain; the encoder output sent
+    # forward and its gradient back per micro-batch.
+    sends = m * 2 * (latency + 2 * enc * b * h / 100e9)
+    assert step["compute_s"] == pytest.approx(m * stage_0_compute, rel=1e-12)
+    assert step["tp_comm_s"] == pytest.approx(m * 4 * 4 * allreduce(enc), rel=1e-12)
+    assert step["overhead_s"] == pytest.approx(m * 4 * overhead, rel=1e-12)
+    assert step["pp_bubble_s"] == pytest.approx(stage_1, rel=1e-12)
+    assert step["pp_comm_s"] == pytest.approx(sends, rel=1e-12)
+    assert step["dp_comm_s"] == 0  # DP 1
+    assert step["step_time_s"] == pytest.approx(m * stage_0 + stage_1 + sends, rel=1e-12)

@@ -26,6 +26,7 @@ from auto_configurator.candidates import (
 )
 from auto_configurator.main import main as autoconfig_main
 from auto_configurator.runner import Measurement, Run, measure
+from auto_configurator.searched_models import StackModel
 from auto_configurator.settings import parse
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import resolve
@@ -141,6 +142,7 @@ SHAPE = ModelShape(
     num_layers=8, hidden_size=256, ffn_hidden_size=1024, num_attention_heads=8, seq_length=512,
     vocab_size=1000,
 )  # fmt: skip
+STACK = StackModel(SHAPE)
 BASE = Layout(num_nodes=1, gpus_per_node=8, global_batch=32)
 SPACE = SearchSpace(
     tensor=(1,), pipeline=(1,), virtual_pipeline=(None,), context=(1,),
@@ -173,18 +175,18 @@ def rule_named(name: str):  # type: ignore[no-untyped-def]
 )  # fmt: skip
 def test_each_rule_drops_what_it_must(candidate: Candidate, rule: str, space: SearchSpace) -> None:
     shape = SHAPE if rule != "seq % (2 x CP)" else ModelShape(8, 256, 1024, 8, 510, 1000)
-    assert broken_rule(shape, candidate.layout(BASE), space) is rule_named(rule)
+    assert broken_rule(StackModel(shape), candidate.layout(BASE), space) is rule_named(rule)
     valid = VALID if space.recompute_allowed else replace(VALID, recompute=None)
-    assert broken_rule(SHAPE, valid.layout(BASE), space) is None
+    assert broken_rule(STACK, valid.layout(BASE), space) is None
 
 
 def test_interleaving_needs_micro_batches_in_multiples_of_pp() -> None:
     # GBS 32, MBS 4, DP 2 (TP 1, PP 4): 4 micro-batches, a multiple of PP 4: valid.
     valid = Candidate(1, 4, 2, 1, False, 4, None)
-    assert broken_rule(SHAPE, valid.layout(BASE), SPACE) is None
+    assert broken_rule(STACK, valid.layout(BASE), SPACE) is None
     # GBS 24 instead: 3 micro-batches, not a multiple of PP 4.
     layout = valid.layout(Layout(num_nodes=1, gpus_per_node=8, global_batch=24))
-    assert broken_rule(SHAPE, layout, SPACE) is rule_named("micro-batches % PP (interleaved)")
+    assert broken_rule(STACK, layout, SPACE) is rule_named("micro-batches % PP (interleaved)")
 
 
 def test_memory_filter_and_ranking_use_the_model() -> None:
@@ -196,11 +198,11 @@ def test_memory_filter_and_ranking_use_the_model() -> None:
     ]
     needed = memory_breakdown(SHAPE, VALID.layout(BASE)).total
     for limit, fits in ((needed, True), (needed * 0.999, False)):
-        (first, *_) = evaluate(candidates, SHAPE, BASE, SPACE, cluster, limit)
+        (first, *_) = evaluate(candidates, STACK, BASE, SPACE, cluster, limit)
         assert first.memory == memory_breakdown(SHAPE, VALID.layout(BASE))
         assert first.fits is fits and first.feasible is fits
         assert first.status == ("feasible" if fits else "exceeds memory")
-    everything = evaluate(candidates, SHAPE, BASE, SPACE, cluster, 1e12)
+    everything = evaluate(candidates, STACK, BASE, SPACE, cluster, 1e12)
     order = ranked(everything)
     times = [predict_step(SHAPE, e.layout, cluster).step_time_s for e in order]
     assert times == sorted(times) and len(order) == 3
@@ -240,8 +242,8 @@ def test_auto_search_space_on_cpu_has_no_recomputation() -> None:
     )
     settings = parse("gpt3/5b", train)
     shape = ModelShape(24, 4096, 16384, 32, 2048, 51200)
-    assert search_space(settings, shape, on_gpu=False).recompute == (None,)
-    gpu = search_space(settings, shape, on_gpu=True)
+    assert search_space(settings, StackModel(shape), on_gpu=False).recompute == (None,)
+    gpu = search_space(settings, StackModel(shape), on_gpu=True)
     assert gpu.recompute == (None, "selective", "full")
     assert gpu.tensor == (1, 2, 4, 8) and gpu.pipeline == (1, 2, 3, 4, 6, 8, 12, 24)
 
@@ -281,8 +283,9 @@ def compose_autoconfig(*overrides: str):  # type: ignore[no-untyped-def]
             "error: search_config.train_settings.num_nodes: 0 is not an integer >= 1",
         ),
         (
-            ["search_config=t5/0.22b", "run_training_hp_search=true"],
-            "error: run_training_hp_search: cannot search t5 layouts",
+            ["search_config=t5/0.22b", "search_config.train_settings.virtual_pipeline_sizes=[2]"],
+            "error: search_config.train_settings.virtual_pipeline_sizes: no candidate layout is "
+            "valid: all 840 break 'no VP (encoder-decoder)'",
         ),
         (
             # Whatever stops every run (here: no dataset) is reported before any run starts.

@@ -117,6 +117,26 @@ def encoder_decoder_parameters(
     return Parameters(total, -(-largest // tensor))
 
 
+def cross_attention_inner(block: Any) -> int:
+    """The width of cross-attention's queries, keys and values: heads x head dim."""
+    hidden, heads = int(block.hidden_size), int(block.num_attention_heads)
+    return int(block.get("kv_channels") or hidden // heads) * heads
+
+
+def cross_attention_score_flops(block: Any, decoder_seq: int, encoder_seq: int) -> float:
+    """Forward FLOPs of one layer's cross-attention scores and their product with V, one
+    sample: decoder x encoder tokens."""
+    return 4 * decoder_seq * encoder_seq * cross_attention_inner(block)
+
+
+def cross_attention_forward_flops(block: Any, decoder_seq: int, encoder_seq: int) -> float:
+    """Forward FLOPs of one decoder layer's cross-attention, one sample: the query and output
+    projections over the decoder's tokens, key and value over the encoder's, and the scores."""
+    projections = 2 * 2 * int(block.hidden_size) * cross_attention_inner(block)
+    projections *= decoder_seq + encoder_seq
+    return projections + cross_attention_score_flops(block, decoder_seq, encoder_seq)
+
+
 def encoder_decoder_flops_per_sample(
     model: Any, encoder_seq: int, decoder_seq: int, padded_vocab: int
 ) -> float:
@@ -130,12 +150,8 @@ def encoder_decoder_flops_per_sample(
         return shape.num_layers * throughput.layer_forward_flops(shape)
 
     def cross_attention(block: Any) -> float:
-        hidden, heads = int(block.hidden_size), int(block.num_attention_heads)
-        inner = int(block.get("kv_channels") or hidden // heads) * heads
-        # Q and output projections over the decoder's tokens, K and V over the encoder's;
-        # scores and their product with V: decoder x encoder tokens.
-        projections = 2 * 2 * hidden * inner * (decoder_seq + encoder_seq)
-        return int(block.num_layers) * (projections + 4 * decoder_seq * encoder_seq * inner)
+        per_layer = cross_attention_forward_flops(block, decoder_seq, encoder_seq)
+        return int(block.num_layers) * per_layer
 
     forward = stack(model.encoder, encoder_seq) + stack(model.decoder, decoder_seq)
     forward += cross_attention(model.decoder)

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from launcher_scripts.costmodel import estimates, throughput
-from launcher_scripts.costmodel.memory import MemoryBreakdown, bytes_per_parameter, memory_breakdown
+from launcher_scripts.costmodel import encoder_decoder, estimates, throughput
+from launcher_scripts.costmodel.memory import MemoryBreakdown, memory_breakdown
 from launcher_scripts.costmodel.shapes import Layout, ModelShape, tokenizer_vocab
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.recipes import training as recipe
@@ -73,41 +73,13 @@ def encoder_decoder_costs(
     cfg: Any, par: recipe.Parallelism, vocab: int, micro_batches: int, stage: str
 ) -> Costs:
     """T5 and mT5: an encoder over seq_length tokens, a decoder over seq_length_dec."""
-    model = cfg.model
-    padded = estimates.padded_vocab(vocab, model, par.tensor)
-    encoder_stages, _ = encoder_decoder_split(model, par.pipeline, stage)
-    encoder_seq, decoder_seq = int(model.data.seq_length), int(model.data.seq_length_dec)
-    params = estimates.encoder_decoder_parameters(
-        model, padded, par.tensor, par.pipeline, encoder_stages
-    )
-    dtype = recipe.precision(cfg, stage)
-    layers, other = estimates.encoder_decoder_activations(
-        model,
-        encoder_seq,
-        decoder_seq,
-        tensor=par.tensor,
-        sequence_parallel=par.sequence_parallel,
-        micro_batch=int(model.micro_batch_size),
-        micro_batches=micro_batches,
-        pipeline=par.pipeline,
-        encoder_stages=encoder_stages,
-        padded_vocab=padded,
-        precision=dtype,
-    )
-    per_param = bytes_per_parameter(
-        dtype, str(model.optim.name) == "distributed_fused_adam", par.data * par.context
-    )
-    memory = MemoryBreakdown(
-        parameters_per_gpu=params.per_gpu,
-        weights=params.per_gpu * per_param.weights,
-        gradients=params.per_gpu * per_param.gradients,
-        optimizer=params.per_gpu * per_param.optimizer,
-        layer_activations=layers,
-        other_activations=other,
-        stage="only" if par.pipeline == 1 else "busiest",
-    )
-    flops = estimates.encoder_decoder_flops_per_sample(model, encoder_seq, decoder_seq, padded)
-    return Costs(params, memory, flops, encoder_seq)
+    encoder_decoder_split(cfg.model, par.pipeline, stage)  # one line for a split it cannot run
+    shape = encoder_decoder.EncoderDecoderShape(cfg.model, vocab)
+    layout = Layout.from_recipe(cfg, prefix=f"{stage}.")
+    memory = encoder_decoder.memory_breakdown(shape, layout)
+    params = encoder_decoder.parameters(shape, layout)
+    flops = encoder_decoder.model_flops_per_sample(shape, layout.tensor)
+    return Costs(params, memory, flops, shape.encoder_seq)
 
 
 DEFAULT_TFLOPS_PER_GPU = 140.0

@@ -1,0 +1,101 @@
+"""The two kinds of model the layout search describes, each answering candidates.SearchedModel:
+a layer stack (GPT, BERT: costmodel.memory and costmodel.throughput) and an encoder-decoder
+(T5, mT5: costmodel.encoder_decoder). A family says which it is (ModelFamily.encoder_decoder)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from auto_configurator.candidates import (
+    AUTO_VIRTUAL_PIPELINE,
+    ENCODER_DECODER_RULES,
+    LONG_SEQUENCE,
+    RULES,
+    Rule,
+    SearchedModel,
+)
+from auto_configurator.settings import TrainSettings
+from launcher_scripts import families
+from launcher_scripts.costmodel import encoder_decoder, memory, throughput
+from launcher_scripts.costmodel.encoder_decoder import EncoderDecoderShape
+from launcher_scripts.costmodel.memory import MemoryBreakdown
+from launcher_scripts.costmodel.shapes import Layout, ModelShape, tokenizer_vocab
+from launcher_scripts.costmodel.throughput import ClusterSpec, StepPrediction
+
+
+@dataclass(frozen=True)
+class StackModel:
+    shape: ModelShape
+    rules: tuple[Rule, ...] = RULES
+    auto_virtual_pipeline: tuple[int | None, ...] = AUTO_VIRTUAL_PIPELINE
+
+    def auto_pipeline(self, world: int) -> tuple[int, ...]:
+        """The divisors of the layer count, up to the GPUs."""
+        layers = self.shape.num_layers
+        return tuple(d for d in range(1, layers + 1) if layers % d == 0 and d <= world)
+
+    def auto_context(self) -> tuple[int, ...]:
+        return (1, 2, 4, 8) if self.shape.seq_length >= LONG_SEQUENCE else (1,)
+
+    def memory(self, layout: Layout) -> MemoryBreakdown:
+        return memory.memory_breakdown(self.shape, layout)
+
+    def predict(self, layout: Layout, cluster: ClusterSpec) -> StepPrediction:
+        return throughput.predict_step(self.shape, layout, cluster)
+
+    def flops_per_step(self, layout: Layout) -> float:
+        return throughput.model_flops_per_step(self.shape, layout)
+
+
+@dataclass(frozen=True)
+class EncoderDecoderModel:
+    shape: EncoderDecoderShape
+    rules: tuple[Rule, ...] = ENCODER_DECODER_RULES
+    auto_virtual_pipeline: tuple[int | None, ...] = (None,)
+
+    def auto_pipeline(self, world: int) -> tuple[int, ...]:
+        """1, and one stage more than each divisor of the encoder's layers (the decoder's
+        stage), up to the GPUs."""
+        layers = self.shape.encoder.num_layers
+        split = tuple(d + 1 for d in range(1, layers + 1) if layers % d == 0 and d < world)
+        return (1, *split)
+
+    def auto_context(self) -> tuple[int, ...]:
+        return (1,)
+
+    def _recomputing(self, layout: Layout) -> EncoderDecoderShape:
+        """The shape with both blocks recomputing as the layout does (a T5 recipe says it per
+        block; a candidate sets both)."""
+        if layout.recompute == "full":
+            method, layers = layout.recompute_method, layout.recompute_num_layers
+        else:
+            method, layers = None, None
+        model = encoder_decoder.with_recompute(self.shape.model, layout.recompute, method, layers)
+        return EncoderDecoderShape(model, self.shape.vocab_size)
+
+    def memory(self, layout: Layout) -> MemoryBreakdown:
+        return encoder_decoder.memory_breakdown(self._recomputing(layout), layout)
+
+    def predict(self, layout: Layout, cluster: ClusterSpec) -> StepPrediction:
+        return encoder_decoder.predict_step(self._recomputing(layout), layout, cluster)
+
+    def flops_per_step(self, layout: Layout) -> float:
+        return encoder_decoder.model_flops_per_step(self.shape, layout)
+
+
+def searched_model(
+    training: DictConfig, settings: TrainSettings, prefix: str
+) -> tuple[SearchedModel, Layout]:
+    """The analytical model's view of a resolved training recipe, and its layout. The
+    vocabulary is the tokenizer's when its file can be read now, else the search config's
+    vocab_size."""
+    model = OmegaConf.to_container(training.model, resolve=True)
+    vocab, assumed = tokenizer_vocab(model.get("tokenizer") or {})
+    vocab = settings.vocab_size if assumed else vocab
+    layout = Layout.from_recipe(OmegaConf.to_container(training, resolve=True), f"{prefix}.")
+    if families.of_model_type(settings.family).encoder_decoder:
+        return EncoderDecoderModel(EncoderDecoderShape(OmegaConf.create(model), vocab)), layout
+    shape = ModelShape.from_recipe(model, vocab_size=vocab, prefix=f"{prefix}.model")
+    return StackModel(shape), layout
