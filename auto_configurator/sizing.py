@@ -51,6 +51,7 @@ STACK_TABLE = (
 
 # T5 and mT5 (the NeMo launcher's published T5 shapes): hidden, heads and a gated FFN width.
 ENCODER_DECODER_TABLE = (
+    (SizeRow(0.01, 128, 4, 1.0e-3), 256),  # test-sized models (CPU)
     (SizeRow(0.5, 768, 12, 1.0e-4), 2048),
     (SizeRow(5.0, 2048, 32, 1.0e-4), 5120),
     (SizeRow(15.0, 4096, 64, 1.0e-4), 10240),

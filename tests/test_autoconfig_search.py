@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from auto_configurator import sizing
 from auto_configurator.candidates import (
@@ -366,7 +366,7 @@ def test_measure_skips_warmup_and_detects_out_of_memory(tmp_path: Path) -> None:
 
 
 def real_search(
-    search_config: str, prepared: Path, tmp_path: Path
+    search_config: str, prepared: Path, tmp_path: Path, *overrides: str
 ) -> tuple[subprocess.CompletedProcess, Path, list[dict[str, str]]]:
     """A measured search of a tiny search config on the CPU: (the process, its final_results
     folder, the rows of candidates.csv)."""
@@ -375,6 +375,7 @@ def real_search(
         "run_training_hp_search=true",
         f"base_results_dir={tmp_path}",
         f"data_dir={prepared}/data",
+        *overrides,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     final = tmp_path / f"{search_config}_2gb" / "final_results"
@@ -415,21 +416,48 @@ def test_real_measured_search_on_cpu_picks_the_measured_fastest(
     assert "best: " + fastest["run"] in result.stdout
 
 
-def test_real_measured_bert_search_on_cpu(prepared_wordpiece: Path, tmp_path: Path) -> None:
-    """bert/tiny (no context_parallel_size key in its family's recipes) on two CPU processes:
-    two short runs through main.py, and a best config the training stage accepts."""
-    _, final, rows = real_search("bert/tiny", prepared_wordpiece, tmp_path)
+def measured_best(final: Path, rows: list[dict[str, str]], count: int) -> tuple[Path, DictConfig]:
+    """The `count` measured rows' fastest is summary.json's best: its recipe and the recipe's
+    model section, which holds the measured layout."""
     measured = [r for r in rows if r["status"] == "measured"]
-    assert len(measured) == 2, measured
+    assert len(measured) == count, rows
     summary = json.loads((final / "summary.json").read_text())
     fastest = min(measured, key=lambda r: float(r["measured_step_time_s"]))
     assert summary["best"]["run"] == fastest["run"]
     best = Path(summary["best_config"])
     model = OmegaConf.load(best).model
-    assert "context_parallel_size" not in model
+    layout = (model.tensor_model_parallel_size, model.pipeline_model_parallel_size)
+    assert layout == (int(fastest["tp"]), int(fastest["pp"]))
+    assert model.micro_batch_size == int(fastest["mbs"])
     assert not any("context_parallel_size" in o for o in summary["best"]["overrides"])
-    assert (model.tensor_model_parallel_size, model.micro_batch_size) == (
-        int(fastest["tp"]),
-        int(fastest["mbs"]),
-    )
+    return best, model
+
+
+def test_real_measured_bert_search_on_cpu(prepared_wordpiece: Path, tmp_path: Path) -> None:
+    """bert/tiny (no context_parallel_size key in its family's recipes) on two CPU processes:
+    two short runs through main.py, and a best config the training stage accepts."""
+    _, final, rows = real_search("bert/tiny", prepared_wordpiece, tmp_path)
+    best, model = measured_best(final, rows, 2)
+    assert "context_parallel_size" not in model
+    validate_training(best, f"data_dir={prepared_wordpiece}/data")
+
+
+def test_real_measured_t5_search_on_cpu(prepared_wordpiece: Path, tmp_path: Path) -> None:
+    """t5/tiny at PP 2 on two CPU processes: the encoder on stage 0 and the decoder on stage 1
+    at the split rank the search sets, two short runs, and a best config the stage accepts."""
+    pipelined = "search_config.train_settings.pipeline_parallel_sizes=[2]"
+    _, final, rows = real_search("t5/tiny", prepared_wordpiece, tmp_path, pipelined)
+    assert {r["status"] for r in rows} == {
+        "measured",
+        "invalid: SP needs TP >= 2",
+        "invalid: GPUs % (TP x PP x CP)",
+    }
+    best, model = measured_best(final, rows, 2)
+    assert model.pipeline_model_parallel_split_rank == 1
+    for block in ("encoder", "decoder"):
+        assert model[block].activations_checkpoint_granularity is None
+    for row in (r for r in rows if r["status"] == "measured"):
+        metrics = Path(row["run_dir"]) / "results" / "metrics.jsonl"
+        steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+        assert steps == list(range(1, 9)), steps
     validate_training(best, f"data_dir={prepared_wordpiece}/data")
