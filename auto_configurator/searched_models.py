@@ -4,7 +4,7 @@ a layer stack (GPT, BERT: costmodel.memory and costmodel.throughput) and an enco
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -65,6 +65,11 @@ class EncoderDecoderModel:
     def auto_context(self) -> tuple[int, ...]:
         return (1,)
 
+    # One shape per recomputation setting (copying the recipe per candidate is what costs).
+    _recomputed: dict[tuple, EncoderDecoderShape] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
     def _recomputing(self, layout: Layout) -> EncoderDecoderShape:
         """The shape with both blocks recomputing as the layout does (a T5 recipe says it per
         block; a candidate sets both)."""
@@ -72,8 +77,11 @@ class EncoderDecoderModel:
             method, layers = layout.recompute_method, layout.recompute_num_layers
         else:
             method, layers = None, None
-        model = encoder_decoder.with_recompute(self.shape.model, layout.recompute, method, layers)
-        return EncoderDecoderShape(model, self.shape.vocab_size)
+        setting = (layout.recompute, method, layers)
+        if setting not in self._recomputed:
+            model = encoder_decoder.with_recompute(self.shape.model, *setting)
+            self._recomputed[setting] = EncoderDecoderShape(model, self.shape.vocab_size)
+        return self._recomputed[setting]
 
     def memory(self, layout: Layout) -> MemoryBreakdown:
         return encoder_decoder.memory_breakdown(self._recomputing(layout), layout)
