@@ -56,15 +56,20 @@ _cache_recipe_files()
 
 # Fixtures standing for something one machine has once: the tests using one run on one xdist
 # worker, one after another (a second Triton server would change the processes a serving test
-# counts; Slurm tests wait on the one node's queue).
+# counts; Slurm tests wait on the one node's queue; the bcprun shim's nodes all rendezvous at
+# the BCP backend's fixed port on this machine, so two BCP jobs at once would meet each other).
 SHARED = {
     "slurm": "slurm",
+    "bcp_node": "bcp",
     "default_run": "triton",
     "exported": "triton",
     "triton_python": "triton",
 }
 
 
+# tryfirst: xdist's worker names each grouped test `<id>@<group>` in its own hook of this name,
+# which would otherwise run before this one (its plugin registers after this conftest).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         group = next((SHARED[f] for f in getattr(item, "fixturenames", ()) if f in SHARED), None)
