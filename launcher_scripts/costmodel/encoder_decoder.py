@@ -115,15 +115,8 @@ def memory_breakdown(shape: EncoderDecoderShape, layout: Layout) -> MemoryBreakd
     per_param = bytes_per_parameter(
         layout.dtype, layout.distributed_optimizer, layout.data * layout.context
     )
-    return MemoryBreakdown(
-        parameters_per_gpu=params.per_gpu,
-        weights=params.per_gpu * per_param.weights,
-        gradients=params.per_gpu * per_param.gradients,
-        optimizer=params.per_gpu * per_param.optimizer,
-        layer_activations=layers,
-        other_activations=other,
-        stage="only" if layout.pipeline == 1 else "busiest",
-    )
+    stage = "only" if layout.pipeline == 1 else "busiest"
+    return MemoryBreakdown.of(params.per_gpu, per_param, layers, other, stage)
 
 
 def model_flops_per_sample(shape: EncoderDecoderShape, tensor: int = 1) -> float:
@@ -148,19 +141,21 @@ class _Block:
     overhead_layers: float
 
 
-def _blocks(shape: EncoderDecoderShape, tensor: int) -> tuple[_Block, _Block]:
-    encoder, decoder = shape.block("encoder", tensor), shape.block("decoder", tensor)
+def _blocks(
+    shape: EncoderDecoderShape, encoder: ModelShape, decoder: ModelShape
+) -> tuple[_Block, _Block]:
+    """The encoder's and the decoder's figures; `encoder` and `decoder` are their stack shapes
+    (vocabulary padded for the layout)."""
     model = shape.model
-    cross = estimates.cross_attention_forward_flops(
-        model.decoder, shape.decoder_seq, shape.encoder_seq
-    )
-    cross_scores = estimates.cross_attention_score_flops(
-        model.decoder, shape.decoder_seq, shape.encoder_seq
-    )
+    seqs = (model.decoder, shape.decoder_seq, shape.encoder_seq)
+    cross = estimates.cross_attention_forward_flops(*seqs)
+    cross_scores = estimates.cross_attention_score_flops(*seqs)
     result = []
-    for name, stack, extra, scores, count in (
-        ("encoder", encoder, 0.0, 0.0, 2),
-        ("decoder", decoder, cross, cross_scores, 3),
+    # (block, stack, cross-attention FLOPs and its scores', all-reduces per pass, all-reduces
+    # of the encoder's tokens, fixed cost in layers)
+    for name, stack, extra, scores, count, memory, overhead in (
+        ("encoder", encoder, 0.0, 0.0, 2, 0.0, 1.0),
+        ("decoder", decoder, cross, cross_scores, 3, 1.0, DECODER_LAYER_OVERHEAD),
     ):
         forward = throughput.layer_forward_flops(stack) + extra
         recompute = estimates.block_recompute(model[name])
@@ -176,8 +171,8 @@ def _blocks(shape: EncoderDecoderShape, tensor: int) -> tuple[_Block, _Block]:
                 forward_flops=forward,
                 recompute_flops=again,
                 allreduces=count * (2 + repeated),
-                memory_allreduces=0.0 if name == "encoder" else 1.0,
-                overhead_layers=1.0 if name == "encoder" else DECODER_LAYER_OVERHEAD,
+                memory_allreduces=memory,
+                overhead_layers=overhead,
             )
         )
     return result[0], result[1]
@@ -208,13 +203,14 @@ def predict_step(
 ) -> StepPrediction:
     """The predicted step time and its parts (see the module docstring)."""
     t, p, m, b = layout.tensor, layout.pipeline, layout.micro_batches, layout.micro_batch
-    e, hidden = layout.element_bytes, shape.encoder.hidden_size
+    encoder_shape, decoder_shape = shape.block("encoder", t), shape.block("decoder", t)
+    encoder, decoder = _blocks(shape, encoder_shape, decoder_shape)
+    e, hidden = layout.element_bytes, encoder_shape.hidden_size
     latency = cluster.collective_latency_us * 1e-6
     rate = cluster.peak_tflops * 1e12 * cluster.compute_efficiency
     tp_gbps = cluster.intra_node_gbps if t <= layout.gpus_per_node else cluster.inter_node_gbps
     encoder_bytes = e * shape.encoder_seq * b * hidden
     decoder_bytes = e * shape.decoder_seq * b * hidden
-    encoder, decoder = _blocks(shape, t)
 
     def stage(block: _Block, layers: int, own_bytes: float) -> _StageTime:
         flops = layers * (3 * block.forward_flops + block.recompute_flops)
@@ -227,14 +223,13 @@ def predict_step(
             * (block.allreduces * allreduce + block.memory_allreduces * memory_allreduce),
         )
 
-    decoder_shape = shape.block("decoder", t)
     logits = 3 * throughput.logits_forward_flops(decoder_shape, shape.padded_vocab(t))
     head = _StageTime(compute=b * logits / t / rate, overhead=0.0, tp_comm=0.0)
     decoder_stage = stage(decoder, decoder.layers, decoder_bytes) + head
     encoder_stage = stage(encoder, encoder.layers // encoder_stages(layout), encoder_bytes)
-    stages = [encoder_stage + decoder_stage] if p == 1 else [encoder_stage] * (p - 1)
-    if p > 1:
-        stages.append(decoder_stage)
+    stages = (
+        [encoder_stage + decoder_stage] if p == 1 else [*[encoder_stage] * (p - 1), decoder_stage]
+    )
     busiest = max(stages, key=lambda s: s.total)
     bubble = sum(s.total for s in stages) - busiest.total
 
@@ -244,22 +239,7 @@ def predict_step(
     )
     pp_comm = 0.0 if p == 1 else m * 2 * (latency + p2p_bytes / (pp_gbps * GB))
 
-    reduce_ranks = layout.data
-    per_param = bytes_per_parameter(
-        layout.dtype, layout.distributed_optimizer, reduce_ranks, layout.fp32_grads
-    )
-    params = parameters(shape, layout).per_gpu
-    # Ranks are ordered TP, DP, PP: a data-parallel group spans TP x DP consecutive GPUs.
-    dp_gbps = (
-        cluster.intra_node_gbps
-        if t * layout.data <= layout.gpus_per_node
-        else cluster.inter_node_gbps
-    )
-    grads = ring_seconds(params * per_param.gradients, reduce_ranks, dp_gbps, latency)
-    if layout.distributed_optimizer:
-        dp_comm = grads + ring_seconds(params * per_param.weights, reduce_ranks, dp_gbps, latency)
-    else:
-        dp_comm = 2 * grads
+    dp_comm = throughput.dp_reduction_seconds(parameters(shape, layout).per_gpu, layout, cluster)
     dp_exposed = (1 - cluster.dp_overlap) * dp_comm
 
     step = m * busiest.total + bubble + pp_comm + dp_exposed

@@ -124,6 +124,28 @@ class MemoryBreakdown:
     recompute_workspace: float = 0.0  # what one layer's recomputation materialises again
     stage: str = "only"  # "only" (no pipelining), "first" or "last" pipeline stage
 
+    @classmethod
+    def of(
+        cls,
+        params: int,
+        per_param: ParameterBytes,
+        layer_activations: float,
+        other_activations: float,
+        stage: str,
+        recompute_workspace: float = 0.0,
+    ) -> MemoryBreakdown:
+        """A GPU holding `params` parameters at [D]'s bytes each, and these activations."""
+        return cls(
+            parameters_per_gpu=params,
+            weights=params * per_param.weights,
+            gradients=params * per_param.gradients,
+            optimizer=params * per_param.optimizer,
+            layer_activations=layer_activations,
+            other_activations=other_activations,
+            recompute_workspace=recompute_workspace,
+            stage=stage,
+        )
+
     @property
     def total(self) -> float:
         return (
@@ -306,15 +328,13 @@ def memory_breakdown(shape: ModelShape, layout: Layout) -> MemoryBreakdown:
         params = stage_parameters(shape, layout, stage)
         activations = stage_activations(shape, layout, stage)
         breakdowns.append(
-            MemoryBreakdown(
-                parameters_per_gpu=params,
-                weights=params * per_param.weights,
-                gradients=params * per_param.gradients,
-                optimizer=params * per_param.optimizer,
-                layer_activations=activations.layers,
-                other_activations=activations.other,
+            MemoryBreakdown.of(
+                params,
+                per_param,
+                activations.layers,
+                activations.other,
+                stage,
                 recompute_workspace=activations.workspace,
-                stage=stage,
             )
         )
     return max(breakdowns, key=lambda breakdown: breakdown.total)

@@ -218,18 +218,8 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
     pp_gbps = cluster.intra_node_gbps if layout.world <= node else cluster.inter_node_gbps
     pp_comm = 0.0 if p == 1 else m * v * 2 * (latency + p2p_bytes / (pp_gbps * GB))
 
-    reduce_ranks = layout.data * cp
-    per_param = bytes_per_parameter(
-        layout.dtype, layout.distributed_optimizer, reduce_ranks, layout.fp32_grads
-    )
     params = max(stage_parameters(shape, layout, stage) for stage in stages)
-    dp_gbps = cluster.intra_node_gbps if t * cp * layout.data <= node else cluster.inter_node_gbps
-    grads = ring_seconds(params * per_param.gradients, reduce_ranks, dp_gbps, latency)
-    if layout.distributed_optimizer:
-        weights = ring_seconds(params * per_param.weights, reduce_ranks, dp_gbps, latency)
-        dp_comm = grads + weights
-    else:
-        dp_comm = 2 * grads
+    dp_comm = dp_reduction_seconds(params, layout, cluster)
     dp_exposed = (1 - cluster.dp_overlap) * dp_comm
 
     step = compute + overhead + tp_comm + cp_comm + bubble + pp_comm + dp_exposed
@@ -248,6 +238,23 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
         overhead_s=overhead,
         pp_comm_s=pp_comm,
     )
+
+
+def dp_reduction_seconds(params: float, layout: Layout, cluster: ClusterSpec) -> float:
+    """The gradient reduction of one GPU's `params` over the DP x CP group (see the module
+    docstring), all of it: what dp_overlap hides is taken off by the caller."""
+    reduce_ranks = layout.data * layout.context
+    per_param = bytes_per_parameter(
+        layout.dtype, layout.distributed_optimizer, reduce_ranks, layout.fp32_grads
+    )
+    # Ranks are ordered TP, CP, DP, PP: the group spans TP x CP x DP consecutive GPUs.
+    spans_nodes = layout.tensor * reduce_ranks > layout.gpus_per_node
+    gbps = cluster.inter_node_gbps if spans_nodes else cluster.intra_node_gbps
+    latency = cluster.collective_latency_us * 1e-6
+    grads = ring_seconds(params * per_param.gradients, reduce_ranks, gbps, latency)
+    if layout.distributed_optimizer:
+        return grads + ring_seconds(params * per_param.weights, reduce_ranks, gbps, latency)
+    return 2 * grads
 
 
 def hardware_flops_per_step(shape: ModelShape, layout: Layout) -> float:
