@@ -11,7 +11,7 @@ The search then measures the best few.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -122,10 +122,9 @@ def generate(cfg: DictConfig, settings: TrainSettings, size_in_b: float) -> Base
         _set_encoder_decoder(recipe, arch, seq)
     else:
         _set_stack(recipe, arch, seq)
-    training = resolved_stage(root)[STAGE]
-    base = _choose_layout(recipe, training, settings, cfg, size_in_b, arch, steps)
     path = settings.logs / f"base_cfg_{size_label(size_in_b)}.yaml"
-    base = replace(base, path=path)
+    training = resolved_stage(root)[STAGE]
+    base = _choose_layout(recipe, training, settings, cfg, path, size_in_b, arch, steps)
     header = (
         f"Base config for a {size_label(size_in_b)} {settings.family} model, written by the "
         f"AutoConfigurator\nfrom the {settings.base_recipe} recipe: "
@@ -185,6 +184,7 @@ def _choose_layout(
     training: DictConfig,
     settings: TrainSettings,
     cfg: DictConfig,
+    path: Path,
     size_in_b: float,
     arch: sizing.Architecture,
     steps: int,
@@ -205,7 +205,7 @@ def _choose_layout(
     flops = model.flops_per_step(best.layout)
     days = sizing.days_to_train(flops, steps, settings.gpus, settings.tflops_per_gpu)
     return BaseConfig(
-        Path(),
+        path,
         size_in_b,
         arch,
         recipe,

@@ -33,7 +33,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher_scripts.costmodel import encoder_decoder, estimates
+from launcher_scripts.costmodel import encoder_decoder
 from launcher_scripts.costmodel.memory import GIB, MemoryBreakdown, memory_breakdown
 from launcher_scripts.costmodel.plan import Costs
 from launcher_scripts.costmodel.shapes import (
@@ -368,12 +368,9 @@ def encoder_decoder_estimate(
     model = cfg.model
     par = recipe_keys.parallelism(cfg, "training")
     vocab, assumed = tokenizer_vocab(model.tokenizer)
-    micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
-    micro_batches = max(1, global_batch // (micro * par.data))
-    costs = family.costs(cfg, par, vocab, micro_batches, "training")
-    encoder_stages, _ = recipe_keys.encoder_decoder_split(model, par.pipeline, "training")
-    shape = encoder_decoder.EncoderDecoderShape(model, vocab)
     layout = Layout.from_recipe(cfg)
+    costs = family.costs(cfg, par, vocab, layout.micro_batches, "training")
+    shape = encoder_decoder.EncoderDecoderShape(model, vocab)
     blocks = {
         block: {
             name: OmegaConf.select(model, f"{block}.{name}")
@@ -389,12 +386,12 @@ def encoder_decoder_estimate(
             "vocab_size": vocab,
         },
         par=par,
-        encoder_stages=encoder_stages,
-        micro_batch=micro,
-        global_batch=global_batch,
-        micro_batches=micro_batches,
+        encoder_stages=encoder_decoder.encoder_stages(layout),
+        micro_batch=layout.micro_batch,
+        global_batch=layout.global_batch,
+        micro_batches=layout.micro_batches,
         vocab_assumed=assumed,
-        padded_vocab=estimates.padded_vocab(vocab, model, par.tensor),
+        padded_vocab=shape.padded_vocab(par.tensor),
         costs=costs,
         cluster=cluster,
         step=encoder_decoder.predict_step(shape, layout, cluster) if cluster else None,
