@@ -383,6 +383,32 @@ def real_search(
         return result, final, list(csv.DictReader(handle))
 
 
+def assert_runs_trained(measured: list[dict[str, str]]) -> None:
+    """Each measured run really trained: 8 logged steps in its own metrics, 5 of them timed
+    (8 less the 3 warm-up steps of the tiny search configs)."""
+    for row in measured:
+        metrics = Path(row["run_dir"]) / "results" / "metrics.jsonl"
+        steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+        assert steps == list(range(1, 9)), steps
+        assert int(row["measured_steps"]) == 5
+
+
+def measured_best(
+    final: Path, measured: list[dict[str, str]]
+) -> tuple[dict[str, str], dict, Path, DictConfig]:
+    """The fastest measured row is summary.json's best, and the best config is a recipe with its
+    layout: (that row, the summary, the recipe, the recipe's model section)."""
+    summary = json.loads((final / "summary.json").read_text())
+    fastest = min(measured, key=lambda r: float(r["measured_step_time_s"]))
+    assert summary["best"]["run"] == fastest["run"]
+    best = Path(summary["best_config"])
+    model = OmegaConf.load(best).model
+    layout = (model.tensor_model_parallel_size, model.pipeline_model_parallel_size)
+    assert layout == (int(fastest["tp"]), int(fastest["pp"]))
+    assert model.micro_batch_size == int(fastest["mbs"])
+    return fastest, summary, best, model
+
+
 def test_real_measured_search_on_cpu_picks_the_measured_fastest(
     prepared: Path, tmp_path: Path
 ) -> None:
@@ -392,53 +418,27 @@ def test_real_measured_search_on_cpu_picks_the_measured_fastest(
     assert len(measured) >= 3, rows
     assert {r["status"] for r in rows} >= {"measured", "not run (below limit_search_runs)"}
     assert any(r["status"].startswith("invalid: ") for r in rows)
-    # Each measured run really trained: 8 logged steps in its own metrics.
-    for row in measured:
-        metrics = Path(row["run_dir"]) / "results" / "metrics.jsonl"
-        steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
-        assert steps == list(range(1, 9)), steps
-        assert int(row["measured_steps"]) == 5  # 8 steps less 3 warm-up steps
-    fastest = min(measured, key=lambda r: float(r["measured_step_time_s"]))
-    summary = json.loads((final / "summary.json").read_text())
-    assert summary["best"]["run"] == fastest["run"]
+    assert_runs_trained(measured)
+    fastest, summary, best, _ = measured_best(final, measured)
     assert summary["measured"] == len(measured) and summary["runs"] == 4
     top = (final / "top_configs.log").read_text().splitlines()
     assert fastest["run"] in top[1]
     # The best config is a recipe with the fastest layout that the training stage accepts.
-    best = Path(summary["best_config"])
-    model = OmegaConf.load(best).model
-    layout = (model.tensor_model_parallel_size, model.pipeline_model_parallel_size)
-    assert layout == (int(fastest["tp"]), int(fastest["pp"]))
-    assert model.micro_batch_size == int(fastest["mbs"])
     validate_training(best, f"data_dir={prepared}/data")
     assert (final / "predicted_vs_measured.png").stat().st_size > 0
     assert (final / "failed_jobs.csv").read_text().startswith("run,layout,state")
     assert "best: " + fastest["run"] in result.stdout
 
 
-def measured_best(final: Path, rows: list[dict[str, str]], count: int) -> tuple[Path, DictConfig]:
-    """The `count` measured rows' fastest is summary.json's best: its recipe and the recipe's
-    model section, which holds the measured layout."""
-    measured = [r for r in rows if r["status"] == "measured"]
-    assert len(measured) == count, rows
-    summary = json.loads((final / "summary.json").read_text())
-    fastest = min(measured, key=lambda r: float(r["measured_step_time_s"]))
-    assert summary["best"]["run"] == fastest["run"]
-    best = Path(summary["best_config"])
-    model = OmegaConf.load(best).model
-    layout = (model.tensor_model_parallel_size, model.pipeline_model_parallel_size)
-    assert layout == (int(fastest["tp"]), int(fastest["pp"]))
-    assert model.micro_batch_size == int(fastest["mbs"])
-    assert not any("context_parallel_size" in o for o in summary["best"]["overrides"])
-    return best, model
-
-
 def test_real_measured_bert_search_on_cpu(prepared_wordpiece: Path, tmp_path: Path) -> None:
     """bert/tiny (no context_parallel_size key in its family's recipes) on two CPU processes:
     two short runs through main.py, and a best config the training stage accepts."""
     _, final, rows = real_search("bert/tiny", prepared_wordpiece, tmp_path)
-    best, model = measured_best(final, rows, 2)
+    measured = [r for r in rows if r["status"] == "measured"]
+    assert len(measured) == 2, rows
+    _, summary, best, model = measured_best(final, measured)
     assert "context_parallel_size" not in model
+    assert not any("context_parallel_size" in o for o in summary["best"]["overrides"])
     validate_training(best, f"data_dir={prepared_wordpiece}/data")
 
 
@@ -452,12 +452,12 @@ def test_real_measured_t5_search_on_cpu(prepared_wordpiece: Path, tmp_path: Path
         "invalid: SP needs TP >= 2",
         "invalid: GPUs % (TP x PP x CP)",
     }
-    best, model = measured_best(final, rows, 2)
+    measured = [r for r in rows if r["status"] == "measured"]
+    assert len(measured) == 2, rows
+    assert_runs_trained(measured)
+    _, summary, best, model = measured_best(final, measured)
+    assert not any("context_parallel_size" in o for o in summary["best"]["overrides"])
     assert model.pipeline_model_parallel_split_rank == 1
     for block in ("encoder", "decoder"):
         assert model[block].activations_checkpoint_granularity is None
-    for row in (r for r in rows if r["status"] == "measured"):
-        metrics = Path(row["run_dir"]) / "results" / "metrics.jsonl"
-        steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
-        assert steps == list(range(1, 9)), steps
     validate_training(best, f"data_dir={prepared_wordpiece}/data")
