@@ -15,6 +15,7 @@ from typing import Any
 
 from launcher_scripts.config.checks import require_choice
 from launcher_scripts.costmodel.plan import CostFunction, TrainingPlan, make_plan
+from launcher_scripts.formats.portable_check import SHAPE_TABLES, ShapeTable
 from launcher_scripts.recipes.training import key
 
 Validator = Callable[[Any, str, Callable[[str], bool]], None]
@@ -40,6 +41,11 @@ def head_size_problem(model: Any) -> str | None:
 # (the recipe's model section, the key to name in errors) -> its Hugging Face architecture, or
 # ConfigError naming the key that rules every one out
 ArchitectureOf = Callable[..., Architecture]
+
+# (a converted base model's section, the tuning recipe's model section, the tuning layout,
+# the stage, how to name the base in messages) -> None, or ConfigError naming the key that
+# keeps the layout from holding the base
+BaseCheck = Callable[[Any, Any, Any, str, str], None]
 
 # What a job program may do with a family; `ModelFamily.programs` lists those this version has.
 PROGRAMS = (
@@ -69,6 +75,10 @@ class ModelFamily:
     programs: frozenset[str]  # what this version's job programs do with it (PROGRAMS)
     hf_architecture: ArchitectureOf | None = None  # None: no Hugging Face export
     runtime: str | None = None  # the module of its torch side (jobs import it)
+    check_base: BaseCheck | None = None  # for the tuning stages; None: they do not run it
+    # What its portable file's model_config.yaml says the tensors' shapes are (checked before
+    # a file is read); None: the file-level checks only.
+    portable_shapes: ShapeTable | None = None
 
     def runs(self, program: str) -> bool:
         assert program in PROGRAMS, program
@@ -88,6 +98,8 @@ def register(family: ModelFamily) -> ModelFamily:
     unknown = family.programs - set(PROGRAMS)
     assert not unknown, unknown
     FAMILIES[family.name] = family
+    if family.portable_shapes is not None:
+        SHAPE_TABLES[family.name] = family.portable_shapes
     return family
 
 

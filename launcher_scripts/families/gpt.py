@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from launcher_scripts.costmodel.plan import decoder_stack_costs
+from launcher_scripts.errors import ConfigError
 from launcher_scripts.families.base import PROGRAMS, ModelFamily, register
 from launcher_scripts.families.gpt_architectures import hf_architecture
 from launcher_scripts.recipes import training as recipe
+
+
+def check_base(base: Any, model: Any, par: Any, stage: str, name: str) -> None:
+    """The tuning layout splits the base's heads over TP and its layers over PP."""
+    del model
+    recipe.check_attention(base, par, name)
+    layers = int(base.num_layers)
+    if layers % par.pipeline:
+        raise ConfigError(
+            f"{stage}.model.pipeline_model_parallel_size",
+            f"the base model's {layers} layers do not split over {par.pipeline} pipeline stages",
+            "Choose a divisor",
+        )
+
 
 GPT = register(
     ModelFamily(
@@ -18,5 +35,6 @@ GPT = register(
         programs=frozenset(PROGRAMS),
         hf_architecture=hf_architecture,
         runtime="launcher_scripts.jobs.models.gpt",
+        check_base=check_base,
     )
 )

@@ -12,6 +12,7 @@ from launcher_scripts.costmodel.plan import encoder_decoder_costs
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families.base import Architecture, ModelFamily, register
 from launcher_scripts.families.encoder_checks import ENCODER_ACTIVATIONS, common_checks
+from launcher_scripts.formats.portable_check import expected_shapes
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.training import encoder_decoder_split, key
 
@@ -76,6 +77,47 @@ def _positions(model: Any, stage: str) -> None:
         if kind == "relative":
             for name in ("relative_attention_num_buckets", "relative_attention_max_distance"):
                 require_int(key(stage, f"{prefix}.{name}"), section.get(name))
+
+
+def check_base(base: Any, model: Any, par: Any, stage: str, name: str) -> None:
+    """The tuning layout splits each block's heads over TP, and the encoder over the stages
+    before the recipe's split rank (the decoder runs on the last)."""
+    encoder_stages, _ = encoder_decoder_split(model, par.pipeline, stage)
+    for block in BLOCKS:
+        recipe.check_attention(base[block], par, f"{name} {block}")
+    layers = int(base.encoder.num_layers)
+    if layers % encoder_stages:
+        raise ConfigError(
+            f"{stage}.model.pipeline_model_parallel_size",
+            f"the base model's {layers} encoder layers do not split over {encoder_stages} "
+            f"encoder stages (PP - 1)",
+            "Choose a PP with PP - 1 dividing them",
+        )
+
+
+def portable_shapes(config: Any) -> dict[str, tuple[tuple[int | None, ...], str]]:
+    """Each block's tensors as GPT's table gives a stack's (the block's keys over the model's),
+    and the decoder's cross-attention."""
+    shared = {k: v for k, v in config.items() if k not in BLOCKS}
+    shapes = {}
+    for block in BLOCKS:
+        merged = {**shared, **config[block]}
+        for name, (shape, keys) in expected_shapes(merged).items():
+            shapes[name.replace("decoder.layers.", f"{block}.layers.", 1)] = (
+                shape,
+                f"{block}: {keys}" if name.startswith("decoder.layers.") else keys,
+            )
+    decoder = config.decoder
+    layers, hidden = int(decoder.num_layers), int(decoder.hidden_size)
+    heads = int(decoder.num_attention_heads)
+    groups = int(decoder.get("num_query_groups") or heads)
+    channels = int(decoder.get("kv_channels") or hidden // heads)
+    keys = "decoder: num_layers, num_attention_heads, kv_channels, hidden_size"
+    cross = "decoder.layers.cross_attention."
+    shapes[f"{cross}linear_q.weight"] = ((layers, heads * channels, hidden), keys)
+    shapes[f"{cross}linear_kv.weight"] = ((layers, 2 * groups * channels, hidden), keys)
+    shapes[f"{cross}linear_proj.weight"] = ((layers, hidden, heads * channels), keys)
+    return shapes
 
 
 T5_CLASS = Architecture("T5ForConditionalGeneration", "t5")
@@ -155,8 +197,10 @@ T5 = register(
         costs=encoder_decoder_costs,
         encoder_decoder=True,
         pile_tokenizers=("BertWordPieceCase", "BertWordPieceLowerCase"),
-        programs=frozenset({"training", "conversion"}),
+        programs=frozenset({"training", "conversion", "fine_tuning"}),
         hf_architecture=hf_architecture,
         runtime="launcher_scripts.jobs.models.t5",
+        check_base=check_base,
+        portable_shapes=portable_shapes,
     )
 )

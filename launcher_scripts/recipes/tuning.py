@@ -43,7 +43,10 @@ LAYOUT_KEYS = (
     "activations_checkpoint_granularity",
     "activations_checkpoint_method",
     "activations_checkpoint_num_layers",
+    "pipeline_model_parallel_split_rank",
 )
+# An encoder-decoder's per-block sections, whose keys override the model's own.
+BLOCK_SECTIONS = ("encoder", "decoder")
 _SFT_SPLIT_KEYS = ("answer_only_loss",)  # read for every split (tuner.py), set for none
 _ADAPTER_KEYS = ("activation", "layer_selection")
 _PROMPT_ENCODER_KEYS = ("encoder_hidden", "bottleneck_dim", "num_layers", "encoder_type", "dropout")
@@ -154,14 +157,26 @@ class PeftSettings:
 class DataSplit:
     key: str  # the recipe key that names the files, for messages
     files: tuple[Path, ...]
-    weights: tuple[float, ...] | None
+    weights: tuple[float, ...] | None  # None with several files: temperature sampling
     section: dict[str, Any]  # what SftFormat.from_section reads
     format_key: str  # the recipe section the format's keys come from, for messages
-    length_key: str  # the recipe key of max_seq_length
+    length_key: str  # the recipe key of max_seq_length (text to text: of the inputs)
+    # Text-to-text data (T5's layout): line i of targets[k] answers line i of files[k].
+    targets: tuple[Path, ...] = ()
+    target_key: str = ""
+    names: tuple[str, ...] | None = None  # one per file, naming its metrics
+    temperature: float = 1.0  # several files, no weights: p ~ records^(1/temperature)
 
     @property
     def max_seq_length(self) -> int:
-        return int(self.section.get("max_seq_length") or 2048)
+        value = self.section.get("max_seq_length") or self.section.get("max_src_seq_length")
+        return int(value or 2048)
+
+    @property
+    def max_target_length(self) -> int | None:
+        """The decoder's length, for text-to-text data (None: one sequence holds both)."""
+        value = self.section.get("max_tgt_seq_length")
+        return int(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -189,14 +204,14 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def _files(key: str, value: Any) -> tuple[Path, ...]:
+def _files(key: str, value: Any, kind: str = "JSONL") -> tuple[Path, ...]:
     value = _plain(value)
     if value is None:
         return ()
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise RecipeError(f"{key}: expected a list of JSONL file paths, got {value!r}")
+        raise RecipeError(f"{key}: expected a list of {kind} file paths, got {value!r}")
     return tuple(Path(v) for v in value)
 
 
@@ -220,27 +235,89 @@ def _sft_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None, Data
     for name in ("train_ds", "validation_ds", "test_ds"):
         section = data.get(name)
         key = f"{stage}.model.data.{name}"
-        files = _files(f"{key}.file_names", section.get("file_names") if section else None)
-        if not files:
-            splits.append(None)
-            continue
-        weights = (
-            _weights(
-                f"{key}.concat_sampling_probabilities",
-                section.get("concat_sampling_probabilities"),
-                len(files),
-            )
-            if name == "train_ds"
-            else None
-        )
-        plain = _plain(section)
+        text_to_text = section is not None and "src_file_name" in section
         splits.append(
-            DataSplit(f"{key}.file_names", files, weights, plain, key, f"{key}.max_seq_length")
+            _text_to_text_split(section, key, name == "train_ds")
+            if text_to_text
+            else _jsonl_split(section, key, name == "train_ds")
         )
     train, validation, test = splits
     if train is None:
-        raise RecipeError(f"{stage}.model.data.train_ds.file_names: give the training JSONL files")
+        raise RecipeError(
+            f"{stage}.model.data.train_ds.file_names: give the training JSONL files (or, as "
+            "text to text, src_file_name and tgt_file_name)"
+        )
     return train, validation, test
+
+
+def _jsonl_split(section: Any, key: str, training: bool) -> DataSplit | None:
+    files = _files(f"{key}.file_names", section.get("file_names") if section else None)
+    if not files:
+        return None
+    weights = (
+        _weights(
+            f"{key}.concat_sampling_probabilities",
+            section.get("concat_sampling_probabilities"),
+            len(files),
+        )
+        if training
+        else None
+    )
+    plain = _plain(section)
+    return DataSplit(f"{key}.file_names", files, weights, plain, key, f"{key}.max_seq_length")
+
+
+def _text_to_text_split(section: Any, key: str, training: bool) -> DataSplit | None:
+    """`src_file_name`/`tgt_file_name` (a file each, or lists of equal length): inputs and
+    their answers line by line."""
+    sources = _files(f"{key}.src_file_name", section.get("src_file_name"), "text")
+    targets = _files(f"{key}.tgt_file_name", section.get("tgt_file_name"), "text")
+    if not sources:
+        return None
+    if len(targets) != len(sources):
+        raise RecipeError(
+            f"{key}.tgt_file_name: {len(targets)} target files for {len(sources)} source files: "
+            "give one target file per source file, in the same order"
+        )
+    names = _plain(section.get("names"))
+    if names is not None:
+        if not isinstance(names, list) or len(names) != len(sources):
+            raise RecipeError(
+                f"{key}.names: {names!r}: give one name per source file ({len(sources)}), or null"
+            )
+        names = tuple(str(n) for n in names)
+    weights, temperature = None, 1.0
+    if training and len(sources) > 1:
+        technique = str(section.get("concat_sampling_technique") or "temperature")
+        if technique == "random":
+            weights = _weights(
+                f"{key}.concat_sampling_probabilities",
+                section.get("concat_sampling_probabilities"),
+                len(sources),
+            )
+        elif technique == "temperature":
+            temperature = float(section.get("concat_sampling_temperature") or 1.0)
+            if temperature <= 0:
+                raise RecipeError(
+                    f"{key}.concat_sampling_temperature: {temperature} must be above 0 "
+                    "(1: in proportion to the files' sizes; larger: closer to uniform)"
+                )
+        else:
+            raise RecipeError(
+                f"{key}.concat_sampling_technique: {technique!r} is not temperature or random"
+            )
+    return DataSplit(
+        f"{key}.src_file_name",
+        sources,
+        weights,
+        _plain(section),
+        key,
+        f"{key}.max_src_seq_length",
+        targets=targets,
+        target_key=f"{key}.tgt_file_name",
+        names=names,
+        temperature=temperature,
+    )
 
 
 def _template_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None, DataSplit | None]:
@@ -366,7 +443,10 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
             method, settings = "sft", None
         metric_section = (validation.section if validation else {}).get("metric") or {}
         metric = str(metric_section.get("name") or "loss")
-        tokens = int((validation.section if validation else {}).get("tokens_to_generate") or 32)
+        # Text to text generates up to the answers' length unless told.
+        longest = validation.max_target_length if validation else None
+        section = validation.section if validation else {}
+        tokens = int(section.get("tokens_to_generate") or longest or 32)
     else:
         base_key = f"{stage}.model.language_model_path"
         base = model.get("language_model_path")
@@ -420,14 +500,23 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
     )
 
 
-def check_positions(spec: TuningSpec, positions: int) -> None:
-    """The training sequences fit the base model's position embeddings."""
-    wanted = spec.train.max_seq_length
-    if wanted > positions:
-        raise RecipeError(
-            f"{spec.train.length_key}: {wanted} exceeds the base model's {positions} positions: "
-            f"set it to {positions} or less"
+def check_positions(spec: TuningSpec, base: Any) -> None:
+    """The training sequences (text to text: inputs and answers) fit the base model's position
+    embeddings. A relative position bias (T5's) has distance buckets, not a length."""
+    if base.get("position_embedding_type") == "relative":
+        return
+    positions = int(base.max_position_embeddings)
+    lengths = [(spec.train.length_key, spec.train.max_seq_length)]
+    if spec.train.max_target_length is not None:
+        lengths.append(
+            (f"{spec.train.format_key}.max_tgt_seq_length", spec.train.max_target_length)
         )
+    for name, wanted in lengths:
+        if wanted > positions:
+            raise RecipeError(
+                f"{name}: {wanted} exceeds the base model's {positions} positions: "
+                f"set it to {positions} or less"
+            )
 
 
 def all_inputs(spec: TuningSpec) -> list[tuple[str, Path]]:
@@ -438,4 +527,5 @@ def all_inputs(spec: TuningSpec) -> list[tuple[str, Path]]:
     for split in (spec.train, spec.validation, spec.test):
         if split is not None:
             inputs += [(f"{split.key}[{i}]", path) for i, path in enumerate(split.files)]
+            inputs += [(f"{split.target_key}[{i}]", p) for i, p in enumerate(split.targets)]
     return inputs

@@ -31,7 +31,11 @@ from launcher_scripts.stages.data_prep_common import (
     workers_args,
 )
 from launcher_scripts.stages.mc4_dataset import Mc4Dataset
-from launcher_scripts.stages.sft_dataset import DollySftDataset, SquadSftDataset
+from launcher_scripts.stages.sft_dataset import (
+    DollySftDataset,
+    SquadSftDataset,
+    XquadSftDataset,
+)
 
 INPUT_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 # SentencePiece's model types, and a BERT WordPiece vocabulary (BERT and T5 data).
@@ -374,6 +378,7 @@ DATASETS: dict[str, Dataset] = {
     "pile": PileDataset(),
     "mc4": Mc4Dataset(),
     "sft_squad": SquadSftDataset(),
+    "sft_xquad": XquadSftDataset(),
     "sft_dolly": DollySftDataset(),
 }
 

@@ -45,34 +45,44 @@ class TuningStage:
         par = recipe.parallelism(cfg, stage)
         recipe.check_world(par, stage)
         recipe.check_batch(cfg.model, par, stage)
-        seq = spec.train.max_seq_length
-        if par.sequence_parallel and seq % par.tensor:
+        if family.encoder_decoder and spec.train.section.get("packed_sequence"):
             raise RecipeError(
-                f"{spec.train.length_key}: {seq} does not split over "
-                f"tensor_model_parallel_size {par.tensor} (sequence_parallel): use a multiple"
+                f"{spec.train.format_key}.packed_sequence: packing is for decoder-only models; "
+                f"an encoder-decoder pads each input and answer to its own limit: set it to False"
             )
+        lengths = [(spec.train.length_key, spec.train.max_seq_length)]
+        if spec.train.max_target_length is not None:
+            target_key = f"{spec.train.format_key}.max_tgt_seq_length"
+            lengths.append((target_key, spec.train.max_target_length))
+        for length_key, seq in lengths:
+            if par.sequence_parallel and seq % par.tensor:
+                raise RecipeError(
+                    f"{length_key}: {seq} does not split over "
+                    f"tensor_model_parallel_size {par.tensor} (sequence_parallel): use a multiple"
+                )
         if spec.base_model.is_file():
-            self._check_base(spec, par, stage)
+            self._check_base(spec, family, cfg.model, par, stage)
         if spec.peft_restore is not None and spec.peft_restore.is_file():
             restore = "peft.restore_from_path" if stage == "peft" else "restore_path"
             require_peft(spec.peft_restore, f"{stage}.model.{restore}")
 
     @staticmethod
-    def _check_base(spec, par, stage: str) -> None:  # type: ignore[no-untyped-def]
+    def _check_base(spec, family, model, par, stage: str) -> None:  # type: ignore[no-untyped-def]
         base = require_portable(
             spec.base_model, spec.base_key, "Give the .nemo file the conversion stage writes"
         )
-        prefix = f"{spec.base_key} ({spec.base_model.name})"
-        recipe.check_attention(base, par, prefix)
-        layers = int(base.num_layers)
-        if layers % par.pipeline:
+        base_family = family_of(base, spec.base_key)
+        if base_family is not family:
             raise RecipeError(
-                f"{stage}.model.pipeline_model_parallel_size: the base model's {layers} layers "
-                f"do not split over {par.pipeline} pipeline stages: choose a divisor"
+                f"{spec.base_key}: {spec.base_model.name} holds a {base_family.name} model and "
+                f"this recipe tunes {family.name} ones: give a {family.name} model, or the "
+                f"{base_family.name} recipe"
             )
+        assert family.check_base is not None, family.name
+        family.check_base(base, model, par, stage, f"{spec.base_key} ({spec.base_model.name})")
         if spec.peft is not None:
-            spec.peft.check_layers(f"{stage}.model", layers)
-        check_positions(spec, int(base.max_position_embeddings))
+            spec.peft.check_layers(f"{stage}.model", int(base.num_layers))
+        check_positions(spec, base)
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg

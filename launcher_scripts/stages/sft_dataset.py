@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -69,44 +70,135 @@ def sft_job(
     )
 
 
+def optional_output(ctx: StageContext, name: str, inputs: Mapping[str, Path]) -> Path | None:
+    """`<stage>.<name>`: an output file, or null for none."""
+    if ctx.cfg.get(name) in (None, ""):
+        return None
+    return require_output(ctx, name, inputs)
+
+
+def distinct(ctx: StageContext, outputs: Mapping[str, Path | None]) -> None:
+    """No two outputs of a job are one file."""
+    seen: dict[Path, str] = {}
+    for name, path in outputs.items():
+        if path is None:
+            continue
+        if path in seen:
+            raise ConfigError(
+                stage_key(ctx, name), f"is {seen[path]} too", "Give each its own file"
+            )
+        seen[path] = name
+
+
+@dataclass(frozen=True)
+class SquadConversion:
+    """One SQuAD-format file and what it becomes: JSON lines and/or a text-to-text pair."""
+
+    source: Path
+    jsonl: Path | None
+    text_to_text: tuple[Path, Path] | None
+    all_answers: bool
+
+    def args(self, limit: tuple[str, ...]) -> tuple[str, ...]:
+        args: tuple[str, ...] = ("squad", "--input", str(self.source))
+        if self.jsonl is not None:
+            args += ("--output", str(self.jsonl))
+        if self.text_to_text is not None:
+            args += ("--text-to-text", *(str(p) for p in self.text_to_text))
+        return args + limit + (("--all-answers",) if self.all_answers else ())
+
+    @property
+    def writes(self) -> list[Path]:
+        return [p for p in (self.jsonl, *(self.text_to_text or ())) if p is not None]
+
+
+def squad_jobs(ctx: StageContext, conversions: list[SquadConversion]) -> list[JobSpec]:
+    limit = ("--max-bad-fraction", str(ctx.cfg.max_bad_fraction))
+    commands = tuple(Command(PROGRAM, c.args(limit)) for c in conversions)
+    reads = [c.source for c in conversions]
+    return [sft_job(ctx, commands, reads, [p for c in conversions for p in c.writes])]
+
+
 class SquadSftDataset:
-    """`sft_squad`: SQuAD v1.1 train and dev files; the dev lines keep every answer."""
+    """`sft_squad`: SQuAD v1.1 train and dev files, as JSON lines (GPT's recipes; the dev lines
+    keep every answer) and as text-to-text pairs (T5's and mT5's recipes)."""
 
     FIX = "Download SQuAD v1.1 (rajpurkar.github.io/SQuAD-explorer) or set {key}=/path/to/it"
+    OUTPUTS = ("output", "src_output", "tgt_output")
 
-    @staticmethod
-    def _files(ctx: StageContext) -> list[tuple[Path, Path, bool]]:
-        """(input, output, keep every answer) for the train file and the dev file."""
-        cfg = ctx.cfg
-        return [
-            (Path(str(cfg.train_file)), Path(str(cfg.train_output)), False),
-            (Path(str(cfg.dev_file)), Path(str(cfg.dev_output)), True),
-        ]
+    def _conversions(self, ctx: StageContext) -> list[SquadConversion]:
+        inputs = {name: require_source(ctx, name, self.FIX) for name in ("train_file", "dev_file")}
+        outputs = {
+            f"{split}_{kind}": optional_output(ctx, f"{split}_{kind}", inputs)
+            for split in ("train", "dev")
+            for kind in self.OUTPUTS
+        }
+        distinct(ctx, outputs)
+        conversions = []
+        for split in ("train", "dev"):
+            jsonl, src, tgt = (outputs[f"{split}_{kind}"] for kind in self.OUTPUTS)
+            if (src is None) != (tgt is None):
+                missing = f"{split}_tgt_output" if tgt is None else f"{split}_src_output"
+                raise ConfigError(
+                    stage_key(ctx, missing),
+                    "is not set while its text-to-text partner is",
+                    "Set both (inputs and answers), or neither",
+                )
+            pair = (src, tgt) if src is not None and tgt is not None else None
+            if jsonl is None and pair is None:
+                raise ConfigError(
+                    stage_key(ctx, f"{split}_output"),
+                    f"is null and so are {split}_src_output and {split}_tgt_output",
+                    "Set at least one output",
+                )
+            conversions.append(
+                SquadConversion(inputs[f"{split}_file"], jsonl, pair, split == "dev")
+            )
+        return conversions
 
     def validate(self, ctx: StageContext) -> None:
-        inputs = {name: require_source(ctx, name, self.FIX) for name in ("train_file", "dev_file")}
-        train = require_output(ctx, "train_output", inputs)
-        dev = require_output(ctx, "dev_output", inputs)
-        if train == dev:
-            raise ConfigError(
-                stage_key(ctx, "dev_output"), "is train_output too", "Give each its own file"
-            )
+        self._conversions(ctx)
         require_fraction(stage_key(ctx, "max_bad_fraction"), ctx.cfg.max_bad_fraction)
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
-        limit = ("--max-bad-fraction", str(ctx.cfg.max_bad_fraction))
-        files = self._files(ctx)
-        commands = tuple(
-            Command(
-                PROGRAM,
-                ("squad", "--input", str(source), "--output", str(output), *limit)
-                + (("--all-answers",) if all_answers else ()),
+        return squad_jobs(ctx, self._conversions(ctx))
+
+
+class XquadSftDataset:
+    """`sft_xquad`: XQuAD's per-language files (SQuAD's dev set translated, in SQuAD's format)
+    as text-to-text pairs beside them, which mt5/xquad validates on."""
+
+    FIX = "Download XQuAD (github.com/google-deepmind/xquad) or set {key}=/path/to/its/folder"
+
+    def _conversions(self, ctx: StageContext) -> list[SquadConversion]:
+        key = stage_key(ctx, "languages")
+        languages = ctx.cfg.get("languages")
+        if not languages or not all(
+            isinstance(name, str) and name.isidentifier() for name in languages
+        ):
+            raise ConfigError(
+                key, f"{languages!r} is not a list of language codes", "Give e.g. [en, es, de]"
             )
-            for source, output, all_answers in files
-        )
-        return [
-            sft_job(ctx, commands, [source for source, _, _ in files], [o for _, o, _ in files])
-        ]
+        if ctx.cfg.get("xquad_dir") in (None, ""):
+            raise ConfigError(stage_key(ctx, "xquad_dir"), "is not set", "Set it to the folder")
+        folder = Path(str(ctx.cfg.xquad_dir))
+        conversions = []
+        for language in languages:
+            source = folder / f"xquad.{language}.json"
+            if not source.is_file() and not ctx.will_exist(source):
+                raise ConfigError(
+                    key, f"{source} (language {language}) does not exist", self.FIX.format(key=key)
+                )
+            pair = (folder / f"xquad.{language}_src.txt", folder / f"xquad.{language}_tgt.txt")
+            conversions.append(SquadConversion(source, None, pair, False))
+        return conversions
+
+    def validate(self, ctx: StageContext) -> None:
+        self._conversions(ctx)
+        require_fraction(stage_key(ctx, "max_bad_fraction"), ctx.cfg.max_bad_fraction)
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        return squad_jobs(ctx, self._conversions(ctx))
 
 
 class DollySftDataset:

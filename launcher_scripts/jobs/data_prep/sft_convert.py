@@ -2,7 +2,8 @@
 fine-tuning and PEFT stages read: one JSON object per line with "input" and "output".
 
     python3 -m launcher_scripts.jobs.data_prep.sft_convert squad \\
-        --input train-v1.1.json --output train-v1.1_gpt.json [--all-answers]
+        --input train-v1.1.json --output train-v1.1_gpt.json [--all-answers] \\
+        [--text-to-text train-v1.1_src.txt train-v1.1_tgt.txt]
     python3 -m launcher_scripts.jobs.data_prep.sft_convert dolly \\
         --input databricks-dolly-15k.jsonl --seed 1234 \\
         --split train 0.9 dolly_train.jsonl --split validation 0.1 dolly_validation.jsonl
@@ -13,6 +14,8 @@ the first answer's text; --all-answers adds "original_answers", every answer's t
 have several, and exact match accepts any). Questions without answers (SQuAD 2.0's impossible
 ones) are skipped and counted. The file is one JSON document (the official ones are one line),
 so a bad question is located by its place in it, e.g. data[3].paragraphs[0].qas[7].
+--text-to-text writes T5's layout: line i of SRC is "question: {question} context: {context}",
+line i of TGT its first answer (XQuAD's files have SQuAD's format and convert the same way).
 
 dolly: JSON lines {"instruction", "context", "response", "category"}. "input" is
 "{context}\\n\\n{instruction}" when the context is not blank, else the instruction (both with
@@ -119,8 +122,38 @@ def _text_problem(name: str, value: Any) -> str | None:
     return None if value.strip() else f"'{name}' empty"
 
 
-def squad_line(context: str, qa: Any, all_answers: bool) -> bytes | str | None:
-    """One question as an output line; a str says why it is bad; None: it has no answers."""
+@dataclass(frozen=True)
+class SquadQuestion:
+    context: str
+    question: str
+    answers: list[str]  # every answer's text; the first is the label
+
+    def jsonl(self, all_answers: bool) -> bytes | str:
+        record: dict[str, Any] = {
+            "input": f"Context: {self.context} Question: {self.question} Answer:",
+            "output": self.answers[0],
+        }
+        if all_answers:
+            record["original_answers"] = self.answers
+        return encode(record)
+
+    def text_pair(self) -> tuple[bytes, bytes] | str:
+        """(input line, answer line) as T5 read SQuAD: "question: ... context: ...", the
+        first answer; line breaks inside a text become spaces."""
+        source = f"question: {_one_line(self.question)} context: {_one_line(self.context)}"
+        lines = (source + "\n", _one_line(self.answers[0]) + "\n")
+        try:
+            return lines[0].encode("utf-8"), lines[1].encode("utf-8")
+        except UnicodeEncodeError:
+            return "a text holds a lone surrogate (invalid Unicode)"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def squad_question(context: str, qa: Any) -> SquadQuestion | str | None:
+    """One question; a str says why it is bad; None: it has no answers."""
     if not isinstance(qa, dict):
         return "not a JSON object"
     question = qa.get("question")
@@ -136,19 +169,11 @@ def squad_line(context: str, qa: Any, all_answers: bool) -> bytes | str | None:
     for number, text in enumerate(texts):
         if not _text(text):
             return f"answers[{number}] has no answer text"
-    record: dict[str, Any] = {
-        "input": f"Context: {context} Question: {question} Answer:",
-        "output": texts[0],
-    }
-    if all_answers:
-        record["original_answers"] = texts
-    return encode(record)
+    return SquadQuestion(context, question, texts)
 
 
-def iter_squad(
-    document: Any, path: str, all_answers: bool, stats: ReadStats
-) -> Iterator[bytes | None]:
-    """Output lines of a parsed SQuAD document, None for each question without answers; bad
+def iter_squad(document: Any, path: str, stats: ReadStats) -> Iterator[SquadQuestion | None]:
+    """The questions of a parsed SQuAD document, None for each question without answers; bad
     questions (and malformed articles or paragraphs, one record each) go to `stats`."""
     for i, article in enumerate(document["data"]):
         paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
@@ -167,13 +192,13 @@ def iter_squad(
                 continue
             for k, qa in enumerate(qas):
                 stats.records += 1
-                line = squad_line(context, qa, all_answers)
-                if isinstance(line, str):
+                question = squad_question(context, qa)
+                if isinstance(question, str):
                     qid = qa.get("id") if isinstance(qa, dict) else None
                     name = f" (id {qid})" if isinstance(qid, str | int) else ""
-                    stats.add_bad(path, 0, f"{where}.qas[{k}]{name}: {line}")
+                    stats.add_bad(path, 0, f"{where}.qas[{k}]{name}: {question}")
                     continue
-                yield line
+                yield question
 
 
 def load_squad(path: Path) -> Any:
@@ -190,22 +215,40 @@ def load_squad(path: Path) -> Any:
 
 
 def convert_squad(args: argparse.Namespace) -> int:
-    source, output = Path(args.input), Path(args.output)
+    """JSON lines (--output) and/or text-to-text line pairs (--text-to-text SRC TGT)."""
+    source = Path(args.input)
+    pair = [Path(p) for p in args.text_to_text or ()]
+    outputs = ([Path(args.output)] if args.output else []) + pair
+    if not outputs:
+        raise ConvertError("give --output, --text-to-text SRC TGT, or both")
+    named = ", ".join(str(path) for path in outputs)
     document = load_squad(source)
     stats = ReadStats()
     written = unanswered = 0
-    with atomic_outputs([output]) as (file,):
-        for line in iter_squad(document, str(source), args.all_answers, stats):
-            if line is None:
+    with atomic_outputs(outputs) as files:
+        jsonl = files[0] if args.output else None
+        sources, targets = files[-2:] if pair else (None, None)
+        for question in iter_squad(document, str(source), stats):
+            if question is None:
                 unanswered += 1
                 continue
-            file.write(line)
+            line = question.jsonl(args.all_answers) if jsonl else b""
+            lines = question.text_pair() if pair else (b"", b"")
+            problem = next((p for p in (line, lines) if isinstance(p, str)), None)
+            if problem is not None:
+                stats.add_bad(str(source), 0, f"question {question.question[:40]!r}: {problem}")
+                continue
+            if jsonl is not None:
+                jsonl.write(line)  # type: ignore[arg-type]
+            if sources is not None and targets is not None:
+                sources.write(lines[0])
+                targets.write(lines[1])
             written += 1
-        check_bad_fraction(stats, str(source), args.max_bad_fraction, str(output))
+        check_bad_fraction(stats, str(source), args.max_bad_fraction, named)
         if not written:
-            raise ConvertError(f"{source} has no question with an answer; {output} not written")
+            raise ConvertError(f"{source} has no question with an answer; {named} not written")
     print(
-        f"squad: {source}: {written} questions written to {output}; {unanswered} without "
+        f"squad: {source}: {written} questions written to {named}; {unanswered} without "
         f"answers skipped; {stats.bad} bad of {stats.records} records"
     )
     return 0
@@ -360,7 +403,14 @@ def build_parser() -> argparse.ArgumentParser:
     formats = parser.add_subparsers(dest="format", required=True)
     squad = formats.add_parser("squad", help="a SQuAD v1.1 JSON file")
     squad.add_argument("--input", required=True, help="the SQuAD JSON file (.json or .json.gz)")
-    squad.add_argument("--output", required=True, help="the JSON-lines file to write")
+    squad.add_argument("--output", help="the JSON-lines file to write")
+    squad.add_argument(
+        "--text-to-text",
+        nargs=2,
+        metavar=("SRC", "TGT"),
+        help="also (or only) write the inputs to SRC and their first answers to TGT, line by "
+        "line (T5's and mT5's fine-tuning data)",
+    )
     squad.add_argument(
         "--all-answers",
         action="store_true",

@@ -23,9 +23,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.families import DEFAULT as DEFAULT_FAMILY  # also: shape tables
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.fine_tuning import sft_data
 from launcher_scripts.recipes.tuning import (
+    BLOCK_SECTIONS,
     LAYOUT_KEYS,
     TuningSpec,
     check_positions,
@@ -50,7 +52,13 @@ def training_cfg(cfg: Any, spec: TuningSpec, base_model: DictConfig) -> DictConf
     recipe_model = cfg.model
     for key in LAYOUT_KEYS:
         if recipe_model.get(key) is not None:
-            model[key] = OmegaConf.to_container(recipe_model, resolve=True)[key]
+            value = OmegaConf.to_container(recipe_model, resolve=True)[key]
+            model[key] = value
+            # An encoder-decoder's blocks hold their own dropout and recomputation, which
+            # override the model's: the recipe's value replaces theirs too.
+            for block in BLOCK_SECTIONS:
+                if isinstance(model.get(block), dict) and key in model[block]:
+                    model[block][key] = value
     model |= {
         "virtual_pipeline_model_parallel_size": None,
         "context_parallel_size": 1,
@@ -63,13 +71,15 @@ def training_cfg(cfg: Any, spec: TuningSpec, base_model: DictConfig) -> DictConf
         and spec.method == "sft"
         and not spec.train.section.get("packed_sequence"),
         "optim": OmegaConf.to_container(recipe_model.optim, resolve=True),
-        "data": {"seq_length": spec.train.max_seq_length},
+        "data": {"seq_length": spec.train.max_seq_length}
+        | ({"seq_length_dec": target} if (target := spec.train.max_target_length) else {}),
     }
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer, dict)
     trainer["max_steps"] = max_steps(cfg, spec)
     return OmegaConf.create(
         {
+            "model_family": model.pop("model_family", DEFAULT_FAMILY),
             "run": OmegaConf.to_container(cfg.run, resolve=True),
             "trainer": trainer,
             "exp_manager": OmegaConf.to_container(cfg.exp_manager, resolve=True),
@@ -134,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, ValueError) as error:
                 raise JobError(f"{spec.base_key}: {error}") from None
             cfg = training_cfg(recipe_cfg, spec, base.config)
-            check_positions(spec, int(cfg.model.max_position_embeddings))
+            check_positions(spec, cfg.model)
             runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))
             from launcher_scripts.jobs.fine_tuning.tuner import FineTuner
 

@@ -19,8 +19,10 @@ import json
 import math
 import random
 import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,6 +55,8 @@ class SftFormat:
     add_sep: bool = False
     truncation_field: str = "context"
     virtual_tokens: int = 0  # prompt-learning placeholders before each sample, never in the loss
+    # Text to text (an encoder-decoder): the answer's own limit; max_seq_length is the input's.
+    max_target_length: int | None = None
 
     @classmethod
     def from_section(
@@ -76,6 +80,9 @@ class SftFormat:
             add_sep=bool(section.get("add_sep", False)),
             truncation_field=str(section.get("truncation_field") or "context"),
             virtual_tokens=virtual_tokens,
+            max_target_length=int(target)
+            if (target := section.get("max_tgt_seq_length"))
+            else None,
         )
         fmt.check(key)
         return fmt
@@ -96,6 +103,11 @@ class SftFormat:
             raise RecipeError(
                 f"{key}.max_seq_length: {self.max_seq_length} leaves no room for a sample "
                 f"(virtual tokens: {self.virtual_tokens}): raise it"
+            )
+        if self.max_target_length is not None and self.max_target_length < 2:
+            raise RecipeError(
+                f"{key}.max_tgt_seq_length: {self.max_target_length} leaves no room for an "
+                "answer and its end token: raise it"
             )
 
 
@@ -250,8 +262,17 @@ def encode_chat(
     return Encoded(ids, loss, len(ids))
 
 
+# (tokenizer, format, prompt, answer, counts, "file:line") -> the sample, or None: dropped
+RecordEncoder = Callable[[Any, SftFormat, str, str, Counts, str], Encoded | None]
+
+
 def read_records(
-    path: Path, tokenizer: Tokenizer, fmt: SftFormat, counts: Counts
+    path: Path,
+    tokenizer: Tokenizer,
+    fmt: SftFormat,
+    counts: Counts,
+    encode: RecordEncoder = encode_record,
+    chat: bool = True,
 ) -> Iterator[Record]:
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
@@ -266,6 +287,11 @@ def read_records(
                 raise SftDataError(f"{where}: a line must hold a JSON object")
             counts.read += 1
             if any(k in record for k in CHAT_KEYS):
+                if not chat:
+                    raise SftDataError(
+                        f"{where}: a chat record, which this model cannot be tuned on: give "
+                        f"{fmt.context_key!r}/{fmt.label_key!r} records (or src/tgt text files)"
+                    )
                 encoded = encode_chat(tokenizer, fmt, record, counts, where)
                 prompt, answer, answers = "", "", []
             else:
@@ -275,12 +301,39 @@ def read_records(
                         f"{', '.join(sorted(record)) or 'no keys'}"
                     )
                 prompt, answer = _split_template(fmt, record, where)
-                encoded = encode_record(tokenizer, fmt, prompt, answer, counts, where)
+                encoded = encode(tokenizer, fmt, prompt, answer, counts, where)
                 label = str(record[fmt.label_key])
                 extra = record.get("original_answers") or []
                 answers = [label, *(str(a) for a in extra if str(a) != label)]
             if encoded is not None:
                 yield Record(prompt, answer, answers, where, encoded)
+
+
+def read_pairs(
+    source: Path,
+    target: Path,
+    tokenizer: Tokenizer,
+    fmt: SftFormat,
+    counts: Counts,
+    encode: RecordEncoder = encode_record,
+) -> Iterator[Record]:
+    """Text to text: line i of `source` is an input, line i of `target` its answer."""
+    with source.open(encoding="utf-8") as inputs, target.open(encoding="utf-8") as answers:
+        for number, (prompt, answer) in enumerate(zip_longest(inputs, answers), 1):
+            if prompt is None or answer is None:
+                shorter, longer = (source, target) if prompt is None else (target, source)
+                raise SftDataError(
+                    f"{shorter} ends at line {number - 1} and {longer} goes on: give the "
+                    "inputs and their answers line for line"
+                )
+            prompt, answer = prompt.rstrip("\r\n"), answer.rstrip("\r\n")
+            if not prompt.strip():
+                continue
+            where = f"{source}:{number}"
+            counts.read += 1
+            encoded = encode(tokenizer, fmt, prompt, answer, counts, where)
+            if encoded is not None:
+                yield Record(prompt, answer, [answer], where, encoded)
 
 
 @dataclass
@@ -290,15 +343,37 @@ class SftFile:
 
 
 def load_files(
-    paths: Sequence[Path], tokenizer: Tokenizer, fmt: SftFormat, label: str
+    paths: Sequence[Path],
+    tokenizer: Tokenizer,
+    fmt: SftFormat,
+    label: str,
+    targets: Sequence[Path] = (),
+    encode: RecordEncoder = encode_record,
+    chat: bool = True,
 ) -> tuple[list[SftFile], str | None]:
-    """Every file tokenized; plus the truncation report line, if any sample was changed."""
+    """Every file tokenized (JSONL records, or with `targets` text-to-text line pairs); plus
+    the truncation report line, if any sample was changed."""
     counts = Counts()
-    files = [SftFile(p, list(read_records(p, tokenizer, fmt, counts))) for p in paths]
+    if targets:
+        files = [
+            SftFile(p, list(read_pairs(p, t, tokenizer, fmt, counts, encode)))
+            for p, t in zip(paths, targets, strict=True)
+        ]
+    else:
+        files = [
+            SftFile(p, list(read_records(p, tokenizer, fmt, counts, encode, chat))) for p in paths
+        ]
     for item in files:
         if not item.records:
             raise SftDataError(f"{item.path}: no usable samples ({label})")
     return files, counts.report(label, fmt)
+
+
+def temperature_weights(files: Sequence[SftFile], temperature: float) -> tuple[float, ...]:
+    """Sampling weights p_i ~ n_i^(1/T) from the files' record counts: T = 1 in proportion to
+    their sizes, a larger T closer to uniform (NeMo's temperature sampling)."""
+    scaled = [len(item.records) ** (1.0 / temperature) for item in files]
+    return tuple(value / sum(scaled) for value in scaled)
 
 
 def to_tensors(encoded: Encoded, seq_length: int, pad_id: int) -> dict[str, torch.Tensor]:
@@ -320,6 +395,15 @@ def to_tensors(encoded: Encoded, seq_length: int, pad_id: int) -> dict[str, torc
     }
 
 
+# (a sample, or None for loss-free padding) -> the model's inputs for it
+SampleMaker = Callable[[Encoded | None], dict[str, torch.Tensor]]
+
+
+def padded_sample(seq_length: int, pad_id: int, encoded: Encoded | None) -> dict[str, torch.Tensor]:
+    """A decoder-only model's sample (to_tensors); None: a loss-free one of padding."""
+    return to_tensors(encoded or Encoded([pad_id, pad_id], [0, 0], 0), seq_length, pad_id)
+
+
 class MixedSamples:
     """Training samples drawn from several files in the proportions of
     `concat_sampling_probabilities`, the same sequence on every rank and every resume.
@@ -337,9 +421,11 @@ class MixedSamples:
         pad_id: int,
         seed: int,
         shuffle: bool,
+        make_sample: SampleMaker | None = None,
     ) -> None:
         self.files, self.weights, self.seq_length, self.pad_id = files, weights, seq_length, pad_id
         self.seed, self.shuffle, self.total = seed, shuffle, total
+        self.make_sample = make_sample or partial(padded_sample, seq_length, pad_id)
         self._counts = [0] * len(files)
         self.choice: list[tuple[int, int]] = []
         self._extend(total)
@@ -376,17 +462,22 @@ class MixedSamples:
         return records[self._order(source, epoch)[position]].encoded
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return to_tensors(self.encoded(index % self.total), self.seq_length, self.pad_id)
+        return self.make_sample(self.encoded(index % self.total))
 
 
 class EvalSamples:
     """Every record once, in file order, then loss-free padding up to whole global batches."""
 
     def __init__(
-        self, files: list[SftFile], global_batch: int, seq_length: int, pad_id: int
+        self,
+        files: list[SftFile],
+        global_batch: int,
+        seq_length: int,
+        pad_id: int,
+        make_sample: SampleMaker | None = None,
     ) -> None:
         self.records = [record for item in files for record in item.records]
-        self.seq_length, self.pad_id = seq_length, pad_id
+        self.make_sample = make_sample or partial(padded_sample, seq_length, pad_id)
         self.batches = math.ceil(len(self.records) / global_batch)
         self.length = self.batches * global_batch
 
@@ -394,7 +485,4 @@ class EvalSamples:
         return self.length
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if index < len(self.records):
-            return to_tensors(self.records[index].encoded, self.seq_length, self.pad_id)
-        empty = Encoded([self.pad_id, self.pad_id], [0, 0], 0)
-        return to_tensors(empty, self.seq_length, self.pad_id)
+        return self.make_sample(self.records[index].encoded if index < len(self.records) else None)

@@ -11,18 +11,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher_scripts.families import family_of
 from launcher_scripts.files import write_atomic
 from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable import Portable
 from launcher_scripts.jobs.conversion.load import EMBEDDINGS
 from launcher_scripts.jobs.fine_tuning import peft, peft_file, sft_data
-from launcher_scripts.jobs.fine_tuning.answers import exact_match, prompt_logits, write_jsonl
+from launcher_scripts.jobs.fine_tuning.answers import exact_match, write_jsonl
 from launcher_scripts.jobs.fine_tuning.packing import PackedSamples
 from launcher_scripts.jobs.inference.generation import generate
-from launcher_scripts.jobs.inference.runner import ModelRunner
-from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
+from launcher_scripts.jobs.models.base import TuningSide, runtime_of
 from launcher_scripts.jobs.training import checkpointing, data, init_weights
-from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.jobs.training.trainer import Trainer
 from launcher_scripts.recipes.generation_params import GenerationParams
@@ -36,7 +35,12 @@ class FineTuner(Trainer):
         self, cfg: Any, spec: TuningSpec, base: Portable, on_gpu: bool, stop_signals: Any
     ) -> None:
         self.spec, self.base = spec, base
-        self.tokenizer = load_text_tokenizer(cfg.model.tokenizer)
+        family = family_of(cfg, "training")
+        side = runtime_of(family).tuning
+        if side is None:
+            raise JobError(f"model_family {family.name}: this version has no tuning program")
+        self.side: TuningSide = side
+        self.tokenizer = side.text_tokenizer(cfg.model)
         self.attached: peft.Attached | None = None
         self.finished = False
         self._check_log_dir(cfg)
@@ -46,7 +50,7 @@ class FineTuner(Trainer):
 
     def _make_chunks(self) -> list[Any]:
         rows = int(self.base.tensors[EMBEDDINGS].shape[0])
-        chunks = model_builder.build_chunks(self.cfg, self.config, rows, self.use_te)
+        chunks = self.runtime.build_chunks(self.cfg, self.config, rows, self.use_te)
         settings = self.spec.peft
         if settings is not None:
             settings.check_layers(f"{self.spec.stage}.model", self.config.num_layers)
@@ -86,8 +90,15 @@ class FineTuner(Trainer):
         return fmt
 
     def _load(self, split: Any, label: str) -> list[sft_data.SftFile]:
+        side = self.side
         files, report = sft_data.load_files(
-            list(split.files), self.tokenizer, self._format(split), label
+            list(split.files),
+            self.tokenizer,
+            self._format(split),
+            label,
+            targets=split.targets,
+            encode=side.encode,
+            chat=side.chat,
         )
         if report:
             self._say(report)
@@ -97,27 +108,36 @@ class FineTuner(Trainer):
         model, trainer = self.cfg.model, self.cfg.trainer
         seq, pad = int(model.data.seq_length), self.tokenizer.eod_id
         gbs, mbs = int(model.global_batch_size), int(model.micro_batch_size)
+        keys = self.runtime.batch_keys
+        make_sample = self.side.sample_maker(self.cfg, self.tokenizer)
         train = self.spec.train
         files = self._load(train, "training data")
+        weights = train.weights or sft_data.temperature_weights(files, train.temperature)
+        if len(files) > 1:
+            shares = ", ".join(
+                f"{f.path.name} {w:.3f}" for f, w in zip(files, weights, strict=True)
+            )
+            self._say(f"training data mix: {shares}")
         samples = sft_data.MixedSamples(
             files,
-            train.weights or (1.0,),
+            weights,
             int(trainer.max_steps) * gbs,
             seq,
             pad,
             self.seed,
             bool(train.section.get("shuffle", True)),
+            make_sample,
         )
         if train.section.get("packed_sequence"):
             samples = PackedSamples(samples, len(samples), seq, pad)
-        self.train_stream = data.SampleStream(samples, mbs)
+        self.train_stream = data.SampleStream(samples, mbs, keys)
         self.valid_stream, self.val_batches = None, 0
         self.valid_records: list[sft_data.Record] = []
         if self.spec.validation is not None:
             valid_files = self._load(self.spec.validation, "validation data")
-            valid = sft_data.EvalSamples(valid_files, gbs, seq, pad)
+            valid = sft_data.EvalSamples(valid_files, gbs, seq, pad, make_sample)
             self.valid_records = valid.records
-            self.valid_stream = data.SampleStream(valid, mbs)
+            self.valid_stream = data.SampleStream(valid, mbs, keys)
             limit = trainer.get("limit_val_batches", 1.0)
             if isinstance(limit, int) and not isinstance(limit, bool):
                 self.val_batches = min(limit, valid.batches)
@@ -164,37 +184,35 @@ class FineTuner(Trainer):
             self.state.metrics["validation_loss"] = loss
         if self.spec.metric == "exact_string_match" and self.valid_records:
             rows = self.generate_for(self.valid_records)
-            score = sum(row["exact_match"] for row in rows) / len(rows)
-            self.state.metrics["validation_exact_string_match"] = score
-            self._record({"step": self.state.step, "validation_exact_string_match": score})
-            self._say(f"validation at step {self.state.step}: exact_string_match {score:.3f}")
+            step = self.state.step
+            scores = {"validation_exact_string_match": _share(rows)}
+            names = self.spec.validation.names if self.spec.validation else None
+            if names:  # one score per validation file too (e.g. per XQuAD language)
+                for path, name in zip(self.spec.validation.files, names, strict=True):
+                    own = [row for row in rows if row["source"].startswith(f"{path}:")]
+                    if own:
+                        scores[f"validation_exact_string_match_{name}"] = _share(own)
+            self.state.metrics.update(scores)
+            self._record({"step": step, **scores})
+            self._say(
+                f"validation at step {step}: "
+                + ", ".join(f"{k.removeprefix('validation_')} {v:.3f}" for k, v in scores.items())
+            )
         return loss
 
     def _chunks(self) -> list[Any]:
         return [_unwrap(chunk) for chunk in self.model]
 
-    def _runner(self) -> ModelRunner:
-        return ModelRunner(
-            chunks=self._chunks(),
-            tokenizer=self.tokenizer,
-            max_length=int(self.cfg.model.max_position_embeddings),
-            vocab_size=self.tokenizer.vocab_size,
-            tensor=self.par.tensor,
-            pipeline=self.par.pipeline,
-            on_gpu=self.on_gpu,
-        )
-
     @torch.no_grad()
     def generate_for(self, records: list[sft_data.Record]) -> list[dict[str, Any]]:
         """Greedy answers to each record's prompt (after the virtual-token placeholders)."""
-        runner = self._runner()
         prefix = [self.tokenizer.eod_id] * self.spec.virtual_tokens
         if self._format(self.spec.train).add_bos:
             prefix.append(getattr(self.tokenizer, "bos_id", self.tokenizer.eod_id))
-
-        logits = prompt_logits(runner, prefix, self.par.tensor if self.par.sequence_parallel else 1)
+        logits, tokenizer, limit = self.side.generation(
+            self.cfg, self._chunks(), self.tokenizer, self.par, self.on_gpu, prefix
+        )
         params = GenerationParams(tokens_to_generate=self.spec.tokens_to_generate, top_k=1)
-        limit = runner.max_length - len(prefix)
         for chunk in self.model:
             chunk.eval()
         rows: list[dict[str, Any]] = []
@@ -205,10 +223,12 @@ class FineTuner(Trainer):
                 fits = [
                     r
                     for r in batch
-                    if len(self.tokenizer.encode(r.prompt)) + params.tokens_to_generate <= limit
+                    if len(tokenizer.encode(r.prompt)) + params.tokens_to_generate <= limit
                 ]
+                if not fits:
+                    continue
                 outputs = generate(
-                    logits, self.tokenizer, [r.prompt for r in fits], params, max_length=limit
+                    logits, tokenizer, [r.prompt for r in fits], params, max_length=limit
                 )
                 for record, output in zip(fits, outputs, strict=True):
                     rows.append(
@@ -268,9 +288,14 @@ class FineTuner(Trainer):
             path = self.log_dir / "test_predictions.jsonl"
             if self.rank == 0:
                 write_jsonl(path, rows)
-                score = sum(row["exact_match"] for row in rows) / len(rows)
+                score = _share(rows)
                 self._say(f"test set: exact_string_match {score:.3f} over {len(rows)}; {path}")
         dist.barrier()
+
+
+def _share(rows: list[dict[str, Any]]) -> float:
+    """The exact-match share of generated answers."""
+    return sum(row["exact_match"] for row in rows) / len(rows)
 
 
 def _unwrap(chunk: Any) -> Any:

@@ -41,6 +41,26 @@ HfExport = Callable[[Any, dict[str, torch.Tensor]], HfModel]
 ForwardStep = Callable[[dict[str, Any], Any], tuple[Any, Callable[[Any], tuple[Any, Any, Any]]]]
 
 
+# (the tuning run's cfg, this rank's unwrapped chunks, their text tokenizer, parallelism,
+# on_gpu, ids before every prompt) -> (logits_fn for inference.generation, the tokenizer it
+# encodes prompts and decodes answers with, the positions a prompt and its answer may take)
+GenerationSetup = Callable[[Any, list[Any], Any, Any, bool, list[int]], tuple[Any, Any, int]]
+
+
+@dataclass(frozen=True)
+class TuningSide:
+    """What fine-tuning asks of a family: how a prompt/answer record becomes a sample and
+    how the model answers a prompt (validation's exact match, test predictions)."""
+
+    # the model config's section -> the tokenizer of the records' text (encode, eod_id)
+    text_tokenizer: Callable[[Any], Any]
+    encode: Any  # sft_data.RecordEncoder: a record's tokens and loss mask
+    # (cfg, tokenizer) -> sft_data.SampleMaker: a sample's model inputs (the batch_keys)
+    sample_maker: Callable[[Any, Any], Any]
+    generation: GenerationSetup
+    chat: bool  # whether chat records ("conversations") can be tuned on
+
+
 @dataclass(frozen=True)
 class ModelRuntime:
     # (cfg, use_te, on_gpu) -> megatron-core TransformerConfig (the encoder's, for T5)
@@ -61,6 +81,7 @@ class ModelRuntime:
     # contract; None: megatron-core's own. A family whose pipeline stages hold copies of a
     # table sums their gradients in it.
     finalize_grads: Callable[..., None] | None = None
+    tuning: TuningSide | None = None  # None: no fine-tuning program for the family
 
 
 def runtime_of(family: ModelFamily) -> ModelRuntime:

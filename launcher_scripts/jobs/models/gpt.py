@@ -5,8 +5,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from launcher_scripts.jobs.fine_tuning import sft_data
+from launcher_scripts.jobs.fine_tuning.answers import prompt_logits
+from launcher_scripts.jobs.inference.runner import ModelRunner
+from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
 from launcher_scripts.jobs.models import gpt_hf
-from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
+from launcher_scripts.jobs.models.base import ModelRuntime, TuningSide, token_loss
 from launcher_scripts.jobs.training import data, model
 
 
@@ -15,6 +19,35 @@ def forward_step(batch: dict[str, Any], chunk: Any) -> tuple[Any, Any]:
     output = chunk(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
     return output, partial(token_loss, batch["loss_mask"])
 
+
+def sample_maker(cfg: Any, tokenizer: Any) -> sft_data.SampleMaker:
+    return partial(sft_data.padded_sample, int(cfg.model.data.seq_length), tokenizer.eod_id)
+
+
+def generation(
+    cfg: Any, chunks: list[Any], tokenizer: Any, par: Any, on_gpu: bool, prefix: list[int]
+) -> tuple[Any, Any, int]:
+    """Next-token logits of the prompt continued in place, behind the prefix."""
+    runner = ModelRunner(
+        chunks=chunks,
+        tokenizer=tokenizer,
+        max_length=int(cfg.model.max_position_embeddings),
+        vocab_size=tokenizer.vocab_size,
+        tensor=par.tensor,
+        pipeline=par.pipeline,
+        on_gpu=on_gpu,
+    )
+    logits = prompt_logits(runner, prefix, par.tensor if par.sequence_parallel else 1)
+    return logits, tokenizer, runner.max_length - len(prefix)
+
+
+TUNING = TuningSide(
+    text_tokenizer=lambda model_section: load_text_tokenizer(model_section.tokenizer),
+    encode=sft_data.encode_record,
+    sample_maker=sample_maker,
+    generation=generation,
+    chat=True,
+)
 
 RUNTIME = ModelRuntime(
     transformer_config=model.transformer_config,
@@ -25,4 +58,5 @@ RUNTIME = ModelRuntime(
     sequence_lengths=lambda cfg: (int(cfg.model.data.seq_length), None),
     batch_keys=data.BATCH_KEYS,
     to_hf=gpt_hf.to_hf,
+    tuning=TUNING,
 )

@@ -51,7 +51,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from omegaconf import OmegaConf
 
-from launcher_scripts.jobs.models import t5_hf
+from launcher_scripts.jobs.models import t5_hf, t5_tuning
 from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
 from launcher_scripts.jobs.training import data, model
 from launcher_scripts.jobs.training.checkpointing import unwrap
@@ -412,4 +412,5 @@ RUNTIME = ModelRuntime(
     batch_keys=BATCH_KEYS,
     to_hf=t5_hf.to_hf,
     finalize_grads=finalize_grads,
+    tuning=t5_tuning.TUNING,
 )

@@ -1,0 +1,138 @@
+"""An encoder-decoder (T5, mT5) as the generation engine sees a model: full-sequence logits.
+
+The engine continues rows of token ids (`generation.generate`). For an encoder-decoder a row is
+the prompt's encoder ids, then the decoder's start id, then what has been generated: the
+runner splits each row at its first start id (no text encodes to it), runs the encoder on the
+part before and the decoder on the rest, and returns the decoder's logits at the row's own
+positions. Greedy decoding, sampling, beam search, stop words and streaming then work as they
+do for GPT, at any TP/PP, with every rank computing the same logits.
+
+Like `runner.ModelRunner` there is no cache: each call runs the encoder and the decoder on the
+whole rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Seq2SeqRunner:
+    chunks: list[Any]  # this rank's unwrapped T5Model stages
+    start_id: int  # the decoder's first input, which ends a row's encoder part
+    vocab_size: int  # the tokenizer's; the model's padded rows are dropped
+    tensor: int
+    pipeline: int
+    sequence_parallel: bool
+    on_gpu: bool
+    pad_id: int = 0  # masked out of attention (megatron-core's T5 masks: ids below 1)
+
+    @torch.no_grad()
+    def logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """[rows, longest row, vocab_size] float32 on the CPU: position i of a row's decoder
+        part holds the logits of the token after it; encoder positions hold zeros."""
+        splits = []
+        for index, row in enumerate(rows):
+            if self.start_id not in row[1:]:
+                raise ValueError(
+                    f"row {index} has no encoder ids followed by the decoder start id "
+                    f"{self.start_id}"
+                )
+            splits.append(list(row).index(self.start_id, 1))
+        multiple = self.tensor if self.sequence_parallel else 1
+        encoder_width = _round_up(max(splits), multiple)
+        decoder_width = _round_up(
+            max(len(r) - s for r, s in zip(rows, splits, strict=True)), multiple
+        )
+        encoder = torch.full((len(rows), encoder_width), self.pad_id, dtype=torch.long)
+        decoder = torch.full((len(rows), decoder_width), self.pad_id, dtype=torch.long)
+        for index, (row, split) in enumerate(zip(rows, splits, strict=True)):
+            encoder[index, :split] = torch.tensor(row[:split])
+            decoder[index, : len(row) - split] = torch.tensor(row[split:])
+        with self._device_mode():
+            if self.on_gpu:
+                encoder, decoder = encoder.cuda(), decoder.cuda()
+            if self.pipeline == 1:
+                output = self._gather_vocab(self._forward(self.chunks[0], encoder, decoder))
+            else:
+                output = self._pipelined(encoder, decoder)
+        decoded = output[..., : self.vocab_size].float().cpu()
+        result = torch.zeros(len(rows), max(len(r) for r in rows), self.vocab_size)
+        for index, (row, split) in enumerate(zip(rows, splits, strict=True)):
+            result[index, split : len(row)] = decoded[index, : len(row) - split]
+        return result
+
+    @staticmethod
+    def _forward(chunk: Any, encoder: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
+        from megatron.core.datasets.t5_dataset import T5MaskedWordPieceDataset
+
+        masks = T5MaskedWordPieceDataset.config_attention_mask(
+            encoder, decoder, None, None, use_local=True
+        )
+        # A pipeline's decoder stage holds no encoder: it gets the encoder's output passed on.
+        received = None if chunk.add_encoder else chunk.encoder_hidden_state
+        return chunk(encoder, decoder, *masks, encoder_hidden_states=received)
+
+    def _gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.tensor == 1:
+            return logits
+        from megatron.core import tensor_parallel
+
+        return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
+
+    def _pipelined(self, encoder: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
+        """One forward-only micro-batch through megatron-core's schedule (the encoder's output
+        is what passes between stages); the last stage's logits are then broadcast."""
+        from megatron.core import parallel_state
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        rows, width = decoder.shape
+        outputs = get_forward_backward_func()(
+            forward_step_func=partial(self._forward_step, encoder, decoder),
+            data_iterator=iter([None]),
+            model=self.chunks,
+            num_microbatches=1,
+            seq_length=encoder.shape[1],
+            micro_batch_size=rows,
+            forward_only=True,
+        )
+        chunk = self.chunks[0]
+        if parallel_state.is_pipeline_last_stage():
+            logits = outputs[0]["logits"].contiguous()
+        else:
+            dtype = next(chunk.parameters()).dtype
+            logits = torch.empty(rows, width, chunk.vocab_size, device=decoder.device, dtype=dtype)
+        dist.broadcast(
+            logits,
+            src=parallel_state.get_pipeline_model_parallel_last_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+        )
+        return logits
+
+    def _forward_step(
+        self, encoder: torch.Tensor, decoder: torch.Tensor, _iterator: Any, model: Any
+    ) -> tuple[Any, Any]:
+        return self._forward(model, encoder, decoder), self._keep_logits
+
+    def _keep_logits(self, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        # The schedule expects (loss, reduced dict); the "loss" is unused in forward-only mode.
+        return output.new_zeros(()), {"logits": self._gather_vocab(output)}
+
+    def _device_mode(self) -> contextlib.AbstractContextManager[Any]:
+        """megatron-core makes "cuda" helper tensors; on the CPU they are redirected."""
+        if self.on_gpu:
+            return contextlib.nullcontext()
+        from launcher_scripts.jobs.training.cpu_compat import CudaDevicesOnCpu
+
+        return CudaDevicesOnCpu()
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple

@@ -1,0 +1,161 @@
+"""T5's and mT5's side of fine-tuning: text to text.
+
+A record's input goes to the encoder followed by [EOS]; the decoder reads [BOS] and the answer
+and predicts the answer and [EOS] (the layout of T5's span-corruption samples, so a pretrained
+model starts from what it knows). Inputs longer than the input limit lose their end; an answer
+over the answer limit drops the record, or is cut with `truncation_field: answer`. Both are
+counted in the split's report line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from launcher_scripts.formats.tokenizer import wordpiece_reference
+from launcher_scripts.jobs.fine_tuning.sft_data import Counts, Encoded, SampleMaker, SftFormat
+from launcher_scripts.jobs.inference.seq2seq import Seq2SeqRunner
+from launcher_scripts.jobs.models.base import TuningSide
+
+
+class T5Text:
+    """Text as the base model's ids, and back: its tokenizer's own ids (a WordPiece vocab.txt
+    or a SentencePiece model), then those its span-corruption vocabulary added past them."""
+
+    def __init__(self, model: Any) -> None:
+        from launcher_scripts.jobs.models.t5 import data_tokenizer
+
+        vocab = data_tokenizer(OmegaConf.create({"model": model}))
+        tokenizer = model.tokenizer
+        self.processor: Any = None
+        self.backend: Any = None
+        if tokenizer.get("model"):
+            import sentencepiece
+
+            self.processor = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer.model))
+        else:
+            lower = "lowercase" in str(tokenizer.get("type") or "").lower()
+            self.backend = wordpiece_reference(str(tokenizer.vocab_file), lower)
+        self.vocab_size = vocab.vocab_size
+        self.pad_id, self.bos_id, self.eos_id = vocab.pad, vocab.bos, vocab.eos
+        self.eod_id = self.eos_id  # what ends an answer
+        self.own = vocab.vocab_size - len(vocab.added)  # ids below are the tokenizer's
+        self.specials = {self.pad_id, self.bos_id, self.eos_id}
+
+    def encode(self, text: str) -> list[int]:
+        if self.processor is not None:
+            return list(self.processor.encode(text, out_type=int))
+        return list(self.backend.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of the tokenizer's own ids; special ids and sentinels have none."""
+        kept = [int(i) for i in ids if int(i) < self.own and int(i) not in self.specials]
+        if self.processor is not None:
+            return str(self.processor.decode(kept))
+        return str(self.backend.decode(kept, skip_special_tokens=True))
+
+
+class GenerationText:
+    """T5Text as the generation engine reads a tokenizer: a prompt encodes to the encoder's
+    ids (the first `encoder_length` - 1 of them, as training cuts inputs), [EOS] and the
+    decoder's start ([BOS]); a row decodes to the answer after it."""
+
+    def __init__(self, text: T5Text, encoder_length: int | None = None) -> None:
+        self.text, self.encoder_length = text, encoder_length
+        self.vocab_size, self.eod_id = text.vocab_size, text.eos_id
+
+    def encode(self, prompt: str) -> list[int]:
+        ids = self.text.encode(prompt)
+        if self.encoder_length is not None:
+            ids = ids[: self.encoder_length - 1]
+        return [*ids, self.text.eos_id, self.text.bos_id]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        ids = list(ids)
+        start = len(ids) - ids[::-1].index(self.text.bos_id) if self.text.bos_id in ids else 0
+        return self.text.decode(ids[start:])
+
+
+def encode(
+    tokenizer: T5Text, fmt: SftFormat, prompt: str, answer: str, counts: Counts, where: str
+) -> Encoded | None:
+    """ids: the encoder's (input, [EOS]) then the answer's; prompt_length splits them."""
+    source = tokenizer.encode(prompt)
+    target = tokenizer.encode(answer)
+    source_room = fmt.max_seq_length - 1
+    target_room = (fmt.max_target_length or fmt.max_seq_length) - 1  # [BOS] in, [EOS] out
+    changed = False
+    if len(target) > target_room:
+        if fmt.truncation_field != "answer":
+            counts.dropped_too_long += 1
+            counts.note(where)
+            return None
+        target, changed = target[:target_room], True
+    if len(source) > source_room:
+        source, changed = source[:source_room], True
+    if changed:
+        counts.truncated += 1
+        counts.note(where)
+    encoder = [*source, tokenizer.eos_id]
+    return Encoded([*encoder, *target], [0] * len(encoder) + [1] * len(target), len(encoder))
+
+
+def sample_maker(cfg: Any, tokenizer: T5Text) -> SampleMaker:
+    encoder_length = int(cfg.model.data.seq_length)
+    decoder_length = int(cfg.model.data.seq_length_dec)
+
+    def sample(encoded: Encoded | None) -> dict[str, torch.Tensor]:
+        text_enc = torch.zeros(encoder_length, dtype=torch.long)
+        text_dec = torch.zeros(decoder_length, dtype=torch.long)
+        labels = torch.full((decoder_length,), -1, dtype=torch.long)
+        loss_mask = torch.zeros(decoder_length, dtype=torch.float)
+        if encoded is not None:  # None: padding of a validation batch, no loss
+            split = encoded.prompt_length
+            answer = encoded.ids[split:]
+            text_enc[:split] = torch.tensor(encoded.ids[:split])
+            text_dec[: len(answer) + 1] = torch.tensor([tokenizer.bos_id, *answer])
+            labels[: len(answer) + 1] = torch.tensor([*answer, tokenizer.eos_id])
+            loss_mask[: len(answer) + 1] = 1.0
+        return {
+            "text_enc": text_enc,
+            "text_dec": text_dec,
+            "labels": labels,
+            "loss_mask": loss_mask,
+            "enc_mask": (text_enc > 0).long(),
+            "dec_mask": (text_dec > 0).long(),
+        }
+
+    return sample
+
+
+def generation(
+    cfg: Any, chunks: list[Any], tokenizer: T5Text, par: Any, on_gpu: bool, prefix: list[int]
+) -> tuple[Any, Any, int]:
+    """The encoder reads the prompt (cut as training cuts it) and the decoder generates."""
+    assert not prefix, "T5 tuning puts nothing before a prompt"
+    runner = Seq2SeqRunner(
+        chunks=chunks,
+        start_id=tokenizer.bos_id,
+        vocab_size=tokenizer.vocab_size,
+        tensor=par.tensor,
+        pipeline=par.pipeline,
+        sequence_parallel=par.sequence_parallel,
+        on_gpu=on_gpu,
+    )
+    encoder_length = int(cfg.model.data.seq_length)
+    # Every prompt fits: its encoder part is cut to the encoder's length, and the decoder's
+    # start and answer follow it.
+    positions = encoder_length + 1 + int(cfg.model.data.seq_length_dec)
+    return runner.logits, GenerationText(tokenizer, encoder_length), positions
+
+
+TUNING = TuningSide(
+    text_tokenizer=T5Text,
+    encode=encode,
+    sample_maker=sample_maker,
+    generation=generation,
+    chat=False,
+)
