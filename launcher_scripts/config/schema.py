@@ -60,15 +60,18 @@ class Declared:
     `free_form`: dotted paths of maps whose keys the program takes as they come (or checks
     itself, with a better message than "unknown key").
     `when`: the discriminator values (e.g. (("evaluation_kind", "fine_tuned"),)) of the
-    recipes this applies to; empty: every recipe of the stage.
+    recipes this applies to, a value or a tuple of them; empty: every recipe of the stage.
     """
 
     optional: tuple[str, ...] = ()
     free_form: tuple[str, ...] = ()
-    when: tuple[tuple[str, str], ...] = ()
+    when: tuple[tuple[str, str | tuple[str, ...]], ...] = ()
 
     def applies_to(self, kind: Mapping[str, Any]) -> bool:
-        return all(kind.get(name) in (None, value) for name, value in self.when)
+        def matches(value: Any, wanted: str | tuple[str, ...]) -> bool:
+            return value is None or value in (wanted if isinstance(wanted, tuple) else (wanted,))
+
+        return all(matches(kind.get(name), wanted) for name, wanted in self.when)
 
 
 # ----- what the shipped recipes hold --------------------------------------------------------

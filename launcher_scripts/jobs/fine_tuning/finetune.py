@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.families import DEFAULT as DEFAULT_FAMILY  # also: shape tables
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.families import DEFAULT as DEFAULT_FAMILY  # also: shape tables
 from launcher_scripts.jobs.fine_tuning import sft_data
 from launcher_scripts.recipes.tuning import (
     BLOCK_SECTIONS,

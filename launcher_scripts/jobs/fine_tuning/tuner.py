@@ -186,12 +186,18 @@ class FineTuner(Trainer):
             rows = self.generate_for(self.valid_records)
             step = self.state.step
             scores = {"validation_exact_string_match": _share(rows)}
-            names = self.spec.validation.names if self.spec.validation else None
-            if names:  # one score per validation file too (e.g. per XQuAD language)
-                for path, name in zip(self.spec.validation.files, names, strict=True):
-                    own = [row for row in rows if row["source"].startswith(f"{path}:")]
-                    if own:
-                        scores[f"validation_exact_string_match_{name}"] = _share(own)
+            split = self.spec.validation
+            assert split is not None
+            for path, name in zip(
+                split.files, split.names or [None] * len(split.files), strict=True
+            ):
+                own = [row for row in rows if row["source"].startswith(f"{path}:")]
+                if name and own:  # one score per named file too (e.g. per XQuAD language)
+                    scores[f"validation_exact_string_match_{name}"] = _share(own)
+                if split.section.get("write_predictions_to_file") and self.rank == 0:
+                    prefix = split.section.get("output_file_path_prefix")
+                    prefix = str(prefix or self.log_dir / "validation_predictions")
+                    write_jsonl(Path(f"{prefix}_{name or path.stem}.jsonl"), own)
             self.state.metrics.update(scores)
             self._record({"step": step, **scores})
             self._say(
