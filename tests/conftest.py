@@ -225,6 +225,27 @@ def prepared_wordpiece(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def t5_converted(prepared_wordpiece: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """T5 tiny trained for 100 steps through main.py and converted: the portable file
+    (t5_tiny/convert_nemo/megatron_t5.nemo) and its Hugging Face export (.../hf). Returns the
+    results root."""
+    root = tmp_path_factory.mktemp("t5_converted")
+    result = run_main(
+        "stages=[training,conversion]",
+        "training=t5/tiny",
+        "conversion=t5/convert_t5",
+        "conversion.model.vocab_file=null",
+        "conversion.run.hf_dir_name=hf",
+        f"data_dir={prepared_wordpiece}/data",
+        f"base_results_dir={root}",
+        "training.trainer.max_steps=100",
+        "training.trainer.log_every_n_steps=5",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return root
+
+
+@pytest.fixture(scope="session")
 def default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`python3 main.py` as on a fresh machine, shortened: data preparation, training,
     conversion, evaluation on the offline tasks and export. Returns its root (data/, results/)."""

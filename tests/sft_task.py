@@ -118,3 +118,24 @@ def write_task(
         paths[name] = folder / f"{name}.jsonl"
         paths[name].write_text("".join(json.dumps(row) + "\n" for row in rows))
     return paths
+
+
+# Common English words, each one WordPiece of the tiny T5's lower-cased vocabulary: the answers
+# of the text-to-text task (full fine-tuning needs no large output embeddings).
+TEXT_TO_TEXT_ANSWERS = ["the", "of", "and", "was", "in", "is", "for", "on"]
+
+
+def write_text_to_text_task(folder: Path) -> dict[str, tuple[Path, Path]]:
+    """T5's layout of the task: per split, a file of inputs and a file of their answers, line
+    by line; every split holds the whole mapping."""
+    values = list(TEXT_TO_TEXT_ANSWERS)
+    random.Random(0).shuffle(values)
+    keys = KEYS[: len(values)]
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name in ("train", "val", "test"):
+        source, target = folder / f"{name}_src.txt", folder / f"{name}_tgt.txt"
+        source.write_text("".join(f"what goes with {key}?\n" for key in keys))
+        target.write_text("".join(f"{value}\n" for value in values))
+        paths[name] = (source, target)
+    return paths

@@ -45,11 +45,6 @@ class TuningStage:
         par = recipe.parallelism(cfg, stage)
         recipe.check_world(par, stage)
         recipe.check_batch(cfg.model, par, stage)
-        if family.encoder_decoder and spec.train.section.get("packed_sequence"):
-            raise RecipeError(
-                f"{spec.train.format_key}.packed_sequence: packing is for decoder-only models; "
-                f"an encoder-decoder pads each input and answer to its own limit: set it to False"
-            )
         lengths = [(spec.train.length_key, spec.train.max_seq_length)]
         if spec.train.max_target_length is not None:
             target_key = f"{spec.train.format_key}.max_tgt_seq_length"

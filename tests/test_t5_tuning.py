@@ -1,0 +1,262 @@
+"""T5 fine-tuning for real on the CPU, through `python3 main.py`: text-to-text files (an input
+per line, its answer on the same line of another file) tune a converted tiny T5 on a mapping it
+cannot know; validation loss falls and greedy answers reach a stated exact match; TP2 with
+sequence parallelism and two pipeline stages (the encoder on the first, the decoder on the
+last) train exactly as one process does; a run resumes exactly; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher_scripts.formats.portable_check import inspect_portable
+from launcher_scripts.jobs.fine_tuning import sft_data
+from tests.conftest import run_main
+from tests.sft_task import write_text_to_text_task
+
+STAGE = "fine_tuning"
+
+
+@pytest.fixture(scope="module")
+def t5_base(t5_converted: Path) -> Path:
+    return t5_converted / "t5_tiny" / "convert_nemo" / "megatron_t5.nemo"
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    return write_text_to_text_task(tmp_path_factory.mktemp("t5_task"))
+
+
+def tuning(results: Path, base: Path, task: dict[str, tuple[Path, Path]], *extra: str) -> list[str]:
+    """t5/custom_task on the task: CPU, one process, short sequences, a constant rate (so a
+    shorter run's steps are a longer one's first steps)."""
+    data = f"{STAGE}.model.data"
+    (train_src, train_tgt), (val_src, val_tgt) = task["train"], task["val"]
+    return [
+        f"stages=[{STAGE}]",
+        f"{STAGE}=t5/custom_task",
+        f"base_results_dir={results}",
+        f"{STAGE}.run.model_train_name=t5_tiny",
+        f"{STAGE}.model.restore_from_path={base}",
+        f"{data}.train_ds.src_file_name={train_src}",
+        f"{data}.train_ds.tgt_file_name={train_tgt}",
+        f"{data}.validation_ds.src_file_name={val_src}",
+        f"{data}.validation_ds.tgt_file_name={val_tgt}",
+        f"{data}.train_ds.max_src_seq_length=32",
+        f"{data}.train_ds.max_tgt_seq_length=4",
+        f"{STAGE}.trainer.accelerator=cpu",
+        f"{STAGE}.trainer.precision=32",
+        f"{STAGE}.trainer.devices=1",
+        f"{STAGE}.trainer.log_every_n_steps=10",
+        f"{STAGE}.model.global_batch_size=4",
+        f"{STAGE}.model.micro_batch_size=2",
+        f"{STAGE}.model.hidden_dropout=0.0",
+        f"{STAGE}.model.attention_dropout=0.0",
+        f"{STAGE}.model.optim.lr=3e-3",
+        *extra,
+    ]
+
+
+def run_stage(*overrides: str) -> subprocess.CompletedProcess:
+    result = run_main(*overrides, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
+def log_dir(results: Path, task_name: str = "custom_task") -> Path:
+    return results / "t5_tiny" / task_name / "results"
+
+
+def records(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(folder: Path) -> dict[int, float]:
+    return {r["step"]: r["reduced_train_loss"] for r in records(folder) if "reduced_train_loss" in r}
+
+
+def metric(folder: Path, name: str) -> list[tuple[int, float]]:
+    return [(r["step"], r[name]) for r in records(folder) if name in r]
+
+
+@pytest.fixture(scope="module")
+def tuned(
+    t5_base: Path, task: dict[str, tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """Full fine-tuning for 120 steps, validated (loss and exact match) every 20: the run the
+    layout and resume tests compare with."""
+    results = tmp_path_factory.mktemp("t5_tuned")
+    run_stage(
+        *tuning(results, t5_base, task),
+        f"{STAGE}.trainer.max_steps=120",
+        f"{STAGE}.trainer.val_check_interval=20",
+        f"{STAGE}.model.data.validation_ds.write_predictions_to_file=true",
+    )
+    return log_dir(results)
+
+
+def test_fine_tuning_learns_the_mapping_and_writes_a_t5_model(tuned: Path) -> None:
+    losses = metric(tuned, "val_loss")
+    assert losses[0][0] == 0 and losses[0][1] > 5.0, losses  # the base cannot know it
+    assert losses[-1][0] == 120 and losses[-1][1] < 0.5, losses
+    matches = metric(tuned, "validation_exact_string_match")
+    assert matches[0] == (0, 0.0) and matches[-1][1] >= 0.75, matches
+    predictions = [
+        json.loads(line)
+        for line in (tuned / "validation_predictions_val_src.jsonl").read_text().splitlines()
+    ]
+    assert len(predictions) == 8
+    assert sum(row["pred"] == row["label"] for row in predictions) >= 6, predictions
+    model = tuned / "checkpoints" / "megatron_t5_custom_task.nemo"
+    config = inspect_portable(model).config  # whole, and its shapes agree with its config
+    assert config.model_family == "t5"
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        (
+            "tensor_model_parallel_size=2",
+            "sequence_parallel=true",
+        ),
+        ("pipeline_model_parallel_size=2",),
+    ],
+    ids=["tp2-sequence-parallel", "pp2"],
+)
+def test_layouts_tune_as_one_process_does(
+    layout: tuple[str, ...],
+    tuned: Path,
+    t5_base: Path,
+    task: dict[str, tuple[Path, Path]],
+    tmp_path: Path,
+) -> None:
+    run_stage(
+        *tuning(tmp_path, t5_base, task),
+        f"{STAGE}.trainer.devices=2",
+        f"{STAGE}.trainer.max_steps=20",
+        f"{STAGE}.trainer.val_check_interval=20",
+        *(f"{STAGE}.model.{setting}" for setting in layout),
+    )
+    folder = log_dir(tmp_path)
+    mine, reference = train_losses(folder), train_losses(tuned)
+    assert list(mine) == [10, 20]
+    for step, loss in mine.items():
+        assert loss == pytest.approx(reference[step], rel=1e-5), (step, mine, reference)
+    # Validation, and greedy answers through the layout's encoder and decoder.
+    for name in ("val_loss", "validation_exact_string_match"):
+        assert dict(metric(folder, name))[20] == pytest.approx(dict(metric(tuned, name))[20])
+
+
+def test_a_longer_rerun_resumes_exactly(
+    tuned: Path, t5_base: Path, task: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """20 steps, then the same command with max_steps 40: it resumes from step 20 and its
+    steps 30 and 40 are the uninterrupted run's."""
+    common = (*tuning(tmp_path, t5_base, task), f"{STAGE}.trainer.val_check_interval=100")
+    run_stage(*common, f"{STAGE}.trainer.max_steps=20")
+    run_stage(*common, f"{STAGE}.trainer.max_steps=40")
+    folder = log_dir(tmp_path)
+    assert "at step 20 (80 samples consumed)" in _job_log(folder.parent)
+    mine, reference = train_losses(folder), train_losses(tuned)
+    assert sorted(mine) == [10, 20, 30, 40]
+    for step in (30, 40):
+        assert mine[step] == pytest.approx(reference[step], rel=1e-6), (step, mine, reference)
+
+
+def _job_log(run_dir: Path) -> str:
+    return "".join(path.read_text() for path in sorted(run_dir.glob("log-*.out")))
+
+
+def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        (
+            [f"{STAGE}.model.data.train_ds.tgt_file_name=[/a.txt,/b.txt]"],
+            [f"{STAGE}.model.data.train_ds.tgt_file_name", "2 target files for 1 source"],
+        ),
+        (
+            [f"{STAGE}.trainer.devices=3", f"{STAGE}.model.pipeline_model_parallel_size=3"],
+            [f"{STAGE}.model.pipeline_model_parallel_split_rank", "must be PP - 1 = 2"],
+        ),
+        (
+            [f"{STAGE}.model.data.validation_ds.names=[a,b]"],
+            [f"{STAGE}.model.data.validation_ds.names", "one name per source file (1)"],
+        ),
+        (
+            [f"{STAGE}.model.data.train_ds.concat_sampling_technique=loud"],
+            [f"{STAGE}.model.data.train_ds.src_file_name"],
+        ),
+    ],
+    ids=["targets-per-source", "split-rank", "names", "one-file-needs-no-technique"],
+)
+def test_bad_t5_tuning_settings_are_one_line(
+    overrides: list[str],
+    fragments: list[str],
+    t5_base: Path,
+    task: dict[str, tuple[Path, Path]],
+    tmp_path: Path,
+) -> None:
+    if overrides[0].endswith("concat_sampling_technique=loud"):
+        # With one training file no technique is read: two files make it count.
+        (src, tgt) = task["train"]
+        overrides = [
+            *overrides,
+            f"{STAGE}.model.data.train_ds.src_file_name=[{src},{src}]",
+            f"{STAGE}.model.data.train_ds.tgt_file_name=[{tgt},{tgt}]",
+        ]
+        fragments = [f"{STAGE}.model.data.train_ds.concat_sampling_technique", "'loud'"]
+    result = run_main(*tuning(tmp_path, t5_base, task), *overrides)
+    one_line_error(result, *fragments)
+    assert not (tmp_path / "t5_tiny").exists()
+
+
+def test_a_gpt_base_for_a_t5_recipe_is_one_line(
+    tiny_portable: Path, task: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    result = run_main(*tuning(tmp_path, tiny_portable, task))
+    one_line_error(
+        result, f"{STAGE}.model.restore_from_path", "holds a gpt model", "tunes t5 ones"
+    )
+
+
+def test_packing_is_not_a_t5_setting(
+    t5_base: Path, task: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """Packing is GPT's (an encoder-decoder pads input and answer to their own limits)."""
+    result = run_main(
+        *tuning(tmp_path, t5_base, task), f"+{STAGE}.model.data.train_ds.packed_sequence=true"
+    )
+    one_line_error(result, f"{STAGE}.model.data.train_ds.packed_sequence", "model_family t5")
+
+
+def test_unequal_input_and_answer_files_stop_the_job_in_one_line(tmp_path: Path) -> None:
+    source, target = tmp_path / "src.txt", tmp_path / "tgt.txt"
+    source.write_text("a\nb\nc\n")
+    target.write_text("x\ny\n")
+    counts = sft_data.Counts()
+    with pytest.raises(sft_data.SftDataError, match=r"tgt.txt ends at line 2 and .*src.txt"):
+        list(sft_data.read_pairs(source, target, _Words(), sft_data.SftFormat(), counts))
+
+
+class _Words:
+    """A tokenizer of whitespace-separated words (ids by first appearance)."""
+
+    eod_id = 0
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ids.setdefault(word, len(self.ids) + 1) for word in text.split()]
