@@ -389,7 +389,16 @@ CASES = {
     "export_gpt3": ("export", ["export.run.model_train_name=gpt3_126m"]),
     "sft_squad": ("data_preparation", ["data_preparation=sft/squad"]),
     "sft_dolly": ("data_preparation", ["data_preparation=sft/dolly"]),
+    "sft_xquad": ("data_preparation", ["data_preparation=sft/xquad"]),
     "fine_tuning_gpt3_squad": ("fine_tuning", ["fine_tuning=gpt3/squad"]),
+    "fine_tuning_mt5_xquad_pp2": (
+        "fine_tuning",
+        [
+            "fine_tuning=mt5/xquad",
+            "fine_tuning.trainer.devices=2",
+            "fine_tuning.model.pipeline_model_parallel_size=2",
+        ],
+    ),
     "peft_gpt3_lora_tp2": (
         "peft",
         [

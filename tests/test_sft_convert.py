@@ -149,9 +149,53 @@ def test_squad_end_to_end(tmp_path: Path) -> None:
             },
         ]
     )
+    # T5's text to text: "question: ... context: ..." in, the first answer out, one line each
+    # (a line break inside a context becomes a space).
+    assert (folder / "train-v1.1_src.txt").read_text(encoding="utf-8").splitlines() == [
+        "question: What is the capital of France? context: Paris is the capital of France.",
+        "question: Which country is Paris in? context: Paris is the capital of France.",
+        "question: Where is Zürich? context: Zürich liegt in der Schweiz. It has a lake.",
+        "question: When does water boil? context: Water boils at 100 °C.",
+    ]
+    assert (folder / "train-v1.1_tgt.txt").read_text(encoding="utf-8").splitlines() == [
+        "Paris", "France", "in der Schweiz", "100 °C",
+    ]  # fmt: skip
+    assert (folder / "dev-v1.1_tgt.txt").read_text(encoding="utf-8") == "north\nThe Nile\n"
     assert "4 questions written" in result.stdout
     assert "1 without answers skipped" in result.stdout
     assert leftovers(tmp_path / "data") == []
+
+
+def test_xquad_languages_become_text_to_text_pairs(tmp_path: Path) -> None:
+    folder = tmp_path / "data" / "squad_data" / "xquad"
+    folder.mkdir(parents=True)
+    for language, question in (("en", "Which way?"), ("de", "Wohin?")):
+        document = squad([{"context": "Der Nil.", "qas": [qa("x", question, "Norden")]}])
+        (folder / f"xquad.{language}.json").write_text(json.dumps(document), encoding="utf-8")
+    result = prepare(tmp_path, "xquad", f"{STAGE}.languages=[en,de]")
+    assert result.returncode == 0, output_of(result)
+    assert (folder / "xquad.de_src.txt").read_text() == "question: Wohin? context: Der Nil.\n"
+    assert (folder / "xquad.de_tgt.txt").read_text() == "Norden\n"
+    assert (folder / "xquad.en_src.txt").read_text() == "question: Which way? context: Der Nil.\n"
+    missing = prepare(tmp_path, "xquad", f"{STAGE}.languages=[en,hi]")
+    assert missing.returncode == 2
+    assert missing.stderr.startswith(f"error: {STAGE}.languages: {folder / 'xquad.hi.json'} ")
+
+
+def test_text_to_text_pairs_are_what_the_t5_recipes_read() -> None:
+    overrides = [
+        f"{STAGE}=sft/squad", "fine_tuning=mt5/xquad", "data_dir=/data", "base_results_dir=/r",
+    ]  # fmt: skip
+    cfg = resolve(compose_config(overrides), [STAGE, "fine_tuning"])
+    prep, data = cfg[STAGE], cfg.fine_tuning.model.data
+    assert (data.train_ds.src_file_name, data.train_ds.tgt_file_name) == (
+        prep.train_src_output,
+        prep.train_tgt_output,
+    )
+    xquad = resolve(compose_config([f"{STAGE}=sft/xquad", "data_dir=/data"]), [STAGE])[STAGE]
+    assert list(data.validation_ds.src_file_name) == [
+        f"{xquad.xquad_dir}/xquad.{language}_src.txt" for language in xquad.languages
+    ]
 
 
 def test_squad_writes_what_the_tuning_recipes_read() -> None:
@@ -444,8 +488,17 @@ def test_the_jobs_read_the_inputs_and_write_the_outputs() -> None:
     [job] = stage_check(f"{STAGE}=sft/squad")
     folder = "/nonexistent/data/squad_data/v1.1"
     assert job.reads == (f"{folder}/train-v1.1.json", f"{folder}/dev-v1.1.json")
-    assert job.writes == (f"{folder}/train-v1.1_gpt.json", f"{folder}/dev-v1.1_gpt.json")
+    assert job.writes == tuple(
+        f"{folder}/{split}-v1.1_{kind}"
+        for split in ("train", "dev")
+        for kind in ("gpt.json", "src.txt", "tgt.txt")
+    )
     assert ["--all-answers" in command.args for command in job.commands] == [False, True]
+    [job] = stage_check(
+        f"{STAGE}=sft/squad", f"{STAGE}.train_output=null", f"{STAGE}.dev_output=null"
+    )
+    assert "--output" not in job.commands[0].args
+    assert job.writes[:2] == (f"{folder}/train-v1.1_src.txt", f"{folder}/train-v1.1_tgt.txt")
     [job] = stage_check(f"{STAGE}=sft/dolly")
     folder = "/nonexistent/data/dolly"
     assert job.writes == tuple(f"{folder}/dolly_{s}.jsonl" for s in ("train", "validation", "test"))
@@ -483,6 +536,25 @@ def test_the_jobs_read_the_inputs_and_write_the_outputs() -> None:
             "is train_output too",
         ),
         ([f"{STAGE}=sft/squad", f"{STAGE}.max_bad_fraction=2"], f"{STAGE}.max_bad_fraction", "1"),
+        (
+            [f"{STAGE}=sft/squad", f"{STAGE}.dev_tgt_output=null"],
+            f"{STAGE}.dev_tgt_output",
+            "partner",
+        ),
+        (
+            [f"{STAGE}=sft/squad", f"{STAGE}.train_tgt_output=${{.train_src_output}}"],
+            f"{STAGE}.train_tgt_output",
+            "is train_src_output too",
+        ),
+        (
+            [
+                f"{STAGE}=sft/squad",
+                *(f"{STAGE}.train_{k}=null" for k in ("output", "src_output", "tgt_output")),
+            ],
+            f"{STAGE}.train_output",
+            "so are train_src_output",
+        ),
+        ([f"{STAGE}=sft/xquad", f"{STAGE}.languages=[]"], f"{STAGE}.languages", "language codes"),
     ],
 )
 def test_bad_settings_name_their_key(overrides: list[str], key: str, problem: str) -> None:

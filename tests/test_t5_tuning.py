@@ -76,7 +76,9 @@ def records(folder: Path) -> list[dict[str, Any]]:
 
 
 def train_losses(folder: Path) -> dict[int, float]:
-    return {r["step"]: r["reduced_train_loss"] for r in records(folder) if "reduced_train_loss" in r}
+    return {
+        r["step"]: r["reduced_train_loss"] for r in records(folder) if "reduced_train_loss" in r
+    }
 
 
 def metric(folder: Path, name: str) -> list[tuple[int, float]]:
@@ -226,9 +228,7 @@ def test_a_gpt_base_for_a_t5_recipe_is_one_line(
     tiny_portable: Path, task: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
     result = run_main(*tuning(tmp_path, tiny_portable, task))
-    one_line_error(
-        result, f"{STAGE}.model.restore_from_path", "holds a gpt model", "tunes t5 ones"
-    )
+    one_line_error(result, f"{STAGE}.model.restore_from_path", "holds a gpt model", "tunes t5 ones")
 
 
 def test_packing_is_not_a_t5_setting(

@@ -127,7 +127,7 @@ class SquadSftDataset:
     OUTPUTS = ("output", "src_output", "tgt_output")
 
     def _conversions(self, ctx: StageContext) -> list[SquadConversion]:
-        inputs = {name: require_source(ctx, name, self.FIX) for name in ("train_file", "dev_file")}
+        inputs = {name: Path(str(ctx.cfg[name])) for name in ("train_file", "dev_file")}
         outputs = {
             f"{split}_{kind}": optional_output(ctx, f"{split}_{kind}", inputs)
             for split in ("train", "dev")
@@ -157,6 +157,8 @@ class SquadSftDataset:
         return conversions
 
     def validate(self, ctx: StageContext) -> None:
+        for name in ("train_file", "dev_file"):
+            require_source(ctx, name, self.FIX)
         self._conversions(ctx)
         require_fraction(stage_key(ctx, "max_bad_fraction"), ctx.cfg.max_bad_fraction)
 
@@ -185,16 +187,18 @@ class XquadSftDataset:
         conversions = []
         for language in languages:
             source = folder / f"xquad.{language}.json"
-            if not source.is_file() and not ctx.will_exist(source):
-                raise ConfigError(
-                    key, f"{source} (language {language}) does not exist", self.FIX.format(key=key)
-                )
             pair = (folder / f"xquad.{language}_src.txt", folder / f"xquad.{language}_tgt.txt")
             conversions.append(SquadConversion(source, None, pair, False))
         return conversions
 
     def validate(self, ctx: StageContext) -> None:
-        self._conversions(ctx)
+        key = stage_key(ctx, "languages")
+        for conversion, language in zip(self._conversions(ctx), ctx.cfg.languages, strict=True):
+            source = conversion.source
+            if not source.is_file() and not ctx.will_exist(source):
+                raise ConfigError(
+                    key, f"{source} (language {language}) does not exist", self.FIX.format(key=key)
+                )
         require_fraction(stage_key(ctx, "max_bad_fraction"), ctx.cfg.max_bad_fraction)
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:

@@ -24,7 +24,7 @@ bcprun \
     --env "MASTER_ADDR=$MASTER_ADDR" \
     --env "MASTER_PORT=$MASTER_PORT" \
     --env "LAUNCHER_NNODES=$nodes" \
-    -c 'python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad --input /data/squad_data/v1.1/train-v1.1.json --output /data/squad_data/v1.1/train-v1.1_gpt.json --max-bad-fraction 0.01'
+    -c 'python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad --input /data/squad_data/v1.1/train-v1.1.json --output /data/squad_data/v1.1/train-v1.1_gpt.json --text-to-text /data/squad_data/v1.1/train-v1.1_src.txt /data/squad_data/v1.1/train-v1.1_tgt.txt --max-bad-fraction 0.01'
 
 # shellcheck disable=SC2016  # expanded on each node
 exec bcprun \
@@ -37,4 +37,4 @@ exec bcprun \
     --env "MASTER_ADDR=$MASTER_ADDR" \
     --env "MASTER_PORT=$MASTER_PORT" \
     --env "LAUNCHER_NNODES=$nodes" \
-    -c 'python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad --input /data/squad_data/v1.1/dev-v1.1.json --output /data/squad_data/v1.1/dev-v1.1_gpt.json --max-bad-fraction 0.01 --all-answers'
+    -c 'python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad --input /data/squad_data/v1.1/dev-v1.1.json --output /data/squad_data/v1.1/dev-v1.1_gpt.json --text-to-text /data/squad_data/v1.1/dev-v1.1_src.txt /data/squad_data/v1.1/dev-v1.1_tgt.txt --max-bad-fraction 0.01 --all-answers'

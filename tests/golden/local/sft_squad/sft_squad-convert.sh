@@ -13,10 +13,12 @@ cd /results/sft_squad
 python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad \
     --input /data/squad_data/v1.1/train-v1.1.json \
     --output /data/squad_data/v1.1/train-v1.1_gpt.json \
+    --text-to-text /data/squad_data/v1.1/train-v1.1_src.txt /data/squad_data/v1.1/train-v1.1_tgt.txt \
     --max-bad-fraction 0.01
 
 exec python3 -u -m launcher_scripts.jobs.data_prep.sft_convert squad \
     --input /data/squad_data/v1.1/dev-v1.1.json \
     --output /data/squad_data/v1.1/dev-v1.1_gpt.json \
+    --text-to-text /data/squad_data/v1.1/dev-v1.1_src.txt /data/squad_data/v1.1/dev-v1.1_tgt.txt \
     --max-bad-fraction 0.01 \
     --all-answers

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Stage fine_tuning, job xquad_mt5_390m: rendered by launcher_scripts (local backend).
+# Run it again by hand with: bash <this file>
+set -euo pipefail
+
+# This job does all the work itself, whatever allocation it runs in.
+unset SLURM_ARRAY_TASK_ID SLURM_ARRAY_TASK_COUNT NGC_ARRAY_INDEX NGC_ARRAY_SIZE RANK WORLD_SIZE SLURM_PROCID SLURM_NTASKS LOCAL_RANK
+export PYTHONPATH=/opt/launcher${PYTHONPATH:+:${PYTHONPATH}}
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+export TRANSFORMERS_OFFLINE=1
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120
+cd /results/mt5_390m/xquad
+
+exec python3 -u -m torch.distributed.run \
+    --standalone \
+    --nproc-per-node=2 -m launcher_scripts.jobs.numa_binding \
+    --mode=unique_contiguous \
+    --scope=node \
+    --cores=all_logical \
+    --balanced=true \
+    --min-cores=1 \
+    --max-cores=8 \
+    --local-ranks=2 \
+    -- launcher_scripts.jobs.fine_tuning.finetune \
+    --config /results/mt5_390m/xquad/xquad_mt5_390m_hydra.yaml \
+    --stage fine_tuning
