@@ -260,3 +260,88 @@ class _Words:
 
     def encode(self, text: str) -> list[int]:
         return [self.ids.setdefault(word, len(self.ids) + 1) for word in text.split()]
+
+
+# ---- the text side, in process --------------------------------------------------------------
+
+
+def sentencepiece_model(folder: Path) -> Path:
+    """A small SentencePiece model with mT5's ids: padding 0, then unknown, <s>, </s>."""
+    import sentencepiece
+
+    corpus = folder / "corpus.txt"
+    words = ["the", "river", "runs", "north", "to", "the", "sea", "and", "the", "village"]
+    corpus.write_text("".join(" ".join(words[i:] + words[:i]) + "\n" for i in range(len(words))))
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(folder / "sp"), vocab_size=24, pad_id=0, unk_id=1,
+        bos_id=2, eos_id=3, minloglevel=2,
+    )  # fmt: skip
+    return folder / "sp.model"
+
+
+def wordpiece_vocab(folder: Path) -> Path:
+    path = folder / "vocab.txt"
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "river", "north", "run", "##s"]
+    path.write_text("\n".join(words) + "\n")
+    return path
+
+
+def t5_text(tokenizer: dict[str, Any]) -> Any:
+    from omegaconf import OmegaConf
+
+    from launcher_scripts.jobs.models.t5_tuning import T5Text
+
+    return T5Text(OmegaConf.create({"tokenizer": {"num_sentinel_tokens": 3, **tokenizer}}))
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "sentencepiece"])
+def test_text_round_trips_and_leaves_out_what_is_not_text(kind: str, tmp_path: Path) -> None:
+    from launcher_scripts.jobs.models.t5_tuning import GenerationText
+
+    if kind == "wordpiece":
+        text = t5_text(
+            {"vocab_file": str(wordpiece_vocab(tmp_path)), "type": "BertWordPieceLowerCase"}
+        )
+        # [BOS] and [EOS] follow the 10 WordPieces, then the sentinels.
+        assert (text.bos_id, text.eos_id, text.own, text.vocab_size) == (10, 11, 10, 15)
+    else:
+        text = t5_text({"model": str(sentencepiece_model(tmp_path))})
+        assert (text.pad_id, text.bos_id, text.eos_id) == (0, 2, 3)
+    ids = text.encode("the river runs north")
+    assert text.decode(ids) == "the river runs north"
+    sentinel = text.vocab_size - 1
+    assert text.decode([text.bos_id, *ids, sentinel, text.eos_id, 0]) == text.decode(ids)
+    prompts = GenerationText(text, encoder_length=3)
+    row = prompts.encode("the river runs north")
+    assert row == [*ids[:2], text.eos_id, text.bos_id]  # cut as training cuts inputs
+    assert prompts.decode(row) == ""  # a row decodes to what follows the decoder's start
+    assert prompts.decode([*row, *ids[1:3]]) == text.decode(ids[1:3])
+
+
+def test_a_record_becomes_encoder_and_decoder_inputs(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from launcher_scripts.jobs.models.t5_tuning import encode, sample_maker
+
+    text = t5_text({"vocab_file": str(wordpiece_vocab(tmp_path)), "type": "BertWordPieceLowerCase"})
+    fmt = sft_data.SftFormat(max_seq_length=4, max_target_length=3)
+    counts = sft_data.Counts()
+    encoded = encode(text, fmt, "the river runs north", "north", counts, "f:1")
+    assert encoded is not None and counts.truncated == 1  # the input lost its end
+    cfg = OmegaConf.create({"model": {"data": {"seq_length": 4, "seq_length_dec": 3}}})
+    sample = {k: v.tolist() for k, v in sample_maker(cfg, text)(encoded).items()}
+    the, river, run = text.encode("the river run")
+    north = text.encode("north")[0]
+    assert sample["text_enc"] == [the, river, run, text.eos_id]
+    assert sample["text_dec"] == [text.bos_id, north, 0]
+    assert sample["labels"] == [north, text.eos_id, -1]
+    assert sample["loss_mask"] == [1.0, 1.0, 0.0]
+    assert sample["dec_mask"] == [1, 1, 0]
+    # An answer over its limit drops the record, unless truncation_field cuts answers.
+    assert encode(text, fmt, "the", "the river north", counts, "f:2") is None
+    assert counts.dropped_too_long == 1
+    cut = sft_data.SftFormat(max_seq_length=4, max_target_length=3, truncation_field="answer")
+    kept = encode(text, cut, "the", "the river north", counts, "f:3")
+    assert kept is not None and kept.ids[kept.prompt_length :] == text.encode("the river")
+    padding = sample_maker(cfg, text)(None)
+    assert padding["loss_mask"].sum() == 0 and padding["text_enc"].sum() == 0

@@ -500,6 +500,13 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
     )
 
 
+def most_layers(model: Any) -> int:
+    """The layers of the model's longest stack (an encoder-decoder's blocks count their own
+    layers from 1, and `layer_selection` picks in each)."""
+    stacks = [model[block] for block in BLOCK_SECTIONS if block in model] or [model]
+    return max(int(stack.num_layers) for stack in stacks)
+
+
 def check_positions(spec: TuningSpec, base: Any) -> None:
     """The training sequences (text to text: inputs and answers) fit the base model's position
     embeddings. A relative position bias (T5's) has distance buckets, not a length."""

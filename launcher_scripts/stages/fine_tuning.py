@@ -17,6 +17,7 @@ from launcher_scripts.recipes.tuning import (
     OPTIONAL_KEYS,
     all_inputs,
     check_positions,
+    most_layers,
     read_spec,
 )
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
@@ -76,7 +77,7 @@ class TuningStage:
         assert family.check_base is not None, family.name
         family.check_base(base, model, par, stage, f"{spec.base_key} ({spec.base_model.name})")
         if spec.peft is not None:
-            spec.peft.check_layers(f"{stage}.model", int(base.num_layers))
+            spec.peft.check_layers(f"{stage}.model", most_layers(base))
         check_positions(spec, base)
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:

@@ -209,13 +209,14 @@ class Adapter(PeftModule):
 
 class KeyValueScale(PeftModule):
     """Scales the key and value features of linear_qkv's output (megatron-core lays it out as
-    [query groups][queries of the group, key, value][head dim] on each TP rank)."""
+    [query groups][queries of the group, key, value][head dim] on each TP rank), or of a
+    cross-attention's linear_kv (`queries` False: [query groups][key, value][head dim])."""
 
-    def __init__(self, key: str, config: Any, sp: bool) -> None:
+    def __init__(self, key: str, config: Any, sp: bool, queries: bool = True) -> None:
         super().__init__(key, sp)
         groups = config.num_query_groups or config.num_attention_heads
         self.head_dim = config.kv_channels or config.hidden_size // config.num_attention_heads
-        self.queries_per_group = config.num_attention_heads // groups
+        self.queries_per_group = config.num_attention_heads // groups if queries else 0
         self.local_groups = groups // _tp_size()
         self.add("key_value_scale", (self.local_groups * 2 * self.head_dim,), "ones", 0)
 
@@ -271,6 +272,15 @@ class VirtualPrompt(PeftModule):
                     values = F.gelu(values)
         return values
 
+    def input_hook(self, _module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        """The same on a stack's `hidden_states` argument (an encoder that shares its
+        embedding with a decoder, whose input must stay as it is)."""
+        if kwargs.get("hidden_states") is not None:
+            kwargs = {**kwargs, "hidden_states": self.hook(None, (), kwargs["hidden_states"])}
+        elif args and args[0] is not None:
+            args = (self.hook(None, (), args[0]), *args[1:])
+        return args, kwargs
+
     def hook(self, _module: Any, _args: tuple, output: torch.Tensor) -> torch.Tensor:
         # output: [sequence (this rank's slice under sequence parallelism), batch, hidden]
         local = output.shape[0]
@@ -298,13 +308,35 @@ class Attached:
             handle.remove()
 
 
-def _layers(chunk: Any) -> list[Any]:
+@dataclass(frozen=True)
+class PeftSites:
+    """Where a family's model takes the added modules."""
+
+    # chunk -> (key prefix, transformer layer) of every layer the methods adapt; the prefix
+    # keeps the keys of two stacks apart (T5's "encoder." and "decoder.")
+    layers: Callable[[Any], list[tuple[str, Any]]]
+    # chunk -> (module, whether its hidden_states argument (rather than its output) holds the
+    # embedded sequence that virtual tokens start), or None: no prompt on this chunk
+    prompt: Callable[[Any], tuple[Any, bool] | None]
+
+
+def _decoder_layers(chunk: Any) -> list[tuple[str, Any]]:
     decoder = getattr(chunk, "decoder", None)
-    return list(decoder.layers) if decoder is not None else []
+    return [("", layer) for layer in decoder.layers] if decoder is not None else []
 
 
-def attach(chunks: list[Any], settings: PeftSettings, config: Any) -> Attached:
-    """Add the method's modules to every chunk (before any DDP or fp16 wrapping)."""
+# A decoder stack (GPT): its layers, numbered as they are; the prompt in the embedding's output.
+DECODER_STACK = PeftSites(
+    layers=_decoder_layers,
+    prompt=lambda chunk: (chunk.embedding, False) if getattr(chunk, "pre_process", False) else None,
+)
+
+
+def attach(
+    chunks: list[Any], settings: PeftSettings, config: Any, sites: PeftSites = DECODER_STACK
+) -> Attached:
+    """Add the method's modules to every chunk (before any DDP or fp16 wrapping). Each layer's
+    modules follow its own config (an encoder's and a decoder's may differ)."""
     sp = bool(config.sequence_parallel)
     modules: list[PeftModule] = []
     handles: list[Any] = []
@@ -318,16 +350,23 @@ def attach(chunks: list[Any], settings: PeftSettings, config: Any) -> Attached:
 
     for chunk in chunks:
         if settings.scheme in ("ptuning", "prompt_tuning"):
-            if getattr(chunk, "pre_process", False):
+            site = sites.prompt(chunk)
+            if site is not None:
+                module, on_input = site
                 prompt = VirtualPrompt("prompt", config.hidden_size, settings, sp)
-                _add(chunk.embedding, "virtual_prompt", prompt)
-                hook(chunk.embedding, prompt, "hook")
+                _add(module, "virtual_prompt", prompt)
+                modules.append(prompt)
+                handles.append(
+                    module.register_forward_pre_hook(prompt.input_hook, with_kwargs=True)
+                    if on_input
+                    else module.register_forward_hook(prompt.hook)
+                )
             continue
-        for layer in _layers(chunk):
+        for prefix, layer in sites.layers(chunk):
             number = int(layer.layer_number)
             if not settings.chosen(number):
                 continue
-            base = str(number)
+            base, own = f"{prefix}{number}", layer.config
             attention, mlp = layer.self_attention, layer.mlp
             if settings.scheme == "lora":
                 for target in settings.target_modules:
@@ -339,14 +378,19 @@ def attach(chunks: list[Any], settings: PeftSettings, config: Any) -> Attached:
             elif settings.scheme == "adapter":
                 places = (("attention", attention.linear_proj), ("mlp", mlp.linear_fc2))
                 for place, linear in places:
-                    adapter = Adapter(f"{base}.adapter_{place}", config.hidden_size, settings, sp)
+                    adapter = Adapter(f"{base}.adapter_{place}", own.hidden_size, settings, sp)
                     _add(layer, f"adapter_{place}", adapter)
                     hook(linear, adapter, "hook")
             elif settings.scheme == "ia3":
-                kv = KeyValueScale(f"{base}.ia3_key_value", config, sp)
+                kv = KeyValueScale(f"{base}.ia3_key_value", own, sp)
                 _add(layer, "ia3_key_value", kv)
                 hook(attention.linear_qkv, kv, "hook")
-                ffn = FfnScale(f"{base}.ia3_ffn", config, sp)
+                cross = getattr(getattr(layer, "cross_attention", None), "linear_kv", None)
+                if cross is not None:  # a decoder reading an encoder: its keys and values too
+                    cross_kv = KeyValueScale(f"{base}.ia3_cross_key_value", own, sp, False)
+                    _add(layer, "ia3_cross_key_value", cross_kv)
+                    hook(cross, cross_kv, "hook")
+                ffn = FfnScale(f"{base}.ia3_ffn", own, sp)
                 _add(layer, "ia3_ffn", ffn)
                 hook(mlp.linear_fc2, ffn, "pre_hook", pre=True)
     return Attached(modules, handles)

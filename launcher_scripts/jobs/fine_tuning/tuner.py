@@ -25,7 +25,7 @@ from launcher_scripts.jobs.training import checkpointing, data, init_weights
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.jobs.training.trainer import Trainer
 from launcher_scripts.recipes.generation_params import GenerationParams
-from launcher_scripts.recipes.tuning import TuningSpec
+from launcher_scripts.recipes.tuning import TuningSpec, most_layers
 
 GENERATION_BATCH = 16
 
@@ -53,8 +53,8 @@ class FineTuner(Trainer):
         chunks = self.runtime.build_chunks(self.cfg, self.config, rows, self.use_te)
         settings = self.spec.peft
         if settings is not None:
-            settings.check_layers(f"{self.spec.stage}.model", self.config.num_layers)
-            self.attached = peft.attach(chunks, settings, self.config)
+            settings.check_layers(f"{self.spec.stage}.model", most_layers(self.cfg.model))
+            self.attached = peft.attach(chunks, settings, self.config, self.side.peft_sites)
         if self.on_gpu:  # after attaching: the added modules are made on the CPU
             chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
         init_weights.load_full_tensors(

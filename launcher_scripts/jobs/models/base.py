@@ -59,6 +59,7 @@ class TuningSide:
     sample_maker: Callable[[Any, Any], Any]
     generation: GenerationSetup
     chat: bool  # whether chat records ("conversations") can be tuned on
+    peft_sites: Any  # peft.PeftSites: where the PEFT methods' modules go
 
 
 @dataclass(frozen=True)

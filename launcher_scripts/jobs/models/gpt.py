@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from launcher_scripts.jobs.fine_tuning import sft_data
+from launcher_scripts.jobs.fine_tuning import peft, sft_data
 from launcher_scripts.jobs.fine_tuning.answers import prompt_logits
 from launcher_scripts.jobs.inference.runner import ModelRunner
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
@@ -47,6 +47,7 @@ TUNING = TuningSide(
     sample_maker=sample_maker,
     generation=generation,
     chat=True,
+    peft_sites=peft.DECODER_STACK,
 )
 
 RUNTIME = ModelRuntime(

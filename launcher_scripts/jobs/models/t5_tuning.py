@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher_scripts.formats.tokenizer import wordpiece_reference
+from launcher_scripts.jobs.fine_tuning.peft import PeftSites
 from launcher_scripts.jobs.fine_tuning.sft_data import Counts, Encoded, SampleMaker, SftFormat
 from launcher_scripts.jobs.inference.seq2seq import Seq2SeqRunner
 from launcher_scripts.jobs.models.base import TuningSide
@@ -63,15 +64,17 @@ class GenerationText:
     ids (the first `encoder_length` - 1 of them, as training cuts inputs), [EOS] and the
     decoder's start ([BOS]); a row decodes to the answer after it."""
 
-    def __init__(self, text: T5Text, encoder_length: int | None = None) -> None:
-        self.text, self.encoder_length = text, encoder_length
+    def __init__(
+        self, text: T5Text, encoder_length: int | None = None, prefix: Sequence[int] = ()
+    ) -> None:
+        self.text, self.encoder_length, self.prefix = text, encoder_length, list(prefix)
         self.vocab_size, self.eod_id = text.vocab_size, text.eos_id
 
     def encode(self, prompt: str) -> list[int]:
         ids = self.text.encode(prompt)
         if self.encoder_length is not None:
-            ids = ids[: self.encoder_length - 1]
-        return [*ids, self.text.eos_id, self.text.bos_id]
+            ids = ids[: self.encoder_length - 1 - len(self.prefix)]
+        return [*self.prefix, *ids, self.text.eos_id, self.text.bos_id]
 
     def decode(self, ids: Sequence[int]) -> str:
         ids = list(ids)
@@ -82,10 +85,12 @@ class GenerationText:
 def encode(
     tokenizer: T5Text, fmt: SftFormat, prompt: str, answer: str, counts: Counts, where: str
 ) -> Encoded | None:
-    """ids: the encoder's (input, [EOS]) then the answer's; prompt_length splits them."""
+    """ids: the encoder's (virtual-token placeholders, input, [EOS]) then the answer's;
+    prompt_length splits them."""
+    placeholders = [tokenizer.eod_id] * fmt.virtual_tokens
     source = tokenizer.encode(prompt)
     target = tokenizer.encode(answer)
-    source_room = fmt.max_seq_length - 1
+    source_room = fmt.max_seq_length - 1 - len(placeholders)
     target_room = (fmt.max_target_length or fmt.max_seq_length) - 1  # [BOS] in, [EOS] out
     changed = False
     if len(target) > target_room:
@@ -99,7 +104,7 @@ def encode(
     if changed:
         counts.truncated += 1
         counts.note(where)
-    encoder = [*source, tokenizer.eos_id]
+    encoder = [*placeholders, *source, tokenizer.eos_id]
     return Encoded([*encoder, *target], [0] * len(encoder) + [1] * len(target), len(encoder))
 
 
@@ -134,8 +139,8 @@ def sample_maker(cfg: Any, tokenizer: T5Text) -> SampleMaker:
 def generation(
     cfg: Any, chunks: list[Any], tokenizer: T5Text, par: Any, on_gpu: bool, prefix: list[int]
 ) -> tuple[Any, Any, int]:
-    """The encoder reads the prompt (cut as training cuts it) and the decoder generates."""
-    assert not prefix, "T5 tuning puts nothing before a prompt"
+    """The encoder reads the prompt (behind `prefix`, cut as training cuts it) and the decoder
+    generates."""
     runner = Seq2SeqRunner(
         chunks=chunks,
         start_id=tokenizer.bos_id,
@@ -149,8 +154,23 @@ def generation(
     # Every prompt fits: its encoder part is cut to the encoder's length, and the decoder's
     # start and answer follow it.
     positions = encoder_length + 1 + int(cfg.model.data.seq_length_dec)
-    return runner.logits, GenerationText(tokenizer, encoder_length), positions
+    return runner.logits, GenerationText(tokenizer, encoder_length, prefix), positions
 
+
+def _stacks(chunk: Any) -> list[tuple[str, Any]]:
+    """The encoder's and the decoder's layers this stage holds, keyed apart."""
+    layers = []
+    for name in ("encoder", "decoder"):
+        stack = getattr(chunk, name, None) if getattr(chunk, f"add_{name}") else None
+        layers += [(f"{name}.", layer) for layer in stack.layers] if stack is not None else []
+    return layers
+
+
+# Virtual tokens start the encoder's input (the decoder's shares the embedding: it stays).
+PEFT_SITES = PeftSites(
+    layers=_stacks,
+    prompt=lambda chunk: (chunk.encoder, True) if chunk.pre_process and chunk.add_encoder else None,
+)
 
 TUNING = TuningSide(
     text_tokenizer=T5Text,
@@ -158,4 +178,5 @@ TUNING = TuningSide(
     sample_maker=sample_maker,
     generation=generation,
     chat=False,
+    peft_sites=PEFT_SITES,
 )
