@@ -785,3 +785,17 @@ def write_training_config(prepared: Path, log_dir: Path, *overrides: str) -> Pat
     path = log_dir.parent / f"{log_dir.name}.yaml"
     OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.training, resolve=True)), path)
     return path
+
+
+def in_process_check(script: str, log_dir: Path, *args: str, stage: str = "peft") -> dict[str, Any]:
+    """Run tests/scripts/<script>.py on the tuning run in `log_dir`; its JSON report."""
+    config = next(log_dir.parent.glob("*_hydra.yaml"))
+    result = subprocess.run(
+        [sys.executable, "-m", f"tests.scripts.{script}", str(config), stage, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

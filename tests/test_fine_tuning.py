@@ -20,7 +20,7 @@ import pytest
 from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
-from tests.conftest import REPO, run_main
+from tests.conftest import REPO, in_process_check, run_main
 from tests.sft_task import write_task
 
 ALL_TARGETS = "[attention_qkv,attention_dense,mlp_fc1,mlp_fc2]"
@@ -140,20 +140,6 @@ def test_peft_file_holds_only_the_adapters(lora: Path, tiny_portable: Path) -> N
     layers = portable.read_config(tiny_portable).num_layers
     assert len(loaded.tensors) == layers * 4 * 2  # A and B for four linears per layer
     assert path.stat().st_size < 0.1 * tiny_portable.stat().st_size
-
-
-def in_process_check(script: str, log_dir: Path, *args: str) -> dict[str, Any]:
-    """Run tests/scripts/<script>.py on the tuning run in `log_dir`; its JSON report."""
-    config = next(log_dir.parent.glob("*_hydra.yaml"))
-    result = subprocess.run(
-        [sys.executable, "-m", f"tests.scripts.{script}", str(config), "peft", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_base_weights_stay_bit_identical(lora: Path) -> None:

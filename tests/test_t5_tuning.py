@@ -15,7 +15,7 @@ import pytest
 
 from launcher_scripts.formats.portable_check import inspect_portable
 from launcher_scripts.jobs.fine_tuning import sft_data
-from tests.conftest import run_main
+from tests.conftest import in_process_check, run_main
 from tests.sft_task import write_text_to_text_task
 
 STAGE = "fine_tuning"
@@ -31,32 +31,39 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path
     return write_text_to_text_task(tmp_path_factory.mktemp("t5_task"))
 
 
-def tuning(results: Path, base: Path, task: dict[str, tuple[Path, Path]], *extra: str) -> list[str]:
-    """t5/custom_task on the task: CPU, one process, short sequences, a constant rate (so a
-    shorter run's steps are a longer one's first steps)."""
-    data = f"{STAGE}.model.data"
+def tuning(
+    results: Path,
+    base: Path,
+    task: dict[str, tuple[Path, Path]],
+    *extra: str,
+    stage: str = STAGE,
+    recipe: str = "t5/custom_task",
+) -> list[str]:
+    """A T5 tuning recipe on the task: CPU, one process, short sequences (fine_tuning's
+    recipes have a constant rate, so a shorter run's steps are a longer one's first steps)."""
+    data = f"{stage}.model.data"
     (train_src, train_tgt), (val_src, val_tgt) = task["train"], task["val"]
     return [
-        f"stages=[{STAGE}]",
-        f"{STAGE}=t5/custom_task",
+        f"stages=[{stage}]",
+        f"{stage}={recipe}",
         f"base_results_dir={results}",
-        f"{STAGE}.run.model_train_name=t5_tiny",
-        f"{STAGE}.model.restore_from_path={base}",
+        f"{stage}.run.model_train_name=t5_tiny",
+        f"{stage}.model.restore_from_path={base}",
         f"{data}.train_ds.src_file_name={train_src}",
         f"{data}.train_ds.tgt_file_name={train_tgt}",
         f"{data}.validation_ds.src_file_name={val_src}",
         f"{data}.validation_ds.tgt_file_name={val_tgt}",
         f"{data}.train_ds.max_src_seq_length=32",
         f"{data}.train_ds.max_tgt_seq_length=4",
-        f"{STAGE}.trainer.accelerator=cpu",
-        f"{STAGE}.trainer.precision=32",
-        f"{STAGE}.trainer.devices=1",
-        f"{STAGE}.trainer.log_every_n_steps=10",
-        f"{STAGE}.model.global_batch_size=4",
-        f"{STAGE}.model.micro_batch_size=2",
-        f"{STAGE}.model.hidden_dropout=0.0",
-        f"{STAGE}.model.attention_dropout=0.0",
-        f"{STAGE}.model.optim.lr=3e-3",
+        f"{stage}.trainer.accelerator=cpu",
+        f"{stage}.trainer.precision=32",
+        f"{stage}.trainer.devices=1",
+        f"{stage}.trainer.log_every_n_steps=10",
+        f"{stage}.model.global_batch_size=4",
+        f"{stage}.model.micro_batch_size=2",
+        f"{stage}.model.hidden_dropout=0.0",
+        f"{stage}.model.attention_dropout=0.0",
+        f"{stage}.model.optim.lr=3e-3",
         *extra,
     ]
 
@@ -167,6 +174,145 @@ def test_a_longer_rerun_resumes_exactly(
     assert sorted(mine) == [10, 20, 30, 40]
     for step in (30, 40):
         assert mine[step] == pytest.approx(reference[step], rel=1e-6), (step, mine, reference)
+
+
+# ---- PEFT ----------------------------------------------------------------------------------
+# The base is the fine-tuned model above: a T5 that reads its input (the briefly pretrained one
+# barely does, which leaves a method working only through the encoder nothing to move). The
+# task maps the same inputs to other answers, which that model gets wrong.
+
+
+@pytest.fixture(scope="module")
+def remapped(
+    task: dict[str, tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, Path]]:
+    folder = tmp_path_factory.mktemp("t5_remapped")
+    paths = {}
+    for name, (source, target) in task.items():
+        answers = target.read_text().splitlines()
+        shifted = folder / f"{name}_tgt.txt"
+        shifted.write_text("".join(f"{a}\n" for a in answers[1:] + answers[:1]))
+        paths[name] = (source, shifted)
+    return paths
+
+
+def peft_run(
+    results: Path, base: Path, task: dict[str, tuple[Path, Path]], scheme: str, *extra: str
+) -> Path:
+    run_stage(
+        *tuning(results, base, task, stage="peft", recipe="t5/squad"),
+        f"peft.model.peft.peft_scheme={scheme}",
+        "peft.run.task_name=remapped",
+        "peft.model.optim.sched.warmup_steps=2",
+        "peft.model.peft.p_tuning.bottleneck_dim=64",
+        *extra,
+    )
+    return log_dir(results, "peft_remapped")
+
+
+# A constant rate after the warm-up: a shorter run's steps are the longer one's first steps.
+LORA = (
+    "peft.model.peft.lora_tuning.target_modules=all",
+    "peft.model.peft.lora_tuning.adapter_dim=16",
+    "peft.model.optim.sched.name=constant",
+    "peft.trainer.log_every_n_steps=5",
+    "peft.trainer.val_check_interval=40",
+    "peft.model.data.validation_ds.metric.name=exact_string_match",
+)
+
+
+@pytest.fixture(scope="module")
+def t5_lora(
+    tuned: Path, remapped: dict[str, tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """LoRA on every linear of both blocks (the decoder's cross-attention too), rank 16."""
+    base = tuned / "checkpoints" / "megatron_t5_custom_task.nemo"
+    results = tmp_path_factory.mktemp("t5_lora")
+    return peft_run(results, base, remapped, "lora", *LORA, "peft.trainer.max_steps=120")
+
+
+def test_lora_learns_a_new_mapping(t5_lora: Path) -> None:
+    losses = metric(t5_lora, "val_loss")
+    assert losses[-1][1] < 0.3 * losses[0][1], losses
+    matches = metric(t5_lora, "validation_exact_string_match")
+    assert matches[0] == (0, 0.0) and matches[-1][1] >= 0.75, matches
+
+
+def test_the_t5_peft_file_holds_only_the_adapters(t5_lora: Path, tuned: Path) -> None:
+    from launcher_scripts.jobs.fine_tuning import peft_file
+
+    path = t5_lora / "checkpoints" / "megatron_t5_peft_lora.nemo"
+    loaded = peft_file.read(path)
+    assert all(".peft." in key for key in loaded.tensors), sorted(loaded.tensors)
+    # Two layers a block; A and B of four linears a layer, and of the decoder's three
+    # cross-attention linears.
+    assert len(loaded.tensors) == 2 * (2 * 4 + 2 * 7), sorted(loaded.tensors)
+    assert any(".peft.decoder.1.cross_attention_kv." in key for key in loaded.tensors)
+    base = tuned / "checkpoints" / "megatron_t5_custom_task.nemo"
+    # Rank 16 on every linear of a 128-wide model is a tenth of it; at real widths far less.
+    assert path.stat().st_size < 0.15 * base.stat().st_size
+
+
+def test_t5_base_weights_stay_bit_identical(t5_lora: Path) -> None:
+    report = in_process_check("peft_frozen", t5_lora, "3")
+    assert report["base_tensors"] > 10 and report["base_changed"] == [], report
+    assert report["peft_changed"] == report["peft_tensors"] > 0, report
+
+
+def test_lora_at_tp2_trains_as_one_process(
+    t5_lora: Path, tuned: Path, remapped: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """The added tensors start and step the same whatever the layout (over the first steps:
+    later, Adam turns rounding differences in near-zero gradients into whole steps)."""
+    base = tuned / "checkpoints" / "megatron_t5_custom_task.nemo"
+    folder = peft_run(
+        tmp_path,
+        base,
+        remapped,
+        "lora",
+        *LORA,
+        "peft.trainer.max_steps=10",
+        "peft.trainer.devices=2",
+        "peft.model.tensor_model_parallel_size=2",
+    )
+    mine, reference = train_losses(folder), train_losses(t5_lora)
+    assert list(mine) == [5, 10]
+    for step, loss in mine.items():
+        assert loss == pytest.approx(reference[step], rel=1e-5), (step, mine, reference)
+    for name in ("val_loss", "validation_exact_string_match"):
+        assert metric(folder, name)[0] == pytest.approx(metric(t5_lora, name)[0], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "extra"),
+    [
+        ("adapter", []),
+        ("ia3", ["peft.model.optim.lr=3e-2"]),
+        ("ptuning", ["peft.model.optim.lr=1e-1"]),
+        ("prompt_tuning", ["peft.model.optim.lr=3e-2"]),
+    ],
+)
+def test_each_t5_peft_method_lowers_validation_loss(
+    scheme: str,
+    extra: list[str],
+    tuned: Path,
+    remapped: dict[str, tuple[Path, Path]],
+    tmp_path: Path,
+) -> None:
+    base = tuned / "checkpoints" / "megatron_t5_custom_task.nemo"
+    folder = peft_run(
+        tmp_path,
+        base,
+        remapped,
+        scheme,
+        *extra,
+        "peft.trainer.max_steps=40",
+        "peft.trainer.val_check_interval=40",
+    )
+    (start, before), (end, after) = metric(folder, "val_loss")[0], metric(folder, "val_loss")[-1]
+    assert (start, end) == (0, 40)
+    assert after < 0.7 * before, (scheme, before, after)
+    assert (folder / "checkpoints" / f"megatron_t5_peft_{scheme}.nemo").stat().st_size < 2**20
 
 
 def _job_log(run_dir: Path) -> str:

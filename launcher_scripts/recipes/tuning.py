@@ -22,7 +22,17 @@ PEFT_SCHEMES = ("lora", "adapter", "ia3", "ptuning", "prompt_tuning")
 INIT_METHODS = ("xavier", "normal", "zero")
 ADAPTER_ACTIVATIONS = ("swish", "silu", "gelu", "relu")
 PROMPT_ENCODERS = ("mlp", "tpmlp")
-LORA_TARGET_NAMES = ("attention_qkv", "attention_dense", "mlp_fc1", "mlp_fc2")
+LORA_TARGET_NAMES = (
+    "attention_qkv",
+    "attention_dense",
+    "mlp_fc1",
+    "mlp_fc2",
+    # An encoder-decoder's decoder: its cross-attention's query, key-value and output linears.
+    "cross_attention_q",
+    "cross_attention_kv",
+    "cross_attention_dense",
+)
+CROSS_ATTENTION_TARGETS = tuple(t for t in LORA_TARGET_NAMES if t.startswith("cross_"))
 # stage -> the scheme its recipes train ("peft" reads model.peft.peft_scheme)
 STAGE_METHODS = {
     "fine_tuning": "sft",

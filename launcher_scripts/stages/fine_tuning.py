@@ -4,6 +4,7 @@ ia3_learning. One distributed job each, running the fine-tuning program on the r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import RecipeError
@@ -14,6 +15,7 @@ from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.optimizer import check_optimizer
 from launcher_scripts.recipes.tuning import (
+    CROSS_ATTENTION_TARGETS,
     OPTIONAL_KEYS,
     all_inputs,
     check_positions,
@@ -78,6 +80,13 @@ class TuningStage:
         family.check_base(base, model, par, stage, f"{spec.base_key} ({spec.base_model.name})")
         if spec.peft is not None:
             spec.peft.check_layers(f"{stage}.model", most_layers(base))
+            named = set(_plain_targets(model, stage)) & set(CROSS_ATTENTION_TARGETS)
+            if named and not family.encoder_decoder:
+                raise RecipeError(
+                    f"{stage}.model.peft.lora_tuning.target_modules: {sorted(named)} adapt a "
+                    f"decoder's cross-attention, which a {family.name} model has none of: use "
+                    "attention_qkv, attention_dense, mlp_fc1, mlp_fc2"
+                )
         check_positions(spec, base)
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
@@ -110,6 +119,15 @@ class TuningStage:
                 progress_dir=str(log_dir / "checkpoints"),
             )
         ]
+
+
+def _plain_targets(model: Any, stage: str) -> list[str]:
+    """The LoRA targets a peft recipe names (not `all`, which means every one the model has)."""
+    if stage != "peft":
+        return []
+    section = model.peft.get("lora_tuning") or {}
+    targets = section.get("target_modules") or []
+    return [] if targets in ("all", ["all"]) else [str(t) for t in targets]
 
 
 def _declared(stage_name: str) -> tuple[Declared, ...]:

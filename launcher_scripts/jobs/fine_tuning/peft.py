@@ -48,6 +48,10 @@ LORA_TARGETS = {
     "attention_dense": ("self_attention", "linear_proj", "row"),
     "mlp_fc1": ("mlp", "linear_fc1", "column"),
     "mlp_fc2": ("mlp", "linear_fc2", "row"),
+    # Layers without a cross-attention (GPT's, an encoder's) have none of these.
+    "cross_attention_q": ("cross_attention", "linear_q", "column"),
+    "cross_attention_kv": ("cross_attention", "linear_kv", "column"),
+    "cross_attention_dense": ("cross_attention", "linear_proj", "row"),
 }
 PEFT_SEGMENT = "peft."  # in every checkpoint key of an added tensor
 ADAPTER_ACTIVATIONS = {"swish": F.silu, "silu": F.silu, "gelu": F.gelu, "relu": F.relu}
@@ -371,7 +375,9 @@ def attach(
             if settings.scheme == "lora":
                 for target in settings.target_modules:
                     owner, linear_name, style = LORA_TARGETS[target]
-                    linear = getattr(getattr(layer, owner), linear_name)
+                    linear = getattr(getattr(layer, owner, None), linear_name, None)
+                    if linear is None:
+                        continue
                     lora = Lora(f"{base}.{target}", linear, style, settings, sp)
                     _add(layer, f"lora_{target}", lora)
                     hook(linear, lora, "hook")
