@@ -120,9 +120,11 @@ def write_task(
     return paths
 
 
-# Common English words, each one WordPiece of the tiny T5's lower-cased vocabulary: the answers
-# of the text-to-text task (full fine-tuning needs no large output embeddings).
-TEXT_TO_TEXT_ANSWERS = ["the", "of", "and", "was", "in", "is", "for", "on"]
+# Words that are each one token of the tests' WordPiece vocabulary (tests/data/wordpiece_vocab.txt,
+# trained on the shipped corpus): the inputs and answers of the text-to-text task, so that an
+# input is one token and an answer one token and [EOS].
+TEXT_TO_TEXT_KEYS = ["winter", "midnight", "dusk", "dawn", "festival", "noon", "together", "before"]
+TEXT_TO_TEXT_ANSWERS = ["the", "near", "why", "does", "from", "that", "when", "every"]
 
 
 def write_text_to_text_task(folder: Path) -> dict[str, tuple[Path, Path]]:
@@ -130,12 +132,11 @@ def write_text_to_text_task(folder: Path) -> dict[str, tuple[Path, Path]]:
     by line; every split holds the whole mapping."""
     values = list(TEXT_TO_TEXT_ANSWERS)
     random.Random(0).shuffle(values)
-    keys = KEYS[: len(values)]
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name in ("train", "val", "test"):
         source, target = folder / f"{name}_src.txt", folder / f"{name}_tgt.txt"
-        source.write_text("".join(f"what goes with {key}?\n" for key in keys))
+        source.write_text("".join(f"{key}\n" for key in TEXT_TO_TEXT_KEYS))
         target.write_text("".join(f"{value}\n" for value in values))
         paths[name] = (source, target)
     return paths

@@ -197,7 +197,9 @@ T5 = register(
         costs=encoder_decoder_costs,
         encoder_decoder=True,
         pile_tokenizers=("BertWordPieceCase", "BertWordPieceLowerCase"),
-        programs=frozenset({"training", "conversion", "fine_tuning", "peft"}),
+        programs=frozenset(
+            {"training", "conversion", "fine_tuning", "peft", "evaluation:fine_tuned"}
+        ),
         hf_architecture=hf_architecture,
         runtime="launcher_scripts.jobs.models.t5",
         check_base=check_base,

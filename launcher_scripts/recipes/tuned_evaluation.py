@@ -1,10 +1,16 @@
 """The recipe of an evaluation of a tuned model (`evaluation_kind: fine_tuned`): the keys it
-may set and the model files it names."""
+may set, the model files it names and its test files (JSON lines under `data.test_ds`, or
+text-to-text pairs under `data.src_file_name` / `tgt_file_name`, T5's layout)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
+
+from launcher_scripts.errors import RecipeError
 
 PEFT_KEYS = ("peft_model_file", "adapter_model_file", "virtual_prompt_model_file")
 # Keys this program reads with a default that an evaluation recipe may leave out (the
@@ -18,6 +24,9 @@ OPTIONAL_KEYS = (
     "data.context_key",
     "data.label_key",
     "data.max_seq_length",
+    "data.max_src_seq_length",
+    "data.max_tgt_seq_length",
+    "data.names",
     "data.pred_file_path",
     "inference.greedy",
     "inference.top_k",
@@ -36,3 +45,44 @@ def peft_file_of(model: Any) -> Path | None:
 
 def model_file_of(model: Any) -> Path:
     return Path(str(model.get("restore_from_path") or model.language_model_path))
+
+
+@dataclass(frozen=True)
+class TestFiles:
+    sources: tuple[Path, ...]  # JSON-lines files, or the inputs of text-to-text pairs
+    targets: tuple[Path, ...]  # the pairs' answers (empty: JSON lines)
+    names: tuple[str, ...]  # one per file: its scores' name
+
+    def inputs(self) -> list[tuple[str, Path]]:
+        """(recipe key, path) of every file."""
+        if not self.targets:
+            return [(f"data.test_ds[{i}]", path) for i, path in enumerate(self.sources)]
+        return [(f"data.src_file_name[{i}]", p) for i, p in enumerate(self.sources)] + [
+            (f"data.tgt_file_name[{i}]", p) for i, p in enumerate(self.targets)
+        ]
+
+
+def test_files(data: Any, stage: str = "evaluation") -> TestFiles:
+    def paths(key: str) -> tuple[Path, ...]:
+        value = data.get(key)
+        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        return tuple(Path(str(v)) for v in ([value] if isinstance(value, str) else value or []))
+
+    if data.get("src_file_name") is not None:
+        sources, targets = paths("src_file_name"), paths("tgt_file_name")
+        if len(sources) != len(targets):
+            raise RecipeError(
+                f"{stage}.data.tgt_file_name: {len(targets)} target files for {len(sources)} "
+                "source files: give one per source file, in the same order"
+            )
+    else:
+        sources, targets = paths("test_ds"), ()
+    names = data.get("names")
+    if names is None:
+        return TestFiles(sources, targets, tuple(path.stem for path in sources))
+    if len(names) != len(sources):
+        raise RecipeError(
+            f"{stage}.data.names: {len(names)} names for {len(sources)} test files: give one "
+            "per file, or null"
+        )
+    return TestFiles(sources, targets, tuple(str(name) for name in names))

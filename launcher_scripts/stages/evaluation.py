@@ -82,8 +82,7 @@ class Evaluation:
         for key in evaluate_tuned.PEFT_KEYS:
             if model.get(key):
                 inputs.append((f"model.{key}", Path(str(model[key]))))
-        inputs += [(f"data.test_ds[{i}]", Path(str(p))) for i, p in enumerate(cfg.data.test_ds)]
-        return inputs
+        return inputs + evaluate_tuned.test_files(cfg.data).inputs()
 
     @staticmethod
     def _validate_layout(ctx: StageContext) -> tuple[int, int]:

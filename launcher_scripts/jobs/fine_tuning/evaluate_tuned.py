@@ -1,12 +1,14 @@
-"""Evaluation of a tuned GPT: `python -m launcher_scripts.jobs.fine_tuning.evaluate_tuned
+"""Evaluation of a tuned model: `python -m launcher_scripts.jobs.fine_tuning.evaluate_tuned
 --config F` (the evaluation stage's resolved recipe with `evaluation_kind: fine_tuned`).
 
 The model is a base portable file plus a PEFT file (`peft_model_file`, `adapter_model_file` or
 `virtual_prompt_model_file`), or a fully fine-tuned portable file (`restore_from_path`), built
-at the recipe's TP x PP. Each test record's prompt is answered by generation with the recipe's
+at the recipe's TP x PP; its family (GPT, T5) says how a record becomes a prompt and how the
+model answers it. Each test record's prompt is answered by generation with the recipe's
 `inference` settings; exact match and SQuAD-style token F1 against the record's answers (its
-`output`, plus any `original_answers`) go to results.json and results.md, and every answer to
-`pred_file_path` as JSON lines.
+`output` plus any `original_answers`, or a text-to-text target line) go to results.json and
+results.md, overall and per test file (`data.names`, e.g. XQuAD's languages), and every answer
+to `pred_file_path` as JSON lines.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.recipes.tuned_evaluation import model_file_of, peft_file_of
+from launcher_scripts.recipes.tuned_evaluation import model_file_of, peft_file_of, test_files
 
 
 def normalize(text: str) -> str:
@@ -50,16 +52,40 @@ def scores(prediction: str, answers: list[str]) -> dict[str, float]:
 
 
 def data_section(cfg: DictConfig, stored: dict[str, Any]) -> dict[str, Any]:
-    """The SftFormat keys: the recipe's data section, filled from what the PEFT file recorded."""
+    """The SftFormat keys: the recipe's data section, filled from what the PEFT file recorded.
+    A text-to-text recipe bounds inputs and answers apart (max_src/tgt_seq_length)."""
     data = cfg.data
     return {
         "prompt_template": data.get("prompt_template") or stored.get("prompt_template"),
         "context_key": data.get("context_key") or "input",
         "label_key": data.get("label_key") or stored.get("label_key") or "output",
-        "max_seq_length": data.get("max_seq_length") or 2048,
+        "max_seq_length": data.get("max_seq_length") or data.get("max_src_seq_length") or 2048,
+        "max_tgt_seq_length": data.get("max_tgt_seq_length"),
         "truncation_field": "context",
         "add_eos": False,  # the prompt is what matters here
     }
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    return {
+        "exact_match": 100 * sum(r["exact_match"] for r in rows) / len(rows),
+        "f1": 100 * sum(r["f1"] for r in rows) / len(rows),
+        "samples": len(rows),
+    }
+
+
+def results_table(results: dict[str, Any]) -> str:
+    """results.md: the overall scores, then one row per test file when there are several."""
+    lines = ["| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in results.items() if k in ("exact_match", "f1")]
+    per_file = results.get("per_file") or {}
+    if len(per_file) > 1:
+        lines += ["", "| test file | exact_match | f1 | samples |", "|---|---|---|---|"]
+        lines += [
+            f"| {name} | {r['exact_match']:.2f} | {r['f1']:.2f} | {r['samples']} |"
+            for name, r in per_file.items()
+        ]
+    return "\n".join(lines) + f"\n\n{results['samples']} samples\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,14 +94,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = OmegaConf.load(args.config)
     assert isinstance(cfg, DictConfig)
+    from types import SimpleNamespace
+
     import torch
 
+    from launcher_scripts.families import family_of
     from launcher_scripts.files import write_atomic
     from launcher_scripts.jobs.fine_tuning import peft, peft_file, sft_data
-    from launcher_scripts.jobs.fine_tuning.answers import prompt_logits, write_jsonl
+    from launcher_scripts.jobs.fine_tuning.answers import write_jsonl
     from launcher_scripts.jobs.inference.generation import generate
-    from launcher_scripts.jobs.inference.runner import InferenceError, close_runner, open_runner
+    from launcher_scripts.jobs.inference.runner import InferenceError, close_runner, open_model
+    from launcher_scripts.jobs.models.base import runtime_of
     from launcher_scripts.jobs.training.init_weights import load_full_tensors
+    from launcher_scripts.jobs.training.runtime import JobError
     from launcher_scripts.recipes.generation_params import GenerationParams
 
     model = cfg.model
@@ -85,18 +116,22 @@ def main(argv: list[str] | None = None) -> int:
         int(model.pipeline_model_parallel_size),
     )
     try:
-        runner = open_runner(model_file_of(model), tensor, pipeline, on_gpu)
-    except (InferenceError, OSError, ValueError) as error:
+        opened = open_model(model_file_of(model), tensor, pipeline, on_gpu)
+        side = runtime_of(family_of(opened.config, "model")).tuning
+        if side is None:
+            raise JobError("this version has no tuned-model evaluation for the model's family")
+    except (InferenceError, JobError, OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     try:
+        chunks = opened.chunks
+        tokenizer = side.text_tokenizer(opened.config)
         stored: dict[str, Any] = {}
         virtual = 0
         tuned = peft_file_of(model)
         if tuned is not None:
             loaded = peft_file.read(tuned)
-            chunks = runner.chunks
-            attached = peft.attach(chunks, loaded.settings, chunks[0].config)
+            attached = peft.attach(chunks, loaded.settings, chunks[0].config, side.peft_sites)
             if on_gpu:
                 for module in attached.modules:
                     module.cuda(torch.cuda.current_device())
@@ -111,11 +146,18 @@ def main(argv: list[str] | None = None) -> int:
         fmt = sft_data.SftFormat.from_section(
             data_section(cfg, stored), "evaluation.data", True, virtual
         )
-        files = [Path(str(p)) for p in cfg.data.test_ds]
-        loaded_files, report = sft_data.load_files(files, runner.tokenizer, fmt, "test data")
+        files = test_files(cfg.data)
+        loaded_files, report = sft_data.load_files(
+            list(files.sources),
+            tokenizer,
+            fmt,
+            "test data",
+            targets=files.targets,
+            encode=side.encode,
+            chat=side.chat,
+        )
         if report:
             print(report, flush=True)
-        records = [r for f in loaded_files for r in f.records if r.prompt]
         inference = cfg.inference
         params = GenerationParams(
             tokens_to_generate=int(inference.tokens_to_generate),
@@ -124,32 +166,38 @@ def main(argv: list[str] | None = None) -> int:
             temperature=float(inference.get("temperature") or 1.0),
             repetition_penalty=float(inference.get("repetition_penalty") or 1.0),
         )
-        logits = prompt_logits(runner, [runner.tokenizer.eod_id] * virtual)
+        # What the family's generation reads: the model, its input length and answer length.
+        lengths = {"seq_length": fmt.max_seq_length, "seq_length_dec": params.tokens_to_generate}
+        setup = OmegaConf.create({"model": {**opened.config, "data": lengths}})
+        layout = SimpleNamespace(tensor=tensor, pipeline=pipeline, sequence_parallel=False)
+        logits, prompts, limit = side.generation(
+            setup, chunks, tokenizer, layout, on_gpu, [tokenizer.eod_id] * virtual
+        )
 
         batch_size = int(model.get("eval_batch_size") or 1)
         rows = []
-        for start in range(0, len(records), batch_size):
-            batch = records[start : start + batch_size]
-            outputs = generate(
-                logits,
-                runner.tokenizer,
-                [r.prompt for r in batch],
-                params,
-                max_length=runner.max_length - virtual,
-            )
-            for record, output in zip(batch, outputs, strict=True):
-                rows.append(
-                    {
-                        "input": record.prompt,
-                        "pred": output.text.strip(),
-                        "answers": record.answers,
-                        **scores(output.text.strip(), record.answers),
-                    }
+        for source, name in zip(loaded_files, files.names, strict=True):
+            records = [r for r in source.records if r.prompt]
+            for start in range(0, len(records), batch_size):
+                batch = records[start : start + batch_size]
+                outputs = generate(
+                    logits, prompts, [r.prompt for r in batch], params, max_length=limit
                 )
-        results = {
-            "exact_match": 100 * sum(r["exact_match"] for r in rows) / len(rows),
-            "f1": 100 * sum(r["f1"] for r in rows) / len(rows),
-            "samples": len(rows),
+                for record, output in zip(batch, outputs, strict=True):
+                    rows.append(
+                        {
+                            "input": record.prompt,
+                            "pred": output.text.strip(),
+                            "answers": record.answers,
+                            "file": name,
+                            **scores(output.text.strip(), record.answers),
+                        }
+                    )
+        results: dict[str, Any] = summary(rows)
+        results["per_file"] = {
+            name: summary(own)
+            for name in files.names
+            if (own := [r for r in rows if r["file"] == name])
         }
         import torch.distributed as dist
 
@@ -160,10 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             write_jsonl(pred_file, rows)
             write_atomic(results_dir / "results.json", json.dumps(results, indent=2) + "\n")
-            table = "| metric | value |\n|---|---|\n" + "".join(
-                f"| {k} | {v:.2f} |\n" for k, v in results.items() if k != "samples"
-            )
-            write_atomic(results_dir / "results.md", table + f"\n{len(rows)} samples\n")
+            write_atomic(results_dir / "results.md", results_table(results))
             print(
                 f"exact_match {results['exact_match']:.2f}, f1 {results['f1']:.2f} over "
                 f"{len(rows)} samples; predictions: {pred_file}",

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core import tensor_parallel as tp
+from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
 from megatron.core.utils import (
     make_sharded_tensor_for_checkpoint,
     make_tp_sharded_tensor_for_checkpoint,
@@ -71,6 +72,9 @@ class PeftModule(torch.nn.Module):
         self.sequence_parallel = sequence_parallel
         self.axes: dict[str, int | None] = {}  # the TP-split axis of each, or None: whole
         self.inits: dict[str, str] = {}
+        # Split by rows like a gated fc1: each rank holds its share of the gate's rows and of
+        # the linear half's, so the full tensor is [gate; linear] whatever the layout.
+        self.gated_rows: set[str] = set()
 
     def add(self, name: str, local_shape: tuple[int, ...], init: str, axis: int | None) -> None:
         param = torch.nn.Parameter(torch.zeros(local_shape))
@@ -94,11 +98,13 @@ class PeftModule(torch.nn.Module):
         for name, param in self.named_parameters(recurse=False):
             key = f"{owner}{PEFT_SEGMENT}{self.key}.{name}"
             axis = self.axes[name]
-            result[f"{prefix}{name}"] = (
-                make_sharded_tensor_for_checkpoint(param, key)
-                if axis is None
-                else make_tp_sharded_tensor_for_checkpoint(param, key, tp_axis=axis)
-            )
+            if axis is None:
+                sharded = make_sharded_tensor_for_checkpoint(param, key)
+            else:
+                sharded = make_tp_sharded_tensor_for_checkpoint(param, key, tp_axis=axis)
+            if name in self.gated_rows:
+                sharded = apply_swiglu_sharded_factory(sharded, ())
+            result[f"{prefix}{name}"] = sharded
         return result
 
 
@@ -125,13 +131,17 @@ def _tp_size() -> int:
 
 
 class Lora(PeftModule):
-    def __init__(self, key: str, linear: Any, style: str, s: PeftSettings, sp: bool) -> None:
+    def __init__(
+        self, key: str, linear: Any, style: str, s: PeftSettings, sp: bool, gated: bool = False
+    ) -> None:
         super().__init__(key, sp)
         self.style, self.scale, self.dropout = style, s.alpha / s.rank, s.dropout
         tp_size = _tp_size()
-        if style == "column":  # A whole, B split by output rows
+        if style == "column":  # A whole, B split by output rows (a gated fc1's as fc1's)
             self.add("lora_a", (s.rank, linear.input_size), s.column_init, None)
             self.add("lora_b", (linear.output_size // tp_size, s.rank), s.row_init, 0)
+            if gated:
+                self.gated_rows.add("lora_b")
         else:  # A split by input columns, B whole
             self.add("lora_a", (s.rank, linear.input_size // tp_size), s.column_init, 1)
             self.add("lora_b", (linear.output_size, s.rank), s.row_init, None)
@@ -378,7 +388,8 @@ def attach(
                     linear = getattr(getattr(layer, owner, None), linear_name, None)
                     if linear is None:
                         continue
-                    lora = Lora(f"{base}.{target}", linear, style, settings, sp)
+                    gated = target == "mlp_fc1" and bool(own.gated_linear_unit)
+                    lora = Lora(f"{base}.{target}", linear, style, settings, sp, gated)
                     _add(layer, f"lora_{target}", lora)
                     hook(linear, lora, "hook")
             elif settings.scheme == "adapter":

@@ -139,11 +139,23 @@ def _positions(tokens: torch.Tensor) -> torch.Tensor:
     return torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
 
 
-def open_runner(
+@dataclass
+class OpenedModel:
+    """A portable file's model built on this rank of a TP x PP group."""
+
+    chunks: list[Any]
+    config: Any  # the file's model section (tokenizer paths made absolute)
+    tensor: int
+    pipeline: int
+    on_gpu: bool
+
+
+def open_model(
     model_file: Path, tensor: int = 1, pipeline: int = 1, on_gpu: bool | None = None
-) -> ModelRunner:
+) -> OpenedModel:
     """Join the job's processes (torchrun, srun, or this process alone), set up megatron-core's
-    TP/PP groups and build the model from the portable file. Every rank must call it."""
+    TP/PP groups and build the model from the portable file, whatever its family. Every rank
+    must call it."""
     from megatron.core import parallel_state
 
     from launcher_scripts.formats import portable
@@ -185,28 +197,37 @@ def open_runner(
         # Tokenizer files are extracted here; the processes keep them open only while loading.
         workdir = Path(tempfile.mkdtemp(prefix="model-"))
         loaded = portable.read(model_file, workdir)
-        model = loaded.config
-        _check_layout(model, tensor, pipeline)
-        tokenizer = load_text_tokenizer(model.tokenizer)
+        _check_layout(loaded.config, tensor, pipeline)
         chunks = load.build(loaded, tensor, pipeline, on_gpu)
+    return OpenedModel(chunks, loaded.config, tensor, pipeline, on_gpu)
+
+
+def open_runner(
+    model_file: Path, tensor: int = 1, pipeline: int = 1, on_gpu: bool | None = None
+) -> ModelRunner:
+    """A decoder stack's runner (open_model, then its text tokenizer)."""
+    opened = open_model(model_file, tensor, pipeline, on_gpu)
+    model = opened.config
+    tokenizer = load_text_tokenizer(model.tokenizer)
     return ModelRunner(
-        chunks=chunks,
+        chunks=opened.chunks,
         tokenizer=tokenizer,
         max_length=int(model.max_position_embeddings),
         vocab_size=tokenizer.vocab_size,
         tensor=tensor,
         pipeline=pipeline,
-        on_gpu=on_gpu,
+        on_gpu=opened.on_gpu,
     )
 
 
 def _check_layout(model: Any, tensor: int, pipeline: int) -> None:
-    if int(model.num_attention_heads) % tensor:
-        raise InferenceError(
-            f"TP={tensor} does not divide the model's {model.num_attention_heads} attention heads"
-        )
-    if int(model.num_layers) % pipeline:
-        raise InferenceError(f"PP={pipeline} does not divide the model's {model.num_layers} layers")
+    from launcher_scripts.config.checks import require_layout
+    from launcher_scripts.errors import ConfigError
+
+    try:
+        require_layout(model, tensor, pipeline, "model")
+    except ConfigError as error:
+        raise InferenceError(f"TP={tensor} x PP={pipeline}: {error.problem}") from None
 
 
 def close_runner() -> None:
