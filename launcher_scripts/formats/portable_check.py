@@ -16,6 +16,7 @@ few kilobytes, so a preflight may call it for every file it is given.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import struct
@@ -260,6 +261,10 @@ SHAPE_TABLES: dict[str, ShapeTable] = {}
 def check_shapes(path: Path, config: DictConfig, shapes: Mapping[str, tuple[int, ...]]) -> None:
     """The weights' shapes agree with the config (the first disagreement raises)."""
     family = config.get("model_family")
+    if family is not None and not SHAPE_TABLES:
+        # The families fill the registry when their package is imported; a program that has
+        # not imported it (merge-lora) would otherwise skip the check without a word.
+        importlib.import_module("launcher_scripts.families")
     table = expected_shapes if family is None else SHAPE_TABLES.get(str(family))
     if table is None:
         return
