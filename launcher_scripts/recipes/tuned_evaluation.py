@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from launcher_scripts.errors import RecipeError
+from launcher_scripts.recipes.tuning import file_list, text_pairs
 
 PEFT_KEYS = ("peft_model_file", "adapter_model_file", "virtual_prompt_model_file")
 # Keys this program reads with a default that an evaluation recipe may leave out (the
@@ -63,20 +62,10 @@ class TestFiles:
 
 
 def test_files(data: Any, stage: str = "evaluation") -> TestFiles:
-    def paths(key: str) -> tuple[Path, ...]:
-        value = data.get(key)
-        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-        return tuple(Path(str(v)) for v in ([value] if isinstance(value, str) else value or []))
-
     if data.get("src_file_name") is not None:
-        sources, targets = paths("src_file_name"), paths("tgt_file_name")
-        if len(sources) != len(targets):
-            raise RecipeError(
-                f"{stage}.data.tgt_file_name: {len(targets)} target files for {len(sources)} "
-                "source files: give one per source file, in the same order"
-            )
+        sources, targets = text_pairs(data, f"{stage}.data")
     else:
-        sources, targets = paths("test_ds"), ()
+        sources, targets = file_list(f"{stage}.data.test_ds", data.get("test_ds")), ()
     names = data.get("names")
     if names is None:
         return TestFiles(sources, targets, tuple(path.stem for path in sources))

@@ -214,7 +214,7 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def _files(key: str, value: Any, kind: str = "JSONL") -> tuple[Path, ...]:
+def file_list(key: str, value: Any, kind: str = "JSONL") -> tuple[Path, ...]:
     value = _plain(value)
     if value is None:
         return ()
@@ -261,7 +261,7 @@ def _sft_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None, Data
 
 
 def _jsonl_split(section: Any, key: str, training: bool) -> DataSplit | None:
-    files = _files(f"{key}.file_names", section.get("file_names") if section else None)
+    files = file_list(f"{key}.file_names", section.get("file_names") if section else None)
     if not files:
         return None
     weights = (
@@ -277,18 +277,25 @@ def _jsonl_split(section: Any, key: str, training: bool) -> DataSplit | None:
     return DataSplit(f"{key}.file_names", files, weights, plain, key, f"{key}.max_seq_length")
 
 
-def _text_to_text_split(section: Any, key: str, training: bool) -> DataSplit | None:
-    """`src_file_name`/`tgt_file_name` (a file each, or lists of equal length): inputs and
-    their answers line by line."""
-    sources = _files(f"{key}.src_file_name", section.get("src_file_name"), "text")
-    targets = _files(f"{key}.tgt_file_name", section.get("tgt_file_name"), "text")
-    if not sources:
-        return None
+def text_pairs(section: Any, key: str) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """A section's `src_file_name` and `tgt_file_name` (a file each, or lists): one target file
+    per source file."""
+    sources = file_list(f"{key}.src_file_name", section.get("src_file_name"), "text")
+    targets = file_list(f"{key}.tgt_file_name", section.get("tgt_file_name"), "text")
     if len(targets) != len(sources):
         raise RecipeError(
             f"{key}.tgt_file_name: {len(targets)} target files for {len(sources)} source files: "
             "give one target file per source file, in the same order"
         )
+    return sources, targets
+
+
+def _text_to_text_split(section: Any, key: str, training: bool) -> DataSplit | None:
+    """`src_file_name`/`tgt_file_name` (a file each, or lists of equal length): inputs and
+    their answers line by line."""
+    sources, targets = text_pairs(section, key)
+    if not sources:
+        return None
     names = _plain(section.get("names"))
     if names is not None:
         if not isinstance(names, list) or len(names) != len(sources):
@@ -355,7 +362,7 @@ def _template_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None,
     length_key = f"{stage}.model.encoder_seq_length"
     for name in ("train_ds", "validation_ds", "test_ds"):
         key = f"{stage}.model.data.{name}"
-        files = _files(key, model.data.get(name))
+        files = file_list(key, model.data.get(name))
         weights = None
         if files and name == "train_ds" and len(files) > 1:
             weights = tuple(1 / len(files) for _ in files)
