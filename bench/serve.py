@@ -6,7 +6,7 @@ In one run it
   1. takes --model, or makes the tiny model (data preparation, a short training, conversion),
   2. exports it (the export stage) and starts `python3 -m launcher_scripts serve` on it,
   3. generates greedily from the same prompts, --tokens new tokens each:
-       in process   generate() on a ModelRunner in this process, batch 1 (one prompt at a time)
+       in process   generate() on the served model in this process, batch 1 (one prompt at a time)
                     and batch 8 (eight prompts per generate call);
        through Triton  HTTP requests to the served model, batch 1 (one request at a time) and
                     batch 8 (eight concurrent one-prompt requests, which Triton's dynamic
@@ -98,7 +98,7 @@ def start_server(export_dir: Path, http_port: int, threads: int) -> subprocess.P
     return process
 
 
-def infer(http_port: int, prompt: str, tokens: int) -> str:
+def infer(http_port: int, prompt: str, tokens: int, model: str = MODEL_NAME) -> str:
     body = {
         "inputs": [
             {"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": [prompt]},
@@ -106,7 +106,7 @@ def infer(http_port: int, prompt: str, tokens: int) -> str:
         ]
     }
     request = urllib.request.Request(
-        f"http://127.0.0.1:{http_port}/v2/models/{MODEL_NAME}/infer",
+        f"http://127.0.0.1:{http_port}/v2/models/{model}/infer",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
@@ -115,18 +115,21 @@ def infer(http_port: int, prompt: str, tokens: int) -> str:
     return next(o for o in outputs if o["name"] == "text_output")["data"][0]
 
 
-def time_triton(http_port: int, prompts: list[str], tokens: int, batch: int) -> float:
+def time_triton(
+    http_port: int, prompts: list[str], tokens: int, batch: int, model: str = MODEL_NAME
+) -> float:
     start = time.perf_counter()
     if batch == 1:
         for prompt in prompts:
-            infer(http_port, prompt, tokens)
+            infer(http_port, prompt, tokens, model)
     else:
         with ThreadPoolExecutor(batch) as pool:
-            list(pool.map(lambda p: infer(http_port, p, tokens), prompts))
+            list(pool.map(lambda p: infer(http_port, p, tokens, model), prompts))
     return time.perf_counter() - start
 
 
-def time_in_process(runner, prompts: list[str], tokens: int, batch: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+def time_in_process(served, prompts: list[str], tokens: int, batch: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """Greedy generation on a served.ServedModel in this process: (seconds, tokens made)."""
     from launcher_scripts.jobs.inference.generation import GenerationParams, generate
 
     params = GenerationParams(tokens_to_generate=tokens, top_k=1)
@@ -134,11 +137,11 @@ def time_in_process(runner, prompts: list[str], tokens: int, batch: int) -> tupl
     start = time.perf_counter()
     for first in range(0, len(prompts), batch):
         completions = generate(
-            runner.logits,
-            runner.tokenizer,
+            served.logits,
+            served.tokenizer,
             prompts[first : first + batch],
             params,
-            max_length=runner.max_length,
+            max_length=served.max_length,
         )
         generated += sum(len(c.tokens) for c in completions)
     return time.perf_counter() - start, generated
@@ -165,10 +168,11 @@ def main() -> None:
 
     import torch
 
-    from launcher_scripts.jobs.inference.runner import close_runner, open_runner
+    from launcher_scripts.jobs.inference.runner import close_runner
+    from launcher_scripts.jobs.inference.served import open_served
 
     torch.set_num_threads(args.threads)
-    runner = open_runner(model)
+    served = open_served(model)
     http_port = free_port()
     server = start_server(export_dir, http_port, args.threads)
     results: dict[int, dict[str, list[float]]] = {1: {"ours": [], "triton": []}}
@@ -177,7 +181,7 @@ def main() -> None:
         infer(http_port, prompts[0], 2)  # the first request pays for lazy set-up
         for attempt in range(args.repeat):
             for batch in (1, 8):
-                seconds, generated = time_in_process(runner, prompts, args.tokens, batch)
+                seconds, generated = time_in_process(served, prompts, args.tokens, batch)
                 results[batch]["ours"].append(generated / seconds)
                 seconds = time_triton(http_port, prompts, args.tokens, batch)
                 results[batch]["triton"].append(generated / seconds)

@@ -9,88 +9,29 @@ it these tests skip, except under CI=true, where they fail.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from launcher_scripts.jobs.export.install import up_to_date
-from launcher_scripts.ports import free_port
-from tests.conftest import ONE_THREAD, REPO
+from tests.conftest import (
+    ONE_THREAD,
+    REPO,
+    post,
+    serves_like_in_process,
+    triton_server,
+)
 
 PROMPTS = ["The history of", "In the morning the", "A small village near the river was"]
-# Loading the models takes seconds on an idle machine and minutes on a busy CI runner.
-READY_TIMEOUT = 1200
 
 
 @pytest.fixture(scope="module")
 def server(exported: Path, triton_python: Path) -> Iterator[tuple[int, int]]:
-    http_port, grpc_port = free_port(), free_port()
-    log = exported / "serve.log"
-    with log.open("w") as output:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "launcher_scripts",
-                "serve",
-                str(exported),
-                f"--http-port={http_port}",
-                f"--grpc-port={grpc_port}",
-                f"--ready-timeout={READY_TIMEOUT}",
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env=ONE_THREAD,
-        )
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT + 60
-        while "ready: models" not in log.read_text():
-            assert process.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(0.5)
-        yield http_port, grpc_port
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-    assert (
-        "tritonserver"
-        not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.split(
-            str(exported)
-        )[0][-200:]
-    ), "the server outlived serve"
-
-
-def in_process(model: Path, tmp_path: Path, tokens: int, *overrides: str) -> list[str]:
-    prompts = tmp_path / "prompts.json"
-    prompts.write_text(json.dumps(PROMPTS))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.scripts.generate_text",
-            str(model),
-            str(prompts),
-            str(tokens),
-            *overrides,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ONE_THREAD,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    with triton_server(exported) as ports:
+        yield ports
 
 
 def test_export_writes_a_repository_that_the_job_checked(exported: Path) -> None:
@@ -107,40 +48,9 @@ def test_export_writes_a_repository_that_the_job_checked(exported: Path) -> None
 def test_triton_serves_what_in_process_generation_gives(
     server: tuple[int, int], triton_python: Path, tiny_portable: Path, tmp_path: Path
 ) -> None:
-    http_port, grpc_port = server
-    prompts = tmp_path / "prompts.json"
-    prompts.write_text(json.dumps(PROMPTS))
-    result = subprocess.run(
-        [
-            str(triton_python),
-            "-m",
-            "tests.scripts.triton_client_check",
-            "gpt3_tiny",
-            str(http_port),
-            str(grpc_port),
-            str(prompts),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
+    served, _greedy = serves_like_in_process(
+        triton_python, "gpt3_tiny", server, tiny_portable, PROMPTS, tmp_path
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    served = json.loads(result.stdout.splitlines()[-1])
-
-    greedy = in_process(tiny_portable, tmp_path, 12)
-    assert all(greedy)
-    assert served["http_batch"] == greedy  # one request of three rows
-    assert served["http_single"] == greedy  # three requests
-    assert served["grpc"] == greedy
-    assert "".join(served["stream_pieces"]) == greedy[0]
-    assert len(served["stream_pieces"]) > 1  # it really streamed
-    assert served["http_beam"] == in_process(tiny_portable, tmp_path, 8, "beam_width=3")[:1]
-    first, second = served["http_sampled"]
-    assert first == second  # the same seed gives the same text
-    text, reason = served["http_stop"][0].rsplit("|", 1)
-    assert "." not in text
-    assert reason == "stop" or (reason in ("length", "eod") and "." not in greedy[0])
 
     errors = served["errors"]
     assert "text_input is required" in errors["missing_text"]
@@ -149,7 +59,6 @@ def test_triton_serves_what_in_process_generation_gives(
     assert "128 positions" in errors["too_many_tokens"]
     assert "top_p" in errors["bad_top_p"]
     assert "beam_width" in errors["stream_beam"]
-    assert served["http_after_errors"] == greedy[:1]
 
 
 def test_install_triton_again_installs_nothing_and_says_so(triton_python: Path) -> None:
@@ -208,28 +117,6 @@ OUT_OF_RANGE = {
     "random_seed": [2**63],
     "beam_width": [0, -3],
 }
-
-
-def post(port: int, path: str, body: bytes | object) -> tuple[int, dict]:
-    """An HTTP POST as any client sends it; (status, the JSON answer)."""
-    import urllib.error
-    import urllib.request
-
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}", data=data, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=600) as response:
-            return response.status, first_event(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, first_event(error.read())
-
-
-def first_event(answer: bytes) -> dict:
-    """The JSON answer; of a server-sent-event stream (generate_stream), its first event."""
-    text = answer.decode()
-    return json.loads(text.removeprefix("data: ").split("\n\n")[0])
 
 
 def infer_body(prompts: list[str], **inputs: tuple[str, object]) -> dict:

@@ -198,7 +198,7 @@ T5 = register(
         encoder_decoder=True,
         pile_tokenizers=("BertWordPieceCase", "BertWordPieceLowerCase"),
         programs=frozenset(
-            {"training", "conversion", "fine_tuning", "peft", "evaluation:fine_tuned"}
+            {"training", "conversion", "fine_tuning", "peft", "evaluation:fine_tuned", "export"}
         ),
         hf_architecture=hf_architecture,
         runtime="launcher_scripts.jobs.models.t5",

@@ -1,4 +1,4 @@
-"""In-process generation on a portable model, for comparison with served results:
+"""In-process generation on a portable model (any family), for comparison with served results:
 
 python -m tests.scripts.generate_text MODEL.nemo PROMPTS_JSON TOKENS [key=value ...]
 prints a JSON list of completions (text).
@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from launcher_scripts.jobs.inference.generation import GenerationParams, generate
-from launcher_scripts.jobs.inference.runner import close_runner, open_runner
+from launcher_scripts.jobs.inference.runner import close_runner
+from launcher_scripts.jobs.inference.served import open_served
 
 
 def main() -> None:
@@ -22,10 +23,10 @@ def main() -> None:
         top_k=int(overrides.get("top_k", 1)),
         beam_width=int(overrides.get("beam_width", 1)),
     )
-    runner = open_runner(Path(model_file))
+    served = open_served(Path(model_file))
     prompts = json.loads(Path(prompts_file).read_text())
     completions = generate(
-        runner.logits, runner.tokenizer, prompts, params, max_length=runner.max_length
+        served.logits, served.tokenizer, prompts, params, max_length=served.max_length
     )
     close_runner()
     print(json.dumps([c.text for c in completions]))

@@ -26,7 +26,8 @@ from launcher_scripts.recipes.triton_interface import generation_defaults
 def export(cfg: DictConfig) -> None:
     from launcher_scripts.jobs.export.repository import MODEL_FILE, VERSION, write_repository
     from launcher_scripts.jobs.inference.generation import GenerationParams, generate
-    from launcher_scripts.jobs.inference.runner import close_runner, open_runner
+    from launcher_scripts.jobs.inference.runner import close_runner
+    from launcher_scripts.jobs.inference.served import open_served
 
     deployment = cfg.triton_deployment
     defaults = generation_defaults(cfg)
@@ -45,14 +46,14 @@ def export(cfg: DictConfig) -> None:
             # The server imports the code that wrote the repository.
             launcher_path=str(Path(launcher_scripts.__file__).resolve().parent.parent),
         )
-        runner = open_runner(models[0] / VERSION / MODEL_FILE)
+        served = open_served(models[0] / VERSION / MODEL_FILE)
         try:
             completion = generate(
-                runner.logits,
-                runner.tokenizer,
+                served.logits,
+                served.tokenizer,
                 [prompt],
                 GenerationParams(**defaults),
-                max_length=runner.max_length,
+                max_length=served.max_length,
             )[0]
         finally:
             close_runner()

@@ -64,8 +64,9 @@ class Row:
     tokens: int  # the prompt's
 
 
-def parse_request(read: Any, defaults: Any, tokenizer: Any, max_length: int) -> list[Row]:
-    """The rows of one request. `read(name)` returns the input as a numpy array or None.
+def parse_request(read: Any, defaults: Any, served: Any) -> list[Row]:
+    """The rows of one request to `served` (a served.ServedModel). `read(name)` returns the
+    input as a numpy array or None.
 
     Raises RequestError for anything the client must change.
     """
@@ -90,13 +91,10 @@ def parse_request(read: Any, defaults: Any, tokenizer: Any, max_length: int) -> 
             raise RequestError(str(error)) from None
         if not prompt:
             raise RequestError(f"{TEXT_INPUT} is empty: send a prompt of at least one token")
-        prompt_tokens = len(tokenizer.encode(prompt))
-        if prompt_tokens + params.tokens_to_generate > max_length:
-            raise RequestError(
-                f"the prompt is {prompt_tokens} tokens and tokens_to_generate is "
-                f"{params.tokens_to_generate}: together more than the model's {max_length} "
-                "positions. Shorten the prompt or lower tokens_to_generate"
-            )
+        prompt_tokens = len(served.tokenizer.encode(prompt))
+        problem = served.too_long(prompt_tokens, params.tokens_to_generate)
+        if problem:
+            raise RequestError(problem)
         rows.append(Row(index, prompt, params, prompt_tokens))
     return rows
 
@@ -167,7 +165,7 @@ class TritonPythonModel:
     """Triton's entry points: initialize, execute, finalize."""
 
     def initialize(self, args: dict[str, str]) -> None:
-        from launcher_scripts.jobs.inference.runner import open_runner
+        from launcher_scripts.jobs.inference.served import open_served
 
         config = json.loads(args["model_config"])
         parameters = config.get("parameters", {})
@@ -175,8 +173,8 @@ class TritonPythonModel:
         model_file = (model_dir / parameters["model_file"]["string_value"]).resolve()
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.defaults = defaults_from(parameters)
-        self.runner = open_runner(model_file)
-        self.shape = self.runner.forward_shape()
+        self.model = open_served(model_file)
+        self.shape = self.model.shape
         name = args["model_name"]
         print(f"{name}: serving {model_file} (decoupled={self.decoupled})", flush=True)
 
@@ -192,8 +190,7 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
-        runner = self.runner
-        rows = parse_request(read, self.defaults, runner.tokenizer, runner.max_length)
+        rows = parse_request(read, self.defaults, self.model)
         for group in group_rows(rows):
             problem = too_large(self.shape, budget, group)
             if problem:
@@ -204,7 +201,7 @@ class TritonPythonModel:
         from launcher_scripts.jobs.inference.generation import generate
         from launcher_scripts.jobs.inference.memory import budget_now
 
-        budget = budget_now(self.runner.on_gpu)
+        budget = budget_now(self.model.on_gpu)
         results: list[dict[int, Any]] = [{} for _ in requests]
         errors: dict[int, str] = {}
         rows: list[Row] = []
@@ -224,11 +221,11 @@ class TritonPythonModel:
         for group in batches:
             try:
                 completions = generate(
-                    self.runner.logits,
-                    self.runner.tokenizer,
+                    self.model.logits,
+                    self.model.tokenizer,
                     [row.prompt for row in group],
                     group[0].params,
-                    max_length=self.runner.max_length,
+                    max_length=self.model.max_length,
                 )
             except ValueError as error:
                 for row in group:
@@ -254,18 +251,18 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            rows = self._rows(request, budget_now(self.runner.on_gpu))
+            rows = self._rows(request, budget_now(self.model.on_gpu))
             if len(rows) != 1:
                 raise RequestError("the streaming model takes one prompt per request")
             row = rows[0]
             if row.params.beam_width != 1:
                 raise RequestError("streaming needs beam_width 1: use the non-streaming model")
             pieces = stream(
-                self.runner.logits,
-                self.runner.tokenizer,
+                self.model.logits,
+                self.model.tokenizer,
                 row.prompt,
                 row.params,
-                max_length=self.runner.max_length,
+                max_length=self.model.max_length,
             )
             for piece in pieces:
                 sender.send(_response([piece], [""]))

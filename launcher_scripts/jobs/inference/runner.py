@@ -107,17 +107,9 @@ class ModelRunner:
 
     def forward_shape(self) -> ForwardShape:
         """What this rank's `logits` call allocates per position depends on (see memory.py)."""
-        config = self.chunks[0].config
-        return ForwardShape(
-            hidden=int(config.hidden_size),
-            ffn_hidden=int(config.ffn_hidden_size) // self.tensor,
-            heads=int(config.num_attention_heads) // self.tensor,
-            gated=bool(config.gated_linear_unit),
-            padded_vocab=self._padded_vocab(),
-            vocab=self.vocab_size,
-            dtype_bytes=self._dtype().itemsize,
-            on_gpu=self.on_gpu,
-        )
+        from launcher_scripts.jobs.inference.served import forward_shape
+
+        return forward_shape(self.chunks[0], self.tensor, self.vocab_size, self.on_gpu)
 
     def _padded_vocab(self) -> int:
         return int(self.chunks[0].vocab_size)
@@ -206,7 +198,10 @@ def open_runner(
     model_file: Path, tensor: int = 1, pipeline: int = 1, on_gpu: bool | None = None
 ) -> ModelRunner:
     """A decoder stack's runner (open_model, then its text tokenizer)."""
-    opened = open_model(model_file, tensor, pipeline, on_gpu)
+    return runner_of(open_model(model_file, tensor, pipeline, on_gpu))
+
+
+def runner_of(opened: OpenedModel) -> ModelRunner:
     model = opened.config
     tokenizer = load_text_tokenizer(model.tokenizer)
     return ModelRunner(
@@ -214,8 +209,8 @@ def open_runner(
         tokenizer=tokenizer,
         max_length=int(model.max_position_embeddings),
         vocab_size=tokenizer.vocab_size,
-        tensor=tensor,
-        pipeline=pipeline,
+        tensor=opened.tensor,
+        pipeline=opened.pipeline,
         on_gpu=opened.on_gpu,
     )
 

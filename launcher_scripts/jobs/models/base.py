@@ -83,6 +83,8 @@ class ModelRuntime:
     # table sums their gradients in it.
     finalize_grads: Callable[..., None] | None = None
     tuning: TuningSide | None = None  # None: no fine-tuning program for the family
+    # runner.OpenedModel -> served.ServedModel: text generation for serving; None: not served
+    served: Callable[[Any], Any] | None = None
 
 
 def runtime_of(family: ModelFamily) -> ModelRuntime:

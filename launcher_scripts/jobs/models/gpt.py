@@ -7,7 +7,8 @@ from typing import Any
 
 from launcher_scripts.jobs.fine_tuning import peft, sft_data
 from launcher_scripts.jobs.fine_tuning.answers import prompt_logits
-from launcher_scripts.jobs.inference.runner import ModelRunner
+from launcher_scripts.jobs.inference.runner import ModelRunner, OpenedModel, runner_of
+from launcher_scripts.jobs.inference.served import ServedModel
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
 from launcher_scripts.jobs.models import gpt_hf
 from launcher_scripts.jobs.models.base import ModelRuntime, TuningSide, token_loss
@@ -41,6 +42,29 @@ def generation(
     return logits, tokenizer, runner.max_length - len(prefix)
 
 
+def served(opened: OpenedModel) -> ServedModel:
+    """The prompt continued in place: prompt and answer share the model's positions."""
+    runner = runner_of(opened)
+
+    def too_long(prompt_tokens: int, tokens_to_generate: int) -> str | None:
+        if prompt_tokens + tokens_to_generate <= runner.max_length:
+            return None
+        return (
+            f"the prompt is {prompt_tokens} tokens and tokens_to_generate is "
+            f"{tokens_to_generate}: together more than the model's {runner.max_length} "
+            "positions. Shorten the prompt or lower tokens_to_generate"
+        )
+
+    return ServedModel(
+        logits=runner.logits,
+        tokenizer=runner.tokenizer,
+        max_length=runner.max_length,
+        shape=runner.forward_shape(),
+        on_gpu=opened.on_gpu,
+        too_long=too_long,
+    )
+
+
 TUNING = TuningSide(
     text_tokenizer=lambda model_section: load_text_tokenizer(model_section.tokenizer),
     encode=sft_data.encode_record,
@@ -60,4 +84,5 @@ RUNTIME = ModelRuntime(
     batch_keys=data.BATCH_KEYS,
     to_hf=gpt_hf.to_hf,
     tuning=TUNING,
+    served=served,
 )

@@ -413,4 +413,5 @@ RUNTIME = ModelRuntime(
     to_hf=t5_hf.to_hf,
     finalize_grads=finalize_grads,
     tuning=t5_tuning.TUNING,
+    served=t5_tuning.served,
 )

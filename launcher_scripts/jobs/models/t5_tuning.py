@@ -18,7 +18,9 @@ from omegaconf import OmegaConf
 from launcher_scripts.formats.tokenizer import wordpiece_reference
 from launcher_scripts.jobs.fine_tuning.peft import PeftSites
 from launcher_scripts.jobs.fine_tuning.sft_data import Counts, Encoded, SampleMaker, SftFormat
+from launcher_scripts.jobs.inference.runner import OpenedModel
 from launcher_scripts.jobs.inference.seq2seq import Seq2SeqRunner
+from launcher_scripts.jobs.inference.served import ServedModel, forward_shape
 from launcher_scripts.jobs.models.base import TuningSide
 
 
@@ -155,6 +157,45 @@ def generation(
     # start and answer follow it.
     positions = encoder_length + 1 + int(cfg.model.data.seq_length_dec)
     return runner.logits, GenerationText(tokenizer, encoder_length, prefix), positions
+
+
+def served(opened: OpenedModel) -> ServedModel:
+    """The encoder reads the whole prompt and the decoder writes the answer, each within the
+    model's positions: a prompt too long is refused, not cut, so that a client learns it."""
+    text = T5Text(opened.config)
+    positions = int(opened.config.max_position_embeddings)
+    runner = Seq2SeqRunner(
+        chunks=opened.chunks,
+        start_id=text.bos_id,
+        vocab_size=text.vocab_size,
+        tensor=opened.tensor,
+        pipeline=opened.pipeline,
+        sequence_parallel=False,
+        on_gpu=opened.on_gpu,
+    )
+
+    def too_long(row_tokens: int, tokens_to_generate: int) -> str | None:
+        encoder = row_tokens - 1  # the prompt's ids and [EOS]; the decoder's start follows
+        if encoder > positions:
+            return (
+                f"the prompt is {encoder - 1} tokens: with its end token more than the "
+                f"encoder's {positions} positions. Shorten the prompt"
+            )
+        if tokens_to_generate > positions:
+            return (
+                f"tokens_to_generate is {tokens_to_generate}: more than the decoder's "
+                f"{positions} positions. Lower it"
+            )
+        return None
+
+    return ServedModel(
+        logits=runner.logits,
+        tokenizer=GenerationText(text),
+        max_length=2 * positions + 1,  # too_long bounds each part
+        shape=forward_shape(opened.chunks[0], opened.tensor, text.vocab_size, opened.on_gpu),
+        on_gpu=opened.on_gpu,
+        too_long=too_long,
+    )
 
 
 def _stacks(chunk: Any) -> list[tuple[str, Any]]:
