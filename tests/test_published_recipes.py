@@ -529,6 +529,17 @@ CHAINS: list[tuple[list[str], Callable[[DictConfig], str], str]] = [
         converted,
         "fine_tuning.model.restore_from_path",
     ),
+    *[
+        (
+            [f"training={train}", f"conversion={convert}", f"export={export}"],
+            converted,
+            "export.model.nemo_file",
+        )
+        for train, convert, export in (
+            ("t5/220m", "t5/convert_t5", "t5/export_t5"),
+            ("mt5/390m", "mt5/convert_mt5", "mt5/export_mt5"),
+        )
+    ],
     (
         ["fine_tuning=t5/squad", "evaluation=t5/squad"],
         saved_at_train_end("fine_tuning"),

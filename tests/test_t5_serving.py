@@ -75,7 +75,7 @@ def test_triton_serves_the_t5_as_in_process_generation_does(
 def test_a_prompt_longer_than_the_encoder_is_refused_not_cut(t5_server: tuple[int, int]) -> None:
     port = t5_server[0]
     generate = f"/v2/models/{MODEL}/generate"
-    long_prompt = " ".join(["river"] * 200)
+    long_prompt = " ".join(["the"] * 200)  # a token each
     for path in (generate, f"/v2/models/{MODEL}_stream/generate_stream"):
         status, answer = post(port, path, {"text_input": long_prompt, "tokens_to_generate": 4})
         assert status == 400, answer

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 
 from launcher_scripts.formats.portable_check import inspect_portable
 from launcher_scripts.jobs.fine_tuning import sft_data
-from tests.conftest import in_process_check, run_main
+from tests.conftest import REPO, in_process_check, run_main
 from tests.sft_task import write_text_to_text_task
 
 STAGE = "fine_tuning"
@@ -314,16 +315,86 @@ def one_answer(
     return paths
 
 
+def as_jsonl(task: dict[str, tuple[Path, Path]], folder: Path) -> dict[str, Path]:
+    """The task in the older stages' layout: a JSONL file per split, {"input", "output"}."""
+    files = {}
+    for name, (source, target) in task.items():
+        pairs = zip(source.read_text().splitlines(), target.read_text().splitlines(), strict=True)
+        files[name] = folder / f"{name}.jsonl"
+        files[name].write_text(
+            "".join(json.dumps({"input": i, "output": o}) + "\n" for i, o in pairs)
+        )
+    return files
+
+
+def template_run(
+    results: Path, base: Path, task: dict[str, tuple[Path, Path]], stage: str, *extra: str
+) -> Path:
+    """An older-layout stage (prompt_learning, adapter_learning, ia3_learning) on the task:
+    one task template, file lists, encoder and decoder lengths."""
+    files = as_jsonl(task, results)
+    template = (
+        "<|VIRTUAL_PROMPT_0|> {input} {output}"
+        if stage == "prompt_learning"
+        else "{input} {output}"
+    )
+    run_stage(
+        f"stages=[{stage}]",
+        f"{stage}=t5/squad",
+        f"base_results_dir={results}",
+        f"{stage}.run.model_train_name=t5_tiny",
+        f"{stage}.model.language_model_path={base}",
+        f"{stage}.model.data.train_ds=[{files['train']}]",
+        f"{stage}.model.data.validation_ds=[{files['val']}]",
+        f"{stage}.model.task_templates.0.prompt_template='{template}'",
+        f"{stage}.model.task_templates.0.answer_field=output",
+        f"{stage}.model.task_templates.0.truncate_field=input",
+        f"{stage}.model.encoder_seq_length=32",
+        f"{stage}.model.decoder_seq_length=4",
+        f"{stage}.model.global_batch_size=8",
+        f"{stage}.model.micro_batch_size=4",
+        f"{stage}.model.optim.sched.warmup_steps=2",
+        f"{stage}.trainer.accelerator=cpu",
+        f"{stage}.trainer.precision=32",
+        f"{stage}.trainer.devices=1",
+        f"{stage}.trainer.max_steps=40",
+        f"{stage}.trainer.val_check_interval=40",
+        *extra,
+    )
+    return results / "t5_tiny" / f"{stage}_squad" / "results"
+
+
+# Each method once; the adapter, IA3 and P-tuning through the older stages' layout (a task
+# template and JSONL files), which shares the methods' code with the peft stage.
 @pytest.mark.parametrize(
-    ("scheme", "extra", "ratio"),
+    ("stage", "scheme", "extra", "ratio"),
     [
-        ("adapter", [], 0.7),
-        ("ia3", ["peft.model.optim.lr=3e-2"], 0.7),
-        ("ptuning", ["peft.model.optim.lr=1e-2"], 0.85),
-        ("prompt_tuning", ["peft.model.optim.lr=1e-2"], 0.85),
+        (
+            "adapter_learning",
+            "adapter",
+            [
+                "adapter_learning.model.adapter_tuning.adapter_dropout=0.0",
+                "adapter_learning.model.optim.lr=2e-3",
+            ],
+            0.7,
+        ),
+        ("ia3_learning", "ia3", ["ia3_learning.model.optim.lr=3e-2"], 0.7),
+        (
+            "prompt_learning",
+            "ptuning",
+            [
+                "prompt_learning.model.optim.lr=1e-2",
+                "prompt_learning.model.task_templates.0.total_virtual_tokens=10",
+                "prompt_learning.model.task_templates.0.virtual_token_splits=[10]",
+                "prompt_learning.model.p_tuning.encoder_hidden=64",
+            ],
+            0.85,
+        ),
+        ("peft", "prompt_tuning", ["peft.model.optim.lr=1e-2"], 0.85),
     ],
 )
 def test_each_t5_peft_method_lowers_validation_loss(
+    stage: str,
     scheme: str,
     extra: list[str],
     ratio: float,
@@ -333,19 +404,25 @@ def test_each_t5_peft_method_lowers_validation_loss(
     tmp_path: Path,
 ) -> None:
     base = tuned / "checkpoints" / "megatron_t5_custom_task.nemo"
-    folder = peft_run(
-        tmp_path,
-        base,
-        one_answer if ratio > 0.7 else remapped,
-        scheme,
-        *extra,
-        "peft.trainer.max_steps=40",
-        "peft.trainer.val_check_interval=40",
-    )
+    task = one_answer if ratio > 0.7 else remapped
+    if stage == "peft":
+        folder = peft_run(
+            tmp_path,
+            base,
+            task,
+            scheme,
+            *extra,
+            "peft.trainer.max_steps=40",
+            "peft.trainer.val_check_interval=40",
+        )
+        output = folder / "checkpoints" / f"megatron_t5_peft_{scheme}.nemo"
+    else:
+        folder = template_run(tmp_path, base, task, stage, *extra)
+        output = next(folder.glob("megatron_t5_*.nemo"))
     (start, before), (end, after) = metric(folder, "val_loss")[0], metric(folder, "val_loss")[-1]
     assert (start, end) == (0, 40)
     assert after < ratio * before, (scheme, before, after)
-    assert (folder / "checkpoints" / f"megatron_t5_peft_{scheme}.nemo").stat().st_size < 2**20
+    assert output.stat().st_size < 2**20
 
 
 # ---- evaluation ----------------------------------------------------------------------------
@@ -412,6 +489,32 @@ def test_evaluation_of_base_plus_lora(
     rows = predictions_of(folder / "predictions.jsonl")
     validated = predictions_of(t5_lora / "validation_predictions_val_src.jsonl")
     assert rows[:8] == validated
+
+
+def test_merged_lora_answers_as_base_plus_lora(
+    t5_lora: Path, tuned: Path, remapped: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """LoRA folded into both blocks' weights (the cross-attention's too) is one model that
+    answers what base + LoRA answered."""
+    base = tuned / "checkpoints" / "megatron_t5_custom_task.nemo"
+    lora = t5_lora / "checkpoints" / "megatron_t5_peft_lora.nemo"
+    merged = tmp_path / "merged.nemo"
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher_scripts", "merge-lora", str(base), str(lora), str(merged)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    folder = evaluation(
+        tmp_path / "evaluation",
+        remapped,
+        "evaluation=t5/squad",
+        f"evaluation.model.restore_from_path={merged}",
+    )
+    rows = predictions_of(folder / "predictions.jsonl")
+    assert rows[:8] == predictions_of(t5_lora / "validation_predictions_val_src.jsonl")
 
 
 def _job_log(run_dir: Path) -> str:

@@ -198,7 +198,17 @@ T5 = register(
         encoder_decoder=True,
         pile_tokenizers=("BertWordPieceCase", "BertWordPieceLowerCase"),
         programs=frozenset(
-            {"training", "conversion", "fine_tuning", "peft", "evaluation:fine_tuned", "export"}
+            {
+                "training",
+                "conversion",
+                "fine_tuning",
+                "peft",
+                "prompt_learning",
+                "adapter_learning",
+                "ia3_learning",
+                "evaluation:fine_tuned",
+                "export",
+            }
         ),
         hf_architecture=hf_architecture,
         runtime="launcher_scripts.jobs.models.t5",

@@ -22,16 +22,19 @@ PEFT_SCHEMES = ("lora", "adapter", "ia3", "ptuning", "prompt_tuning")
 INIT_METHODS = ("xavier", "normal", "zero")
 ADAPTER_ACTIVATIONS = ("swish", "silu", "gelu", "relu")
 PROMPT_ENCODERS = ("mlp", "tpmlp")
-LORA_TARGET_NAMES = (
-    "attention_qkv",
-    "attention_dense",
-    "mlp_fc1",
-    "mlp_fc2",
+# LoRA target -> (the transformer layer's module, its linear) that it adapts, as
+# megatron-core names them (a portable file's keys: <stack>.layers.<module>.<linear>.weight)
+LORA_LINEARS = {
+    "attention_qkv": ("self_attention", "linear_qkv"),
+    "attention_dense": ("self_attention", "linear_proj"),
+    "mlp_fc1": ("mlp", "linear_fc1"),
+    "mlp_fc2": ("mlp", "linear_fc2"),
     # An encoder-decoder's decoder: its cross-attention's query, key-value and output linears.
-    "cross_attention_q",
-    "cross_attention_kv",
-    "cross_attention_dense",
-)
+    "cross_attention_q": ("cross_attention", "linear_q"),
+    "cross_attention_kv": ("cross_attention", "linear_kv"),
+    "cross_attention_dense": ("cross_attention", "linear_proj"),
+}
+LORA_TARGET_NAMES = tuple(LORA_LINEARS)
 CROSS_ATTENTION_TARGETS = tuple(t for t in LORA_TARGET_NAMES if t.startswith("cross_"))
 # stage -> the scheme its recipes train ("peft" reads model.peft.peft_scheme)
 STAGE_METHODS = {
@@ -352,6 +355,8 @@ def _template_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None,
         "label_key": answer,
         "context_key": str(truncate or "input"),
         "max_seq_length": int(model.get("encoder_seq_length") or 2048),
+        # An encoder-decoder's recipe bounds the answer apart (the decoder's length).
+        "max_tgt_seq_length": model.get("decoder_seq_length"),
         "add_eos": bool(model.data.get("add_eos", True)),
         "truncation_field": "answer" if truncate == answer else "context",
         "answer_only_loss": bool(task.get("answer_only_loss", True)),

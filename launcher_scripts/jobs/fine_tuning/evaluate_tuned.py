@@ -59,7 +59,10 @@ def data_section(cfg: DictConfig, stored: dict[str, Any]) -> dict[str, Any]:
         "prompt_template": data.get("prompt_template") or stored.get("prompt_template"),
         "context_key": data.get("context_key") or "input",
         "label_key": data.get("label_key") or stored.get("label_key") or "output",
-        "max_seq_length": data.get("max_seq_length") or data.get("max_src_seq_length") or 2048,
+        "max_seq_length": data.get("max_seq_length")
+        or data.get("max_src_seq_length")
+        or stored.get("max_seq_length")  # what the PEFT run cut its inputs to
+        or 2048,
         "max_tgt_seq_length": data.get("max_tgt_seq_length"),
         "truncation_field": "context",
         "add_eos": False,  # the prompt is what matters here

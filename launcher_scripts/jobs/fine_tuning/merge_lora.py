@@ -14,19 +14,23 @@ import torch
 from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable_check import inspect_peft, inspect_portable
 from launcher_scripts.jobs.fine_tuning import peft_file
-from launcher_scripts.recipes.tuning import PeftSettings
+from launcher_scripts.recipes.tuning import LORA_LINEARS, PeftSettings
 
-# LoRA target -> the base weight it adapts (stacked over layers: [layers, out, in])
-BASE_WEIGHTS = {
-    "attention_qkv": "decoder.layers.self_attention.linear_qkv.weight",
-    "attention_dense": "decoder.layers.self_attention.linear_proj.weight",
-    "mlp_fc1": "decoder.layers.mlp.linear_fc1.weight",
-    "mlp_fc2": "decoder.layers.mlp.linear_fc2.weight",
-}
+PEFT_SEGMENT = "peft."  # what starts an added tensor's key (peft.PEFT_SEGMENT)
 
 
 class MergeError(ValueError):
     pass
+
+
+def base_weight(key: str) -> tuple[str, int]:
+    """A LoRA tensor's key -> (the base weight it adapts, stacked over layers: [layers, out,
+    in]; the layer's index there). Keys are `peft.[<stack>.]<layer number>.<target>.lora_a`:
+    a decoder stack's layers have no stack name, an encoder-decoder's say which (T5's
+    encoder. and decoder.)."""
+    *stack, number, target = key.split(PEFT_SEGMENT, 1)[1].removesuffix(".lora_a").split(".")
+    owner, linear = LORA_LINEARS[target]
+    return f"{'.'.join(stack) or 'decoder'}.layers.{owner}.{linear}.weight", int(number) - 1
 
 
 def merged(
@@ -40,15 +44,13 @@ def merged(
     for key, a in lora.items():
         if not key.endswith(".lora_a"):
             continue
-        layer, target = key.removesuffix(".lora_a").split("peft.", 1)[1].split(".", 1)
-        base_key = BASE_WEIGHTS[target]
+        base_key, index = base_weight(key)
         if base_key not in out:
-            raise MergeError(f"the base model has no {base_key} for LoRA target {target}")
+            raise MergeError(f"the base model has no {base_key} for {key}")
         b = lora[key.removesuffix("lora_a") + "lora_b"]
         if out[base_key] is tensors[base_key]:  # first update of this weight: copy it
             out[base_key] = tensors[base_key].clone()
         weights = out[base_key]
-        index = int(layer) - 1
         update = (b.double() @ a.double()) * scale
         if tuple(update.shape) != tuple(weights[index].shape):
             raise MergeError(

@@ -41,18 +41,14 @@ from megatron.core.utils import (
 )
 
 from launcher_scripts.errors import RecipeError
-from launcher_scripts.recipes.tuning import PeftSettings
+from launcher_scripts.recipes.tuning import LORA_LINEARS, PeftSettings
 
 # target name -> (submodule of the layer, linear, parallel style)
+# target -> (module, linear, how megatron-core splits the linear over TP). Layers without a
+# cross-attention (GPT's, an encoder's) have none of the cross_attention_* linears.
 LORA_TARGETS = {
-    "attention_qkv": ("self_attention", "linear_qkv", "column"),
-    "attention_dense": ("self_attention", "linear_proj", "row"),
-    "mlp_fc1": ("mlp", "linear_fc1", "column"),
-    "mlp_fc2": ("mlp", "linear_fc2", "row"),
-    # Layers without a cross-attention (GPT's, an encoder's) have none of these.
-    "cross_attention_q": ("cross_attention", "linear_q", "column"),
-    "cross_attention_kv": ("cross_attention", "linear_kv", "column"),
-    "cross_attention_dense": ("cross_attention", "linear_proj", "row"),
+    target: (owner, linear, "row" if linear in ("linear_proj", "linear_fc2") else "column")
+    for target, (owner, linear) in LORA_LINEARS.items()
 }
 PEFT_SEGMENT = "peft."  # in every checkpoint key of an added tensor
 ADAPTER_ACTIVATIONS = {"swish": F.silu, "silu": F.silu, "gelu": F.gelu, "relu": F.relu}

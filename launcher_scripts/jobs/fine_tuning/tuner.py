@@ -276,6 +276,7 @@ class FineTuner(Trainer):
                         "virtual_tokens": spec.virtual_tokens,
                         "prompt_template": str(spec.train.section.get("prompt_template") or ""),
                         "label_key": str(spec.train.section.get("label_key") or "output"),
+                        "max_seq_length": spec.train.max_seq_length,
                     },
                 }
                 peft_file.write(spec.output_file, spec.peft, extra, tensors)
