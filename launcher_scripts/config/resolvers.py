@@ -44,12 +44,18 @@ def output_root(launcher_scripts_path: str) -> str:
     return launcher_scripts_path
 
 
+def path_name(path: str) -> str:
+    """The last part of a path (a Hugging Face model directory's name names its results)."""
+    return Path(str(path).rstrip("/")).name
+
+
 RESOLVERS = {
     "multiply": multiply,
     "divide_ceil": divide_ceil,
     "divide_floor": divide_floor,
     "launcher_root": launcher_root,
     "output_root": output_root,
+    "path_name": path_name,
 }
 
 

@@ -9,12 +9,15 @@ is the module named by `runtime`, which only job programs import.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from launcher_scripts.config.checks import require_choice
 from launcher_scripts.costmodel.plan import CostFunction, TrainingPlan, make_plan
+from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable_check import SHAPE_TABLES, ShapeTable
 from launcher_scripts.recipes.training import key
 
@@ -59,6 +62,7 @@ PROGRAMS = (
     "evaluation:harness",
     "evaluation:fine_tuned",
     "export",
+    "hf_import",  # a local Hugging Face model directory to the portable file
 )
 
 
@@ -79,6 +83,8 @@ class ModelFamily:
     # What its portable file's model_config.yaml says the tensors' shapes are (checked before
     # a file is read); None: the file-level checks only.
     portable_shapes: ShapeTable | None = None
+    # The Hugging Face config.json model_types it imports (with the hf_import program).
+    hf_model_types: tuple[str, ...] = ()
 
     def runs(self, program: str) -> bool:
         assert program in PROGRAMS, program
@@ -103,11 +109,40 @@ def register(family: ModelFamily) -> ModelFamily:
     return family
 
 
+AUTO = "auto"  # the model_family of a recipe whose model is a Hugging Face directory's
+
+
 def family_of(cfg: Any, stage: str) -> ModelFamily:
-    """The family of a stage's recipe; one line naming `<stage>.model_family` if unknown."""
+    """The family of a stage's recipe; one line naming `<stage>.model_family` if unknown. An
+    `auto` recipe's is the one that imports its `hf_model_dir`'s model_type."""
     name = cfg.get("model_family", DEFAULT)
+    if name == AUTO:
+        return hf_family(cfg.get("hf_model_dir"), key(stage, "hf_model_dir"))
     require_choice(key(stage, "model_family"), name, FAMILIES)
     return FAMILIES[name]
+
+
+def hf_family(directory: Any, where: str) -> ModelFamily:
+    """The family importing a Hugging Face model directory, from its config.json."""
+    config = Path(str(directory)) / "config.json"
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as error:
+        raise ConfigError(
+            where,
+            f"{directory}: no readable config.json ({error.__class__.__name__})",
+            "Give a local Hugging Face model directory (config.json, *.safetensors, tokenizer "
+            "files), as save_pretrained writes it",
+        ) from None
+    for family in FAMILIES.values():
+        if model_type in family.hf_model_types:
+            return family
+    known = sorted(t for f in FAMILIES.values() for t in f.hf_model_types)
+    raise ConfigError(
+        where,
+        f"{directory}: config.json's model_type {model_type!r} is not one this version imports",
+        f"Import a model of one of: {', '.join(known)}",
+    )
 
 
 def model_types() -> tuple[str, ...]:

@@ -23,6 +23,8 @@ ENCODER_ACTIVATIONS = (
     "fast-geglu",
     "fast-reglu",
     "fast-swiglu",
+    # GeGLU with the tanh approximation of GeLU: T5 v1.1's and mT5's (Hugging Face's "gated-gelu")
+    "geglu-tanh",
 )
 ENCODER_SCHEDULERS = (
     "CosineAnnealing",

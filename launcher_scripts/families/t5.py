@@ -133,6 +133,7 @@ HF_FEED_FORWARD = {
     "fast-reglu": "gated-relu",
     "swiglu": "gated-silu",
     "fast-swiglu": "gated-silu",
+    "geglu-tanh": "gated-gelu",
 }
 # What Hugging Face's T5 config holds once for both blocks.
 SHARED_BLOCK_KEYS = (
@@ -159,8 +160,14 @@ def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
             "conversion.run.hf_dir_name=null",
         )
 
-    if model.get("share_decoder_tokens_head_embeddings", True):
+    # megatron-core's output layer on the embedding table has a bias, which an imported model
+    # holds at zero (the export checks it still is); a trained one's is not.
+    imported = model.get("hf_architecture") is not None
+    if model.get("share_decoder_tokens_head_embeddings", True) and not imported:
         raise refuse("share_decoder_tokens_head_embeddings", "an output layer with a bias")
+    scale = model.get("decoder_output_scale")
+    if scale is not None and scale != int(model.encoder.hidden_size) ** -0.5:
+        raise refuse("decoder_output_scale", f"{scale} (not d_model^-0.5)")
     for prefix, section in (("", model), *((f"{b}.", model[b]) for b in BLOCKS)):
         positions = section.get("position_embedding_type", "learned_absolute")
         if positions != "relative":
@@ -186,6 +193,10 @@ def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
         encoder, decoder = model.encoder.get(name), model.decoder.get(name)
         if encoder != decoder:
             raise refuse(f"decoder.{name}", f"{decoder!r} differs from the encoder's {encoder!r}")
+    recorded = model.get("hf_architecture")  # an imported model's own class
+    for known in (T5_CLASS, MT5_CLASS):
+        if recorded == known.name:
+            return known
     return MT5_CLASS if model.tokenizer.get("library") == "sentencepiece" else T5_CLASS
 
 
@@ -208,11 +219,13 @@ T5 = register(
                 "ia3_learning",
                 "evaluation:fine_tuned",
                 "export",
+                "hf_import",
             }
         ),
         hf_architecture=hf_architecture,
         runtime="launcher_scripts.jobs.models.t5",
         check_base=check_base,
         portable_shapes=portable_shapes,
+        hf_model_types=("t5", "mt5"),
     )
 )

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import family_of
 
 
@@ -30,7 +31,11 @@ def run_config_job(
     args = parser.parse_args(argv)
     cfg = OmegaConf.load(args.config)
     assert isinstance(cfg, DictConfig)
-    family = family_of(cfg, stage)
+    try:
+        family = family_of(cfg, stage)
+    except ConfigError as error:  # an `auto` recipe's Hugging Face directory, gone since
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
     if not family.runs(program or stage):
         print(
             f"error: {stage}.model_family: this launcher version has no {stage} job program for "

@@ -22,6 +22,19 @@ from launcher_scripts.recipes.conversion import (
 from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
 
 CONVERT = "launcher_scripts.jobs.conversion.convert"
+HF_IMPORT = "launcher_scripts.jobs.conversion.hf_import"
+
+
+def importing(cfg: Any) -> bool:
+    """Whether the recipe imports a Hugging Face directory (conversion=hf_import)."""
+    return "hf_model_dir" in cfg
+
+
+def _check_output_name(cfg: Any, stage: str) -> None:
+    if not str(cfg.run.nemo_file_name).endswith(".nemo"):
+        raise ConfigError(
+            f"{stage}.run.nemo_file_name", "does not end in .nemo", "Name it e.g. model.nemo"
+        )
 
 
 @register
@@ -30,16 +43,16 @@ class Conversion:
 
     def validate(self, ctx: StageContext) -> None:
         cfg, stage = ctx.cfg, ctx.stage
+        if importing(cfg):
+            self._validate_import(ctx)
+            return
         for name in ("checkpoint_folder", "hparams_file"):
             ctx.require_input(
                 name,
                 f"Train first (stages=[training,conversion]), or set {stage}.run."
                 "model_train_name to the training run to convert",
             )
-        if not str(cfg.run.nemo_file_name).endswith(".nemo"):
-            raise ConfigError(
-                f"{stage}.run.nemo_file_name", "does not end in .nemo", "Name it e.g. model.nemo"
-            )
+        _check_output_name(cfg, stage)
         tp = require_int(
             f"{stage}.model.tensor_model_parallel_size", cfg.model.tensor_model_parallel_size
         )
@@ -70,6 +83,19 @@ class Conversion:
                     "Set it to null",
                 )
             family.hf_architecture(model, key_prefix=model_key)
+
+    @staticmethod
+    def _validate_import(ctx: StageContext) -> None:
+        """A Hugging Face directory of a family that imports it, at a layout its model takes."""
+        cfg, stage = ctx.cfg, ctx.stage
+        _check_output_name(cfg, stage)
+        # Its config.json's model_type; one line naming hf_model_dir if unreadable or unknown.
+        family = family_of(cfg, stage)
+        require_job_program(
+            ctx, "hf_model_dir", f"{family.name} models from Hugging Face", family.runs("hf_import")
+        )
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            require_int(f"{stage}.model.{name}", cfg.model[name])
 
     @staticmethod
     def _check_checkpoint(ctx: StageContext) -> None:
@@ -123,6 +149,17 @@ class Conversion:
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg
         output = Path(str(cfg.run.output_path))
+        if importing(cfg):
+            return [
+                make_job(
+                    ctx,
+                    str(cfg.run.name),
+                    (Command(HF_IMPORT, ("--config", str(ctx.config_path))),),
+                    Resources(time_limit=str(cfg.run.time_limit)),
+                    reads=(str(cfg.hf_model_dir),),
+                    writes=(str(output / str(cfg.run.nemo_file_name)),),
+                )
+            ]
         writes = [str(output / str(cfg.run.nemo_file_name))]
         if cfg.run.get("hf_dir_name"):
             writes.append(str(output / str(cfg.run.hf_dir_name)))

@@ -27,9 +27,9 @@ def main() -> None:
         auto = transformers.AutoModelForSeq2SeqLM
         arguments = {
             "input_ids": enc,
-            "attention_mask": (enc != 0).long(),
+            "attention_mask": inputs.get("enc_mask", enc != 0).long(),
             "decoder_input_ids": dec,
-            "decoder_attention_mask": (dec != 0).long(),
+            "decoder_attention_mask": inputs.get("dec_mask", dec != 0).long(),
         }
     else:
         auto = transformers.AutoModelForPreTraining

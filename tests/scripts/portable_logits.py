@@ -3,7 +3,9 @@
 python -m tests.scripts.portable_logits MODEL.nemo INPUTS.pt OUT.pt
 
 INPUTS.pt holds a model's inputs by the names its batches use: `tokens` (GPT), `text`, `types`
-and `padding_mask` (BERT), `text_enc` and `text_dec` (T5; id 0 is padding). OUT.pt gets
+and `padding_mask` (BERT), `text_enc` and `text_dec` (T5; id 0 is padding unless `enc_mask`
+and `dec_mask` say which positions hold tokens: a Hugging Face T5's decoder starts at id 0).
+OUT.pt gets
 {"logits": ...} and, for BERT with its sentence-order head, {"order": ...}.
 """
 
@@ -24,12 +26,10 @@ def outputs(chunk: Any, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tens
         positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
         return {"logits": chunk(tokens, positions, None)}
     if "text_enc" in inputs:
-        from megatron.core.datasets.t5_dataset import T5MaskedWordPieceDataset
+        from launcher_scripts.jobs.models.t5_masks import attention_masks
 
         enc, dec = inputs["text_enc"], inputs["text_dec"]
-        masks = T5MaskedWordPieceDataset.config_attention_mask(
-            enc, dec, (enc != 0).long(), (dec != 0).long(), use_local=True
-        )
+        masks = attention_masks(inputs.get("enc_mask", enc != 0), inputs.get("dec_mask", dec != 0))
         return {"logits": chunk(enc, dec, *masks)}
     types = inputs["types"] if chunk.add_binary_head else None
     logits, order = chunk(inputs["text"], inputs["padding_mask"], tokentype_ids=types)

@@ -22,6 +22,8 @@ def write(model: Any, directory: Path, added: tuple[str, ...] = ()) -> dict[str,
     """Write the tokenizer files into `directory`; returns token ids for config.json."""
     tokenizer = model.tokenizer
     library = str(tokenizer.get("library") or "")
+    if tokenizer.get("type") == "hf_t5":  # an imported T5's own tokenizer, back as it came
+        return _hf_t5(Path(str(tokenizer.model)), directory, model, added)
     if library == "sentencepiece":
         return _sentencepiece(Path(str(tokenizer.model)), directory, model, added)
     if tokenizer.get("vocab_file") and tokenizer.get("merge_file") and not added:
@@ -59,6 +61,23 @@ def _wordpiece(source: Path, directory: Path, model: Any, added: tuple[str, ...]
         },
         added,
     )
+    return {}
+
+
+def _hf_t5(source: Path, directory: Path, model: Any, added: tuple[str, ...]) -> dict[str, int]:
+    """tokenizer.json or spiece.model, and T5Tokenizer's settings; its sentinels are its own."""
+    shutil.copy2(
+        source, directory / ("tokenizer.json" if source.suffix == ".json" else "spiece.model")
+    )
+    settings = {
+        "tokenizer_class": "T5Tokenizer",
+        "extra_ids": sum(1 for token in added if token.startswith("<extra_id_")),
+        "model_max_length": int(model.max_position_embeddings),
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
     return {}
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from launcher_scripts.jobs.models.t5_masks import attention_masks
+
 
 @dataclass
 class Seq2SeqRunner:
@@ -32,7 +34,7 @@ class Seq2SeqRunner:
     pipeline: int
     sequence_parallel: bool
     on_gpu: bool
-    pad_id: int = 0  # masked out of attention (megatron-core's T5 masks: ids below 1)
+    pad_id: int = 0  # fills the rows past their ends (masked out by their lengths)
 
     @torch.no_grad()
     def logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -53,16 +55,22 @@ class Seq2SeqRunner:
         )
         encoder = torch.full((len(rows), encoder_width), self.pad_id, dtype=torch.long)
         decoder = torch.full((len(rows), decoder_width), self.pad_id, dtype=torch.long)
+        encoder_valid = torch.zeros(encoder.shape, dtype=torch.bool)
+        decoder_valid = torch.zeros(decoder.shape, dtype=torch.bool)
         for index, (row, split) in enumerate(zip(rows, splits, strict=True)):
             encoder[index, :split] = torch.tensor(row[:split])
             decoder[index, : len(row) - split] = torch.tensor(row[split:])
+            encoder_valid[index, :split] = True
+            decoder_valid[index, : len(row) - split] = True
+        masks = attention_masks(encoder_valid, decoder_valid)
         with self._device_mode():
             if self.on_gpu:
                 encoder, decoder = encoder.cuda(), decoder.cuda()
+                masks = tuple(mask.cuda() for mask in masks)
             if self.pipeline == 1:
-                output = self._gather_vocab(self._forward(self.chunks[0], encoder, decoder))
+                output = self._gather_vocab(self._forward(self.chunks[0], encoder, decoder, masks))
             else:
-                output = self._pipelined(encoder, decoder)
+                output = self._pipelined(encoder, decoder, masks)
         decoded = output[..., : self.vocab_size].float().cpu()
         result = torch.zeros(len(rows), max(len(r) for r in rows), self.vocab_size)
         for index, (row, split) in enumerate(zip(rows, splits, strict=True)):
@@ -70,12 +78,9 @@ class Seq2SeqRunner:
         return result
 
     @staticmethod
-    def _forward(chunk: Any, encoder: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
-        from megatron.core.datasets.t5_dataset import T5MaskedWordPieceDataset
-
-        masks = T5MaskedWordPieceDataset.config_attention_mask(
-            encoder, decoder, None, None, use_local=True
-        )
+    def _forward(
+        chunk: Any, encoder: torch.Tensor, decoder: torch.Tensor, masks: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
         # A pipeline's decoder stage holds no encoder: it gets the encoder's output passed on.
         received = None if chunk.add_encoder else chunk.encoder_hidden_state
         return chunk(encoder, decoder, *masks, encoder_hidden_states=received)
@@ -87,7 +92,9 @@ class Seq2SeqRunner:
 
         return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
 
-    def _pipelined(self, encoder: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
+    def _pipelined(
+        self, encoder: torch.Tensor, decoder: torch.Tensor, masks: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
         """One forward-only micro-batch through megatron-core's schedule (the encoder's output
         is what passes between stages); the last stage's logits are then broadcast."""
         from megatron.core import parallel_state
@@ -95,7 +102,7 @@ class Seq2SeqRunner:
 
         rows, width = decoder.shape
         outputs = get_forward_backward_func()(
-            forward_step_func=partial(self._forward_step, encoder, decoder),
+            forward_step_func=partial(self._forward_step, encoder, decoder, masks),
             data_iterator=iter([None]),
             model=self.chunks,
             num_microbatches=1,
@@ -117,9 +124,14 @@ class Seq2SeqRunner:
         return logits
 
     def _forward_step(
-        self, encoder: torch.Tensor, decoder: torch.Tensor, _iterator: Any, model: Any
+        self,
+        encoder: torch.Tensor,
+        decoder: torch.Tensor,
+        masks: tuple[torch.Tensor, ...],
+        _iterator: Any,
+        model: Any,
     ) -> tuple[Any, Any]:
-        return self._forward(model, encoder, decoder), self._keep_logits
+        return self._forward(model, encoder, decoder, masks), self._keep_logits
 
     def _keep_logits(self, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # The schedule expects (loss, reduced dict); the "loss" is unused in forward-only mode.

@@ -30,6 +30,11 @@ class HfModel:
     added_tokens: tuple[str, ...] = ()
 
 
+class HfImportError(ValueError):
+    """A Hugging Face model that cannot be imported exactly (a field, a tensor, a file), as one
+    line naming it."""
+
+
 # (the model section training saved, its full tensors by megatron-core name) -> the checkpoint
 # of the architecture the family's spec chose for it
 HfExport = Callable[[Any, dict[str, torch.Tensor]], HfModel]
@@ -85,6 +90,11 @@ class ModelRuntime:
     tuning: TuningSide | None = None  # None: no fine-tuning program for the family
     # runner.OpenedModel -> served.ServedModel: text generation for serving; None: not served
     served: Callable[[Any], Any] | None = None
+    # (a Hugging Face model directory, its config.json, read(tensor name) -> tensor, the import
+    # recipe's model section) -> (our model section, our full tensors); None: no import
+    from_hf: (
+        Callable[[Any, dict[str, Any], Any, Any], tuple[dict[str, Any], dict[str, Any]]] | None
+    ) = None
 
 
 def runtime_of(family: ModelFamily) -> ModelRuntime:

@@ -44,3 +44,29 @@ def head_dims(model: Any) -> tuple[int, int, int]:
 
 def dtype_name(tensor: torch.Tensor) -> str:
     return DTYPE_NAMES[tensor.dtype]
+
+
+def merge_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, groups: int, head_dim: int
+) -> torch.Tensor:
+    """split_qkv's inverse: separate Q, K and V weights as megatron-core's fused one."""
+    per_group = heads // groups
+    rest = q.shape[1:]
+    grouped = torch.cat(
+        [
+            q.reshape(groups, per_group, head_dim, *rest),
+            k.reshape(groups, 1, head_dim, *rest),
+            v.reshape(groups, 1, head_dim, *rest),
+        ],
+        dim=1,
+    )
+    return grouped.reshape((heads + 2 * groups) * head_dim, *rest)
+
+
+def merge_kv(k: torch.Tensor, v: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """split_kv's inverse: [k_h; v_h] for each head."""
+    rest = k.shape[1:]
+    paired = torch.stack(
+        [k.reshape(heads, head_dim, *rest), v.reshape(heads, head_dim, *rest)], dim=1
+    )
+    return paired.reshape(2 * heads * head_dim, *rest)

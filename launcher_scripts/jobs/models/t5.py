@@ -53,6 +53,7 @@ from omegaconf import OmegaConf
 
 from launcher_scripts.jobs.models import t5_hf, t5_tuning
 from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
+from launcher_scripts.jobs.models.t5_masks import attention_masks
 from launcher_scripts.jobs.training import data, model
 from launcher_scripts.jobs.training.checkpointing import unwrap
 from launcher_scripts.jobs.training.model import LocalNorm
@@ -68,8 +69,19 @@ class SpanCorruptionVocab:
     """What megatron-core's T5 dataset reads of a tokenizer: special ids, the sentinels, every
     id's text ("##" marks a word's continuation, for whole-word masking) and a cache key."""
 
-    def __init__(self, tokens: list[str], continuation: list[bool], extra: list[str], source: str):
-        sentinels = [token for token in extra if token.startswith("<extra_id_")]
+    def __init__(
+        self,
+        tokens: list[str],
+        continuation: list[bool],
+        extra: list[str],
+        source: str,
+        decoder_start_is_pad: bool = False,
+    ):
+        # <extra_id_0>, <extra_id_1>, ... in that order, wherever their ids are.
+        sentinels = sorted(
+            (token for token in extra if token.startswith("<extra_id_")),
+            key=lambda token: int(token.removeprefix("<extra_id_").removesuffix(">")),
+        )
         names = tokens + extra
         self.vocab = {token: index for index, token in enumerate(names)}
         self.inv_vocab = {
@@ -77,13 +89,19 @@ class SpanCorruptionVocab:
             for index, token in enumerate(names)
         }
         self.vocab_size = len(names)
+        self.source = source
         self.pad = 0
-        self.cls, self.sep, self.mask = (self.vocab[t] for t in self.specials("cls sep mask"))
-        self.bos, self.eos = (self.vocab[t] for t in self.specials("bos eos"))
+        if decoder_start_is_pad:
+            # Hugging Face's T5 layout: no [BOS], [CLS], [SEP] or [MASK]; the decoder starts
+            # at the padding id (t5_masks.py keeps that position attended).
+            self.bos, self.cls, self.sep, self.mask = self.pad, None, None, None
+            (self.eos,) = (self.vocab[t] for t in self.specials("eos"))
+        else:
+            self.cls, self.sep, self.mask = (self.vocab[t] for t in self.specials("cls sep mask"))
+            self.bos, self.eos = (self.vocab[t] for t in self.specials("bos eos"))
         self.additional_special_tokens_ids = [self.vocab[t] for t in sentinels]
         digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
         self.unique_identifiers = {"class": "SpanCorruptionVocab", "vocab": digest}
-        self.source = source
         self.added = tuple(extra)  # the tokens past the tokenizer's own, in id order
 
     def specials(self, names: str) -> list[str]:
@@ -132,9 +150,55 @@ def _sentencepiece(model_file: Path, sentinels: int) -> SpanCorruptionVocab:
     return SpanCorruptionVocab(tokens, continuation, extra, str(model_file))
 
 
+def _hf_t5(model_file: Path) -> SpanCorruptionVocab:
+    """Hugging Face's T5 tokenizer and its ids (an imported model's): its tokenizer.json (or a
+    SentencePiece model alone), padding 0 and end 1, <extra_id_N> at the vocabulary's end in
+    reverse order (<extra_id_0> last)."""
+    names = hf_t5_tokens(model_file)
+    sentinels = sum(1 for name in names if name.startswith("<extra_id_"))
+    own = names[: len(names) - sentinels]
+    if own[0] != "<pad>" or "</s>" not in own:
+        raise JobError(
+            f"{TOKENIZER_KEY}.model: {model_file} does not pad with id 0 or has no </s>: not "
+            "a T5 tokenizer"
+        )
+    continuation = [
+        not (token.startswith("▁") or (token.startswith("<") and token.endswith(">")))
+        for token in own
+    ]
+    return SpanCorruptionVocab(
+        own, continuation, names[len(own) :], str(model_file), decoder_start_is_pad=True
+    )
+
+
+def hf_t5_tokens(model_file: Path) -> list[str]:
+    """Every token of a Hugging Face T5 tokenizer, in id order."""
+    if model_file.suffix == ".json":
+        from tokenizers import Tokenizer
+
+        table = Tokenizer.from_file(str(model_file)).get_vocab(with_added_tokens=True)
+        names = [""] * len(table)
+        for name, index in table.items():
+            names[index] = name
+        return names
+    import sentencepiece  # spiece.model: the pieces, then T5Tokenizer's 100 sentinels
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    pieces[0], pieces[processor.eos_id()] = "<pad>", "</s>"
+    return pieces + [SENTINEL.format(i) for i in reversed(range(100))]
+
+
+# tokenizer.type of a Hugging Face T5 tokenizer (tokenizer.model: its tokenizer.json or
+# spiece.model), whose ids an imported model has
+HF_T5_TOKENIZER = "hf_t5"
+
+
 def data_tokenizer(cfg: Any) -> SpanCorruptionVocab:
     tokenizer = cfg.model.tokenizer
     sentinels = int(tokenizer.get("num_sentinel_tokens") or 0)
+    if tokenizer.get("type") == HF_T5_TOKENIZER:  # as imported: its sentinels, if any
+        return _hf_t5(Path(str(tokenizer.model)))
     if sentinels < 1:
         raise JobError(
             f"{TOKENIZER_KEY}.num_sentinel_tokens: {sentinels}: span corruption needs a sentinel "
@@ -151,6 +215,12 @@ def build_datasets(
     """Samples of whole sentences of one document, spans of `masked_lm_prob` of the tokens
     (up to `max_ngram_size` long) replaced by sentinels in the encoder's input; the decoder
     reads the sentinels and the spans they replace."""
+    if vocab.mask is None:
+        raise JobError(
+            f"{TOKENIZER_KEY}: {vocab.source} is a Hugging Face T5 tokenizer, which has none of "
+            "the [CLS], [SEP] and [MASK] tokens megatron-core's span corruption needs: "
+            "fine-tune this model (fine_tuning, peft) rather than pretrain it further"
+        )
     data_cfg = cfg.model.data
     return data.build_splits(
         cfg,
@@ -263,8 +333,24 @@ class T5Stage(T5Model):
         return state
 
 
-def _layer_specs(spec: ModuleSpec, layers: int) -> TransformerBlockSubmodules:
-    return TransformerBlockSubmodules(layer_specs=[_local(spec)] * layers, layer_norm=LocalNorm)
+def _layer_specs(
+    spec: ModuleSpec, layers: int, final_norm: type = LocalNorm
+) -> TransformerBlockSubmodules:
+    return TransformerBlockSubmodules(layer_specs=[_local(spec)] * layers, layer_norm=final_norm)
+
+
+def _scaled_norm(scale: float | None) -> type:
+    """The decoder's final norm, its output times `scale` when set: T5 v1.0 (one table for the
+    embedding and the output layer) scales the decoder's output by d_model^-0.5 before the
+    output layer (Hugging Face's T5 does when tie_word_embeddings)."""
+    if scale is None:
+        return LocalNorm
+
+    class ScaledNorm(LocalNorm):
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            return super().forward(hidden) * scale
+
+    return ScaledNorm
 
 
 def build_chunks(
@@ -290,7 +376,9 @@ def build_chunks(
             encoder_model_with_local_spec(), encoder_config.num_layers // encoder_stages
         ),
         transformer_decoder_layer_spec=_layer_specs(
-            decoder_model_with_local_spec(), config.num_layers
+            decoder_model_with_local_spec(),
+            config.num_layers,
+            _scaled_norm(model_cfg.get("decoder_output_scale")),
         ),
         vocab_size=model.padded_vocab_size(vocab_size, cfg),
         max_sequence_length=int(model_cfg.max_position_embeddings),
@@ -383,9 +471,7 @@ def finalize_grads(model_chunks: list[Any], *args: Any, **kwargs: Any) -> None:
 
 
 def forward_step(batch: dict[str, Any], chunk: Any) -> tuple[Any, Any]:
-    enc_mask, dec_mask, enc_dec_mask = T5MaskedWordPieceDataset.config_attention_mask(
-        batch["text_enc"], batch["text_dec"], batch["enc_mask"], batch["dec_mask"], use_local=True
-    )
+    enc_mask, dec_mask, enc_dec_mask = attention_masks(batch["enc_mask"], batch["dec_mask"])
     stage = unwrap(chunk)
     # The decoder stage of a pipeline receives the encoder's output (set_input_tensor): given
     # explicitly, it skips the encoder branch it does not hold.
@@ -414,4 +500,5 @@ RUNTIME = ModelRuntime(
     finalize_grads=finalize_grads,
     tuning=t5_tuning.TUNING,
     served=t5_tuning.served,
+    from_hf=t5_hf.import_hf,
 )

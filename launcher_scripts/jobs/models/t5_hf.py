@@ -10,21 +10,30 @@ cross-attention's KV) weights per head, where transformers keeps separate matric
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 
 from launcher_scripts.families.t5 import HF_FEED_FORWARD, hf_architecture
-from launcher_scripts.jobs.models.base import HfModel
-from launcher_scripts.jobs.models.hf_common import dtype_name, head_dims, split_kv, split_qkv
+from launcher_scripts.jobs.models.base import HfImportError, HfModel
+from launcher_scripts.jobs.models.hf_common import (
+    dtype_name,
+    head_dims,
+    merge_kv,
+    merge_qkv,
+    split_kv,
+    split_qkv,
+)
 
 
 def _attention(
     tensors: dict[str, torch.Tensor], stack: str, i: int, block: Any
 ) -> dict[str, torch.Tensor]:
     heads, groups, head_dim = head_dims(block)
-    scale = head_dim**-0.5
+    scale = query_scale(block)
     layers = f"{stack}.layers."
     q, k, v = split_qkv(
         tensors[f"{layers}self_attention.linear_qkv.weight"][i], heads, groups, head_dim
@@ -38,6 +47,13 @@ def _attention(
     }
 
 
+def query_scale(block: Any) -> float:
+    """What our attention scales q.k by (softmax_scale; by default 1/sqrt(head size)), which
+    transformers' T5 takes in the query weights. An imported model's is 1.0: copied exactly."""
+    scale = block.get("softmax_scale")
+    return float(scale) if scale is not None else head_dims(block)[2] ** -0.5
+
+
 def _cross_attention(
     tensors: dict[str, torch.Tensor], i: int, block: Any
 ) -> dict[str, torch.Tensor]:
@@ -47,7 +63,7 @@ def _cross_attention(
     return {
         "layer_norm.weight": tensors[f"{layers}pre_cross_attn_layernorm.weight"][i],
         "EncDecAttention.q.weight": tensors[f"{layers}cross_attention.linear_q.weight"][i]
-        * head_dim**-0.5,
+        * query_scale(block),
         "EncDecAttention.k.weight": k,
         "EncDecAttention.v.weight": v,
         "EncDecAttention.o.weight": tensors[f"{layers}cross_attention.linear_proj.weight"][i],
@@ -83,6 +99,7 @@ def to_hf(model: Any, tensors: dict[str, torch.Tensor]) -> HfModel:
     gated = feed_forward.startswith("gated-")
     words = tensors["embedding.word_embeddings.weight"]
     heads, _, head_dim = head_dims(encoder)
+    tied = bool(model.get("share_decoder_tokens_head_embeddings", True))
     config = {
         "architectures": [architecture.name],
         "model_type": architecture.model_type,
@@ -99,8 +116,10 @@ def to_hf(model: Any, tensors: dict[str, torch.Tensor]) -> HfModel:
         "layer_norm_epsilon": float(encoder.get("layernorm_epsilon", 1e-5)),
         "feed_forward_proj": feed_forward,
         "is_encoder_decoder": True,
-        # A separate output layer, and no d_model**-0.5 on the decoder's output (T5 v1.1).
-        "tie_word_embeddings": False,
+        # Whether the decoder's output is scaled by d_model^-0.5 (T5 v1.0's; transformers 5
+        # reads it from this key). Whether the output layer is the embedding table is the
+        # checkpoint's: an lm_head.weight or none.
+        "tie_word_embeddings": model.get("decoder_output_scale") is not None,
         "pad_token_id": vocab.pad,
         "eos_token_id": vocab.eos,
         "decoder_start_token_id": vocab.bos,
@@ -109,10 +128,18 @@ def to_hf(model: Any, tensors: dict[str, torch.Tensor]) -> HfModel:
     # transformers takes the stacks' embeddings from `shared` (one table for both).
     state = {
         "shared.weight": words,
-        "lm_head.weight": tensors["lm_head.output_layer.weight"],
         "encoder.final_layer_norm.weight": tensors["encoder.final_layernorm.weight"],
         "decoder.final_layer_norm.weight": tensors["decoder.final_layernorm.weight"],
     }
+    if tied:
+        bias = tensors.get("lm_head.output_layer.bias")
+        if bias is not None and bool(bias.any()):
+            raise ValueError(
+                "lm_head.output_layer.bias is not zero: Hugging Face's T5 output layer has no "
+                "bias (train with share_decoder_tokens_head_embeddings=False for an export)"
+            )
+    else:
+        state["lm_head.weight"] = tensors["lm_head.output_layer.weight"]
     for stack in ("encoder", "decoder"):
         # Every self-attention layer adds the bias computed by the first one's table.
         table = tensors[f"{stack}_relative_pos_emb.relative_attention_bias.weight"]
@@ -127,3 +154,206 @@ def to_hf(model: Any, tensors: dict[str, torch.Tensor]) -> HfModel:
         state |= _prefixed(f"{block}1.", _cross_attention(tensors, i, decoder))
         state |= _prefixed(f"{block}2.", _mlp(tensors, "decoder", i, gated))
     return HfModel(config, state, added_tokens=vocab.added)
+
+
+# ---------------------------------------------------------------------------------------------
+# Import: a Hugging Face T5ForConditionalGeneration / MT5ForConditionalGeneration directory.
+
+# Hugging Face's feed_forward_proj -> our activation computing it (see HF_FEED_FORWARD).
+FROM_HF_FEED_FORWARD = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "gated-gelu": "geglu-tanh",  # transformers maps it to gelu_new, the tanh approximation
+    "gated-gelu_new": "geglu-tanh",
+    "gated-gelu_python": "geglu",
+    "gated-silu": "swiglu",
+    "gated-relu": "reglu",
+}
+
+
+def from_hf(
+    config: dict[str, Any], read: Any, tokenizer: dict[str, Any], lengths: dict[str, int]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(our model section, our full tensors) of a T5 checkpoint. `read(name)` gives one of its
+    tensors (streamed from the safetensors files); `tokenizer` is our tokenizer section for its
+    files; `lengths`: the encoder's and decoder's sequence lengths and the positions.
+
+    Exact, not approximate: transformers' attention does not scale q.k, so the model keeps
+    softmax_scale 1.0 (the query weights are copied as they are), and T5 v1.0's one table for
+    the embedding and the output layer scales the decoder's output by d_model^-0.5
+    (decoder_output_scale)."""
+    feed_forward = str(config.get("feed_forward_proj", "relu"))
+    if feed_forward not in FROM_HF_FEED_FORWARD:
+        raise HfImportError(
+            f"config.json feed_forward_proj {feed_forward!r}: this version imports "
+            f"{', '.join(FROM_HF_FEED_FORWARD)}"
+        )
+    if not config.get("is_encoder_decoder", True):
+        raise HfImportError("config.json is_encoder_decoder is false: not a T5 encoder-decoder")
+    # T5 v1.0 scales the decoder's output by d_model^-0.5; v1.1 and mT5 do not. transformers 4
+    # wrote that as tie_word_embeddings, 5 as scale_decoder_outputs (its MT5 never scales).
+    # Whether the output layer is the embedding table is the checkpoint's: an lm_head.weight.
+    scaled = config.get("model_type") != "mt5" and bool(
+        config.get("scale_decoder_outputs", config.get("tie_word_embeddings", True))
+    )
+    try:
+        head = read("lm_head.weight")
+    except HfImportError:
+        head = None
+    tied = head is None
+    hidden, heads, head_dim = int(config["d_model"]), int(config["num_heads"]), int(config["d_kv"])
+    layers = {"encoder": int(config["num_layers"])}
+    layers["decoder"] = int(config.get("num_decoder_layers") or layers["encoder"])
+    positions = int(lengths["positions"])
+
+    def block(stack: str) -> dict[str, Any]:
+        return {
+            "num_layers": layers[stack],
+            "hidden_size": hidden,
+            "ffn_hidden_size": int(config["d_ff"]),
+            "num_attention_heads": heads,
+            "kv_channels": head_dim,
+            "init_method_std": 0.02,
+            "hidden_dropout": 0.0,
+            "attention_dropout": 0.0,
+            "position_embedding_type": "relative",
+            "relative_attention_num_buckets": int(config["relative_attention_num_buckets"]),
+            "relative_attention_max_distance": int(config["relative_attention_max_distance"]),
+            "relative_position_bias_self_attention_only": True,
+            "apply_query_key_layer_scaling": False,
+            "layernorm_epsilon": float(config.get("layer_norm_epsilon", 1e-6)),
+            "bias": False,
+            "normalization": "rmsnorm",
+            "activation": FROM_HF_FEED_FORWARD[feed_forward],
+            "transformer_block_type": "pre_ln",
+            "softmax_scale": 1.0,
+        }
+
+    model = {
+        "model_family": "t5",
+        "precision": 32,
+        "tensor_model_parallel_size": 1,
+        "pipeline_model_parallel_size": 1,
+        "pipeline_model_parallel_split_rank": 0,
+        "seq_length": int(lengths["seq_length"]),
+        "max_position_embeddings": positions,
+        "position_embedding_type": "relative",
+        "relative_attention_num_buckets": int(config["relative_attention_num_buckets"]),
+        "relative_attention_max_distance": int(config["relative_attention_max_distance"]),
+        "make_vocab_size_divisible_by": 1,
+        "share_token_embeddings": True,
+        "share_decoder_tokens_head_embeddings": tied,
+        "decoder_output_scale": hidden**-0.5 if scaled else None,
+        "encoder": block("encoder"),
+        "decoder": block("decoder"),
+        "tokenizer": tokenizer,
+        "data": {
+            "seq_length": int(lengths["seq_length"]),
+            "seq_length_dec": int(lengths["seq_length_dec"]),
+        },
+        "transformer_engine": False,
+        "hf_architecture": (config.get("architectures") or [None])[0],
+    }
+    words = read("shared.weight")
+    tensors: dict[str, torch.Tensor] = {
+        "embedding.word_embeddings.weight": words,
+        "encoder.final_layernorm.weight": read("encoder.final_layer_norm.weight"),
+        "decoder.final_layernorm.weight": read("decoder.final_layer_norm.weight"),
+    }
+    if tied:
+        # megatron-core's shared output layer has a bias; Hugging Face's has none.
+        tensors["lm_head.output_layer.bias"] = torch.zeros(words.shape[0], dtype=words.dtype)
+    else:
+        tensors["lm_head.output_layer.weight"] = head
+    gated = feed_forward.startswith("gated-")
+    for stack in ("encoder", "decoder"):
+        table = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+        tensors[f"{stack}_relative_pos_emb.relative_attention_bias.weight"] = read(table)
+        rows: dict[str, list[torch.Tensor]] = {}
+        for i in range(layers[stack]):
+            for name, value in _layer_from_hf(read, stack, i, heads, head_dim, gated).items():
+                rows.setdefault(name, []).append(value)
+        tensors |= {name: torch.stack(values) for name, values in rows.items()}
+    return model, tensors
+
+
+def _layer_from_hf(
+    read: Any, stack: str, i: int, heads: int, head_dim: int, gated: bool
+) -> dict[str, torch.Tensor]:
+    """One layer's tensors under our names (without the stack's `layers.` index)."""
+    hf = f"{stack}.block.{i}.layer."
+    ours = f"{stack}.layers."
+    attention = f"{hf}0.SelfAttention."
+    q, k, v = (read(f"{attention}{n}.weight") for n in "qkv")
+    feed = f"{hf}{2 if stack == 'decoder' else 1}."
+    state = {
+        f"{ours}self_attention.linear_qkv.layer_norm_weight": read(f"{hf}0.layer_norm.weight"),
+        f"{ours}self_attention.linear_qkv.weight": merge_qkv(q, k, v, heads, heads, head_dim),
+        f"{ours}self_attention.linear_proj.weight": read(f"{attention}o.weight"),
+        f"{ours}mlp.linear_fc1.layer_norm_weight": read(f"{feed}layer_norm.weight"),
+        f"{ours}mlp.linear_fc2.weight": read(f"{feed}DenseReluDense.wo.weight"),
+    }
+    if gated:  # wi_0 is activated, wi_1 linear: megatron-core's [activated; linear] halves
+        halves = (read(f"{feed}DenseReluDense.wi_{n}.weight") for n in (0, 1))
+        state[f"{ours}mlp.linear_fc1.weight"] = torch.cat(list(halves))
+    else:
+        state[f"{ours}mlp.linear_fc1.weight"] = read(f"{feed}DenseReluDense.wi.weight")
+    if stack == "decoder":
+        cross = f"{hf}1.EncDecAttention."
+        state |= {
+            f"{ours}pre_cross_attn_layernorm.weight": read(f"{hf}1.layer_norm.weight"),
+            f"{ours}cross_attention.linear_q.weight": read(f"{cross}q.weight"),
+            f"{ours}cross_attention.linear_kv.weight": merge_kv(
+                read(f"{cross}k.weight"), read(f"{cross}v.weight"), heads, head_dim
+            ),
+            f"{ours}cross_attention.linear_proj.weight": read(f"{cross}o.weight"),
+        }
+    return state
+
+
+def import_hf(
+    directory: Path, config: dict[str, Any], read: Any, settings: Any
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """ModelRuntime.from_hf: the directory's tokenizer (tokenizer.json, else spiece.model) goes
+    with the model, its ids unchanged; the lengths come from the recipe, else the tokenizer."""
+    from launcher_scripts.jobs.models.t5 import HF_T5_TOKENIZER, hf_t5_tokens
+
+    files = [directory / name for name in ("tokenizer.json", "spiece.model")]
+    tokenizer_file = next((f for f in files if f.is_file()), None)
+    if tokenizer_file is None:
+        raise HfImportError(
+            f"{directory} has neither tokenizer.json nor spiece.model: save the model's "
+            "tokenizer there (tokenizer.save_pretrained)"
+        )
+    names = hf_t5_tokens(tokenizer_file)
+    rows = int(config["vocab_size"])
+    if len(names) > rows:
+        raise HfImportError(
+            f"{tokenizer_file} has {len(names)} tokens, more than config.json's vocab_size {rows}"
+        )
+    positions = settings.get("max_position_embeddings")
+    if positions is None:
+        stated = _tokenizer_settings(directory).get("model_max_length")
+        positions = stated if isinstance(stated, int) and stated < 100_000 else 512
+    tokenizer = {
+        "library": "huggingface",
+        "type": HF_T5_TOKENIZER,
+        "model": str(tokenizer_file),
+        "vocab_file": None,
+        "merge_file": None,
+        "num_sentinel_tokens": sum(1 for name in names if name.startswith("<extra_id_")),
+    }
+    lengths = {
+        "positions": int(positions),
+        "seq_length": int(settings.get("seq_length") or positions),
+        "seq_length_dec": int(settings.get("seq_length_dec") or 128),
+    }
+    return from_hf(config, read, tokenizer, lengths)
+
+
+def _tokenizer_settings(directory: Path) -> dict[str, Any]:
+    path = directory / "tokenizer_config.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}

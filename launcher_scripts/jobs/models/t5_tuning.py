@@ -35,7 +35,11 @@ class T5Text:
         tokenizer = model.tokenizer
         self.processor: Any = None
         self.backend: Any = None
-        if tokenizer.get("model"):
+        if str(tokenizer.get("model") or "").endswith(".json"):  # Hugging Face's tokenizer.json
+            from tokenizers import Tokenizer
+
+            self.backend = Tokenizer.from_file(str(tokenizer.model))
+        elif tokenizer.get("model"):
             import sentencepiece
 
             self.processor = sentencepiece.SentencePieceProcessor(model_file=str(tokenizer.model))
@@ -119,6 +123,7 @@ def sample_maker(cfg: Any, tokenizer: T5Text) -> SampleMaker:
         text_dec = torch.zeros(decoder_length, dtype=torch.long)
         labels = torch.full((decoder_length,), -1, dtype=torch.long)
         loss_mask = torch.zeros(decoder_length, dtype=torch.float)
+        encoder_tokens = decoder_tokens = 0
         if encoded is not None:  # None: padding of a validation batch, no loss
             split = encoded.prompt_length
             answer = encoded.ids[split:]
@@ -126,13 +131,15 @@ def sample_maker(cfg: Any, tokenizer: T5Text) -> SampleMaker:
             text_dec[: len(answer) + 1] = torch.tensor([tokenizer.bos_id, *answer])
             labels[: len(answer) + 1] = torch.tensor([*answer, tokenizer.eos_id])
             loss_mask[: len(answer) + 1] = 1.0
+            encoder_tokens, decoder_tokens = split, len(answer) + 1
         return {
             "text_enc": text_enc,
             "text_dec": text_dec,
             "labels": labels,
             "loss_mask": loss_mask,
-            "enc_mask": (text_enc > 0).long(),
-            "dec_mask": (text_dec > 0).long(),
+            # Which positions hold a token (the decoder's start may be id 0: t5_masks.py).
+            "enc_mask": (torch.arange(encoder_length) < encoder_tokens).long(),
+            "dec_mask": (torch.arange(decoder_length) < decoder_tokens).long(),
         }
 
     return sample

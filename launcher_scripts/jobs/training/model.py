@@ -25,6 +25,12 @@ from launcher_scripts.costmodel import estimates
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.recipes import training as recipe
 
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GeLU's tanh approximation (Hugging Face's gelu_new, T5 v1.1's and mT5's)."""
+    return F.gelu(x, approximate="tanh")
+
+
 # activation -> (function, gated linear unit)
 ACTIVATIONS = {
     "gelu": (F.gelu, False),
@@ -33,6 +39,7 @@ ACTIVATIONS = {
     "swiglu": (F.silu, True),
     "fast-swiglu": (F.silu, True),
     "geglu": (F.gelu, True),
+    "geglu-tanh": (gelu_tanh, True),
     "fast-geglu": (F.gelu, True),
     "reglu": (F.relu, True),
     "fast-reglu": (F.relu, True),
@@ -93,6 +100,8 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
         num_attention_heads=model.num_attention_heads,
         num_query_groups=model.get("num_query_groups"),
         kv_channels=model.get("kv_channels"),
+        # None: 1/sqrt(head size); an imported T5 has 1.0 (its query weights hold the scale)
+        softmax_scale=model.get("softmax_scale"),
         init_method_std=model.init_method_std,
         hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout,
