@@ -553,6 +553,11 @@ CASES = {
         ],
     ),
     "export_gpt3": ("export", ["export.run.model_train_name=gpt3_126m"]),
+    "export_t5": ("export", ["export=t5/export_t5"]),
+    "hf_import_t5": (
+        "conversion",
+        ["conversion=hf_import", "conversion.hf_model_dir=/models/t5-small"],
+    ),
     "sft_squad": ("data_preparation", ["data_preparation=sft/squad"]),
     "sft_dolly": ("data_preparation", ["data_preparation=sft/dolly"]),
     "sft_xquad": ("data_preparation", ["data_preparation=sft/xquad"]),

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.formats.portable_check import GATED_ACTIVATIONS
 
-# Megatron's gated-linear-unit activations: fc1 produces value and gate, 2 x ffn columns.
-GATED_ACTIVATIONS = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
 # A recipe's trainer.precision -> the dtype of weights and activations.
 PRECISIONS = {
     "bf16": "bf16",

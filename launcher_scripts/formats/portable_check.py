@@ -41,7 +41,11 @@ DTYPE_BYTES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
 }  # fmt: skip
-GATED_ACTIVATIONS = ("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu")
+# Megatron's gated-linear-unit activations: fc1 produces value and gate, 2 x ffn columns.
+GATED_ACTIVATIONS = (
+    *("swiglu", "fast-swiglu", "geglu", "fast-geglu", "reglu", "fast-reglu"),
+    "geglu-tanh",  # an imported T5 v1.1's or mT5's
+)
 
 
 class PortableFileError(ValueError):

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from launcher_scripts.families.t5 import HF_FEED_FORWARD, hf_architecture
+from launcher_scripts.families.t5 import HF_FEED_FORWARD, MT5_CLASS, T5, hf_architecture
 from launcher_scripts.jobs.models.base import HfImportError, HfModel
 from launcher_scripts.jobs.models.hf_common import (
     dtype_name,
@@ -193,7 +193,7 @@ def from_hf(
     # T5 v1.0 scales the decoder's output by d_model^-0.5; v1.1 and mT5 do not. transformers 4
     # wrote that as tie_word_embeddings, 5 as scale_decoder_outputs (its MT5 never scales).
     # Whether the output layer is the embedding table is the checkpoint's: an lm_head.weight.
-    scaled = config.get("model_type") != "mt5" and bool(
+    scaled = config.get("model_type") != MT5_CLASS.model_type and bool(
         config.get("scale_decoder_outputs", config.get("tie_word_embeddings", True))
     )
     try:
@@ -230,7 +230,7 @@ def from_hf(
         }
 
     model = {
-        "model_family": "t5",
+        "model_family": T5.name,
         "precision": 32,
         "tensor_model_parallel_size": 1,
         "pipeline_model_parallel_size": 1,

@@ -1,0 +1,150 @@
+"""Importing a Hugging Face T5 (v1.0 and v1.1) and mT5 directory: tiny random models that
+transformers itself builds and saves (tests/scripts/make_hf_t5.py, no hub), imported through
+`python3 main.py conversion=hf_import`. After import our logits equal transformers' to 1e-4 in
+fp32 and greedy answers are the same tokens; written back as a Hugging Face directory the
+tensors are the original ones exactly, and the tokenizer encodes as before; the imported model
+fine-tunes; what cannot be imported is one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ONE_THREAD, REPO, run_main
+
+VARIANTS = ["t5_v1", "t5_v1.1", "mt5"]
+pytestmark = pytest.mark.xdist_group("t5_hf_import")
+
+
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("hf_t5") / "models"
+    run_module("tests.scripts.make_hf_t5", str(folder))
+    return folder
+
+
+def imported(hf_models: Path, results: Path, variant: str) -> Path:
+    result = run_main(
+        "stages=[conversion]",
+        "conversion=hf_import",
+        f"conversion.hf_model_dir={hf_models / variant}",
+        f"base_results_dir={results}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return results / variant / "convert_nemo" / "model.nemo"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_imported_t5_computes_what_transformers_does_and_exports_back_exactly(
+    variant: str, hf_models: Path, tmp_path: Path
+) -> None:
+    model = imported(hf_models, tmp_path / "results", variant)
+    output = run_module(
+        "tests.scripts.hf_t5_check", str(model), str(hf_models / variant), str(tmp_path / "back")
+    )
+    check = json.loads(output.stdout.splitlines()[-1])
+    assert check["logits"] <= 1e-4, check
+    ours, theirs = check["greedy"]
+    assert ours == theirs and all(len(answer) > 1 for answer in ours), check
+    assert check["keys_equal"] and check["tensors_equal"], check
+    assert check["token_ids"], check
+    expected = "MT5ForConditionalGeneration" if variant == "mt5" else "T5ForConditionalGeneration"
+    assert check["class"] == expected
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert back["architectures"] == [expected]
+
+
+def test_an_imported_t5_fine_tunes(hf_models: Path, tmp_path: Path) -> None:
+    """T5 v1.1's decoder starts at id 0, the padding id: the masks must still attend to it."""
+    from tests.sft_task import write_text_to_text_task
+
+    model = imported(hf_models, tmp_path / "results", "t5_v1.1")
+    task = write_text_to_text_task(tmp_path / "task")
+    (train_src, train_tgt), (val_src, val_tgt) = task["train"], task["val"]
+    stage = "fine_tuning"
+    result = run_main(
+        f"stages=[{stage}]",
+        f"{stage}=t5/custom_task",
+        f"base_results_dir={tmp_path / 'results'}",
+        f"{stage}.run.model_train_name=imported",
+        f"{stage}.model.restore_from_path={model}",
+        f"{stage}.model.data.train_ds.src_file_name={train_src}",
+        f"{stage}.model.data.train_ds.tgt_file_name={train_tgt}",
+        f"{stage}.model.data.validation_ds.src_file_name={val_src}",
+        f"{stage}.model.data.validation_ds.tgt_file_name={val_tgt}",
+        f"{stage}.model.data.train_ds.max_src_seq_length=32",
+        f"{stage}.model.data.train_ds.max_tgt_seq_length=4",
+        f"{stage}.trainer.accelerator=cpu",
+        f"{stage}.trainer.precision=32",
+        f"{stage}.trainer.devices=1",
+        f"{stage}.trainer.max_steps=30",
+        f"{stage}.trainer.val_check_interval=30",
+        f"{stage}.model.global_batch_size=8",
+        f"{stage}.model.micro_batch_size=4",
+        f"{stage}.model.optim.lr=2e-3",
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = tmp_path / "results" / "imported" / "custom_task" / "results" / "metrics.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    losses = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    assert [step for step, _ in losses] == [0, 30], losses
+    assert losses[1][1] < 0.3 * losses[0][1], losses
+    matches = [
+        r["validation_exact_string_match"] for r in rows if "validation_exact_string_match" in r
+    ]
+    assert matches[-1] == 1.0, matches
+
+
+def one_line(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and all(f in lines[0] for f in fragments), result.stderr[-2000:]
+
+
+def test_what_cannot_be_imported_is_one_line(hf_models: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    base = ["stages=[conversion]", "conversion=hf_import", f"base_results_dir={results}"]
+    one_line(
+        run_main(*base, f"conversion.hf_model_dir={tmp_path / 'nowhere'}"),
+        "conversion.hf_model_dir",
+        "no readable config.json",
+    )
+    other = tmp_path / "bert"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    one_line(
+        run_main(*base, f"conversion.hf_model_dir={other}"),
+        "conversion.hf_model_dir",
+        "model_type 'bert' is not one this version imports",
+        "mt5, t5",
+    )
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (odd / name).symlink_to(hf_models / "t5_v1.1" / name)
+    config = json.loads((hf_models / "t5_v1.1" / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps(config | {"feed_forward_proj": "gated-softplus"}))
+    result = run_main(*base, f"conversion.hf_model_dir={odd}")
+    assert result.returncode != 0
+    log = "".join(p.read_text() for p in (results / "odd").rglob("log-*.out"))
+    assert "error: config.json feed_forward_proj 'gated-softplus': this version imports" in log
+    assert not (results / "odd" / "convert_nemo" / "model.nemo").exists()
+    assert run_main(*base).returncode != 0  # hf_model_dir is asked for
