@@ -538,6 +538,11 @@ CASES = {
             "++cluster.srun_args=['--mpi=pmix']",
         ],
     ),
+    # Before the other conversion cases: a stage's last case is the one its name checks use.
+    "hf_import_t5": (
+        "conversion",
+        ["conversion=hf_import", "conversion.hf_model_dir=/data/hf/t5-small"],
+    ),
     "conversion_gpt3": ("conversion", ["conversion.run.model_train_name=gpt3_126m"]),
     "conversion_t5": ("conversion", ["training=t5/220m", "conversion=t5/convert_t5"]),
     "conversion_bert": (
@@ -554,10 +559,6 @@ CASES = {
     ),
     "export_gpt3": ("export", ["export.run.model_train_name=gpt3_126m"]),
     "export_t5": ("export", ["export=t5/export_t5"]),
-    "hf_import_t5": (
-        "conversion",
-        ["conversion=hf_import", "conversion.hf_model_dir=/models/t5-small"],
-    ),
     "sft_squad": ("data_preparation", ["data_preparation=sft/squad"]),
     "sft_dolly": ("data_preparation", ["data_preparation=sft/dolly"]),
     "sft_xquad": ("data_preparation", ["data_preparation=sft/xquad"]),

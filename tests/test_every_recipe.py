@@ -61,7 +61,7 @@ def recipe_of_family(group: str, family: str) -> str:
 def upstream(group: str, recipe: str) -> tuple[str, ...]:
     """Overrides that put the run producing this recipe's inputs before it: the training run it
     names (run.model_train_name) and, where needed, a conversion of the same family."""
-    target = compose_config([f"{group}={recipe}"])[group]
+    target = compose_config([f"{group}={recipe}", *FILLS.get((group, recipe), [])])[group]
     trained = training_recipes_by_run_name().get(str(target.run.get("model_train_name")))
     if group not in UPSTREAM or trained is None:
         return (f"stages=[{group}]",)
@@ -80,6 +80,16 @@ def upstream(group: str, recipe: str) -> tuple[str, ...]:
     return tuple(args)
 
 
+def hf_model_dir(group: str, recipe: str, root: Path) -> list[str]:
+    """A directory an `auto` recipe's family is read from (its config.json's model_type)."""
+    if (group, recipe) != ("conversion", "hf_import"):
+        return []
+    folder = root / "hf" / "t5-small"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text('{"model_type": "t5"}')
+    return [f"conversion.hf_model_dir={folder}"]
+
+
 def overrides(group: str, recipe: str, cluster_type: str, root: Path) -> list[str]:
     # Kubernetes pods see only their volumes: the checkout and the test's folder.
     volumes = ",".join(
@@ -91,6 +101,7 @@ def overrides(group: str, recipe: str, cluster_type: str, root: Path) -> list[st
         *upstream(group, recipe),
         f"{group}={recipe}",
         *FILLS.get((group, recipe), []),
+        *hf_model_dir(group, recipe, root),
         f"cluster_type={cluster_type}",
         f"data_dir={root / 'data'}",
         f"base_results_dir={root / 'results'}",

@@ -127,6 +127,9 @@ def move_case_inputs(cfg: Any, stage: str, data_dir: str) -> None:
                 path.write_bytes(gzip.compress(b'{"text": "a"}\n'))
             elif path.suffix:
                 path.write_text('{"text": "a"}\n')
+            elif key == "hf_model_dir":  # a Hugging Face model: its family from config.json
+                path.mkdir()
+                (path / "config.json").write_text('{"model_type": "t5"}')
             else:  # a folder of inputs
                 path.mkdir()
                 (path / "a.jsonl").write_text('{"text": "a"}\n')

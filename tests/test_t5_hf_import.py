@@ -17,7 +17,6 @@ import pytest
 from tests.conftest import ONE_THREAD, REPO, run_main
 
 VARIANTS = ["t5_v1", "t5_v1.1", "mt5"]
-pytestmark = pytest.mark.xdist_group("t5_hf_import")
 
 
 def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -71,11 +70,12 @@ def test_an_imported_t5_computes_what_transformers_does_and_exports_back_exactly
     assert back["architectures"] == [expected]
 
 
-def test_an_imported_t5_fine_tunes(hf_models: Path, tmp_path: Path) -> None:
-    """T5 v1.1's decoder starts at id 0, the padding id: the masks must still attend to it."""
+def test_an_imported_t5_fine_tunes_and_exports_back(hf_models: Path, tmp_path: Path) -> None:
+    """T5's decoder starts at id 0, the padding id: the masks must still attend to it. T5
+    v1.0's output layer is the embedding table, with no bias: the tuned model exports."""
     from tests.sft_task import write_text_to_text_task
 
-    model = imported(hf_models, tmp_path / "results", "t5_v1.1")
+    model = imported(hf_models, tmp_path / "results", "t5_v1")
     task = write_text_to_text_task(tmp_path / "task")
     (train_src, train_tgt), (val_src, val_tgt) = task["train"], task["val"]
     stage = "fine_tuning"
@@ -111,6 +111,9 @@ def test_an_imported_t5_fine_tunes(hf_models: Path, tmp_path: Path) -> None:
         r["validation_exact_string_match"] for r in rows if "validation_exact_string_match" in r
     ]
     assert matches[-1] == 1.0, matches
+    tuned = log.parent / "checkpoints" / "megatron_t5_custom_task.nemo"
+    run_module("tests.scripts.hf_export", str(tuned), str(tmp_path / "back"))
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["tie_word_embeddings"]
 
 
 def one_line(result: subprocess.CompletedProcess, *fragments: str) -> None:

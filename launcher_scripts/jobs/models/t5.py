@@ -398,6 +398,11 @@ def build_chunks(
     )
     if pipeline > 1:
         _split_over_stages(chunk, stage, pipeline, encoder_stages)
+    head = getattr(chunk, "lm_head", None)
+    if model_cfg.get("hf_architecture") and head is not None and head.output_layer.bias is not None:
+        # An imported model's output layer on the embedding table has no bias in Hugging Face's
+        # T5: it stays at zero, so that a tuned model exports back.
+        head.output_layer.bias.requires_grad_(False)
     return [chunk]
 
 
