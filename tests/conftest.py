@@ -370,22 +370,15 @@ def client_check(
     runs in the Triton environment's python)."""
     prompts_file = tmp_path / "client_prompts.json"
     prompts_file.write_text(json.dumps(prompts))
-    result = subprocess.run(
-        [
-            str(triton_python),
-            "-m",
-            "tests.scripts.triton_client_check",
-            model,
-            str(ports[0]),
-            str(ports[1]),
-            str(prompts_file),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
+    result = run_module(
+        "tests.scripts.triton_client_check",
+        model,
+        str(ports[0]),
+        str(ports[1]),
+        str(prompts_file),
+        python=triton_python,
+        env=None,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.splitlines()[-1])
 
 
@@ -396,24 +389,36 @@ def in_process(
     code, no server): what a server must answer."""
     prompts_file = tmp_path / "in_process_prompts.json"
     prompts_file.write_text(json.dumps(prompts))
+    result = run_module(
+        "tests.scripts.generate_text",
+        str(model),
+        str(prompts_file),
+        str(tokens),
+        *overrides,
+        timeout=300,
+    )
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def run_module(
+    module: str,
+    *args: str,
+    python: Path | str = sys.executable,
+    env: dict[str, str] | None = ONE_THREAD,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
+    """`python -m module args...` from the checkout, which must succeed (its stderr shown
+    when not). `env` None: this process's environment."""
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.scripts.generate_text",
-            str(model),
-            str(prompts_file),
-            str(tokens),
-            *overrides,
-        ],
+        [str(python), "-m", module, *args],
         capture_output=True,
         text=True,
         cwd=REPO,
-        env=ONE_THREAD,
-        timeout=300,
+        env=env,
+        timeout=timeout,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    return result
 
 
 def serves_like_in_process(

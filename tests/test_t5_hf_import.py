@@ -9,27 +9,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ONE_THREAD, REPO, run_main
+from tests.conftest import run_main, run_module
 
 VARIANTS = ["t5_v1", "t5_v1.1", "mt5"]
-
-
-def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ONE_THREAD,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 @pytest.fixture(scope="module")

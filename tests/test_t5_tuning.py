@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 from launcher_scripts.formats.portable_check import inspect_portable
 from launcher_scripts.jobs.fine_tuning import sft_data
-from tests.conftest import REPO, in_process_check, run_main
+from tests.conftest import in_process_check, run_main, run_module
 from tests.sft_task import write_text_to_text_task
 
 STAGE = "fine_tuning"
@@ -499,14 +498,9 @@ def test_merged_lora_answers_as_base_plus_lora(
     base = tuned / "checkpoints" / "megatron_t5_custom_task.nemo"
     lora = t5_lora / "checkpoints" / "megatron_t5_peft_lora.nemo"
     merged = tmp_path / "merged.nemo"
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher_scripts", "merge-lora", str(base), str(lora), str(merged)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
+    run_module(
+        "launcher_scripts", "merge-lora", str(base), str(lora), str(merged), env=None, timeout=300
     )
-    assert result.returncode == 0, result.stderr
     folder = evaluation(
         tmp_path / "evaluation",
         remapped,

@@ -149,28 +149,22 @@ class Conversion:
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg
         output = Path(str(cfg.run.output_path))
-        if importing(cfg):
-            return [
-                make_job(
-                    ctx,
-                    str(cfg.run.name),
-                    (Command(HF_IMPORT, ("--config", str(ctx.config_path))),),
-                    Resources(time_limit=str(cfg.run.time_limit)),
-                    reads=(str(cfg.hf_model_dir),),
-                    writes=(str(output / str(cfg.run.nemo_file_name)),),
-                )
-            ]
         writes = [str(output / str(cfg.run.nemo_file_name))]
-        if cfg.run.get("hf_dir_name"):
-            writes.append(str(output / str(cfg.run.hf_dir_name)))
+        if importing(cfg):
+            program, reads = HF_IMPORT, (str(cfg.hf_model_dir),)
+        else:
+            program = CONVERT
+            reads = (str(cfg.model.checkpoint_folder), str(cfg.model.hparams_file))
+            if cfg.run.get("hf_dir_name"):
+                writes.append(str(output / str(cfg.run.hf_dir_name)))
         return [
             make_job(
                 ctx,
                 str(cfg.run.name),
-                (Command(CONVERT, ("--config", str(ctx.config_path))),),
+                (Command(program, ("--config", str(ctx.config_path))),),
                 # One process reads a checkpoint of any layout: no GPUs, no exclusive node.
                 Resources(time_limit=str(cfg.run.time_limit)),
-                reads=(str(cfg.model.checkpoint_folder), str(cfg.model.hparams_file)),
+                reads=reads,
                 writes=tuple(writes),
             )
         ]

@@ -145,20 +145,27 @@ def sample_maker(cfg: Any, tokenizer: T5Text) -> SampleMaker:
     return sample
 
 
+def _runner(
+    chunks: list[Any], text: T5Text, tensor: int, pipeline: int, sp: bool, on_gpu: bool
+) -> Seq2SeqRunner:
+    """The model answering rows whose encoder part ends at the decoder's start id."""
+    return Seq2SeqRunner(
+        chunks=chunks,
+        start_id=text.bos_id,
+        vocab_size=text.vocab_size,
+        tensor=tensor,
+        pipeline=pipeline,
+        sequence_parallel=sp,
+        on_gpu=on_gpu,
+    )
+
+
 def generation(
     cfg: Any, chunks: list[Any], tokenizer: T5Text, par: Any, on_gpu: bool, prefix: list[int]
 ) -> tuple[Any, Any, int]:
     """The encoder reads the prompt (behind `prefix`, cut as training cuts it) and the decoder
     generates."""
-    runner = Seq2SeqRunner(
-        chunks=chunks,
-        start_id=tokenizer.bos_id,
-        vocab_size=tokenizer.vocab_size,
-        tensor=par.tensor,
-        pipeline=par.pipeline,
-        sequence_parallel=par.sequence_parallel,
-        on_gpu=on_gpu,
-    )
+    runner = _runner(chunks, tokenizer, par.tensor, par.pipeline, par.sequence_parallel, on_gpu)
     encoder_length = int(cfg.model.data.seq_length)
     # Every prompt fits: its encoder part is cut to the encoder's length, and the decoder's
     # start and answer follow it.
@@ -171,15 +178,7 @@ def served(opened: OpenedModel) -> ServedModel:
     model's positions: a prompt too long is refused, not cut, so that a client learns it."""
     text = T5Text(opened.config)
     positions = int(opened.config.max_position_embeddings)
-    runner = Seq2SeqRunner(
-        chunks=opened.chunks,
-        start_id=text.bos_id,
-        vocab_size=text.vocab_size,
-        tensor=opened.tensor,
-        pipeline=opened.pipeline,
-        sequence_parallel=False,
-        on_gpu=opened.on_gpu,
-    )
+    runner = _runner(opened.chunks, text, opened.tensor, opened.pipeline, False, opened.on_gpu)
 
     def too_long(row_tokens: int, tokens_to_generate: int) -> str | None:
         encoder = row_tokens - 1  # the prompt's ids and [EOS]; the decoder's start follows
