@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,17 +65,64 @@ SHARED = {
     "default_run": "triton",
     "exported": "triton",
     "triton_python": "triton",
+    # A venv with torch, removed when its worker's session ends.
+    "installed_launcher": "packaging",
 }
+
+
+def shared_group(item: pytest.Item) -> str | None:
+    return next((SHARED[f] for f in getattr(item, "fixturenames", ()) if f in SHARED), None)
+
+
+def uses_own_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module-scoped fixture of its module (a trained model, a measured
+    search): one is built once per worker that runs one of its tests."""
+    module = item.nodeid.split("::")[0]
+    info = getattr(item, "_fixtureinfo", None)
+    return any(
+        definitions[-1].scope == "module" and definitions[-1].baseid == module
+        for definitions in getattr(info, "name2fixturedefs", {}).values()
+        if definitions
+    )
 
 
 # tryfirst: xdist's worker names each grouped test `<id>@<group>` in its own hook of this name,
 # which would otherwise run before this one (its plugin registers after this conftest).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The tests of a module fixture stay on one worker: in the module's shared group if some
+    # of its tests have one, else in a group of the module's own.
+    module_group: dict[str, str] = {}
     for item in items:
-        group = next((SHARED[f] for f in getattr(item, "fixturenames", ()) if f in SHARED), None)
+        group = shared_group(item)
+        if group is not None:
+            module_group.setdefault(item.nodeid.split("::")[0], group)
+    for item in items:
+        group = shared_group(item)
+        own_group = item.get_closest_marker("xdist_group") is not None
+        if group is None and not own_group and uses_own_module_fixture(item):
+            module = item.nodeid.split("::")[0]
+            group = module_group.get(module, Path(module).stem)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With PYTEST_TIMINGS=FILE, each test phase's worker, end time and duration are appended to
+    FILE as JSON lines: `python3 -m tests.scripts.timings FILE` shows where a run's time went
+    (per worker, per module and group, and the idle tail)."""
+    record = os.environ.get("PYTEST_TIMINGS")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    if record and (worker != "main" or not hasattr(report, "node")):
+        line = {
+            "test": report.nodeid,
+            "when": report.when,
+            "worker": worker,
+            "end": time.time(),
+            "seconds": report.duration,
+        }
+        with open(record, "a") as timings:
+            timings.write(json.dumps(line) + "\n")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -190,15 +237,40 @@ def write_run_manifest(results: Path, *jobs: dict) -> Path:
     return path
 
 
+def built_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]
+) -> Path:
+    """A session fixture's folder, built once for the whole run rather than once per xdist
+    worker: `build(folder)` runs in the first worker that asks, and the others wait for it and
+    read what it wrote (two workers training the same model at once would each take twice as
+    long). Tests read such a folder and write elsewhere. A build that failed is tried again by
+    the next worker that asks."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    folder, built = base / name, base / f"{name}.built"
+    with FileLock(str(base / f"{name}.lock")):
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            built.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default data preparation (shipped corpus, trained tokenizer), done once."""
-    root = tmp_path_factory.mktemp("prepared")
-    result = run_main(
-        "stages=[data_preparation]", f"data_dir={root}/data", f"base_results_dir={root}/results"
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return root
+
+    def build(root: Path) -> None:
+        result = run_main(
+            "stages=[data_preparation]", f"data_dir={root}/data", f"base_results_dir={root}/results"
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    return built_once(tmp_path_factory, "prepared", build)
 
 
 # Data preparation for the encoder families: a WordPiece vocabulary trained on the shipped
@@ -218,20 +290,22 @@ WORDPIECE_DATA = (
 def prepared_wordpiece(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped corpus prepared for BERT and T5 with the shipped vocabulary, done once. The
     vocabulary sits where the BERT and T5 tiny recipes look for it."""
-    root = tmp_path_factory.mktemp("prepared_wordpiece")
-    vocab = root / "data" / "custom_dataset" / "bpe" / "custom_sp_tokenizer.vocab.txt"
-    vocab.parent.mkdir(parents=True)
-    shutil.copyfile(WORDPIECE_VOCAB, vocab)
-    result = run_main(
-        "stages=[data_preparation]",
-        f"data_dir={root}/data",
-        f"base_results_dir={root}/results",
-        "data_preparation.train_tokenizer=false",
-        f"data_preparation.vocab_file={vocab}",
-        *WORDPIECE_DATA,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return root
+
+    def build(root: Path) -> None:
+        vocab = root / "data" / "custom_dataset" / "bpe" / "custom_sp_tokenizer.vocab.txt"
+        vocab.parent.mkdir(parents=True)
+        shutil.copyfile(WORDPIECE_VOCAB, vocab)
+        result = run_main(
+            "stages=[data_preparation]",
+            f"data_dir={root}/data",
+            f"base_results_dir={root}/results",
+            "data_preparation.train_tokenizer=false",
+            f"data_preparation.vocab_file={vocab}",
+            *WORDPIECE_DATA,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    return built_once(tmp_path_factory, "prepared_wordpiece", build)
 
 
 @pytest.fixture(scope="session")
@@ -239,20 +313,22 @@ def t5_converted(prepared_wordpiece: Path, tmp_path_factory: pytest.TempPathFact
     """T5 tiny trained for 100 steps through main.py and converted: the portable file
     (t5_tiny/convert_nemo/megatron_t5.nemo) and its Hugging Face export (.../hf). Returns the
     results root."""
-    root = tmp_path_factory.mktemp("t5_converted")
-    result = run_main(
-        "stages=[training,conversion]",
-        "training=t5/tiny",
-        "conversion=t5/convert_t5",
-        "conversion.model.vocab_file=null",
-        "conversion.run.hf_dir_name=hf",
-        f"data_dir={prepared_wordpiece}/data",
-        f"base_results_dir={root}",
-        "training.trainer.max_steps=100",
-        "training.trainer.log_every_n_steps=5",
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return root
+
+    def build(root: Path) -> None:
+        result = run_main(
+            "stages=[training,conversion]",
+            "training=t5/tiny",
+            "conversion=t5/convert_t5",
+            "conversion.model.vocab_file=null",
+            "conversion.run.hf_dir_name=hf",
+            f"data_dir={prepared_wordpiece}/data",
+            f"base_results_dir={root}",
+            "training.trainer.max_steps=100",
+            "training.trainer.log_every_n_steps=5",
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "t5_converted", build)
 
 
 @pytest.fixture(scope="session")
@@ -276,15 +352,18 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_portable(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny GPT trained briefly and converted: the portable file inference stages read."""
-    results = tmp_path_factory.mktemp("tiny_model")
-    result = run_main(
-        "stages=[training,conversion]",
-        f"data_dir={prepared}/data",
-        f"base_results_dir={results}",
-        "training.trainer.max_steps=60",
-        "conversion.run.hf_dir_name=null",
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    def build(results: Path) -> None:
+        result = run_main(
+            "stages=[training,conversion]",
+            f"data_dir={prepared}/data",
+            f"base_results_dir={results}",
+            "training.trainer.max_steps=60",
+            "conversion.run.hf_dir_name=null",
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    results = built_once(tmp_path_factory, "tiny_model", build)
     return results / "gpt3_tiny" / "convert_nemo" / "megatron_gpt.nemo"
 
 

@@ -150,7 +150,7 @@ PP3 = (
             2,
         ),
         # PP 2 is checked against one process by the published-layout test (copied embedding
-        # and output tables) and by the stop-and-resume test (30 steps).
+        # and output tables) and by the stop-and-resume test (14 steps).
         ((*PP3, "training.model.optim.name=distributed_fused_adam"), 3),
     ],
     ids=["tp2", "tp2-sequence-parallel", "pp3-distributed-optimizer"],
@@ -217,8 +217,8 @@ def test_t5_stop_and_resume_match_an_uninterrupted_run(
     checkpoint (its copied embedding stored once) converts to a portable file that rebuilds the
     single-stage model exactly."""
     steps = (
-        "training.trainer.max_steps=30",
-        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=10",
+        "training.trainer.max_steps=14",
+        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=5",
         f"training.model.data.index_mapping_dir={tmp_path}/i",
     )
     train(write_config(prepared_wordpiece, tmp_path / "reference", *steps))
@@ -232,7 +232,7 @@ def test_t5_stop_and_resume_match_an_uninterrupted_run(
             # torchrun reports its workers' stop as its own failure; the checkpoint counts
             *(() if processes == 1 else (1, -signal.SIGTERM)),
         )
-        assert max(losses(tmp_path / name)) < 30
+        assert max(losses(tmp_path / name)) < 14
         assert "resumed from" in train(config, processes=processes).stdout
         assert_same_losses(tmp_path / "reference", tmp_path / name, tolerance)
     model_file = convert(
