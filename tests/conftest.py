@@ -6,7 +6,6 @@ Regenerate golden scripts with: python3 -m pytest tests/test_golden_scripts.py -
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import shutil
@@ -26,33 +25,6 @@ from launcher_scripts.jobs.export.install import bundled_server, default_venv, v
 pytest_plugins = ["tests.http_site"]  # the `site` fixture: a local HTTP server
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _cache_recipe_files() -> None:
-    """Many tests compose recipes in this process, a thousand times and more, each compose
-    parsing the same YAML files again: a third of its time. The parsed files are kept here,
-    keyed by path, modification time and size (a test that writes a recipe gets it read
-    anew), and each compose gets its own copy. Test-only: the launcher composes once."""
-    from hydra._internal.core_plugins.file_config_source import FileConfigSource
-
-    load = FileConfigSource.load_config
-    parsed: dict[tuple[str, int, int], Any] = {}
-
-    def load_once(self: FileConfigSource, config_path: str) -> Any:
-        path = os.path.realpath(os.path.join(self.path, self._normalize_file_name(config_path)))
-        try:
-            status = os.stat(path)
-        except OSError:
-            return load(self, config_path)  # Hydra's own error
-        key = (path, status.st_mtime_ns, status.st_size)
-        if key not in parsed:
-            parsed[key] = load(self, config_path)
-        return copy.deepcopy(parsed[key])
-
-    FileConfigSource.load_config = load_once  # type: ignore[method-assign]
-
-
-_cache_recipe_files()
 
 
 # Fixtures standing for something one machine has once: the tests using one run on one xdist
