@@ -950,25 +950,26 @@ def assert_reshards_exactly(
     model_file: Path, run: Path, layouts: tuple[tuple[int, int], ...]
 ) -> None:
     """The portable file built at each (TP, PP) equals, bit for bit, the model loaded from the
-    run's training checkpoint at that layout (tests/scripts/reshard_check.py)."""
+    run's training checkpoint at that layout (tests/scripts/reshard_check.py, one launch)."""
     checkpoint = next(p for p in (run / "checkpoints").iterdir() if p.name.startswith("megatron"))
+    processes = max(tensor * pipeline for tensor, pipeline in layouts)
+    check = subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
+            f"--nproc-per-node={processes}",
+            *("-m", "tests.scripts.reshard_check", str(model_file), str(checkpoint)),
+            *(f"{tensor}x{pipeline}" for tensor, pipeline in layouts),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=600,
+    )
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
     for tensor, pipeline in layouts:
-        processes = tensor * pipeline
-        check = subprocess.run(
-            [
-                *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
-                f"--nproc-per-node={processes}",
-                *("-m", "tests.scripts.reshard_check", str(model_file), str(checkpoint)),
-                *(str(tensor), str(pipeline)),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env=ONE_THREAD,
-            timeout=600,
-        )
-        assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
-        assert check.stdout.count(" 0 mismatched") == processes, check.stdout
+        assert check.stdout.count(f"{tensor}x{pipeline} rank") == processes, check.stdout
+    assert check.stdout.count(" 0 mismatched") == processes * len(layouts), check.stdout
 
 
 def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:

@@ -19,12 +19,14 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.config import (
+    recipe_cache,
     resolvers,  # noqa: F401  (registers the resolvers)
     yaml_loader,
 )
 from launcher_scripts.errors import ConfigError, LauncherError
 
 yaml_loader.install()  # Hydra's reading of the recipes, in C
+recipe_cache.install()  # each recipe file loaded once per process
 
 
 def conf_dir() -> Path:
