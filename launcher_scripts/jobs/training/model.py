@@ -22,6 +22,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from launcher_scripts.costmodel import estimates
+from launcher_scripts.formats.portable_check import GATED_ACTIVATIONS
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.recipes import training as recipe
 
@@ -31,18 +32,19 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-# activation -> (function, gated linear unit)
+# Which of them is gated (fc1 gives value and gate) is GATED_ACTIVATIONS, shared with the
+# file checks and the cost model.
 ACTIVATIONS = {
-    "gelu": (F.gelu, False),
-    "relu": (F.relu, False),
-    "squared-relu": (squared_relu, False),
-    "swiglu": (F.silu, True),
-    "fast-swiglu": (F.silu, True),
-    "geglu": (F.gelu, True),
-    "geglu-tanh": (gelu_tanh, True),
-    "fast-geglu": (F.gelu, True),
-    "reglu": (F.relu, True),
-    "fast-reglu": (F.relu, True),
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "squared-relu": squared_relu,
+    "swiglu": F.silu,
+    "fast-swiglu": F.silu,
+    "geglu": F.gelu,
+    "geglu-tanh": gelu_tanh,
+    "fast-geglu": F.gelu,
+    "reglu": F.relu,
+    "fast-reglu": F.relu,
 }
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -83,7 +85,8 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
     model = cfg.model
     par = recipe.parallelism(cfg)
     dtype_name = recipe.precision(cfg)
-    activation, gated = ACTIVATIONS[model.activation]
+    activation = ACTIVATIONS[model.activation]
+    gated = model.activation in GATED_ACTIVATIONS
     granularity = model.get("activations_checkpoint_granularity")
     fp8 = None
     if model.get("fp8"):
