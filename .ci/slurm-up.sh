@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Install (if missing) and start a real single-node Slurm on this machine, for CI and tests.
+# Install (if missing) and start a real Slurm on this machine, for CI and tests: this machine as
+# the node of partition "batch" (the default), and N more nodes n1..nN in partition "multi",
+# each a slurmd in its own network namespace (a veth on the bridge slurmbr0, address
+# 10.77.0.1<i>, its own hostname through a UTS namespace), sharing the filesystem and munge.
 #
 # Idempotent: when Slurm is already up, healthy and configured as below, it does nothing.
-# Needs root and Debian (apt-get); no systemd needed: munged, slurmctld and slurmd are
+# Needs root and Debian (apt-get); no systemd needed: munged, slurmctld and the slurmds are
 # started by hand and left running.
 #
 #   .ci/slurm-up.sh                     # bring it up (or check that it is up)
-#   SLURM_UP_TIMEOUT=120 .ci/slurm-up.sh  # seconds to wait for the node (default 60)
-#   SLURM_UP_CPUS=8 .ci/slurm-up.sh       # advertise 8 CPUs whatever the machine has
+#   SLURM_UP_TIMEOUT=120 .ci/slurm-up.sh  # seconds to wait for the nodes (default 60)
+#   SLURM_UP_CPUS=8 .ci/slurm-up.sh       # advertise 8 CPUs per node whatever the machine has
 #                                         # (oversubscribes; for tests needing parallel jobs)
+#   SLURM_UP_NODES=0 .ci/slurm-up.sh      # no namespace nodes (default 3, at most 9)
 #
 # Writes /etc/slurm/slurm.conf (overwritten without backup: this is for CI machines) and
-# restarts the daemons when it changes. Logs: /var/log/slurm/{slurmctld,slurmd}.log;
-# finished jobs: /var/log/slurm/jobcomp.log, read by `sacct -c`.
+# restarts the daemons when it changes; keeps a marked block of /etc/hosts naming n1..nN.
+# Logs: /var/log/slurm/slurmctld.log, /var/log/slurm/slurmd-<node>.log; finished jobs:
+# /var/log/slurm/jobcomp.log, read by `sacct -c`.
 set -euo pipefail
 
 TIMEOUT="${SLURM_UP_TIMEOUT:-60}"
@@ -20,10 +25,14 @@ FORCE_CPUS="${SLURM_UP_CPUS:-}"
 CONF=/etc/slurm/slurm.conf
 LOGDIR=/var/log/slurm
 STATE_DIR=/var/spool/slurmctld
+NODES="${SLURM_UP_NODES:-3}"
 CTLD_PID=/run/slurmctld.pid
-SLURMD_PID=/run/slurmd.pid
 PARTITION="batch"
+MULTI_PARTITION="multi"
 NODE="$(hostname -s)"
+BRIDGE=slurmbr0
+NET=10.77.0          # the bridge is .1, node n<i> is .1<i>
+CTLD_ADDR="$NET.1"   # where every node reaches slurmctld (127.0.0.1 is each namespace's own)
 
 log() { echo "slurm-up: $*" >&2; }
 die() { echo "slurm-up: ERROR: $*" >&2; exit 1; }
@@ -31,10 +40,75 @@ die() { echo "slurm-up: ERROR: $*" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || die "must run as root"
 [[ -z $FORCE_CPUS || $FORCE_CPUS =~ ^[1-9][0-9]*$ ]] || die "SLURM_UP_CPUS must be a positive integer"
 
+[[ $NODES =~ ^[0-9]$ ]] || die "SLURM_UP_NODES must be a number of nodes from 0 to 9"
+
+MULTI_NODES=()
+for ((i = 1; i <= NODES; i++)); do MULTI_NODES+=("n$i"); done
+ALL_NODES=("$NODE" "${MULTI_NODES[@]}")
+
+slurmd_pid() { echo "/run/slurmd-$1.pid"; }
 pid_alive() { [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
-node_state() { sinfo -h -N -n "$NODE" -o %T 2>/dev/null | head -n1; }
+node_state() { sinfo -h -N -n "$1" -o %T 2>/dev/null | head -n1; }
 usable_state() { [[ $1 =~ ^(idle|mixed|allocated|completing|planned)$ ]]; }
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+all_slurmds_alive() {
+    local node
+    for node in "${ALL_NODES[@]}"; do pid_alive "$(slurmd_pid "$node")" || return 1; done
+}
+all_nodes_usable() {
+    local node
+    for node in "${ALL_NODES[@]}"; do usable_state "$(node_state "$node")" || return 1; done
+}
+
+# The namespace nodes' network: a bridge on this machine and one namespace per node.
+network_up() {
+    local i ns hosts
+    ((NODES > 0)) || return 0
+    ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+    ip addr replace "$CTLD_ADDR/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    for ((i = 1; i <= NODES; i++)); do
+        ns="slurm-n$i"
+        [[ -e /run/netns/$ns ]] || ip netns add "$ns"
+        if ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
+            ip link del "veth-n$i" 2>/dev/null || true # an end whose namespace was deleted
+            ip link add "veth-n$i" type veth peer name eth0 netns "$ns"
+        fi
+        ip link set "veth-n$i" master "$BRIDGE"
+        ip link set "veth-n$i" up
+        ip -n "$ns" addr replace "$NET.1$i/24" dev eth0
+        ip -n "$ns" link set eth0 up
+        ip -n "$ns" link set lo up
+        ip -n "$ns" route replace default via "$CTLD_ADDR"
+    done
+    # Every node's name resolves everywhere (a job's MASTER_ADDR is a node name).
+    hosts="$(sed '/# slurm-up nodes begin/,/# slurm-up nodes end/d' /etc/hosts)"
+    {
+        echo "$hosts"
+        echo "# slurm-up nodes begin"
+        # torch's c10d looks its peers up by their IPv4-mapped IPv6 address: named here too,
+        # else each lookup waits 10 s for a DNS server that a namespace cannot reach.
+        echo "$CTLD_ADDR slurm-bridge"
+        echo "::ffff:$CTLD_ADDR slurm-bridge"
+        for ((i = 1; i <= NODES; i++)); do
+            echo "$NET.1$i n$i"
+            echo "::ffff:$NET.1$i n$i"
+        done
+        echo "# slurm-up nodes end"
+    } >/etc/hosts.slurm-up
+    cat /etc/hosts.slurm-up >/etc/hosts # in place: /etc/hosts may be a bind mount
+    rm -f /etc/hosts.slurm-up
+}
+
+start_slurmd() { # node
+    if [[ $1 == "$NODE" ]]; then
+        slurmd || die "slurmd failed to start (see $LOGDIR/slurmd-$1.log)"
+    else
+        # nsenter, not `ip netns exec`: that remounts /sys, hiding /sys/fs/cgroup from slurmd.
+        nsenter --net="/run/netns/slurm-$1" unshare --uts sh -c "hostname $1 && exec slurmd -N $1" \
+            || die "slurmd of node $1 failed to start (see $LOGDIR/slurmd-$1.log)"
+    fi
+}
 
 # Prints the wanted slurm.conf.
 gen_conf() {
@@ -50,10 +124,16 @@ gen_conf() {
         # Trust slurm.conf rather than the hardware, else the node is drained as invalid.
         extra="SlurmdParameters=config_overrides"
     fi
+    local ctld_host="$NODE" multi=""
+    if ((NODES > 0)); then
+        ctld_host="$NODE($CTLD_ADDR)"
+        multi="$(sed -E "s/^NodeName=[^ ]+/NodeName=n[1-$NODES] NodeAddr=$NET.1[1-$NODES]/" <<<"$node_line") State=UNKNOWN
+PartitionName=$MULTI_PARTITION Nodes=n[1-$NODES] MaxTime=INFINITE State=UP"
+    fi
     cat <<EOF
-# Written by .ci/slurm-up.sh: a single-node Slurm for CI and tests. Edits are overwritten.
+# Written by .ci/slurm-up.sh: a Slurm for CI and tests. Edits are overwritten.
 ClusterName=ci
-SlurmctldHost=$NODE
+SlurmctldHost=$ctld_host
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -69,11 +149,11 @@ JobRequeue=1
 $extra
 
 StateSaveLocation=$STATE_DIR
-SlurmdSpoolDir=/var/spool/slurmd
+SlurmdSpoolDir=/var/spool/slurmd/%n
 SlurmctldPidFile=$CTLD_PID
-SlurmdPidFile=$SLURMD_PID
+SlurmdPidFile=$(slurmd_pid %n)
 SlurmctldLogFile=$LOGDIR/slurmctld.log
-SlurmdLogFile=$LOGDIR/slurmd.log
+SlurmdLogFile=$LOGDIR/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 
@@ -97,15 +177,17 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=$LOGDIR/jobcomp.log
 
 $node_line State=UNKNOWN
-PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+$multi
 EOF
 }
 
 summary() {
-    local cpus version
+    local cpus version multi=""
     cpus="$(sinfo -h -N -n "$NODE" -o %c 2>/dev/null | head -n1)"
     version="$(sinfo -V 2>/dev/null | awk '{print $2}')"
-    echo "slurm-up: ready: node=$NODE cpus=${cpus:-?} partition=$PARTITION state=$(node_state) (Slurm ${version:-?})"
+    if ((NODES > 0)); then multi=", nodes=n[1-$NODES] partition=$MULTI_PARTITION"; fi
+    echo "slurm-up: ready: node=$NODE cpus=${cpus:-?} partition=$PARTITION$multi (Slurm ${version:-?})"
 }
 
 installed() {
@@ -113,11 +195,14 @@ installed() {
         && command -v slurmd >/dev/null && command -v munged >/dev/null
 }
 
-# ---------------------------------------------------------------- fast path: nothing to do
-if installed && munge_ok && pid_alive "$CTLD_PID" && pid_alive "$SLURMD_PID" \
+# ---------------------------------------------------------------- the namespace nodes' network
+network_up # idempotent, so also after a change to this script's network or hosts
+
+# ---------------------------------------------------------------- fast path: nothing else to do
+if installed && munge_ok && pid_alive "$CTLD_PID" && all_slurmds_alive \
     && [[ -f $CONF ]] && cmp -s <(gen_conf) "$CONF" \
     && timeout 10 scontrol ping 2>/dev/null | grep -q 'is UP' \
-    && usable_state "$(node_state)"; then
+    && all_nodes_usable; then
     summary
     exit 0
 fi
@@ -180,7 +265,7 @@ install -d -m 0755 /etc/slurm "$LOGDIR" "$STATE_DIR" /var/spool/slurmd
 new_conf="$(mktemp)"
 trap 'rm -f "$new_conf"' EXIT
 gen_conf >"$new_conf"
-cpus="$(sed -n 's/^NodeName=.*\bCPUs=\([0-9]*\).*/\1/p' "$new_conf")"
+cpus="$(sed -n 's/^NodeName=.*\bCPUs=\([0-9]*\).*/\1/p' "$new_conf" | head -n1)"
 if [[ -n $cpus && $cpus -lt 2 ]]; then
     log "WARNING: only CPUs=$cpus schedulable: 2-task jobs will stay pending (set SLURM_UP_CPUS=2)"
 fi
@@ -209,7 +294,8 @@ stop_daemon() { # pidfile name
 ctld_was_running=""
 if pid_alive "$CTLD_PID"; then ctld_was_running=1; fi
 if [[ -n $restart ]]; then
-    stop_daemon "$SLURMD_PID" slurmd
+    for node in "${ALL_NODES[@]}"; do stop_daemon "$(slurmd_pid "$node")" "slurmd of $node"; done
+    stop_daemon /run/slurmd.pid slurmd # where slurm-up.sh kept it before the namespace nodes
     stop_daemon "$CTLD_PID" slurmctld
 fi
 if ! pid_alive "$CTLD_PID"; then
@@ -224,35 +310,45 @@ if ! pid_alive "$CTLD_PID"; then
     log "starting slurmctld"
     slurmctld "${clear[@]}" || die "slurmctld failed to start (see $LOGDIR/slurmctld.log)"
 fi
-if ! pid_alive "$SLURMD_PID"; then
-    log "starting slurmd"
-    slurmd || die "slurmd failed to start (see $LOGDIR/slurmd.log)"
-fi
+for node in "${ALL_NODES[@]}"; do
+    if ! pid_alive "$(slurmd_pid "$node")"; then
+        log "starting slurmd of $node"
+        start_slurmd "$node"
+    fi
+done
 
 # ---------------------------------------------------------------- wait until usable
 deadline=$((SECONDS + TIMEOUT))
-state=""
 while ((SECONDS < deadline)); do
     if timeout 10 scontrol ping 2>/dev/null | grep -q 'is UP'; then
-        state="$(node_state)"
-        usable_state "$state" && break
-        case "$state" in
-            down* | drain* | fail*)
-                log "node is $state: resuming"
-                scontrol update nodename="$NODE" state=resume 2>/dev/null || true
-                ;;
-        esac
+        all_nodes_usable && break
+        for node in "${ALL_NODES[@]}"; do
+            state="$(node_state "$node")"
+            case "$state" in
+                down* | drain* | fail*)
+                    log "node $node is $state: resuming"
+                    scontrol update nodename="$node" state=resume 2>/dev/null || true
+                    ;;
+            esac
+        done
     fi
     sleep 1
 done
-usable_state "$state" \
-    || die "node $NODE not usable after ${TIMEOUT}s (state '${state:-no answer from slurmctld}'); see $LOGDIR/slurmctld.log, $LOGDIR/slurmd.log and 'scontrol show node $NODE'"
+for node in "${ALL_NODES[@]}"; do
+    state="$(node_state "$node")"
+    usable_state "$state" \
+        || die "node $node not usable after ${TIMEOUT}s (state '${state:-no answer from slurmctld}'); see $LOGDIR/slurmctld.log, $LOGDIR/slurmd-$node.log and 'scontrol show node $node'"
+done
 
 left=$((deadline - SECONDS))
 ((left > 10)) || left=10
 if ! timeout "$left" srun -N1 -n1 -p "$PARTITION" true; then
     squeue -t all >&2 || true
-    die "'srun -N1 -n1 true' failed (the queue is above); see $LOGDIR/slurmctld.log and $LOGDIR/slurmd.log"
+    die "'srun -N1 -n1 true' failed (the queue is above); see $LOGDIR/slurmctld.log and $LOGDIR/slurmd-$NODE.log"
+fi
+if ((NODES > 0)) && ! timeout "$left" srun -N"$NODES" -p "$MULTI_PARTITION" true; then
+    squeue -t all >&2 || true
+    die "'srun -N$NODES -p $MULTI_PARTITION true' failed (the queue is above); see $LOGDIR/slurmd-n<i>.log"
 fi
 
 summary

@@ -172,6 +172,29 @@ def slurm() -> None:
         pytest.skip(message)
 
 
+MULTI_PARTITION = "multi"  # .ci/slurm-up.sh's namespace nodes n1..n3
+
+
+@pytest.fixture(scope="module")
+def slurm_nodes(slurm: None) -> list[str]:
+    """The usable nodes of the namespace-node partition (at least 3): skipped without, failed
+    in CI."""
+    listed = subprocess.run(
+        ["sinfo", "-h", "-N", "-p", MULTI_PARTITION, "-o", "%N %T"], capture_output=True, text=True
+    ).stdout.split("\n")
+    usable = ("idle", "mixed", "allocated", "completing")
+    nodes = [line.split()[0] for line in listed if line.strip() and line.split()[1] in usable]
+    if len(nodes) < 3:
+        message = (
+            f"Slurm's partition {MULTI_PARTITION} has {len(nodes)} usable nodes, not 3: "
+            "start them with bash .ci/slurm-up.sh"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return nodes
+
+
 def write_run_manifest(results: Path, *jobs: dict) -> Path:
     """A run manifest of one local data_preparation stage holding `jobs` (fields of
     launcher_scripts.clusters.JobRecord), as a launcher would have written it; returns it."""
