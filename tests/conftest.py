@@ -172,6 +172,39 @@ def slurm() -> None:
         pytest.skip(message)
 
 
+# The tiny pipeline, sized for a 2-core node: no CPU count the node lacks, a short training.
+SMALL_CLUSTER = (
+    "cluster_type=bcm",
+    "cluster.gpus_per_node=null",
+    "data_preparation.run.cpus_per_node=null",
+    "data_preparation.train_tokenizer_args.vocab_size=1000",
+    "training.trainer.max_steps=6",
+    "training.model.optim.sched.warmup_steps=2",
+    "training.trainer.val_check_interval=3",
+    "training.trainer.log_every_n_steps=1",
+    "training.model.num_layers=2",
+    "training.model.hidden_size=64",
+    "training.model.ffn_hidden_size=256",
+)
+
+
+def wait_for_run(results: Path, timeout: float = 1800) -> dict[str, str]:
+    """Poll `status --json` (another process, as a user would) until every job has ended."""
+    deadline = time.monotonic() + timeout
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        result = run_ops("status", str(results), "--json")
+        assert result.returncode == 0, result.stderr
+        manifest = json.loads(result.stdout)
+        states = {
+            job["name"]: job["state"] for stage in manifest["stages"] for job in stage["jobs"]
+        }
+        if all(state in ("COMPLETED", "FAILED", "CANCELLED") for state in states.values()):
+            return states
+        time.sleep(2)
+    raise AssertionError(f"the run did not end in {timeout} s: {states}")
+
+
 MULTI_PARTITION = "multi"  # .ci/slurm-up.sh's namespace nodes n1..n3
 
 

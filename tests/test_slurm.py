@@ -13,43 +13,12 @@ import time
 from pathlib import Path
 
 from launcher_scripts.formats.progress import TMP_PREFIX, newest_step
-from tests.conftest import REPO, run_main, run_ops
+from tests.conftest import REPO, SMALL_CLUSTER, run_main, run_ops, wait_for_run
 from tests.http_site import Site
 from tests.test_local_pipeline import assert_pile_tokenized, pile_overrides, serve_pile
 from tests.test_training import losses
 
 SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
-# The tiny pipeline, sized for a 2-core node: no CPU count the node lacks, a short training.
-SMALL_CLUSTER = (
-    "cluster_type=bcm",
-    "cluster.gpus_per_node=null",
-    "data_preparation.run.cpus_per_node=null",
-    "data_preparation.train_tokenizer_args.vocab_size=1000",
-    "training.trainer.max_steps=6",
-    "training.model.optim.sched.warmup_steps=2",
-    "training.trainer.val_check_interval=3",
-    "training.trainer.log_every_n_steps=1",
-    "training.model.num_layers=2",
-    "training.model.hidden_size=64",
-    "training.model.ffn_hidden_size=256",
-)
-
-
-def wait_for_run(results: Path, timeout: float = 1800) -> dict[str, str]:
-    """Poll `status --json` (another process, as a user would) until every job has ended."""
-    deadline = time.monotonic() + timeout
-    states: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        result = run_ops("status", str(results), "--json")
-        assert result.returncode == 0, result.stderr
-        manifest = json.loads(result.stdout)
-        states = {
-            job["name"]: job["state"] for stage in manifest["stages"] for job in stage["jobs"]
-        }
-        if all(state in ("COMPLETED", "FAILED", "CANCELLED") for state in states.values()):
-            return states
-        time.sleep(2)
-    raise AssertionError(f"the run did not end in {timeout} s: {states}")
 
 
 def test_array_data_preparation_then_two_task_training_on_slurm(
