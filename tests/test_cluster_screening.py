@@ -1,11 +1,20 @@
-"""The cluster validation's arithmetic: nccl-tests' bandwidth figures and the pairwise screening
-that names a bad node rather than a bad pair (csp_tools/validation)."""
+"""The cluster validation's judgments (csp_tools/validation): nccl-tests' bandwidth figures, the
+pairwise screening that names a bad node rather than a bad pair, and the node checks."""
 
 from __future__ import annotations
 
 import pytest
 
 from csp_tools.validation.bandwidth import Measurement, parse_nccl_tests, peak_busbw
+from csp_tools.validation.node_probe import (
+    Check,
+    ecc_check,
+    gpu_count_check,
+    inject,
+    judged,
+    published_figures,
+    xid_check,
+)
 from csp_tools.validation.screening import (
     Limits,
     PairResult,
@@ -105,3 +114,37 @@ def test_limits_are_checked() -> None:
         Limits(min_busbw_gbps=1, straggler_fraction=1.5)
     with pytest.raises(ValueError, match="min_busbw_gbps"):
         Limits(min_busbw_gbps=-1, straggler_fraction=0.5)
+
+
+def test_node_checks_judge_what_nvidia_smi_and_the_kernel_log_say() -> None:
+    assert gpu_count_check(8, 8).status == "pass"
+    assert gpu_count_check(7, 8).detail == "7 GPUs visible, GRES 8"
+    assert gpu_count_check(7, 8).status == "fail"
+    assert gpu_count_check(8, None).status == "skipped"
+    assert ecc_check("0, 0\n1, [N/A]\n").status == "pass"
+    failed = ecc_check("0, 0\n1, 3\n2, 1\n")
+    assert (
+        failed.status == "fail" and failed.detail == "uncorrected ECC errors (GPU 1: 3, GPU 2: 1)"
+    )
+    log = "[ 12.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has fallen off the bus.\n"
+    assert xid_check(log).detail == "1 Xid errors, codes [79]"
+    assert xid_check("all quiet\n").status == "pass"
+    assert xid_check(None).status == "skipped"
+
+
+def test_figures_are_judged_against_the_published_ones() -> None:
+    assert published_figures("NVIDIA H100 80GB HBM3") == (989.0, 3.35)
+    assert published_figures("NVIDIA H100 PCIe") == (756.0, 2.0)
+    assert published_figures("NVIDIA A100-SXM4-80GB") == (312.0, 2.039)
+    assert published_figures("Tesla T4") is None
+    assert judged("m", 600.0, "TFLOP/s", 494.5, "bf16 matmul").status == "pass"
+    slow = judged("m", 400.0, "TFLOP/s", 494.5, "bf16 matmul")
+    assert slow.status == "fail" and slow.detail == "bf16 matmul 400 TFLOP/s < floor 494.5 TFLOP/s"
+    assert judged("m", 1.0, "GB/s", None, "copy").status == "pass"
+
+
+def test_an_injected_fault_fails_its_check_or_is_reported_unknown() -> None:
+    checks = [Check("memory_cpu", "pass", "memory copy 50 GB/s")]
+    injected = inject(checks, {"memory_cpu", "no_such"})
+    assert [(c.name, c.status) for c in injected] == [("memory_cpu", "fail"), ("no_such", "fail")]
+    assert injected[0].detail.startswith("injected fault")

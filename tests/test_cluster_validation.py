@@ -96,3 +96,34 @@ def test_a_rendezvous_that_cannot_form_is_one_line(slurm_nodes: list[str]) -> No
     assert lines and all(f"at {slurm_nodes[2]}:29599 within 5 s" in line for line in lines), (
         result.stderr[-3000:]
     )
+
+
+def probe(node: str, env: str = "") -> dict:
+    result = subprocess.run(
+        [
+            *("srun", "-p", MULTI_PARTITION, f"--nodelist={node}", "--ntasks=1"),
+            f"--chdir={REPO}",
+            "--export=ALL" + env,
+            *("python3", "-m", "csp_tools.validation.node_probe", "--cpu-copy-megabytes", "16"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert result.returncode == (0 if report["passed"] else 1), result.stderr[-2000:]
+    return report
+
+
+def test_a_node_whose_diagnostic_fails_is_the_one_listed(slurm_nodes: list[str]) -> None:
+    """The fault-injection setting makes n3's memory check fail; each report names its node."""
+    faulty = slurm_nodes[2]
+    reports = {
+        node: probe(node, ",CSP_VALIDATION_INJECT_FAULT=memory_cpu" if node == faulty else "")
+        for node in slurm_nodes[:3]
+    }
+    assert {node: r["node"] for node, r in reports.items()} == {n: n for n in slurm_nodes[:3]}
+    assert [node for node, r in reports.items() if not r["passed"]] == [faulty]
+    failed = [c for c in reports[faulty]["checks"] if c["status"] == "fail"]
+    assert [c["name"] for c in failed] == ["memory_cpu"]
+    assert all(c["value"] > 0 for r in reports.values() for c in r["checks"])
