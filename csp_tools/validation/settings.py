@@ -1,0 +1,95 @@
+"""A provider's validation settings: `csp_tools/<csp>/validation.yaml` over the generic ones,
+and a site's own file (--settings) over those.
+
+Each folder of csp_tools/ holds one provider's file (limits that fit its GPUs and network, and
+the environment its jobs need); `generic` is the base every provider's file overrides key by
+key.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from csp_tools.validation.allreduce_sweep import size
+
+CSP_ROOT = Path(__file__).resolve().parents[1]
+BASE = "generic"
+
+
+class SettingsError(ValueError):
+    """A provider or settings file that cannot be used: one line naming it and the fix."""
+
+
+def providers() -> list[str]:
+    return sorted(p.parent.name for p in CSP_ROOT.glob("*/validation.yaml"))
+
+
+@dataclass(frozen=True)
+class Settings:
+    csp: str
+    min_busbw_gbps: float
+    pair_straggler_fraction: float
+    min_bytes: int
+    max_bytes: int
+    matmul_fraction: float
+    memory_fraction: float
+    node_straggler_fraction: float
+    dcgm_level: int
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merged[key] = _merged(base[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise SettingsError(f"{path}: cannot be read ({error}); fix the file") from None
+    if not isinstance(loaded, dict):
+        raise SettingsError(f"{path}: is not a mapping of keys; fix the file")
+    return loaded
+
+
+def load(csp: str, site_file: Path | None = None) -> Settings:
+    """The provider's settings, and over them a site's own file (--settings), if given."""
+    if csp not in providers():
+        raise SettingsError(f"--csp={csp}: no such provider; use one of {', '.join(providers())}")
+    raw = _read(CSP_ROOT / BASE / "validation.yaml")
+    if csp != BASE:
+        raw = _merged(raw, _read(CSP_ROOT / csp / "validation.yaml"))
+    where = CSP_ROOT / csp / "validation.yaml"
+    if site_file is not None:
+        raw, where = _merged(raw, _read(site_file)), site_file
+    try:
+        interconnect, node = raw["interconnect"], raw["node"]
+        settings = Settings(
+            csp=csp,
+            min_busbw_gbps=float(interconnect["min_busbw_gbps"]),
+            pair_straggler_fraction=float(interconnect["straggler_fraction"]),
+            min_bytes=size(str(interconnect["min_bytes"])),
+            max_bytes=size(str(interconnect["max_bytes"])),
+            matmul_fraction=float(node["matmul_fraction"]),
+            memory_fraction=float(node["memory_fraction"]),
+            node_straggler_fraction=float(node["straggler_fraction"]),
+            dcgm_level=int(node["dcgm_level"]),
+            env={str(k): str(v) for k, v in (raw.get("env") or {}).items()},
+        )
+    except (KeyError, TypeError, ValueError, argparse.ArgumentTypeError) as error:
+        raise SettingsError(f"{where}: bad or missing key ({error}); fix the file") from None
+    for name in ("pair_straggler_fraction", "node_straggler_fraction"):
+        if not 0 <= getattr(settings, name) <= 1:
+            raise SettingsError(f"{where}: {name} must be between 0 and 1")
+    return settings
