@@ -76,6 +76,9 @@ network_up() {
         fi
         ip link set "veth-n$i" master "$BRIDGE"
         ip link set "veth-n$i" up
+        # A test that shapes a link (a tbf qdisc) and is killed before it undoes that would
+        # leave the node slow for every later run on this machine: links start unshaped.
+        tc qdisc del dev "veth-n$i" root 2>/dev/null || true
         ip -n "$ns" addr replace "$NET.1$i/24" dev eth0
         ip -n "$ns" link set eth0 up
         ip -n "$ns" link set lo up

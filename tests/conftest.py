@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,13 @@ def run_ops(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+def missing(message: str) -> None:
+    """A real part the test needs is not here: a failure in CI (CI=true), a skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="module")
 def slurm() -> None:
     """A running Slurm (`.ci/slurm-up.sh` starts one): skipped without, failed in CI."""
@@ -166,10 +173,7 @@ def slurm() -> None:
         ["scontrol", "ping"], capture_output=True, text=True
     ).stdout.count("UP")
     if not ready:
-        message = "no running Slurm: start one with bash .ci/slurm-up.sh"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("no running Slurm: start one with bash .ci/slurm-up.sh")
 
 
 # The tiny pipeline, sized for a 2-core node: no CPU count the node lacks, a short training.
@@ -218,14 +222,29 @@ def slurm_nodes(slurm: None) -> list[str]:
     usable = ("idle", "mixed", "allocated", "completing")
     nodes = [line.split()[0] for line in listed if line.strip() and line.split()[1] in usable]
     if len(nodes) < 3:
-        message = (
+        missing(
             f"Slurm's partition {MULTI_PARTITION} has {len(nodes)} usable nodes, not 3: "
             "start them with bash .ci/slurm-up.sh"
         )
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
     return nodes
+
+
+def srun_on_nodes(
+    nodes: Sequence[str], *command: str, env: str = ""
+) -> subprocess.CompletedProcess:
+    """`command` as one task on each of the namespace nodes `nodes`, from the checkout; `env`
+    adds to srun's --export=ALL (",NAME=value,...")."""
+    return subprocess.run(
+        [
+            *("srun", "-p", MULTI_PARTITION, f"--nodelist={','.join(nodes)}"),
+            *(f"--nodes={len(nodes)}", "--ntasks-per-node=1", "--export=ALL" + env),
+            *command,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
 
 
 def write_run_manifest(results: Path, *jobs: dict) -> Path:
@@ -399,10 +418,7 @@ def tiny_portable(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 def triton_python() -> Path:
     venv = default_venv()
     if not (bundled_server(venv) / "bin" / "tritonserver").is_file():
-        message = f"no Triton server in {venv}: run `python3 -m launcher_scripts install-triton`"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"no Triton server in {venv}: run `python3 -m launcher_scripts install-triton`")
     return venv_python(venv)
 
 

@@ -14,23 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MULTI_PARTITION, REPO
+from tests.conftest import MULTI_PARTITION, REPO, srun_on_nodes
 
 SWEEP = ("--min-bytes", "64K", "--max-bytes", "256K", "--iters", "3", "--warmup", "1")
 
 
 def sweep(pair: tuple[str, ...], *args: str, env: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            *("srun", "-p", MULTI_PARTITION, f"--nodelist={','.join(pair)}"),
-            *(f"--nodes={len(pair)}", "--ntasks-per-node=1", f"--chdir={REPO}"),
-            "--export=ALL" + env,
-            *("python3", "-m", "csp_tools.validation.allreduce_sweep", *args),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    module = ("python3", "-m", "csp_tools.validation.allreduce_sweep")
+    return srun_on_nodes(pair, *module, *args, env=env)
 
 
 @contextmanager

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 from tests.conftest import (
     MULTI_PARTITION,
-    REPO,
     SMALL_CLUSTER,
     assert_same_losses,
     run_main,
     run_ops,
+    srun_on_nodes,
     wait_for_run,
 )
 
@@ -40,19 +39,9 @@ dist.destroy_process_group()
 """
 
 
-def srun_python(nodes: list[str], program: str, *env: str) -> list[dict]:
+def srun_python(nodes: list[str], program: str, env: str = "") -> list[dict]:
     """`program` as one task on each of `nodes`; each task's JSON line."""
-    result = subprocess.run(
-        [
-            *("srun", "-p", MULTI_PARTITION, f"--nodelist={','.join(nodes)}"),
-            *(f"--nodes={len(nodes)}", "--ntasks-per-node=1", "--export=ALL" + "".join(env)),
-            *("python3", "-c", program),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+    result = srun_on_nodes(nodes, "python3", "-c", program, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
@@ -67,7 +56,7 @@ def test_each_node_is_its_own_host(slurm_nodes: list[str]) -> None:
 
 def test_a_collective_runs_across_the_nodes(slurm_nodes: list[str]) -> None:
     nodes = slurm_nodes[:3]
-    reports = srun_python(nodes, ALL_REDUCE, f",MASTER_ADDR={nodes[0]}")
+    reports = srun_python(nodes, ALL_REDUCE, env=f",MASTER_ADDR={nodes[0]}")
     assert sorted(r["host"] for r in reports) == sorted(nodes)
     assert [r["sum"] for r in reports] == [6.0, 6.0, 6.0]
 

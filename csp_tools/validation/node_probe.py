@@ -116,13 +116,19 @@ def timed(work: Callable[[], None], repeats: int, synchronize: Callable[[], None
     return (time.perf_counter() - start) / repeats
 
 
+def synchronizer(device: str) -> Callable[[], None]:
+    """What waits for the device's queued work: nothing on the CPU."""
+    import torch
+
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
 def matmul_tflops(device: str, dtype: object, size: int) -> float:
     import torch as t
 
     a = t.randn(size, size, device=device, dtype=dtype)
     b = t.randn(size, size, device=device, dtype=dtype)
-    sync = t.cuda.synchronize if device == "cuda" else (lambda: None)
-    seconds = timed(lambda: t.mm(a, b), 5, sync)
+    seconds = timed(lambda: t.mm(a, b), 5, synchronizer(device))
     return 2 * size**3 / seconds / 1e12
 
 
@@ -132,8 +138,7 @@ def copy_gbps(device: str, megabytes: int) -> float:
 
     source = t.empty(megabytes * 2**20, dtype=t.uint8, device=device)
     target = t.empty_like(source)
-    sync = t.cuda.synchronize if device == "cuda" else (lambda: None)
-    seconds = timed(lambda: target.copy_(source), 5, sync)
+    seconds = timed(lambda: target.copy_(source), 5, synchronizer(device))
     return 2 * source.numel() / seconds / 1e9
 
 

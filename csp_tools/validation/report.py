@@ -15,18 +15,6 @@ from csp_tools.validation.screening import PairResult
 VERDICT = "verdict.json"
 
 
-def failed(name: str, detail: str) -> dict[str, Any]:
-    """A check that failed before it could measure (the probe itself did not run)."""
-    return {
-        "name": name,
-        "status": "fail",
-        "detail": detail,
-        "value": None,
-        "unit": "",
-        "limit": None,
-    }
-
-
 def _write(path: Path, text: str) -> None:
     """Whole or not at all: a reader never finds half a report."""
     partial = path.with_name(f".{path.name}.partial")

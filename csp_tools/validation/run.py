@@ -22,13 +22,13 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
 from csp_tools.validation import report
 from csp_tools.validation.bandwidth import Measurement, parse_nccl_tests, peak_busbw
-from csp_tools.validation.node_probe import INJECT_ENV
+from csp_tools.validation.node_probe import INJECT_ENV, Check
 from csp_tools.validation.screening import (
     Limits,
     Pair,
@@ -103,7 +103,6 @@ def expand(nodelist: str, expected: int) -> list[str]:
 
 @dataclass
 class Step:
-    label: str
     nodes: tuple[str, ...]
     command: list[str]
     tasks_per_node: int = 1
@@ -141,9 +140,9 @@ def run_all(steps: Sequence[Step], args: argparse.Namespace, settings: Settings)
     return finished
 
 
-def last_json(stdout: str) -> dict | None:
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else None
+def json_lines(stdout: str) -> list[dict]:
+    """The JSON records a step printed (its other output left out)."""
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 def why_not(returncode: int, stderr: str) -> str:
@@ -163,16 +162,16 @@ def diagnose(nodes: list[str], args: argparse.Namespace, settings: Settings) -> 
     if args.gpus_per_node:
         probe += [f"--expect-gpus={args.gpus_per_node}", f"--dcgm-level={settings.dcgm_level}"]
     steps = [
-        Step(f"probe {node}", (node,), probe, env={INJECT_ENV: ",".join(faults.get(node, []))})
-        for node in nodes
+        Step((node,), probe, env={INJECT_ENV: ",".join(faults.get(node, []))}) for node in nodes
     ]
     reports = {}
     for node, (code, out, err) in zip(nodes, run_all(steps, args, settings), strict=True):
-        found = last_json(out)
-        if found is None:
+        found = json_lines(out)
+        if not found:
             detail = f"the probe gave no report: {why_not(code, err)}"
-            found = {"node": node, "passed": False, "checks": [report.failed("probe", detail)]}
-        reports[node] = found
+            failed = asdict(Check("probe", "fail", detail))
+            found = [{"node": node, "passed": False, "checks": [failed]}]
+        reports[node] = found[-1]
     return reports
 
 
@@ -225,7 +224,7 @@ def measure(pairs: Sequence[Pair], args: argparse.Namespace, settings: Settings)
     tasks = max(1, args.gpus_per_node)
     results = []
     for wave in waves(pairs):
-        steps = [Step(f"sweep {a},{b}", (a, b), command, tasks_per_node=tasks) for a, b in wave]
+        steps = [Step(pair, command, tasks_per_node=tasks) for pair in wave]
         for pair, (code, out, err) in zip(wave, run_all(steps, args, settings), strict=True):
             results.append(pair_result(pair, code, out, err))
     return results
@@ -237,7 +236,7 @@ def pair_result(pair: Pair, code: int, out: str, err: str) -> PairResult:
     rows = parse_nccl_tests(out)
     if rows:
         return PairResult(pair, max(rows.values()))
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    records = json_lines(out)
     if not records:
         return PairResult(pair, None, "the sweep printed no result")
     measured = [Measurement(r["size_bytes"], r["seconds"], r["ranks"]) for r in records]
