@@ -6,20 +6,23 @@ composes many times (the AutoConfigurator plans every candidate of its search; t
 built the same trees again and again. Here each file's loaded result is kept, keyed by its path,
 modification time and size, so an edited recipe is read afresh.
 
-A kept tree must never change. Hydra embeds a group's recipe under its package with a deep copy
-before merging it, so that tree is safe to share; a config merged at the root (the primary config,
-or one placed at `_global_`) is merged without a copy and then changed by the overrides, so that
-one is handed out as a deep copy. Where Hydra's internals are not 1.3's, nothing is installed.
+A kept tree must never change. Hydra merges every loaded tree into the composition without
+copying its nodes, and then applies the overrides to them: each composition gets a fresh copy.
+The copy is made from the tree's pickle, kept with it: unpickling is about six times faster than
+the deep copy Hydra makes when it places a recipe under its package (the largest single cost of
+a compose). Where Hydra's internals are not 1.3's, nothing is installed.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import pickle
 from typing import Any
 
 _kept: dict[tuple, Any] = {}  # (config path, file, mtime, size) -> Hydra's ConfigResult
-_kept_trees: set[int] = set()  # ids of the kept results' configs (they live as long as _kept)
+# id of a kept result's config (it lives as long as _kept) -> that config's pickle
+_kept_trees: dict[int, bytes] = {}
 
 
 def install() -> None:
@@ -28,6 +31,7 @@ def install() -> None:
         from hydra._internal.config_repository import ConfigRepository
         from hydra.core.object_type import ObjectType
         from hydra.plugins.config_source import ConfigSource
+        from omegaconf import OmegaConf, flag_override
     except ImportError:
         return
     load, embed = ConfigRepository.load_config, ConfigLoaderImpl._embed_result_config
@@ -59,7 +63,7 @@ def install() -> None:
             if loaded is None:
                 return None
             _kept[key] = loaded
-            _kept_trees.add(id(loaded.config))
+            _kept_trees[id(loaded.config)] = pickle.dumps(loaded.config)
         kept = _kept[key]
         result = copy.copy(kept)
         # Hydra rewrites these per composition (the package a default is placed at).
@@ -68,10 +72,19 @@ def install() -> None:
         return result
 
     def embed_result_config(ret: Any, package_override: str | None) -> Any:
-        embedded = embed(ret, package_override)
-        if embedded.config is ret.config and id(ret.config) in _kept_trees:
-            embedded = copy.copy(embedded)
-            embedded.config = copy.deepcopy(ret.config)
+        kept = _kept_trees.get(id(ret.config))
+        if kept is None:
+            return embed(ret, package_override)
+        # Hydra's own embedding, on a fresh copy that needs no second one.
+        tree = pickle.loads(kept)
+        package = ret.header["package"] if package_override is None else package_override
+        if package:
+            placed = OmegaConf.create()
+            with flag_override(placed, "no_deepcopy_set_nodes", True):
+                OmegaConf.update(placed, package, tree, merge=False)
+            tree = placed
+        embedded = copy.copy(ret)
+        embedded.config = tree
         return embedded
 
     load_config.kept_between_compositions = True  # type: ignore[attr-defined]
