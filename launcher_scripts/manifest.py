@@ -137,6 +137,14 @@ def _value_problem(hint: object, value: object, where: str) -> str:
             if problem:
                 return problem
         return ""
+    if origin is dict:
+        if not isinstance(value, dict):
+            return f"has {_json_type(value)} where an object belongs{_at(where)}"
+        for key, item in value.items():
+            problem = _value_problem(args[1], item, f"{where}.{key}")
+            if problem:
+                return problem
+        return ""
     if hint is type(None):
         return "" if value is None else f"has {_json_type(value)} where null belongs{_at(where)}"
     if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):

@@ -57,6 +57,11 @@ def status(args: argparse.Namespace) -> int:
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         )
     for record in manifest.jobs():
+        for node, why in record.excluded_nodes.items():
+            print(
+                f"{record.name}: requeued without {node} after attempt {why.get('attempt')} "
+                f"({why.get('srun')})"
+            )
         if record.state in ("FAILED", "LOST"):
             print(f"{record.name} {record.state.lower()}: see {record.log}")
     return 0

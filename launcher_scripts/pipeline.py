@@ -141,6 +141,8 @@ def write_files(planned: list[PlannedStage]) -> None:
 
 
 def print_plan(planned: list[PlannedStage], backend: Backend, resolved: DictConfig) -> None:
+    for line in getattr(backend, "plan_notes", list)():
+        print(line)
     for stage in planned:
         print(f"stage {stage.stage}: config {stage.config_path}")
         describe = getattr(STAGES[stage.stage], "plan", None)

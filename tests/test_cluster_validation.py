@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MULTI_PARTITION, REPO, srun_on_nodes
+from tests.conftest import MULTI_PARTITION, REPO, SMALL_CLUSTER, run_main, run_ops, srun_on_nodes
 
 SWEEP = ("--min-bytes", "64K", "--max-bytes", "256K", "--iters", "3", "--warmup", "1")
 
@@ -118,7 +118,9 @@ def test_a_rate_limited_node_is_named_not_its_pair(slurm_nodes: list[str], tmp_p
     assert f"nodes to drain (1 of 3): {slow}" in result.stdout
 
 
-def test_a_node_whose_diagnostic_fails_is_listed(slurm_nodes: list[str], tmp_path: Path) -> None:
+def test_a_node_whose_diagnostic_fails_is_listed_and_kept_out_of_jobs(
+    slurm_nodes: list[str], prepared: Path, tmp_path: Path
+) -> None:
     nodes = slurm_nodes[:3]
     faulty = nodes[2]
     result, verdict = validate(nodes, tmp_path, "--dcgm", f"--inject-fault={faulty}:memory_cpu")
@@ -126,6 +128,29 @@ def test_a_node_whose_diagnostic_fails_is_listed(slurm_nodes: list[str], tmp_pat
     assert list(verdict["drain"]) == [faulty]
     assert verdict["drain"][faulty].startswith("memory_cpu: injected fault")
     assert verdict["passed"] == nodes[:2]
+
+    # The next launch with exclude_unhealthy: the job Slurm holds excludes the drained node.
+    results = tmp_path / "results"
+    submitted = run_main(
+        f"base_results_dir={results}",
+        f"data_dir={prepared}/data",
+        "stages=[training]",
+        *SMALL_CLUSTER,
+        f"cluster.partition={MULTI_PARTITION}",
+        "cluster.exclude_unhealthy=true",
+        f"cluster.validation_results={tmp_path / 'validation'}",
+        "training.trainer.num_nodes=2",
+    )
+    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
+    manifest = json.loads(run_ops("status", str(results), "--json").stdout)
+    (job_id,) = manifest["stages"][0]["jobs"][0]["job_ids"]
+    try:
+        shown = subprocess.run(
+            ["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True
+        ).stdout
+    finally:
+        subprocess.run(["scancel", job_id], check=True)
+    assert f"ExcNodeList={faulty}" in shown, shown
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,8 @@ class JobRecord:
     # cancel signals it and waits up to grace_seconds before ending it.
     checkpoint_exit_code: int | None = None
     grace_seconds: int | None = None
+    # Nodes a requeue of a multi-node job left out: node -> {"attempt": N, "srun": its line}.
+    excluded_nodes: dict[str, dict] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -7,6 +7,7 @@ byte the same each time. Submission, status and cancel call sbatch, squeue/sacct
 from __future__ import annotations
 
 import glob
+import json
 import shlex
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from launcher_scripts.clusters.base import (
     signal_grace_seconds,
     utc_now,
 )
+from launcher_scripts.clusters.unhealthy import Unhealthy, unhealthy_nodes
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.jobspec import JobSpec
 
@@ -85,6 +87,12 @@ def attempt_log_parts(
 
 def attempt_log_name(job: str, job_id: str, attempt: str) -> str:
     return "".join(str(part) for part in attempt_log_parts(job, job_id, attempt))
+
+
+def excluded_nodes_name(job: str, job_id: str | ShellVar) -> list[str | ShellVar]:
+    """The JSON file in which a multi-node training job keeps the nodes its requeues left out
+    (jobs/failed_node.py writes it; status shows it), in parts like attempt_log_parts."""
+    return ["excluded_nodes-", job, "_", job_id, ".json"]
 
 
 def slurm_log_name(job: str, job_id: str, task: str | None = None) -> str:
@@ -178,6 +186,25 @@ class SlurmBackend:
         self.cluster = root.cluster if root is not None else {}
         check_cluster(self.cluster)
         self.grace = signal_grace_seconds(self.cluster)
+        self.unhealthy: Unhealthy | None = None
+        if root is not None and self.cluster.get("exclude_unhealthy"):
+            self.unhealthy = unhealthy_nodes(Path(str(self.cluster.validation_results)))
+
+    def excluded(self) -> str:
+        """Every submission's --exclude: cluster.exclude and the nodes validation drains."""
+        parts = [str(self.cluster.get("exclude") or "")]
+        parts += self.unhealthy.nodes if self.unhealthy else []
+        return ",".join(part for part in parts if part)
+
+    def plan_notes(self) -> list[str]:
+        """What the dry run says about this cluster beyond the scripts."""
+        if self.unhealthy is None:
+            return []
+        nodes = ", ".join(self.unhealthy.nodes) or "none"
+        return [
+            f"cluster: exclude_unhealthy: every job excludes the nodes to drain in "
+            f"{self.unhealthy.verdict}: {nodes}"
+        ]
 
     def jobs_use_launcher_environment(self) -> bool:
         # Without a container, the nodes run the launcher's installation (a shared file system).
@@ -263,9 +290,12 @@ class SlurmBackend:
             ("time", slurm_time(resources.time_limit), f"{job.stage}.run.time_limit"),
             ("output", str(Path(job.results_dir) / output), f"{job.stage}.run.results_dir"),
         ]
-        for key in ("partition", "account", "qos", "reservation", "comment", "nodelist", "exclude"):
+        for key in ("partition", "account", "qos", "reservation", "comment", "nodelist"):
             if cluster.get(key):
                 options.append((key, str(cluster[key]), f"cluster.{key}"))
+        if self.excluded():
+            key = "cluster.exclude_unhealthy" if self.unhealthy else "cluster.exclude"
+            options.append(("exclude", self.excluded(), key))
         if resources.cpus_per_task:
             options.append(("cpus-per-task", str(resources.cpus_per_task), f"{job.stage}.run"))
         if resources.gpus_per_node:
@@ -331,6 +361,7 @@ class SlurmBackend:
             *self._sbatch_lines(job),
             "set -euo pipefail",
         ]
+        log = ""
         if job.checkpoint_exit_code is not None:
             # One log per attempt: a requeued job keeps its id, so the attempt is in the name.
             name = attempt_log_parts(
@@ -355,13 +386,14 @@ class SlurmBackend:
             if job.checkpoint_exit_code is None:
                 lines += ["", format_argv(srun)]
             else:
-                lines += ["", *self._restartable_step(job, srun)]
+                lines += ["", *self._restartable_step(job, srun, log)]
         return "\n".join(lines) + "\n"
 
-    def _restartable_step(self, job: JobSpec, srun: list[str]) -> list[str]:
+    def _restartable_step(self, job: JobSpec, srun: list[str], log: str) -> list[str]:
         """Run the step in the background so the batch shell can forward the signal, then
         requeue when the program checkpointed on it and made progress since the last attempt;
-        after a cancel (CANCEL_SIGNAL), end the job instead."""
+        after a cancel (CANCEL_SIGNAL), end the job instead. A multi-node step that failed
+        on one node is requeued without that node (`_requeue_without_failed_node`)."""
         progress = ["python3", "-m", "launcher_scripts.formats.progress"]
         progress.append(str(job.progress_dir))
         max_restarts = int(self.cluster.get("max_restarts") or 0)
@@ -409,7 +441,52 @@ class SlurmBackend:
             "        exit 0",
             "    fi",
             "fi",
+            *(self._requeue_without_failed_node(job, log) if job.resources.nodes > 1 else []),
             'exit "$code"',
+        ]
+
+    def _requeue_without_failed_node(self, job: JobSpec, log: str) -> list[str]:
+        """After a failure that srun pins on one node (a task killed there, the node lost),
+        with a new checkpoint since the attempt started: requeue, excluding that node.
+
+        Slurm takes a new ExcNodeList only from a pending job, and `scontrol requeue` makes
+        this one pending (still completing: it cannot start again before this shell exits),
+        so the shell requeues first, ignoring the SIGTERM that ends the attempt, and then
+        sets the list."""
+        max_restarts = int(self.cluster.get("max_restarts") or 0)
+        record = shell_word(
+            f"{Path(job.results_dir)}/", *excluded_nodes_name(job.name, ShellVar("SLURM_JOB_ID"))
+        )
+        failed_node = [
+            *("python3", "-m", "launcher_scripts.jobs.failed_node", "--log"),
+            *(log, "--record", record, "--attempt", '"${SLURM_RESTART_COUNT:-0}"'),
+        ]
+        if self.excluded():
+            failed_node += ["--exclude", shlex.quote(self.excluded())]
+        return [
+            f'if [ "$code" -ne 0 ] && [ "$code" -ne {job.checkpoint_exit_code} ]; then',
+            f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {max_restarts} ]; then',
+            f'        echo "launcher: not requeued after the failure: max_restarts '
+            f'({max_restarts}) reached"',
+            '    elif [ "$step_after" -le "$step_before" ]; then',
+            '        echo "launcher: not requeued after the failure: no new checkpoint since '
+            'the attempt started"',
+            f"    elif exclude=$({' '.join(failed_node)}); then",
+            '        echo "launcher: checkpoint at step $step_after; requeueing without the '
+            'failed node (ExcNodeList=$exclude)"',
+            "        trap '' TERM",
+            '        scontrol requeue "$SLURM_JOB_ID"',
+            "        for _ in $(seq 20); do",
+            '            if scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$exclude"; then',
+            "                exit 0",
+            "            fi",
+            "            sleep 1",
+            "        done",
+            '        echo "launcher: requeued, but Slurm refused ExcNodeList=$exclude: the '
+            'next attempt may start on the failed node"',
+            "        exit 0",
+            "    fi",
+            "fi",
         ]
 
     # ----- submission ------------------------------------------------------------------
@@ -455,6 +532,15 @@ class SlurmBackend:
         return folder / slurm_log_name(job.name, job_id)
 
     def refresh(self, record: JobRecord) -> None:
+        if record.job_ids:
+            name = excluded_nodes_name(record.name, record.job_ids[0])
+            kept = Path(record.log).parent / "".join(str(part) for part in name)
+            try:
+                excluded = json.loads(kept.read_text())
+            except (OSError, ValueError):
+                excluded = None
+            if isinstance(excluded, dict):
+                record.excluded_nodes = excluded
         for job_id in record.job_ids:
             state, exit_code = _squeue_state(job_id), None
             if state is None:

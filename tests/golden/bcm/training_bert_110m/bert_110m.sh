@@ -68,4 +68,23 @@ if [ "$code" -eq 75 ]; then
         exit 0
     fi
 fi
+if [ "$code" -ne 0 ] && [ "$code" -ne 75 ]; then
+    if [ "${SLURM_RESTART_COUNT:-0}" -ge 3 ]; then
+        echo "launcher: not requeued after the failure: max_restarts (3) reached"
+    elif [ "$step_after" -le "$step_before" ]; then
+        echo "launcher: not requeued after the failure: no new checkpoint since the attempt started"
+    elif exclude=$(python3 -m launcher_scripts.jobs.failed_node --log /results/bert_110m/log-bert_110m_"${SLURM_JOB_ID}"_attempt"${SLURM_RESTART_COUNT:-0}".out --record /results/bert_110m/excluded_nodes-bert_110m_"${SLURM_JOB_ID}".json --attempt "${SLURM_RESTART_COUNT:-0}"); then
+        echo "launcher: checkpoint at step $step_after; requeueing without the failed node (ExcNodeList=$exclude)"
+        trap '' TERM
+        scontrol requeue "$SLURM_JOB_ID"
+        for _ in $(seq 20); do
+            if scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$exclude"; then
+                exit 0
+            fi
+            sleep 1
+        done
+        echo "launcher: requeued, but Slurm refused ExcNodeList=$exclude: the next attempt may start on the failed node"
+        exit 0
+    fi
+fi
 exit "$code"
