@@ -1,18 +1,23 @@
 """CI's Slurm has three more nodes (`.ci/slurm-up.sh`): n1..n3 in partition "multi", each a
 slurmd in its own network namespace. A job spread over them sees three hosts, each with its
 own name and address; a torch.distributed collective runs across them; the launcher's training
-runs on two of them as one process does."""
+runs on two of them as one process does, and is requeued without a node that fails."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 from tests.conftest import (
     MULTI_PARTITION,
     SMALL_CLUSTER,
     assert_same_losses,
+    losses,
     run_main,
     run_ops,
     srun_on_nodes,
@@ -61,11 +66,28 @@ def test_a_collective_runs_across_the_nodes(slurm_nodes: list[str]) -> None:
     assert [r["sum"] for r in reports] == [6.0, 6.0, 6.0]
 
 
-def test_training_on_two_nodes_trains_as_one_process(
+def step_processes(job_id: str, node: str) -> list[int]:
+    """The processes of the job's first step (the training's srun tasks) on `node`: every
+    node shares this machine's process table, so they are found by their Slurm variables."""
+    wanted = {f"SLURM_JOB_ID={job_id}", f"SLURMD_NODENAME={node}", "SLURM_STEP_ID=0"}
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = set((entry / "environ").read_bytes().decode(errors="replace").split("\0"))
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and wanted <= environ:
+            found.append(int(entry.name))
+    return found
+
+
+def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
     slurm_nodes: list[str], prepared: Path, tmp_path: Path
 ) -> None:
     """2 nodes x 2 srun tasks: TP=2 within a node, data parallel across the two nodes, the
-    rendezvous at the first node's name (MASTER_ADDR from the job's node list)."""
+    rendezvous at the first node's name (MASTER_ADDR from the job's node list). After the
+    checkpoint at step 8 every task on the second node is killed: the job is requeued without
+    that node, resumes on the first and the third, and its losses are the one process's."""
     steps = (
         "stages=[training]",
         f"data_dir={prepared}/data",
@@ -74,34 +96,63 @@ def test_training_on_two_nodes_trains_as_one_process(
         # One padded vocabulary at TP 1 and TP 2 (8192 rows), so both compute the same logits.
         "training.model.make_vocab_size_divisible_by=4096",
         f"training.model.data.index_mapping_dir={tmp_path}/index",
+        "training.trainer.max_steps=24",
+        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=8",
+        "training.trainer.val_check_interval=8",
     )
     on_this_machine = [o for o in SMALL_CLUSTER if not o.startswith("cluster")]
     reference = run_main(
-        f"base_results_dir={tmp_path}/reference", *steps, *on_this_machine, "cluster_type=local"
+        f"base_results_dir={tmp_path}/reference", *on_this_machine, *steps, "cluster_type=local"
     )
     assert reference.returncode == 0, reference.stderr[-2000:]
 
     results = tmp_path / "nodes"
     submitted = run_main(
         f"base_results_dir={results}",
-        *steps,
         *SMALL_CLUSTER,
+        *steps,
         f"cluster.partition={MULTI_PARTITION}",
         "training.trainer.num_nodes=2",
         "training.trainer.devices=2",
         "training.model.tensor_model_parallel_size=2",
     )
     assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
+    manifest = json.loads(run_ops("status", str(results), "--json").stdout)
+    (job_id,) = manifest["stages"][0]["jobs"][0]["job_ids"]
+    log_dir = results / "gpt3_tiny" / "results"
+    # Step 9 logged: the checkpoint of step 8 is whole (saving ends step 8).
+    deadline = time.monotonic() + 1200
+    while not (log_dir / "metrics.jsonl").exists() or 9 not in losses(log_dir):
+        assert time.monotonic() < deadline, "the job logged no step 9 in 1200 s"
+        time.sleep(0.1)
+    allocated = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    first, lost = subprocess.run(
+        ["scontrol", "show", "hostnames", allocated], capture_output=True, text=True, check=True
+    ).stdout.split()
+    killed = step_processes(job_id, lost)
+    assert killed, f"no task of job {job_id} on {lost}"
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+
     assert wait_for_run(results) == {"gpt3_tiny": "COMPLETED"}
-    log = run_ops("logs", str(results), "gpt3_tiny").stdout
-    hosts = dict(re.findall(r"rank (\d)/4 local_rank \d host (\S+) ", log))
-    assert len(hosts) == 4 and len(set(hosts.values())) == 2, log[-3000:]
-    assert hosts["0"] == hosts["1"] != hosts["2"] == hosts["3"], hosts
-    assert f"joining 4 processes at {hosts['0']}:" in log
+    attempts = [run_ops("logs", str(results), "gpt3_tiny", "--attempt", a).stdout for a in "01"]
+    assert f"srun: error: {lost}: tasks 2-3: Killed" in attempts[0], attempts[0][-3000:]
+    assert f"requeueing without the failed node (ExcNodeList={lost})" in attempts[0]
+    assert "resumed from" in attempts[1], attempts[1][-3000:]
+    for number, log in enumerate(attempts):
+        hosts = dict(re.findall(r"rank (\d)/4 local_rank \d host (\S+) ", log))
+        assert len(hosts) == 4 and len(set(hosts.values())) == 2, log[-3000:]
+        assert hosts["0"] == hosts["1"] != hosts["2"] == hosts["3"], hosts
+        assert f"joining 4 processes at {hosts['0']}:" in log
+        assert (lost in hosts.values()) == (number == 0), hosts
     for rank, placement in (("0", "tp 0/2 pp 0/1 dp 0/2"), ("3", "tp 1/2 pp 0/1 dp 1/2")):
-        assert f"rank {rank}: joined; {placement}" in log, log[-3000:]
-    assert_same_losses(
-        tmp_path / "reference" / "gpt3_tiny" / "results",
-        results / "gpt3_tiny" / "results",
-        1e-4,
-    )
+        assert f"rank {rank}: joined; {placement}" in attempts[0], attempts[0][-3000:]
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"ExcNodeList={lost}" in shown, shown
+    status = run_ops("status", str(results)).stdout
+    assert f"gpt3_tiny: requeued without {lost} after attempt 0 (srun: error: {lost}:" in status
+    assert_same_losses(tmp_path / "reference" / "gpt3_tiny" / "results", log_dir, 1e-4)
