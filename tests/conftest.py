@@ -192,6 +192,23 @@ SMALL_CLUSTER = (
 )
 
 
+def submit_to_nodes(results: Path, *overrides: str) -> str:
+    """A training of SMALL_CLUSTER's size on 2 of the namespace nodes, submitted through
+    main.py with `overrides`: its Slurm job id."""
+    submitted = run_main(
+        f"base_results_dir={results}",
+        "stages=[training]",
+        *SMALL_CLUSTER,
+        f"cluster.partition={MULTI_PARTITION}",
+        "training.trainer.num_nodes=2",
+        *overrides,
+    )
+    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
+    manifest = json.loads(run_ops("status", str(results), "--json").stdout)
+    (job_id,) = manifest["stages"][0]["jobs"][0]["job_ids"]
+    return job_id
+
+
 def wait_for_run(results: Path, timeout: float = 1800) -> dict[str, str]:
     """Poll `status --json` (another process, as a user would) until every job has ended."""
     deadline = time.monotonic() + timeout

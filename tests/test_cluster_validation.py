@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MULTI_PARTITION, REPO, SMALL_CLUSTER, run_main, run_ops, srun_on_nodes
+from tests.conftest import MULTI_PARTITION, REPO, srun_on_nodes, submit_to_nodes
 
 SWEEP = ("--min-bytes", "64K", "--max-bytes", "256K", "--iters", "3", "--warmup", "1")
 
@@ -130,20 +130,12 @@ def test_a_node_whose_diagnostic_fails_is_listed_and_kept_out_of_jobs(
     assert verdict["passed"] == nodes[:2]
 
     # The next launch with exclude_unhealthy: the job Slurm holds excludes the drained node.
-    results = tmp_path / "results"
-    submitted = run_main(
-        f"base_results_dir={results}",
+    job_id = submit_to_nodes(
+        tmp_path / "results",
         f"data_dir={prepared}/data",
-        "stages=[training]",
-        *SMALL_CLUSTER,
-        f"cluster.partition={MULTI_PARTITION}",
         "cluster.exclude_unhealthy=true",
         f"cluster.validation_results={tmp_path / 'validation'}",
-        "training.trainer.num_nodes=2",
     )
-    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
-    manifest = json.loads(run_ops("status", str(results), "--json").stdout)
-    (job_id,) = manifest["stages"][0]["jobs"][0]["job_ids"]
     try:
         shown = subprocess.run(
             ["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True
@@ -183,3 +175,32 @@ def test_bad_input_is_one_line_and_writes_nothing(
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("cluster_validation: ") and message in line
     assert not (tmp_path / "validation").exists()
+
+
+def test_the_manual_job_scripts_run_each_step_by_hand(
+    slurm_nodes: list[str], tmp_path: Path
+) -> None:
+    """A provider's dcgmi_diag.sh and nccl.sh (links to the generic ones) as sbatch runs them:
+    one probe report per node; the built-in sweep's busbw per size across the two nodes."""
+    pair = slurm_nodes[:2]
+    folder = REPO / "csp_tools" / "aws"
+    reports = {}
+    for script, env in (("dcgmi_diag.sh", "GPUS_PER_NODE=0"), ("nccl.sh", "MAX_BYTES=256K")):
+        log = tmp_path / f"{script}.log"
+        result = subprocess.run(
+            [
+                *("sbatch", "--wait", "--quiet", f"--partition={MULTI_PARTITION}"),
+                *(f"--nodelist={','.join(pair)}", "--ntasks-per-node=1", f"--output={log}"),
+                *(f"--export=ALL,{env},MIN_BYTES=64K", str(folder / script)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stderr + (log.read_text() if log.exists() else "")
+        reports[script] = [json.loads(x) for x in log.read_text().splitlines() if x[:1] == "{"]
+    assert sorted(r["node"] for r in reports["dcgmi_diag.sh"]) == pair
+    assert all(r["passed"] for r in reports["dcgmi_diag.sh"])
+    sweep = reports["nccl.sh"]
+    assert [r["size_bytes"] for r in sweep] == [2**16, 2**18]
+    assert all(r["hosts"] == pair and r["busbw_gbps"] > 0 for r in sweep), sweep

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from launcher_scripts.formats.progress import TMP_PREFIX, newest_step
-from tests.conftest import REPO, SMALL_CLUSTER, run_main, run_ops, wait_for_run
+from tests.conftest import MULTI_PARTITION, REPO, SMALL_CLUSTER, run_main, run_ops, wait_for_run
 from tests.http_site import Site
 from tests.test_local_pipeline import assert_pile_tokenized, pile_overrides, serve_pile
 from tests.test_training import losses
@@ -22,18 +22,24 @@ SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
 
 
 def test_array_data_preparation_then_two_task_training_on_slurm(
-    slurm: None, tmp_path: Path
+    slurm_nodes: list[str], tmp_path: Path
 ) -> None:
-    """Data preparation as an array of two tasks, training on two srun tasks with TP=2, then
-    conversion of its checkpoint."""
+    """Data preparation as an array of two tasks, spread over two of the namespace nodes (each
+    task asks for a whole node's CPUs), training on two srun tasks with TP=2, then conversion
+    of its checkpoint."""
     second = tmp_path / "second.jsonl.gz"
     shutil.copy(SAMPLE, second)
     prefix = f"{tmp_path}/data/custom_dataset/preprocessed"
     results = tmp_path / "results"
+    whole_node = subprocess.run(
+        ["sinfo", "-h", "-p", MULTI_PARTITION, "-o", "%c"], capture_output=True, text=True
+    ).stdout.split()[0]
     submitted = run_main(
         f"base_results_dir={results}",
         f"data_dir={tmp_path}/data",
-        *SMALL_CLUSTER,
+        *[o for o in SMALL_CLUSTER if not o.startswith("data_preparation.run.cpus_per_node")],
+        f"cluster.partition={MULTI_PARTITION}",
+        f"data_preparation.run.cpus_per_node={whole_node}",
         f"data_preparation.raw_dataset_files=[{SAMPLE},{second}]",
         "data_preparation.run.node_array_size=2",
         "data_preparation.run.workers_per_node=1",
@@ -50,12 +56,16 @@ def test_array_data_preparation_then_two_task_training_on_slurm(
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert max(steps) == 6
 
-    # One log per array task, each task its own share of the inputs.
+    # One log per array task, each task its own share of the inputs, on a node of its own.
+    hosts = set()
     for task in (0, 1):
         log = run_ops("logs", str(results), "custom_dataset-preprocess", "--task", str(task))
         assert log.returncode == 0, log.stderr
         assert f"task {task}" in log.stdout.splitlines()[0]
-        assert f"task {task} of 2: 1 of 2 inputs" in log.stdout
+        found = re.search(rf"task {task} of 2 on (\S+): 1 of 2 inputs", log.stdout)
+        assert found, log.stdout
+        hosts.add(found.group(1))
+    assert len(hosts) == 2 and hosts <= set(slurm_nodes), hosts
     # Two ranks started by srun, not torchrun, forming one TP group.
     training = run_ops("logs", str(results), "gpt3_tiny").stdout
     for rank in (0, 1):

@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 from tests.conftest import (
-    MULTI_PARTITION,
     SMALL_CLUSTER,
     assert_same_losses,
     losses,
     run_main,
     run_ops,
     srun_on_nodes,
+    submit_to_nodes,
     wait_for_run,
 )
 
@@ -89,7 +89,6 @@ def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
     checkpoint at step 8 every task on the second node is killed: the job is requeued without
     that node, resumes on the first and the third, and its losses are the one process's."""
     steps = (
-        "stages=[training]",
         f"data_dir={prepared}/data",
         # The same kernels in both runs whatever CPUs the Slurm step is given.
         "+env_vars.OMP_NUM_THREADS=1",
@@ -102,23 +101,21 @@ def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
     )
     on_this_machine = [o for o in SMALL_CLUSTER if not o.startswith("cluster")]
     reference = run_main(
-        f"base_results_dir={tmp_path}/reference", *on_this_machine, *steps, "cluster_type=local"
+        f"base_results_dir={tmp_path}/reference",
+        "stages=[training]",
+        *on_this_machine,
+        *steps,
+        "cluster_type=local",
     )
     assert reference.returncode == 0, reference.stderr[-2000:]
 
     results = tmp_path / "nodes"
-    submitted = run_main(
-        f"base_results_dir={results}",
-        *SMALL_CLUSTER,
+    job_id = submit_to_nodes(
+        results,
         *steps,
-        f"cluster.partition={MULTI_PARTITION}",
-        "training.trainer.num_nodes=2",
         "training.trainer.devices=2",
         "training.model.tensor_model_parallel_size=2",
     )
-    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
-    manifest = json.loads(run_ops("status", str(results), "--json").stdout)
-    (job_id,) = manifest["stages"][0]["jobs"][0]["job_ids"]
     log_dir = results / "gpt3_tiny" / "results"
     # Step 9 logged: the checkpoint of step 8 is whole (saving ends step 8).
     deadline = time.monotonic() + 1200
@@ -156,3 +153,28 @@ def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
     status = run_ops("status", str(results)).stdout
     assert f"gpt3_tiny: requeued without {lost} after attempt 0 (srun: error: {lost}:" in status
     assert_same_losses(tmp_path / "reference" / "gpt3_tiny" / "results", log_dir, 1e-4)
+
+
+def test_a_training_rendezvous_that_cannot_form_fails_in_one_line(
+    slurm_nodes: list[str], prepared: Path, tmp_path: Path
+) -> None:
+    """The tasks of a two-node training are told to meet on the third node, outside the job,
+    where nothing listens: each rank gives up after the rendezvous timeout in one line naming
+    the address, and the job fails (no checkpoint: not requeued) instead of hanging."""
+    outside = slurm_nodes[2]
+    results = tmp_path / "results"
+    submit_to_nodes(
+        results,
+        f"data_dir={prepared}/data",
+        f"cluster.nodelist='{','.join(slurm_nodes[:2])}'",
+        # What follows srun's options starts the program: `env` gives it the wrong address
+        # (srun's own --export cannot override a variable the job script exported).
+        f"cluster.srun_args=[env,'MASTER_ADDR={outside}']",
+        "training.run.rendezvous_timeout_seconds=5",
+    )
+    assert wait_for_run(results) == {"gpt3_tiny": "FAILED"}
+    log = run_ops("logs", str(results), "gpt3_tiny").stdout
+    failures = re.findall(r"rank (\d): not all 2 processes joined at (\S+) within 5 s", log)
+    assert failures and all(address.startswith(f"{outside}:") for _, address in failures), log
+    assert "Traceback" not in log
+    assert "not requeued after the failure: no new checkpoint since the attempt started" in log

@@ -39,7 +39,7 @@ from csp_tools.validation.screening import (
     retest_pairs,
     screen,
 )
-from csp_tools.validation.settings import Settings, SettingsError, load, providers
+from csp_tools.validation.settings import CSP_ROOT, Settings, SettingsError, load, providers
 
 CODE_ROOT = Path(__file__).resolve().parents[2]  # what the steps import csp_tools from
 
@@ -209,8 +209,10 @@ def waves(pairs: Sequence[Pair]) -> list[list[Pair]]:
 
 
 def sweep_command(args: argparse.Namespace, settings: Settings) -> tuple[list[str], str]:
-    """nccl-tests' all_reduce_perf on GPU nodes where it is installed, else the built-in sweep."""
-    found = shutil.which("all_reduce_perf")
+    """nccl-tests' all_reduce_perf on GPU nodes where it is on PATH or build-nccl-tests.sh built
+    it, else the built-in sweep."""
+    built = CSP_ROOT / "nccl-tests" / "build" / "all_reduce_perf"
+    found = shutil.which("all_reduce_perf") or (str(built) if os.access(built, os.X_OK) else None)
     if args.gpus_per_node and found:
         sizes = [f"-b{settings.min_bytes}", f"-e{settings.max_bytes}", "-f4", "-g1"]
         return [found, *sizes], "nccl-tests"

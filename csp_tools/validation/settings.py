@@ -9,6 +9,10 @@ key.
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,8 +67,8 @@ def _read(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def load(csp: str, site_file: Path | None = None) -> Settings:
-    """The provider's settings, and over them a site's own file (--settings), if given."""
+def raw_settings(csp: str, site_file: Path | None = None) -> tuple[dict[str, Any], Path]:
+    """The merged settings files as read, and the last file read (for messages)."""
     if csp not in providers():
         raise SettingsError(f"--csp={csp}: no such provider; use one of {', '.join(providers())}")
     raw = _read(CSP_ROOT / BASE / "validation.yaml")
@@ -73,6 +77,12 @@ def load(csp: str, site_file: Path | None = None) -> Settings:
     where = CSP_ROOT / csp / "validation.yaml"
     if site_file is not None:
         raw, where = _merged(raw, _read(site_file)), site_file
+    return raw, where
+
+
+def load(csp: str, site_file: Path | None = None) -> Settings:
+    """The provider's settings, and over them a site's own file (--settings), if given."""
+    raw, where = raw_settings(csp, site_file)
     try:
         interconnect, node = raw["interconnect"], raw["node"]
         settings = Settings(
@@ -89,7 +99,44 @@ def load(csp: str, site_file: Path | None = None) -> Settings:
         )
     except (KeyError, TypeError, ValueError, argparse.ArgumentTypeError) as error:
         raise SettingsError(f"{where}: bad or missing key ({error}); fix the file") from None
+    for name in settings.env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise SettingsError(f"{where}: env: {name!r} is not a variable name; fix the file")
     for name in ("pair_straggler_fraction", "node_straggler_fraction"):
         if not 0 <= getattr(settings, name) <= 1:
             raise SettingsError(f"{where}: {name} must be between 0 and 1")
     return settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """For the manual job scripts: `--exports` prints the provider's environment as shell
+    exports; `--get=section.key` prints one setting."""
+    parser = argparse.ArgumentParser(prog="settings", description=main.__doc__)
+    parser.add_argument("--csp", default=BASE)
+    parser.add_argument("--settings", type=Path, default=None, help="a site's validation.yaml")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--exports", action="store_true")
+    action.add_argument("--get", metavar="SECTION.KEY")
+    args = parser.parse_args(argv)
+    try:
+        settings = load(args.csp, args.settings)  # checks every value, whichever is printed
+        raw, where = raw_settings(args.csp, args.settings)
+    except SettingsError as error:
+        print(f"settings: {error}", file=sys.stderr)
+        return 2
+    if args.exports:
+        for name, value in settings.env.items():
+            print(f"export {name}={shlex.quote(value)}")
+        return 0
+    value: Any = raw
+    for part in args.get.split("."):
+        if not isinstance(value, dict) or part not in value:
+            print(f"settings: {where}: no setting {args.get}", file=sys.stderr)
+            return 2
+        value = value[part]
+    print(value)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

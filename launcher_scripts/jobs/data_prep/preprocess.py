@@ -38,6 +38,7 @@ import multiprocessing
 import queue
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -785,7 +786,9 @@ def run(args: argparse.Namespace) -> int:
         raise DataPrepError(str(error)) from None
     all_shards = plan_shards(args)
     mine = shards.share(all_shards, rank, world_size)
-    print(f"task {rank} of {world_size}: {len(mine)} of {len(all_shards)} inputs")
+    # The host too: which node ran which task is the first question when one task fails.
+    host = socket.gethostname()
+    print(f"task {rank} of {world_size} on {host}: {len(mine)} of {len(all_shards)} inputs")
     totals = Totals()
     # Complete shards first: their inputs may be gone (--remove-inputs on an earlier run).
     todo = select_work(mine, args, totals)

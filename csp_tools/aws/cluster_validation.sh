@@ -1,0 +1,1 @@
+../generic/cluster_validation.sh

@@ -1,0 +1,1 @@
+../generic/build-nccl-tests.sh

@@ -1,0 +1,1 @@
+../generic/dcgmi_diag.sh
