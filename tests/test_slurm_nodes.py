@@ -81,13 +81,25 @@ def step_processes(job_id: str, node: str) -> list[int]:
     return found
 
 
+def logged(log_dir: Path, step: int) -> None:
+    """Wait until the training has logged `step` (the job may wait in the queue, and train
+    slowly on a busy machine)."""
+    deadline = time.monotonic() + 1200
+    while not (log_dir / "metrics.jsonl").exists() or step not in losses(log_dir):
+        assert time.monotonic() < deadline, f"the job logged no step {step} in 1200 s"
+        time.sleep(0.1)
+
+
 def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
     slurm_nodes: list[str], prepared: Path, tmp_path: Path
 ) -> None:
     """2 nodes x 2 srun tasks: TP=2 within a node, data parallel across the two nodes, the
     rendezvous at the first node's name (MASTER_ADDR from the job's node list). After the
     checkpoint at step 8 every task on the second node is killed: the job is requeued without
-    that node, resumes on the first and the third, and its losses are the one process's."""
+    that node and resumes on the first and the third. There, after the checkpoint at step 16,
+    it is preempted (USR1 to the batch shell, as Slurm signals before the time limit): it
+    checkpoints on both nodes, is requeued, resumes again, and its losses are the one
+    process's."""
     steps = (
         f"data_dir={prepared}/data",
         # The same kernels in both runs whatever CPUs the Slurm step is given.
@@ -95,7 +107,7 @@ def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
         # One padded vocabulary at TP 1 and TP 2 (8192 rows), so both compute the same logits.
         "training.model.make_vocab_size_divisible_by=4096",
         f"training.model.data.index_mapping_dir={tmp_path}/index",
-        "training.trainer.max_steps=24",
+        "training.trainer.max_steps=30",
         "training.exp_manager.checkpoint_callback_params.every_n_train_steps=8",
         "training.trainer.val_check_interval=8",
     )
@@ -118,10 +130,7 @@ def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
     )
     log_dir = results / "gpt3_tiny" / "results"
     # Step 9 logged: the checkpoint of step 8 is whole (saving ends step 8).
-    deadline = time.monotonic() + 1200
-    while not (log_dir / "metrics.jsonl").exists() or 9 not in losses(log_dir):
-        assert time.monotonic() < deadline, "the job logged no step 9 in 1200 s"
-        time.sleep(0.1)
+    logged(log_dir, 9)
     allocated = subprocess.run(
         ["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -132,12 +141,16 @@ def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
     assert killed, f"no task of job {job_id} on {lost}"
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
+    logged(log_dir, 17)  # attempt 1 resumed from step 8 and checkpointed step 16
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
 
     assert wait_for_run(results) == {"gpt3_tiny": "COMPLETED"}
-    attempts = [run_ops("logs", str(results), "gpt3_tiny", "--attempt", a).stdout for a in "01"]
+    attempts = [run_ops("logs", str(results), "gpt3_tiny", "--attempt", a).stdout for a in "012"]
     assert f"srun: error: {lost}: tasks 2-3: Killed" in attempts[0], attempts[0][-3000:]
     assert f"requeueing without the failed node (ExcNodeList={lost})" in attempts[0]
-    assert "resumed from" in attempts[1], attempts[1][-3000:]
+    assert "checkpoint saved; exit code 75" in attempts[1], attempts[1][-3000:]
+    assert "requeueing" in attempts[1] and "failed node" not in attempts[1]
+    assert all("resumed from" in log for log in attempts[1:]), attempts[2][-3000:]
     for number, log in enumerate(attempts):
         hosts = dict(re.findall(r"rank (\d)/4 local_rank \d host (\S+) ", log))
         assert len(hosts) == 4 and len(set(hosts.values())) == 2, log[-3000:]

@@ -404,8 +404,9 @@ class SlurmBackend:
         return [
             "step_pid=",
             "cancelled=0",
-            f"trap 'echo \"launcher: {CHECKPOINT_SIGNAL} received, asking the job step to "
-            f"checkpoint\"; {forward}' {CHECKPOINT_SIGNAL}",
+            "stop_asked=0",
+            f"trap 'stop_asked=1; echo \"launcher: {CHECKPOINT_SIGNAL} received, asking the job "
+            f"step to checkpoint\"; {forward}' {CHECKPOINT_SIGNAL}",
             f"trap 'cancelled=1; echo \"launcher: cancel requested, asking the job step to "
             f"checkpoint and stop\"; {forward}' {CANCEL_SIGNAL}",
             f"step_before=$({shlex.join(progress)})",
@@ -430,7 +431,16 @@ class SlurmBackend:
             '    scancel "$SLURM_JOB_ID"',
             '    exit "$code"',
             "fi",
-            f'if [ "$code" -eq {job.checkpoint_exit_code} ]; then',
+            # srun exits with the highest of its tasks' codes, and --kill-on-bad-exit ends the
+            # other tasks once the first has stopped with the checkpoint code: after the
+            # signal, a step that ended with any failure stopped on it (a new checkpoint is
+            # still needed to requeue).
+            "on_signal=0",
+            f'if [ "$code" -eq {job.checkpoint_exit_code} ] || '
+            '{ [ "$stop_asked" -eq 1 ] && [ "$code" -ne 0 ]; }; then',
+            "    on_signal=1",
+            "fi",
+            'if [ "$on_signal" -eq 1 ]; then',
             f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {max_restarts} ]; then',
             f'        echo "launcher: not requeued: max_restarts ({max_restarts}) reached"',
             '    elif [ "$step_after" -le "$step_before" ]; then',
@@ -447,7 +457,8 @@ class SlurmBackend:
 
     def _requeue_without_failed_node(self, job: JobSpec, log: str) -> list[str]:
         """After a failure that srun pins on one node (a task killed there, the node lost),
-        with a new checkpoint since the attempt started: requeue, excluding that node.
+        not a stop the checkpoint signal asked for, with a new checkpoint since the attempt
+        started: requeue, excluding that node.
 
         Slurm takes a new ExcNodeList only from a pending job, and `scontrol requeue` makes
         this one pending (still completing: it cannot start again before this shell exits),
@@ -464,7 +475,7 @@ class SlurmBackend:
         if self.excluded():
             failed_node += ["--exclude", shlex.quote(self.excluded())]
         return [
-            f'if [ "$code" -ne 0 ] && [ "$code" -ne {job.checkpoint_exit_code} ]; then',
+            'if [ "$code" -ne 0 ] && [ "$on_signal" -eq 0 ]; then',
             f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {max_restarts} ]; then',
             f'        echo "launcher: not requeued after the failure: max_restarts '
             f'({max_restarts}) reached"',

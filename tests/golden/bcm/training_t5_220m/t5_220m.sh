@@ -24,7 +24,8 @@ cd /results/t5_220m
 
 step_pid=
 cancelled=0
-trap 'echo "launcher: USR1 received, asking the job step to checkpoint"; if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi' USR1
+stop_asked=0
+trap 'stop_asked=1; echo "launcher: USR1 received, asking the job step to checkpoint"; if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi' USR1
 trap 'cancelled=1; echo "launcher: cancel requested, asking the job step to checkpoint and stop"; if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null || true; fi' USR2
 step_before=$(python3 -m launcher_scripts.formats.progress /results/t5_220m/results/checkpoints)
 if [ "$cancelled" -eq 1 ]; then
@@ -57,7 +58,11 @@ if [ "$cancelled" -eq 1 ] && [ "$code" -ne 0 ]; then
     scancel "$SLURM_JOB_ID"
     exit "$code"
 fi
-if [ "$code" -eq 75 ]; then
+on_signal=0
+if [ "$code" -eq 75 ] || { [ "$stop_asked" -eq 1 ] && [ "$code" -ne 0 ]; }; then
+    on_signal=1
+fi
+if [ "$on_signal" -eq 1 ]; then
     if [ "${SLURM_RESTART_COUNT:-0}" -ge 3 ]; then
         echo "launcher: not requeued: max_restarts (3) reached"
     elif [ "$step_after" -le "$step_before" ]; then
@@ -68,7 +73,7 @@ if [ "$code" -eq 75 ]; then
         exit 0
     fi
 fi
-if [ "$code" -ne 0 ] && [ "$code" -ne 75 ]; then
+if [ "$code" -ne 0 ] && [ "$on_signal" -eq 0 ]; then
     if [ "${SLURM_RESTART_COUNT:-0}" -ge 3 ]; then
         echo "launcher: not requeued after the failure: max_restarts (3) reached"
     elif [ "$step_after" -le "$step_before" ]; then
