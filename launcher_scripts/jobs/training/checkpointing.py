@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import os
+import queue
 import re
 import shutil
 import signal
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.tensor_parallel import random as mcore_random
 
 from launcher_scripts.formats.progress import (
@@ -121,12 +123,11 @@ def sharded_state(model: list[Any], optimizer: Any, is_loading: bool) -> dict[st
 def stop_signals_held() -> Iterator[None]:
     """Hold SIGTERM/SIGUSR1 (pending, not lost) while a checkpoint is written.
 
-    megatron-core writes through processes this one starts: a manager process, spawned at the
-    first save and kept, and writers forked at each. They share this rank's process group,
-    which torchrun, srun and Kubernetes signal as a whole; killed there, they would fail the
-    very save the signal asks for (BrokenPipeError, a torn `.tmp-` folder). Processes started
-    meanwhile inherit the blocked signals and so keep writing; the rank itself gets its
-    signal when the save is done, and stops after the step as documented.
+    megatron-core writes through processes this one forks at each save. They share this
+    rank's process group, which torchrun, srun and Kubernetes signal as a whole; killed
+    there, they would fail the very save the signal asks for (BrokenPipeError, a torn `.tmp-`
+    folder). Processes started meanwhile inherit the blocked signals and so keep writing; the
+    rank itself gets its signal when the save is done, and stops after the step as documented.
     """
     # Python starts its resource tracker with the first spawned process and unblocks SIGTERM
     # right after (bpo-33613): started now, it cannot undo the block below.
@@ -138,10 +139,21 @@ def stop_signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def _write_results_in_process() -> None:
+    """megatron-core's writer passes its write results back through a queue it creates once
+    per process from a spawned Manager: a second interpreter that imports this job's main
+    module again (torch, megatron-core: seconds of CPU on every rank at its first save).
+    Our saves are synchronous (`dist_checkpointing.save` runs the write in this process), so
+    the results never leave it, and an in-process queue carries them."""
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save(
     directory: Path, name: str, model: list[Any], optimizer: Any, train_state: TrainState
 ) -> Path:
     """Write a checkpoint atomically; every rank calls this."""
+    _write_results_in_process()
     with stop_signals_held():
         return _save(directory, name, model, optimizer, train_state)
 
