@@ -1,5 +1,6 @@
 """megatron-core's kernel fuser (torch.compile) is off in job programs on a machine without a
-GPU, so their import leaves TorchDynamo and Inductor out; LAUNCHER_KEEP_JIT_FUSER=1 keeps it."""
+GPU, so their import leaves TorchDynamo and Inductor out; LAUNCHER_KEEP_JIT_FUSER=1 keeps it.
+megatron-core's import leaves wandb out, and wandb imports afterwards as usual."""
 
 from __future__ import annotations
 
@@ -16,10 +17,17 @@ import launcher_scripts.jobs
 from megatron.core import jit
 from megatron.core.fusions import fused_bias_dropout  # decorated with the fuser at import
 from megatron.core.models.gpt import GPTModel
-print(json.dumps({
+from megatron.core.inference.contexts import dynamic_context
+from launcher_scripts.jobs.training import trainer
+found = {
     "fuser": jit.jit_fuser.__name__,
     "compiler_imported": "torch._dynamo" in sys.modules or "torch._inductor" in sys.modules,
-}))
+    "wandb_imported": "wandb" in sys.modules,
+    "megatron_has_wandb": dynamic_context.HAVE_WANDB,
+}
+import wandb
+found["wandb_importable"] = callable(wandb.init)
+print(json.dumps(found))
 """
 
 
@@ -39,10 +47,17 @@ def probe(**env: str) -> dict:
 def test_the_fuser_is_off_only_without_a_gpu() -> None:
     import torch
 
+    found = probe()
     if torch.cuda.is_available():
-        assert probe() == {"fuser": "compile", "compiler_imported": True}
+        assert (found["fuser"], found["compiler_imported"]) == ("compile", True)
     else:
-        assert probe() == {"fuser": "noop_decorator", "compiler_imported": False}
+        assert (found["fuser"], found["compiler_imported"]) == ("noop_decorator", False)
+
+
+def test_megatrons_import_leaves_wandb_out_and_it_imports_later() -> None:
+    found = probe()
+    assert not found["wandb_imported"] and not found["megatron_has_wandb"], found
+    assert found["wandb_importable"], found
 
 
 def test_the_switch_keeps_megatrons_fuser() -> None:

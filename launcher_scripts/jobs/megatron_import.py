@@ -1,14 +1,21 @@
-"""megatron-core's import without its kernel fuser on a machine with no GPU.
+"""megatron-core's import, made lighter for the job programs.
 
-`megatron.core.jit` sets `jit_fuser = torch.compile`, and a dozen modules decorate their fused
-kernels with it at import, so importing megatron-core imports TorchDynamo and Inductor: about
-2 of the 5 seconds every CPU job spends starting. On CPU those kernels never run (the job turns
-bias-activation, bias-dropout and softmax fusion off without a GPU), so on a machine where
-`torch.cuda.is_available()` is false the fuser becomes megatron-core's own `noop_decorator`
-(what its `disable_jit_fuser()` sets) before any module uses it. With a GPU, nothing changes.
+- Without its kernel fuser on a machine with no GPU. `megatron.core.jit` sets `jit_fuser =
+  torch.compile`, and a dozen modules decorate their fused kernels with it at import, so
+  importing megatron-core imports TorchDynamo and Inductor: about 2 of the 5 seconds every CPU
+  job spends starting. On CPU those kernels never run (the job turns bias-activation,
+  bias-dropout and softmax fusion off without a GPU), so on a machine where
+  `torch.cuda.is_available()` is false the fuser becomes megatron-core's own `noop_decorator`
+  (what its `disable_jit_fuser()` sets) before any module uses it. With a GPU, nothing
+  changes. LAUNCHER_KEEP_JIT_FUSER=1 keeps the fuser everywhere.
+- Without Weights & Biases. Where wandb is installed, megatron-core's package import imports it
+  (about a second) for its own inference and timer logging, which the jobs never use: they log
+  to W&B through `jobs/training/wandb_logger`, which imports wandb itself when a recipe asks.
+  While megatron-core's package runs, `wandb` is not importable to it (its `except ImportError`
+  branches run); afterwards it is importable again as usual.
 
 `launcher_scripts/jobs/__init__.py` installs this, so it is in place before a job program
-imports megatron-core. LAUNCHER_KEEP_JIT_FUSER=1 keeps the fuser everywhere.
+imports megatron-core.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+PACKAGE = "megatron.core"
 MODULE = "megatron.core.jit"
 SWITCH = "LAUNCHER_KEEP_JIT_FUSER"
+UNUSED = "wandb"
 
 
 def no_gpu() -> bool:
@@ -31,13 +40,19 @@ def no_gpu() -> bool:
     return not torch.cuda.is_available()
 
 
-class _FuserOffWithoutGpu(importlib.abc.MetaPathFinder):
-    """Finds megatron.core.jit as Python would, and sets its fuser to the no-op after it runs."""
+def _fuser_off_without_gpu(module: ModuleType) -> None:
+    noop: Any = getattr(module, "noop_decorator", None)
+    if noop is not None and os.environ.get(SWITCH) != "1" and no_gpu():
+        module.jit_fuser = noop
+
+
+class _LighterMegatron(importlib.abc.MetaPathFinder):
+    """Finds megatron.core and megatron.core.jit as Python would, and runs them as above."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != MODULE:
+        if fullname not in (PACKAGE, MODULE):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -45,10 +60,18 @@ class _FuserOffWithoutGpu(importlib.abc.MetaPathFinder):
         run_module = spec.loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
-            run_module(module)
-            noop: Any = getattr(module, "noop_decorator", None)
-            if noop is not None and no_gpu():
-                module.jit_fuser = noop
+            if fullname == MODULE:
+                run_module(module)
+                _fuser_off_without_gpu(module)
+                return
+            blocked = UNUSED not in sys.modules
+            if blocked:
+                sys.modules[UNUSED] = None  # type: ignore[assignment]  # import raises ImportError
+            try:
+                run_module(module)
+            finally:
+                if blocked and sys.modules.get(UNUSED, 0) is None:
+                    del sys.modules[UNUSED]
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -56,7 +79,7 @@ class _FuserOffWithoutGpu(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Once per process, before megatron-core is imported; nothing if it already is."""
-    if os.environ.get(SWITCH) == "1" or MODULE in sys.modules:
+    if PACKAGE in sys.modules:
         return
-    if not any(isinstance(finder, _FuserOffWithoutGpu) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _FuserOffWithoutGpu())
+    if not any(isinstance(finder, _LighterMegatron) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _LighterMegatron())
