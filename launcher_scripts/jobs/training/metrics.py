@@ -93,12 +93,11 @@ def plot_loss_curve(metrics_file: Path, output: Path, title: str) -> bool:
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
     if not train:
         return False
-    import matplotlib
+    # A Figure of its own draws to the file without pyplot (a third of the import time).
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4))
+    figure = Figure(figsize=(7, 4))
+    axes = figure.subplots()
     axes.plot(*zip(*train, strict=True), label="train loss")
     if val:
         axes.plot(*zip(*val, strict=True), "o-", label="validation loss")
@@ -110,7 +109,6 @@ def plot_loss_curve(metrics_file: Path, output: Path, title: str) -> bool:
     figure.tight_layout()
     tmp = output.with_suffix(".tmp.png")
     figure.savefig(tmp, dpi=100)
-    plt.close(figure)
     os.replace(tmp, output)
     return True
 
