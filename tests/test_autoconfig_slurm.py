@@ -81,14 +81,14 @@ def test_real_measured_search_on_slurm_picks_the_measured_fastest(
     prepared: Path,
     tmp_path: Path,
 ) -> None:
-    """Four candidates submitted as Slurm jobs; the fourth is cancelled while it waits behind
+    """Three candidates submitted as Slurm jobs; the third is cancelled while it waits behind
     the others (a 2-CPU node runs one 2-task job at a time), as a user or the scheduler might:
-    three are measured, the cancelled one is reported as failed, and the measured fastest wins."""
+    two are measured, the cancelled one is reported as failed, and the measured fastest wins."""
     search = start_search(
-        tmp_path, prepared / "data", "search_config.train_settings.limit_search_runs=4"
+        tmp_path, prepared / "data", "search_config.train_settings.limit_search_runs=3"
     )
     logs = tmp_path / LOGS
-    cancelled = submitted_job_id(logs / "candidate_4", search)
+    cancelled = submitted_job_id(logs / "candidate_3", search)
     subprocess.run(["scancel", cancelled], check=True)
     stdout, stderr = search.communicate(timeout=3600)
     assert search.returncode == 0, stdout[-3000:] + stderr[-3000:]
@@ -96,8 +96,8 @@ def test_real_measured_search_on_slurm_picks_the_measured_fastest(
     final = logs / "final_results"
     with open(final / "candidates.csv") as handle:
         rows = {row["run"]: row for row in csv.DictReader(handle) if row["run"]}
-    measured = [rows[f"candidate_{i}"] for i in (1, 2, 3)]
-    assert [r["status"] for r in measured] == ["measured"] * 3, rows
+    measured = [rows[f"candidate_{i}"] for i in (1, 2)]
+    assert [r["status"] for r in measured] == ["measured"] * 2, rows
     for row in measured:
         # A Slurm job whose two srun tasks trained 8 steps; 5 timed after 3 warm-up steps.
         status = json.loads(run_ops("status", row["run_dir"], "--json").stdout)
@@ -112,18 +112,18 @@ def test_real_measured_search_on_slurm_picks_the_measured_fastest(
         assert int(row["measured_steps"]) == 5 and float(row["measured_step_time_s"]) > 0
 
     # The cancelled job: failed, with the scheduler's state, and no step time.
-    fourth = rows["candidate_4"]
-    assert fourth["status"] == "failed" and fourth["failure"].startswith("cancelled"), fourth
-    assert fourth["measured_step_time_s"] == ""
+    third = rows["candidate_3"]
+    assert third["status"] == "failed" and third["failure"].startswith("cancelled"), third
+    assert third["measured_step_time_s"] == ""
     with open(final / "failed_jobs.csv") as handle:
         (failed,) = list(csv.DictReader(handle))
-    assert (failed["run"], failed["state"]) == ("candidate_4", "CANCELLED"), failed
-    assert "candidate_4 (" in stdout and "): cancelled" in stdout, stdout[-3000:]
+    assert (failed["run"], failed["state"]) == ("candidate_3", "CANCELLED"), failed
+    assert "candidate_3 (" in stdout and "): cancelled" in stdout, stdout[-3000:]
 
     fastest = min(measured, key=lambda r: float(r["measured_step_time_s"]))
     summary = json.loads((final / "summary.json").read_text())
     assert summary["best"]["run"] == fastest["run"]
-    assert (summary["runs"], summary["measured"], summary["failed"]) == (4, 3, 1)
+    assert (summary["runs"], summary["measured"], summary["failed"]) == (3, 2, 1)
     assert "best: " + fastest["run"] in stdout
     best = Path(summary["best_config"])
     model = OmegaConf.load(best).model

@@ -102,55 +102,6 @@ def test_a_failed_upstream_cancels_its_dependents(slurm: None, tmp_path: Path) -
     assert codes["gpt3_tiny"] is None, codes
 
 
-def test_preempted_training_checkpoints_requeues_and_resumes(
-    slurm: None, prepared: Path, tmp_path: Path
-) -> None:
-    """USR1 to the batch shell (what --signal=B:USR1@grace sends before the time limit)."""
-    steps = (
-        "training.trainer.max_steps=40",
-        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=20",
-        "training.trainer.val_check_interval=20",
-        # The same kernels in both runs whatever CPUs the Slurm step is given.
-        "+env_vars.OMP_NUM_THREADS=1",
-    )
-    data = f"data_dir={prepared}/data"
-    # The same run on this machine: the Slurm cluster's keys left out (cluster/local.yaml).
-    on_this_machine = [o for o in SMALL_CLUSTER if not o.startswith("cluster")]
-    local = ("stages=[training]", *on_this_machine, *steps, "cluster_type=local")
-    reference = run_main(f"base_results_dir={tmp_path}/reference", data, *local)
-    assert reference.returncode == 0, reference.stderr[-2000:]
-
-    results = tmp_path / "slurm"
-    submitted = run_main(
-        f"base_results_dir={results}", data, "stages=[training]", *SMALL_CLUSTER, *steps
-    )
-    assert submitted.returncode == 0, submitted.stderr
-    manifest = json.loads(run_ops("status", str(results), "--json").stdout)
-    job_id = manifest["stages"][0]["jobs"][0]["job_ids"][0]
-    log_dir = results / "gpt3_tiny" / "results"
-    metrics = log_dir / "metrics.jsonl"
-    # The job may wait behind others in the queue, and train slowly on a busy machine.
-    deadline = time.monotonic() + 1800
-    while not (metrics.exists() and len(losses(log_dir)) >= 3):
-        assert time.monotonic() < deadline, "the job logged no 3 steps in 1800 s"
-        time.sleep(0.2)
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-
-    assert wait_for_run(results) == {"gpt3_tiny": "COMPLETED"}
-    logs = sorted(p.name for p in (results / "gpt3_tiny").glob(f"log-gpt3_tiny_{job_id}_attempt*"))
-    assert logs == [f"log-gpt3_tiny_{job_id}_attempt0.out", f"log-gpt3_tiny_{job_id}_attempt1.out"]
-    first = (results / "gpt3_tiny" / logs[0]).read_text()
-    assert "checkpoint saved; exit code 75" in first and "requeueing" in first
-    assert "resumed from" in (results / "gpt3_tiny" / logs[1]).read_text()
-    second = run_ops("logs", str(results), "gpt3_tiny", "--attempt", "1").stdout
-    assert "attempt 1" in second.splitlines()[0] and "resumed from" in second
-    assert "requeueing" not in second
-    header, row = run_ops("status", str(results)).stdout.splitlines()[1:3]
-    assert "ATTEMPTS" in header and re.search(rf"COMPLETED\s+0\s+{job_id}\s+2\s", row), row
-    expected = losses(tmp_path / "reference" / "gpt3_tiny" / "results")
-    assert losses(log_dir) == expected
-
-
 def test_cancel_of_a_running_training_checkpoints_and_is_not_requeued(
     slurm: None, prepared: Path, tmp_path: Path
 ) -> None:

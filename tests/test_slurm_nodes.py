@@ -151,6 +151,9 @@ def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
     assert "checkpoint saved; exit code 75" in attempts[1], attempts[1][-3000:]
     assert "requeueing" in attempts[1] and "failed node" not in attempts[1]
     assert all("resumed from" in log for log in attempts[1:]), attempts[2][-3000:]
+    assert "attempt 2" in attempts[2].splitlines()[0] and "requeueing" not in attempts[2]
+    header, row = run_ops("status", str(results)).stdout.splitlines()[1:3]
+    assert "ATTEMPTS" in header and re.search(rf"COMPLETED\s+0\s+{job_id}\s+3\s", row), row
     for number, log in enumerate(attempts):
         hosts = dict(re.findall(r"rank (\d)/4 local_rank \d host (\S+) ", log))
         assert len(hosts) == 4 and len(set(hosts.values())) == 2, log[-3000:]
