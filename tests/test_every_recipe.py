@@ -1,6 +1,6 @@
-"""The whole recipe tree: every recipe of every stage group, for every cluster type, composes,
-passes preflight and renders its scripts (a dry run's planning, in process: nothing is written,
-run or submitted).
+"""The whole recipe tree: every recipe of every stage group composes, passes preflight and
+renders its scripts, on the local backend and on a cluster backend (each cluster type in turn):
+a dry run's planning, in process (nothing is written, run or submitted).
 
 Inputs a recipe reads (datasets, tokenizers) need not exist: a dry run lists the missing ones
 and goes on with every other check, so a recipe whose settings are wrong still fails here.
@@ -30,8 +30,18 @@ RUNNABLE = [group for group in GROUPS if group in STAGES]
 IMAGE = "nvcr.io/nvidia/nemo:24.05"
 
 
-def cases(groups: list[str]) -> list[tuple[str, str]]:
-    return [(group, recipe) for group in groups for recipe in recipe_options(group)]
+def backend_cases(groups: list[str]) -> list[tuple[str, str, str]]:
+    """Each recipe on the local backend and on one cluster backend, taken in turn along the
+    recipes (and shifted from group to group), so that every cluster backend renders recipes
+    of every stage group without every recipe rendering four times: the backends' own
+    rendering of each stage is the golden scripts' and the quoting tests' subject."""
+    clusters = [c for c in CLUSTER_TYPES if c != "local"]
+    found = []
+    for shift, group in enumerate(groups):
+        for index, recipe in enumerate(recipe_options(group)):
+            cluster = clusters[(index + shift) % len(clusters)]
+            found += [(group, recipe, "local"), (group, recipe, cluster)]
+    return found
 
 
 # The stages whose outputs a stage reads: they run before it in the test's run, so its inputs
@@ -114,8 +124,7 @@ def test_every_cluster_type_has_a_backend() -> None:
     assert set(CLUSTER_TYPES) == set(BACKENDS)
 
 
-@pytest.mark.parametrize("cluster_type", CLUSTER_TYPES)
-@pytest.mark.parametrize(("group", "recipe"), cases(RUNNABLE))
+@pytest.mark.parametrize(("group", "recipe", "cluster_type"), backend_cases(RUNNABLE))
 def test_recipe_validates_and_renders(
     group: str, recipe: str, cluster_type: str, tmp_path: Path
 ) -> None:

@@ -16,6 +16,7 @@ import os
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 if TYPE_CHECKING:  # torch is imported where tensors are written or read: read_config needs none
     import torch
+
+    from launcher_scripts.formats.safetensors_stream import StreamedTensor
 
 CONFIG = "model_config.yaml"
 WEIGHTS = "model_weights.safetensors"
@@ -41,7 +44,19 @@ class Portable:
 
 def write(path: Path, model_config: DictConfig, tensors: dict[str, torch.Tensor]) -> list[str]:
     """Write the tar atomically (a temporary name, then rename). Returns its member names."""
-    from safetensors.torch import save_file
+    from launcher_scripts.formats.safetensors_stream import StreamedTensor
+
+    return write_streamed(
+        path, model_config, [StreamedTensor.whole(k, t) for k, t in tensors.items()]
+    )
+
+
+def write_streamed(
+    path: Path, model_config: DictConfig, tensors: Iterable[StreamedTensor]
+) -> list[str]:
+    """write() for tensors made one piece at a time (an import from a checkpoint larger than
+    memory): only the piece being written is held."""
+    from launcher_scripts.formats import safetensors_stream
 
     config = OmegaConf.create(OmegaConf.to_container(model_config, resolve=True))
     tokenizer_files: dict[str, Path] = {}
@@ -55,7 +70,7 @@ def write(path: Path, model_config: DictConfig, tensors: dict[str, torch.Tensor]
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".convert-") as scratch:
         weights = Path(scratch) / WEIGHTS
-        save_file({k: t.contiguous() for k, t in tensors.items()}, str(weights))
+        safetensors_stream.write(weights, tensors)
         partial = Path(scratch) / path.name
         with tarfile.open(partial, "w") as tar:
             add_bytes(tar, CONFIG, OmegaConf.to_yaml(config).encode())
