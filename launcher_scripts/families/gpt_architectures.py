@@ -3,9 +3,13 @@
 Torch-free: the conversion stage's preflight asks this before anything is submitted, so a model
 that no standard architecture can represent is refused with the key that makes it so.
 
-    learned positions, GeLU, LayerNorm(1p)         -> GPT2LMHeadModel
-    RoPE, SwiGLU, LayerNorm(1p), no linear biases  -> StableLmForCausalLM
-    RoPE, SwiGLU, RMSNorm, no linear biases        -> LlamaForCausalLM
+    learned positions, GeLU (exact or tanh), LayerNorm(1p)      -> GPT2LMHeadModel
+    RoPE, SwiGLU, LayerNorm(1p), no linear biases (but QKV's)   -> StableLmForCausalLM
+    RoPE, SwiGLU, RMSNorm, no linear biases                     -> LlamaForCausalLM
+    RoPE, SwiGLU, RMSNorm, QKV biases only                      -> Qwen2ForCausalLM
+
+A model imported from Hugging Face records its class (`hf_architecture`) and goes back to it
+(a Mistral to MistralForCausalLM, not to the Llama class that computes the same).
 """
 
 from __future__ import annotations
@@ -18,6 +22,12 @@ from launcher_scripts.families.base import Architecture, head_size_problem
 GPT2 = Architecture("GPT2LMHeadModel", "gpt2")
 STABLELM = Architecture("StableLmForCausalLM", "stablelm")
 LLAMA = Architecture("LlamaForCausalLM", "llama")
+MISTRAL = Architecture("MistralForCausalLM", "mistral")
+QWEN2 = Architecture("Qwen2ForCausalLM", "qwen2")
+ARCHITECTURES = (GPT2, STABLELM, LLAMA, MISTRAL, QWEN2)
+# Our activation -> transformers' name for the same function (GPT-2's activation_function).
+HF_GELU = {"gelu": "gelu", "gelu-tanh": "gelu_new"}
+ROTARY_ACTIVATIONS = ("swiglu", "fast-swiglu")
 
 
 def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
@@ -26,6 +36,7 @@ def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
     activation = model.get("activation", "gelu")
     normalization = model.get("normalization", "layernorm")
     bias = bool(model.get("bias", True))
+    qkv_bias = bool(model.get("qkv_bias", False)) and not bias
     heads = int(model.num_attention_heads)
     groups = int(model.get("num_query_groups") or heads)
 
@@ -38,22 +49,31 @@ def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
         )
 
     head_size = head_size_problem(model)
-    if head_size:
-        raise refuse("kv_channels", head_size)
+    if head_size and (positions == "learned_absolute" or normalization != "rmsnorm"):
+        raise refuse("kv_channels", head_size)  # Llama's, Mistral's and Qwen2's have head_dim
+    if model.get("rope_scaling_factor") is not None and normalization != "rmsnorm":
+        raise refuse("rope_scaling_factor", "Llama 3's rope scaling without RMSNorm")
     if positions == "learned_absolute":
-        if activation != "gelu":
+        if activation not in HF_GELU:
             raise refuse("activation", f"{activation!r} with learned position embeddings")
         if normalization == "rmsnorm":
             raise refuse("normalization", "rmsnorm with learned position embeddings")
         if groups != heads:
             raise refuse("num_query_groups", "grouped-query attention in a GPT-2 style model")
+        if qkv_bias:
+            raise refuse("qkv_bias", "biases on QKV alone in a GPT-2 style model")
         return GPT2
     if positions != "rope":
         raise refuse("position_embedding_type", f"{positions!r}")
-    if activation not in ("swiglu", "fast-swiglu"):
+    if activation not in ROTARY_ACTIVATIONS:
         raise refuse("activation", f"{activation!r} with rotary embeddings")
     if bias:
         raise refuse("bias", "linear biases with rotary embeddings and SwiGLU")
     if float(model.get("rotary_percentage", 1.0)) != 1.0 and normalization == "rmsnorm":
         raise refuse("rotary_percentage", "partial rotary embeddings with RMSNorm")
-    return LLAMA if normalization == "rmsnorm" else STABLELM
+    if normalization != "rmsnorm":
+        return STABLELM
+    if qkv_bias:
+        return QWEN2
+    recorded = model.get("hf_architecture")  # an imported model's own class
+    return MISTRAL if recorded == MISTRAL.name else LLAMA

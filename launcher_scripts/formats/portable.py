@@ -31,7 +31,9 @@ if TYPE_CHECKING:  # torch is imported where tensors are written or read: read_c
 CONFIG = "model_config.yaml"
 WEIGHTS = "model_weights.safetensors"
 TOKENIZER_DIR = "tokenizer"
-TOKENIZER_KEYS = ("model", "vocab_file", "merge_file")
+# The tokenizer's files (hf_config: an imported model's own tokenizer_config.json, which its
+# Hugging Face export writes back).
+TOKENIZER_KEYS = ("model", "vocab_file", "merge_file", "hf_config")
 # What a PEFT file (launcher_scripts/jobs/fine_tuning/peft_file.py) holds instead of CONFIG.
 PEFT_CONFIG = "peft_config.yaml"
 

@@ -15,7 +15,7 @@ from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.recipes.optimizer import OPTIMIZERS, check_optimizer
 
-ACTIVATIONS = ("gelu", "fast-swiglu", "swiglu", "squared-relu")
+ACTIVATIONS = ("gelu", "gelu-tanh", "fast-swiglu", "swiglu", "squared-relu")
 NORMALIZATIONS = ("layernorm", "layernorm1p", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")
 PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "bf16-mixed": "bf16"}

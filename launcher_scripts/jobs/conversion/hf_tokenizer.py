@@ -1,5 +1,6 @@
 """The training tokenizer as files transformers' AutoTokenizer loads, giving the same ids.
 
+tokenizer.json (imported)      -> tokenizer.json + its settings, or the imported ones
 SentencePiece .model           -> tokenizer.model + LlamaTokenizer settings without BOS/EOS
 GPT-2 BPE (vocab + merges)     -> vocab.json, merges.txt + GPT2Tokenizer settings
 WordPiece vocab.txt (BERT, T5) -> vocab.txt + BertTokenizer settings (the casing trained with)
@@ -19,11 +20,23 @@ from launcher_scripts.errors import ConfigError
 
 
 def write(model: Any, directory: Path, added: tuple[str, ...] = ()) -> dict[str, int]:
-    """Write the tokenizer files into `directory`; returns token ids for config.json."""
+    """Write the tokenizer files into `directory`; returns token ids for config.json. An
+    imported model's own tokenizer_config.json (tokenizer.hf_config) is written back as it
+    came, over the settings made here."""
+    ids = _files(model, directory, added)
+    recorded = model.tokenizer.get("hf_config")
+    if recorded:
+        shutil.copy2(str(recorded), directory / "tokenizer_config.json")
+    return ids
+
+
+def _files(model: Any, directory: Path, added: tuple[str, ...]) -> dict[str, int]:
     tokenizer = model.tokenizer
     library = str(tokenizer.get("library") or "")
     if tokenizer.get("type") == "hf_t5":  # an imported T5's own tokenizer, back as it came
         return _hf_t5(Path(str(tokenizer.model)), directory, model, added)
+    if str(tokenizer.get("model") or "").endswith(".json"):
+        return _hf_json(Path(str(tokenizer.model)), directory, model)
     if library == "sentencepiece":
         return _sentencepiece(Path(str(tokenizer.model)), directory, model, added)
     if tokenizer.get("vocab_file") and tokenizer.get("merge_file") and not added:
@@ -79,6 +92,22 @@ def _hf_t5(source: Path, directory: Path, model: Any, added: tuple[str, ...]) ->
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
     return {}
+
+
+def _hf_json(source: Path, directory: Path, model: Any) -> dict[str, int]:
+    """A tokenizer.json (an imported model's), with settings naming its end-of-text token."""
+    import tokenizers
+
+    shutil.copy2(source, directory / "tokenizer.json")
+    eod = model.tokenizer.get("eod_token")
+    settings = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": int(model.max_position_embeddings),
+        **({"eos_token": eod} if eod else {}),
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    token = tokenizers.Tokenizer.from_file(str(source)).token_to_id(eod) if eod else None
+    return {} if token is None else {"eos_token_id": token}
 
 
 def _sentencepiece(

@@ -90,11 +90,12 @@ class ModelRuntime:
     tuning: TuningSide | None = None  # None: no fine-tuning program for the family
     # runner.OpenedModel -> served.ServedModel: text generation for serving; None: not served
     served: Callable[[Any], Any] | None = None
-    # (a Hugging Face model directory, its config.json, read(tensor name) -> tensor, the import
-    # recipe's model section) -> (our model section, our full tensors); None: no import
-    from_hf: (
-        Callable[[Any, dict[str, Any], Any, Any], tuple[dict[str, Any], dict[str, Any]]] | None
-    ) = None
+    # (a Hugging Face model directory, its config.json, its tensors (a safetensors_stream
+    # TensorSource), the import recipe's model section) -> (our model section, our full tensors
+    # as StreamedTensors, made a layer at a time); None: no import
+    from_hf: Callable[[Any, dict[str, Any], Any, Any], tuple[dict[str, Any], list[Any]]] | None = (
+        None
+    )
 
 
 def runtime_of(family: ModelFamily) -> ModelRuntime:

@@ -13,7 +13,14 @@ from typing import Any
 import torch
 
 from launcher_scripts.families.base import Architecture
-from launcher_scripts.families.gpt_architectures import GPT2, LLAMA, hf_architecture
+from launcher_scripts.families.gpt_architectures import (
+    GPT2,
+    HF_GELU,
+    MISTRAL,
+    QWEN2,
+    STABLELM,
+    hf_architecture,
+)
 from launcher_scripts.jobs.models.base import HfModel
 from launcher_scripts.jobs.models.hf_common import dtype_name, split_qkv
 from launcher_scripts.jobs.models.hf_common import head_dims as _dims
@@ -65,7 +72,8 @@ def _gpt2(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str,
         "n_layer": layers,
         "n_head": heads,
         "n_inner": int(model.ffn_hidden_size),
-        "activation_function": "gelu",  # the exact (erf) GeLU megatron-core uses
+        # transformers' gelu is the exact (erf) GeLU, gelu_new the tanh approximation
+        "activation_function": HF_GELU[str(model.get("activation", "gelu"))],
         "layer_norm_epsilon": float(model.get("layernorm_epsilon", 1e-5)),
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
@@ -116,13 +124,31 @@ def _gpt2(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str,
     return config, state
 
 
+# Llama 3's rope scaling as megatron-core computes it: only its factor is a setting.
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+LLAMA3_ORIGINAL_POSITIONS = 8192
+
+
+def rope_scaling(model: Any) -> dict[str, Any] | None:
+    factor = model.get("rope_scaling_factor")
+    if factor is None:
+        return None
+    return {
+        "rope_type": "llama3",
+        "factor": float(factor),
+        **LLAMA3_ROPE,
+        "original_max_position_embeddings": LLAMA3_ORIGINAL_POSITIONS,
+    }
+
+
 def _rotary(
     model: Any, tensors: dict[str, torch.Tensor], architecture: Architecture
 ) -> tuple[dict, dict[str, torch.Tensor]]:
-    rms = architecture == LLAMA
+    rms = architecture != STABLELM
     heads, groups, head_dim = _dims(model)
     layers = int(model.num_layers)
     eps = float(model.get("layernorm_epsilon", 1e-5))
+    qkv_bias = f"{LAYERS}self_attention.linear_qkv.bias"
     config = _common_config(tensors, architecture) | {
         "hidden_size": int(model.hidden_size),
         "intermediate_size": int(model.ffn_hidden_size),
@@ -135,17 +161,20 @@ def _rotary(
         "attention_dropout": 0.0,
     }
     if rms:
-        config |= {
-            "head_dim": head_dim,
-            "rms_norm_eps": eps,
-            "attention_bias": False,
-            "mlp_bias": False,
-        }
+        config |= {"head_dim": head_dim, "rms_norm_eps": eps}
+        if architecture == QWEN2:
+            config |= {"use_sliding_window": False, "sliding_window": None}
+        elif architecture == MISTRAL:
+            config |= {"sliding_window": None}
+        else:
+            config |= {"attention_bias": False, "mlp_bias": False}
+        if rope_scaling(model) is not None:
+            config["rope_scaling"] = rope_scaling(model)
     else:
         config |= {
             "layer_norm_eps": eps,
             "partial_rotary_factor": float(model.get("rotary_percentage", 1.0)),
-            "use_qkv_bias": False,
+            "use_qkv_bias": qkv_bias in tensors,
             "qk_layernorm": False,
             "use_parallel_residual": False,
             "hidden_dropout": 0.0,
@@ -189,6 +218,13 @@ def _rotary(
             f"{prefix}mlp.up_proj.weight": fc1[ffn:],
             f"{prefix}mlp.down_proj.weight": tensors[f"{LAYERS}mlp.linear_fc2.weight"][i],
         }
+        if qkv_bias in tensors:
+            qb, kb, vb = split_qkv(tensors[qkv_bias][i], heads, groups, head_dim)
+            state |= {
+                f"{prefix}self_attn.q_proj.bias": qb,
+                f"{prefix}self_attn.k_proj.bias": kb,
+                f"{prefix}self_attn.v_proj.bias": vb,
+            }
     if config["tie_word_embeddings"]:
         del state["lm_head.weight"]
     return config, state

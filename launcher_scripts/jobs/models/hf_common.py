@@ -1,11 +1,15 @@
-"""What the families' Hugging Face exports share: megatron-core's fused attention weights split
-the way transformers keeps them, and the dtype names of config.json."""
+"""What the families' Hugging Face exports and imports share: megatron-core's fused attention
+weights split the way transformers keeps them (and merged back), the dtype names of
+config.json, and an import's tensors planned from the checkpoint's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from launcher_scripts.formats.safetensors_stream import Reader, StreamedTensor, TensorSource
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -70,3 +74,20 @@ def merge_kv(k: torch.Tensor, v: torch.Tensor, heads: int, head_dim: int) -> tor
         [k.reshape(heads, head_dim, *rest), v.reshape(heads, head_dim, *rest)], dim=1
     )
     return paired.reshape(2 * heads * head_dim, *rest)
+
+
+# One of our layer tensors as a function of (read a checkpoint tensor by name, layer index).
+Piece = Callable[[Reader, int], torch.Tensor]
+
+
+def copied(source: TensorSource, names: dict[str, str]) -> list[StreamedTensor]:
+    """Our tensors that are checkpoint tensors as they are: ours -> theirs."""
+    return [
+        StreamedTensor.planned(ours, source, lambda read, _i, theirs=theirs: read(theirs))
+        for ours, theirs in names.items()
+    ]
+
+
+def stacked(source: TensorSource, pieces: dict[str, Piece], layers: int) -> list[StreamedTensor]:
+    """Our layer tensors, each stacked over `layers` layers and made one layer at a time."""
+    return [StreamedTensor.planned(name, source, piece, layers) for name, piece in pieces.items()]

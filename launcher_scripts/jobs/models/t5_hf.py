@@ -18,14 +18,18 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher_scripts.families.t5 import HF_FEED_FORWARD, MT5_CLASS, T5, hf_architecture
+from launcher_scripts.formats.safetensors_stream import Reader, StreamedTensor, TensorSource
 from launcher_scripts.jobs.models.base import HfImportError, HfModel
 from launcher_scripts.jobs.models.hf_common import (
+    Piece,
+    copied,
     dtype_name,
     head_dims,
     merge_kv,
     merge_qkv,
     split_kv,
     split_qkv,
+    stacked,
 )
 
 
@@ -172,11 +176,14 @@ FROM_HF_FEED_FORWARD = {
 
 
 def from_hf(
-    config: dict[str, Any], read: Any, tokenizer: dict[str, Any], lengths: dict[str, int]
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(our model section, our full tensors) of a T5 checkpoint. `read(name)` gives one of its
-    tensors (streamed from the safetensors files); `tokenizer` is our tokenizer section for its
-    files; `lengths`: the encoder's and decoder's sequence lengths and the positions.
+    config: dict[str, Any],
+    source: TensorSource,
+    tokenizer: dict[str, Any],
+    lengths: dict[str, int],
+) -> tuple[dict[str, Any], list[StreamedTensor]]:
+    """(our model section, our full tensors, made a layer at a time) of a T5 checkpoint
+    (`source`: its safetensors files); `tokenizer` is our tokenizer section for its files;
+    `lengths`: the encoder's and decoder's sequence lengths and the positions.
 
     Exact, not approximate: transformers' attention does not scale q.k, so the model keeps
     softmax_scale 1.0 (the query weights are copied as they are), and T5 v1.0's one table for
@@ -196,11 +203,7 @@ def from_hf(
     scaled = config.get("model_type") != MT5_CLASS.model_type and bool(
         config.get("scale_decoder_outputs", config.get("tie_word_embeddings", True))
     )
-    try:
-        head = read("lm_head.weight")
-    except HfImportError:
-        head = None
-    tied = head is None
+    tied = "lm_head.weight" not in source
     hidden, heads, head_dim = int(config["d_model"]), int(config["num_heads"]), int(config["d_kv"])
     layers = {"encoder": int(config["num_layers"])}
     layers["decoder"] = int(config.get("num_decoder_layers") or layers["encoder"])
@@ -254,66 +257,74 @@ def from_hf(
         "transformer_engine": False,
         "hf_architecture": (config.get("architectures") or [None])[0],
     }
-    words = read("shared.weight")
-    tensors: dict[str, torch.Tensor] = {
-        "embedding.word_embeddings.weight": words,
-        "encoder.final_layernorm.weight": read("encoder.final_layer_norm.weight"),
-        "decoder.final_layernorm.weight": read("decoder.final_layer_norm.weight"),
+    whole = {
+        "embedding.word_embeddings.weight": "shared.weight",
+        "encoder.final_layernorm.weight": "encoder.final_layer_norm.weight",
+        "decoder.final_layernorm.weight": "decoder.final_layer_norm.weight",
     }
-    if tied:
-        # megatron-core's shared output layer has a bias; Hugging Face's has none.
-        tensors["lm_head.output_layer.bias"] = torch.zeros(words.shape[0], dtype=words.dtype)
-    else:
-        tensors["lm_head.output_layer.weight"] = head
-    gated = feed_forward.startswith("gated-")
     for stack in ("encoder", "decoder"):
         table = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
-        tensors[f"{stack}_relative_pos_emb.relative_attention_bias.weight"] = read(table)
-        rows: dict[str, list[torch.Tensor]] = {}
-        for i in range(layers[stack]):
-            for name, value in _layer_from_hf(read, stack, i, heads, head_dim, gated).items():
-                rows.setdefault(name, []).append(value)
-        tensors |= {name: torch.stack(values) for name, values in rows.items()}
+        whole[f"{stack}_relative_pos_emb.relative_attention_bias.weight"] = table
+    if not tied:
+        whole["lm_head.output_layer.weight"] = "lm_head.weight"
+    tensors = copied(source, whole)
+    if tied:
+        # megatron-core's shared output layer has a bias; Hugging Face's has none.
+        words = source.meta("shared.weight")
+        zeros = torch.zeros(words.shape[0], dtype=words.dtype)
+        tensors.append(StreamedTensor.whole("lm_head.output_layer.bias", zeros))
+    gated = feed_forward.startswith("gated-")
+    for stack in ("encoder", "decoder"):
+        tensors += stacked(source, _layer_pieces(stack, heads, head_dim, gated), layers[stack])
     return model, tensors
 
 
-def _layer_from_hf(
-    read: Any, stack: str, i: int, heads: int, head_dim: int, gated: bool
-) -> dict[str, torch.Tensor]:
-    """One layer's tensors under our names (without the stack's `layers.` index)."""
-    hf = f"{stack}.block.{i}.layer."
+def _layer_pieces(stack: str, heads: int, head_dim: int, gated: bool) -> dict[str, Piece]:
+    """Each of a stack's layer tensors under our names, as a function of (read, layer)."""
     ours = f"{stack}.layers."
-    attention = f"{hf}0.SelfAttention."
-    q, k, v = (read(f"{attention}{n}.weight") for n in "qkv")
-    feed = f"{hf}{2 if stack == 'decoder' else 1}."
-    state = {
-        f"{ours}self_attention.linear_qkv.layer_norm_weight": read(f"{hf}0.layer_norm.weight"),
-        f"{ours}self_attention.linear_qkv.weight": merge_qkv(q, k, v, heads, heads, head_dim),
-        f"{ours}self_attention.linear_proj.weight": read(f"{attention}o.weight"),
-        f"{ours}mlp.linear_fc1.layer_norm_weight": read(f"{feed}layer_norm.weight"),
-        f"{ours}mlp.linear_fc2.weight": read(f"{feed}DenseReluDense.wo.weight"),
+    feed = 2 if stack == "decoder" else 1
+
+    def fetch(name: str) -> Piece:
+        return lambda read, i: read(f"{stack}.block.{i}.layer.{name}")
+
+    def qkv(read: Reader, i: int) -> torch.Tensor:
+        q, k, v = (read(f"{stack}.block.{i}.layer.0.SelfAttention.{n}.weight") for n in "qkv")
+        return merge_qkv(q, k, v, heads, heads, head_dim)
+
+    def fc1(read: Reader, i: int) -> torch.Tensor:
+        if not gated:
+            return read(f"{stack}.block.{i}.layer.{feed}.DenseReluDense.wi.weight")
+        # wi_0 is activated, wi_1 linear: megatron-core's [activated; linear] halves
+        halves = (
+            read(f"{stack}.block.{i}.layer.{feed}.DenseReluDense.wi_{n}.weight") for n in (0, 1)
+        )
+        return torch.cat(list(halves))
+
+    def kv(read: Reader, i: int) -> torch.Tensor:
+        k, v = (read(f"{stack}.block.{i}.layer.1.EncDecAttention.{n}.weight") for n in "kv")
+        return merge_kv(k, v, heads, head_dim)
+
+    pieces: dict[str, Piece] = {
+        f"{ours}self_attention.linear_qkv.layer_norm_weight": fetch("0.layer_norm.weight"),
+        f"{ours}self_attention.linear_qkv.weight": qkv,
+        f"{ours}self_attention.linear_proj.weight": fetch("0.SelfAttention.o.weight"),
+        f"{ours}mlp.linear_fc1.layer_norm_weight": fetch(f"{feed}.layer_norm.weight"),
+        f"{ours}mlp.linear_fc1.weight": fc1,
+        f"{ours}mlp.linear_fc2.weight": fetch(f"{feed}.DenseReluDense.wo.weight"),
     }
-    if gated:  # wi_0 is activated, wi_1 linear: megatron-core's [activated; linear] halves
-        halves = (read(f"{feed}DenseReluDense.wi_{n}.weight") for n in (0, 1))
-        state[f"{ours}mlp.linear_fc1.weight"] = torch.cat(list(halves))
-    else:
-        state[f"{ours}mlp.linear_fc1.weight"] = read(f"{feed}DenseReluDense.wi.weight")
     if stack == "decoder":
-        cross = f"{hf}1.EncDecAttention."
-        state |= {
-            f"{ours}pre_cross_attn_layernorm.weight": read(f"{hf}1.layer_norm.weight"),
-            f"{ours}cross_attention.linear_q.weight": read(f"{cross}q.weight"),
-            f"{ours}cross_attention.linear_kv.weight": merge_kv(
-                read(f"{cross}k.weight"), read(f"{cross}v.weight"), heads, head_dim
-            ),
-            f"{ours}cross_attention.linear_proj.weight": read(f"{cross}o.weight"),
+        pieces |= {
+            f"{ours}pre_cross_attn_layernorm.weight": fetch("1.layer_norm.weight"),
+            f"{ours}cross_attention.linear_q.weight": fetch("1.EncDecAttention.q.weight"),
+            f"{ours}cross_attention.linear_kv.weight": kv,
+            f"{ours}cross_attention.linear_proj.weight": fetch("1.EncDecAttention.o.weight"),
         }
-    return state
+    return pieces
 
 
 def import_hf(
-    directory: Path, config: dict[str, Any], read: Any, settings: Any
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    directory: Path, config: dict[str, Any], source: TensorSource, settings: Any
+) -> tuple[dict[str, Any], list[StreamedTensor]]:
     """ModelRuntime.from_hf: the directory's tokenizer (tokenizer.json, else spiece.model) goes
     with the model, its ids unchanged; the lengths come from the recipe, else the tokenizer."""
     from launcher_scripts.jobs.models.t5 import HF_T5_TOKENIZER, hf_t5_tokens
@@ -348,7 +359,7 @@ def import_hf(
         "seq_length": int(settings.get("seq_length") or positions),
         "seq_length_dec": int(settings.get("seq_length_dec") or 128),
     }
-    return from_hf(config, read, tokenizer, lengths)
+    return from_hf(config, source, tokenizer, lengths)
 
 
 def _tokenizer_settings(directory: Path) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from launcher_scripts.recipes import training as recipe
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """GeLU's tanh approximation (Hugging Face's gelu_new, T5 v1.1's and mT5's)."""
+    """GeLU's tanh approximation (Hugging Face's gelu_new: GPT-2's, T5 v1.1's and mT5's)."""
     return F.gelu(x, approximate="tanh")
 
 
@@ -36,6 +36,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 # file checks and the cost model.
 ACTIVATIONS = {
     "gelu": F.gelu,
+    "gelu-tanh": gelu_tanh,  # GPT-2's own (Hugging Face's gelu_new)
     "relu": F.relu,
     "squared-relu": squared_relu,
     "swiglu": F.silu,
@@ -112,6 +113,8 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
         normalization="RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm",
         layernorm_zero_centered_gamma=model.normalization == "layernorm1p",
         add_bias_linear=bool(model.get("bias", True)),
+        # Qwen2's (and some StableLM's) biases on Q, K and V alone
+        add_qkv_bias=bool(model.get("qkv_bias", False)),
         gated_linear_unit=gated,
         activation_func=activation,
         apply_query_key_layer_scaling=bool(model.get("apply_query_key_layer_scaling", False))
@@ -202,6 +205,10 @@ def build_chunks(
                 ),
                 position_embedding_type=model.position_embedding_type,
                 rotary_percent=float(model.get("rotary_percentage", 1.0)),
+                rotary_base=float(model.get("rotary_base", 10000)),
+                # Llama 3's scaling of the low frequencies (megatron-core's, by its factor)
+                rope_scaling=model.get("rope_scaling_factor") is not None,
+                rope_scaling_factor=float(model.get("rope_scaling_factor") or 8.0),
                 vp_stage=stage,
             )
         )
