@@ -22,3 +22,8 @@ class RecipeError(ConfigError):
         key, _, problem = message.partition(": ")
         LauncherError.__init__(self, message)
         self.key, self.problem, self.fix = key, problem, ""
+
+
+class HfImportError(ValueError):
+    """A Hugging Face model that cannot be imported exactly (a field, a tensor, a file), as one
+    line naming it."""

@@ -95,6 +95,13 @@ def require_layout(model: Any, tensor: int, pipeline: int, key_prefix: str) -> N
             f"{tensor} does not divide the model's {model.num_attention_heads} attention heads",
             "Use a divisor of the head count",
         )
+    groups = model.get("num_query_groups")
+    if groups is not None and int(groups) % tensor:
+        raise ConfigError(
+            f"{key_prefix}.tensor_model_parallel_size",
+            f"{tensor} does not divide the model's {groups} query groups (key-value heads)",
+            "Use a divisor of the query-group count",
+        )
     if int(model.num_layers) % pipeline:
         raise ConfigError(
             f"{key_prefix}.pipeline_model_parallel_size",

@@ -85,6 +85,10 @@ class ModelFamily:
     portable_shapes: ShapeTable | None = None
     # The Hugging Face config.json model_types it imports (with the hf_import program).
     hf_model_types: tuple[str, ...] = ()
+    # config.json -> the import's model section (its architecture), or errors.HfImportError
+    # naming the field it cannot import: the conversion stage's preflight asks it. None: the
+    # import job alone checks the directory.
+    hf_import_section: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def runs(self, program: str) -> bool:
         assert program in PROGRAMS, program

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ from omegaconf import OmegaConf
 
 from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_int, require_layout
-from launcher_scripts.errors import ConfigError, RecipeError
+from launcher_scripts.errors import ConfigError, HfImportError, RecipeError
 from launcher_scripts.families import DEFAULT, family_of
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes.conversion import (
@@ -94,8 +95,31 @@ class Conversion:
         require_job_program(
             ctx, "hf_model_dir", f"{family.name} models from Hugging Face", family.runs("hf_import")
         )
-        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        tp, pp = (
             require_int(f"{stage}.model.{name}", cfg.model[name])
+            for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+        )
+        if family.hf_import_section is None:
+            return
+        directory = Path(str(cfg.hf_model_dir))
+        config = json.loads((directory / "config.json").read_text())  # family_of read it
+        try:
+            section = family.hf_import_section(config)
+        except HfImportError as error:
+            raise ConfigError(
+                f"{stage}.hf_model_dir",
+                f"{directory}: {error}",
+                "Import a model without it (this version refuses what it cannot compute "
+                "exactly)",
+            ) from None
+        require_layout(OmegaConf.create(section), tp, pp, f"{stage}.model")
+        rows = int(config.get("vocab_size") or 0)
+        if rows % tp:
+            raise ConfigError(
+                f"{stage}.model.tensor_model_parallel_size",
+                f"{tp} does not divide the model's {rows} vocabulary rows",
+                "Use a divisor of the row count",
+            )
 
     @staticmethod
     def _check_checkpoint(ctx: StageContext) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from launcher_scripts.errors import HfImportError  # noqa: F401  (the job programs' name for it)
 from launcher_scripts.families import ModelFamily
 from launcher_scripts.jobs.training.runtime import JobError
 
@@ -28,11 +29,6 @@ class HfModel:
     # The model's tokens past its tokenizer's own, in id order (T5's sentinels): the exported
     # tokenizer adds them so that its ids are the model's.
     added_tokens: tuple[str, ...] = ()
-
-
-class HfImportError(ValueError):
-    """A Hugging Face model that cannot be imported exactly (a field, a tensor, a file), as one
-    line naming it."""
 
 
 # (the model section training saved, its full tensors by megatron-core name) -> the checkpoint

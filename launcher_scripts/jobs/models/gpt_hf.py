@@ -21,6 +21,7 @@ from launcher_scripts.families.gpt_architectures import (
     STABLELM,
     hf_architecture,
 )
+from launcher_scripts.families.gpt_hf_config import LLAMA3_ORIGINAL_POSITIONS, LLAMA3_ROPE
 from launcher_scripts.jobs.models.base import HfModel
 from launcher_scripts.jobs.models.hf_common import dtype_name, split_qkv
 from launcher_scripts.jobs.models.hf_common import head_dims as _dims
@@ -122,11 +123,6 @@ def _gpt2(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str,
     if not config["tie_word_embeddings"]:
         state["lm_head.weight"] = _output_layer(tensors)
     return config, state
-
-
-# Llama 3's rope scaling as megatron-core computes it: only its factor is a setting.
-LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
-LLAMA3_ORIGINAL_POSITIONS = 8192
 
 
 def rope_scaling(model: Any) -> dict[str, Any] | None:

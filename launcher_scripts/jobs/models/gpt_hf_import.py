@@ -1,15 +1,6 @@
-"""A Hugging Face decoder-only checkpoint as a GPT: our model section, and our full tensors
-(megatron-core's names, layers stacked) made one layer at a time from the checkpoint's.
-
-    LlamaForCausalLM     RMSNorm, SwiGLU, RoPE (rope_theta, Llama 3's rope scaling), GQA
-    MistralForCausalLM   Llama's layout (a sliding window is refused: full attention here)
-    Qwen2ForCausalLM     Llama's layout with biases on Q, K and V
-    StableLmForCausalLM  LayerNorm, SwiGLU, partial RoPE, optional Q/K/V biases
-    GPT2LMHeadModel      LayerNorm, GeLU (exact or tanh), learned positions, biases everywhere
-
-A setting that changes what the model computes and that megatron-core's GPT cannot compute the
-same way is refused in one line naming the config.json field; nothing is approximated.
-"""
+"""A Hugging Face decoder-only checkpoint as a GPT: our model section (families/gpt_hf_config),
+the tokenizer that goes with it, and our full tensors (megatron-core's names, layers stacked)
+made one layer at a time from the checkpoint's."""
 
 from __future__ import annotations
 
@@ -19,143 +10,13 @@ from typing import Any
 
 import torch
 
-from launcher_scripts.families.gpt_architectures import (
-    GPT2,
-    LLAMA,
-    MISTRAL,
-    QWEN2,
-    STABLELM,
-)
+from launcher_scripts.errors import HfImportError
+from launcher_scripts.families.gpt_architectures import GPT2
+from launcher_scripts.families.gpt_hf_config import PRECISIONS, model_section
 from launcher_scripts.formats.safetensors_stream import Reader, StreamedTensor, TensorSource
-from launcher_scripts.jobs.models.base import HfImportError
-from launcher_scripts.jobs.models.gpt_hf import LLAMA3_ORIGINAL_POSITIONS, LLAMA3_ROPE
 from launcher_scripts.jobs.models.hf_common import Piece, copied, merge_qkv, stacked
 
 LAYERS = "decoder.layers."
-ROTARY_TYPES = (LLAMA.model_type, MISTRAL.model_type, QWEN2.model_type, STABLELM.model_type)
-MODEL_TYPES = (*ROTARY_TYPES, GPT2.model_type)
-# transformers' activation names -> ours (GPT-2's activation_function)
-GPT2_ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu"}
-PRECISIONS = {"float32": 32, "bfloat16": "bf16", "float16": 16}
-
-
-def refuse(field: str, value: Any, why: str) -> HfImportError:
-    return HfImportError(f"config.json {field} {value!r}: {why}")
-
-
-def _require(config: dict[str, Any], field: str, wanted: Any, why: str) -> None:
-    value = config.get(field, wanted)
-    if value != wanted:
-        raise refuse(field, value, why)
-
-
-def rope_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The rotary settings: transformers 4 writes rope_theta, rope_scaling and
-    partial_rotary_factor at the top, transformers 5 in rope_parameters."""
-    settings = dict(config.get("rope_parameters") or {})
-    settings |= dict(config.get("rope_scaling") or {})
-    for field in ("rope_theta", "partial_rotary_factor"):
-        if field in config:
-            settings[field] = config[field]
-    return settings
-
-
-def rope_scaling_factor(settings: dict[str, Any]) -> float | None:
-    """Llama 3's rope scaling as megatron-core computes it (its factor; the low and high
-    frequency factors and the original length fixed at Llama 3.1's), or None for none."""
-    kind = settings.get("rope_type", settings.get("type", "default"))
-    if kind == "default":
-        return None
-    if kind != "llama3":
-        raise refuse("rope_scaling.rope_type", kind, "this version computes Llama 3's only")
-    expected = {**LLAMA3_ROPE, "original_max_position_embeddings": LLAMA3_ORIGINAL_POSITIONS}
-    for field, wanted in expected.items():
-        if float(settings.get(field, wanted)) != float(wanted):
-            raise refuse(
-                f"rope_scaling.{field}",
-                settings.get(field),
-                f"megatron-core's Llama 3 scaling is fixed at {wanted:g}",
-            )
-    return float(settings["factor"])
-
-
-def _check_rotary(config: dict[str, Any], model_type: str) -> None:
-    _require(config, "hidden_act", "silu", "this version imports SwiGLU (silu) models")
-    if model_type == LLAMA.model_type:
-        for field in ("attention_bias", "mlp_bias"):
-            _require(config, field, False, "biases on Llama's projections are not imported")
-    window = config.get("sliding_window")
-    windowed = (
-        bool(config.get("use_sliding_window", False))
-        if model_type == QWEN2.model_type
-        else window is not None and int(window) < int(config["max_position_embeddings"])
-    )
-    if windowed:
-        raise refuse(
-            "sliding_window",
-            window,
-            "sliding-window attention is not imported (every position attends to all before it)",
-        )
-    if model_type == STABLELM.model_type:
-        for field in ("qk_layernorm", "use_parallel_residual"):
-            _require(config, field, False, "this version imports StableLM without it")
-
-
-def rotary_section(config: dict[str, Any]) -> dict[str, Any]:
-    model_type = config["model_type"]
-    _check_rotary(config, model_type)
-    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-    positions = int(config["max_position_embeddings"])
-    stablelm = model_type == STABLELM.model_type
-    qkv_bias = model_type == QWEN2.model_type or bool(config.get("use_qkv_bias", False))
-    rope = rope_settings(config)
-    return {
-        "num_layers": int(config["num_hidden_layers"]),
-        "hidden_size": hidden,
-        "ffn_hidden_size": int(config["intermediate_size"]),
-        "num_attention_heads": heads,
-        "num_query_groups": int(config.get("num_key_value_heads") or heads),
-        "kv_channels": int(config.get("head_dim") or hidden // heads),
-        "max_position_embeddings": positions,
-        "position_embedding_type": "rope",
-        "rotary_percentage": float(rope.get("partial_rotary_factor", 1.0)),
-        "rotary_base": float(rope.get("rope_theta", 10000.0)),
-        "rope_scaling_factor": rope_scaling_factor(rope),
-        "normalization": "layernorm" if stablelm else "rmsnorm",
-        "layernorm_epsilon": float(config["layer_norm_eps" if stablelm else "rms_norm_eps"]),
-        "activation": "swiglu",
-        "bias": False,
-        "qkv_bias": qkv_bias,
-        "init_method_std": float(config.get("initializer_range", 0.02)),
-    }
-
-
-def gpt2_section(config: dict[str, Any]) -> dict[str, Any]:
-    activation = config.get("activation_function", "gelu_new")
-    if activation not in GPT2_ACTIVATIONS:
-        raise refuse(
-            "activation_function", activation, f"this version imports {', '.join(GPT2_ACTIVATIONS)}"
-        )
-    _require(config, "scale_attn_weights", True, "attention without 1/sqrt(head size)")
-    _require(config, "scale_attn_by_inverse_layer_idx", False, "not computed by megatron-core")
-    _require(config, "add_cross_attention", False, "a decoder-only GPT has no cross-attention")
-    hidden, heads = int(config["n_embd"]), int(config["n_head"])
-    return {
-        "num_layers": int(config["n_layer"]),
-        "hidden_size": hidden,
-        "ffn_hidden_size": int(config.get("n_inner") or 4 * hidden),
-        "num_attention_heads": heads,
-        "num_query_groups": heads,
-        "kv_channels": hidden // heads,
-        "max_position_embeddings": int(config["n_positions"]),
-        "position_embedding_type": "learned_absolute",
-        "normalization": "layernorm",
-        "layernorm_epsilon": float(config.get("layer_norm_epsilon", 1e-5)),
-        "activation": GPT2_ACTIVATIONS[activation],
-        "bias": True,
-        "qkv_bias": False,
-        "init_method_std": float(config.get("initializer_range", 0.02)),
-    }
 
 
 # ----- tensors ----------------------------------------------------------------------------
@@ -313,11 +174,7 @@ def import_hf(
     directory: Path, config: dict[str, Any], source: TensorSource, settings: Any
 ) -> tuple[dict[str, Any], list[StreamedTensor]]:
     """ModelRuntime.from_hf for the GPT family: (our model section, our tensors)."""
-    model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise refuse("model_type", model_type, f"the GPT family imports {', '.join(MODEL_TYPES)}")
-    gpt2 = model_type == GPT2.model_type
-    section = gpt2_section(config) if gpt2 else rotary_section(config)
+    section = model_section(config)
     # Whether the output layer is the embedding table: the checkpoint's own lm_head, or none.
     tied = "lm_head.weight" not in source
     if not tied and bool(config.get("tie_word_embeddings", False)):
@@ -341,5 +198,5 @@ def import_hf(
         "data": {"seq_length": seq_length},
         "hf_architecture": (config.get("architectures") or [None])[0],
     }
-    make = gpt2_tensors if gpt2 else rotary_tensors
+    make = gpt2_tensors if config["model_type"] == GPT2.model_type else rotary_tensors
     return section, make(source, section, tied)
