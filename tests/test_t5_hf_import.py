@@ -123,7 +123,7 @@ def test_what_cannot_be_imported_is_one_line(hf_models: Path, tmp_path: Path) ->
         run_main(*base, f"conversion.hf_model_dir={other}"),
         "conversion.hf_model_dir",
         "model_type 'bert' is not one this version imports",
-        "mt5, t5",
+        "mt5, qwen2",
     )
     odd = tmp_path / "odd"
     odd.mkdir()

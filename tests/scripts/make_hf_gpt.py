@@ -69,7 +69,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         {
             "vocab_size": 512,
             "n_embd": 64,
-            "n_layer": 3,
+            "n_layer": 4,
             "n_head": 4,
             "n_positions": 256,
             "activation_function": "gelu_new",

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from launcher_scripts.errors import HfImportError
+from launcher_scripts.families.gpt import GPT
 from launcher_scripts.families.gpt_architectures import GPT2
 from launcher_scripts.families.gpt_hf_config import PRECISIONS, model_section
 from launcher_scripts.formats.safetensors_stream import Reader, StreamedTensor, TensorSource
@@ -183,7 +184,7 @@ def import_hf(
     seq_length = int(settings.get("seq_length") or min(positions, 4096))
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
     section |= {
-        "model_family": "gpt",
+        "model_family": GPT.name,
         "precision": PRECISIONS.get(dtype, 32),
         "tensor_model_parallel_size": 1,
         "pipeline_model_parallel_size": 1,
