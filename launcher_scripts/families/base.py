@@ -18,7 +18,7 @@ from typing import Any
 from launcher_scripts.config.checks import require_choice
 from launcher_scripts.costmodel.plan import CostFunction, TrainingPlan, make_plan
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.formats.portable_check import SHAPE_TABLES, ShapeTable
+from launcher_scripts.formats.portable_check import SHAPE_TABLES, ShapeTable, require_portable
 from launcher_scripts.recipes.training import key
 
 Validator = Callable[[Any, str, Callable[[str], bool]], None]
@@ -113,14 +113,25 @@ def register(family: ModelFamily) -> ModelFamily:
     return family
 
 
-AUTO = "auto"  # the model_family of a recipe whose model is a Hugging Face directory's
+# The model_family of a recipe whose model is a Hugging Face directory's, or a portable file's.
+AUTO = "auto"
 
 
 def family_of(cfg: Any, stage: str) -> ModelFamily:
     """The family of a stage's recipe; one line naming `<stage>.model_family` if unknown. An
-    `auto` recipe's is the one that imports its `hf_model_dir`'s model_type."""
+    `auto` recipe's is the one that imports its `hf_model_dir`'s model_type, or the one its
+    `nemo_file`'s model_config.yaml names."""
     name = cfg.get("model_family", DEFAULT)
-    if name == AUTO:
+    if name == AUTO and "nemo_file" in cfg:
+        where = key(stage, "nemo_file")
+        name = require_portable(
+            str(cfg.nemo_file),
+            where,
+            f"Give a .nemo file the conversion, hf_import or fine_tuning stage wrote (or, for "
+            f"one a stage of this run writes, set {key(stage, 'model_family')})",
+        ).get("model_family", DEFAULT)
+        require_choice(where + " model_family", name, FAMILIES)
+    elif name == AUTO:
         return hf_family(cfg.get("hf_model_dir"), key(stage, "hf_model_dir"))
     require_choice(key(stage, "model_family"), name, FAMILIES)
     return FAMILIES[name]

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_int, require_layout
 from launcher_scripts.errors import ConfigError, HfImportError, RecipeError
-from launcher_scripts.families import DEFAULT, family_of
+from launcher_scripts.families import DEFAULT, FAMILIES, family_of
+from launcher_scripts.formats.portable_check import require_peft, require_portable
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes.conversion import (
     TOKENIZER_FILES,
@@ -24,11 +25,17 @@ from launcher_scripts.stages.base import StageContext, make_job, register, requi
 
 CONVERT = "launcher_scripts.jobs.conversion.convert"
 HF_IMPORT = "launcher_scripts.jobs.conversion.hf_import"
+HF_EXPORT = "launcher_scripts.jobs.conversion.hf_export"
 
 
 def importing(cfg: Any) -> bool:
     """Whether the recipe imports a Hugging Face directory (conversion=hf_import)."""
     return "hf_model_dir" in cfg
+
+
+def exporting(cfg: Any) -> bool:
+    """Whether the recipe writes a portable file as a Hugging Face directory (hf_export)."""
+    return "nemo_file" in cfg
 
 
 def _check_output_name(cfg: Any, stage: str) -> None:
@@ -46,6 +53,9 @@ class Conversion:
         cfg, stage = ctx.cfg, ctx.stage
         if importing(cfg):
             self._validate_import(ctx)
+            return
+        if exporting(cfg):
+            self._validate_export(ctx)
             return
         for name in ("checkpoint_folder", "hparams_file"):
             ctx.require_input(
@@ -109,8 +119,7 @@ class Conversion:
             raise ConfigError(
                 f"{stage}.hf_model_dir",
                 f"{directory}: {error}",
-                "Import a model without it (this version refuses what it cannot compute "
-                "exactly)",
+                "Import a model without it (this version refuses what it cannot compute exactly)",
             ) from None
         require_layout(OmegaConf.create(section), tp, pp, f"{stage}.model")
         rows = int(config.get("vocab_size") or 0)
@@ -120,6 +129,36 @@ class Conversion:
                 f"{tp} does not divide the model's {rows} vocabulary rows",
                 "Use a divisor of the row count",
             )
+
+    @staticmethod
+    def _validate_export(ctx: StageContext) -> None:
+        """A whole portable file of a family with a Hugging Face export, whose model that
+        export holds exactly; a LoRA file to fold in first, if any."""
+        cfg, stage = ctx.cfg, ctx.stage
+        family = family_of(cfg, stage)  # `auto`: the file's, which it checked is readable
+        if family.hf_architecture is None:
+            exported = sorted(f.name for f in FAMILIES.values() if f.hf_architecture)
+            raise ConfigError(
+                f"{stage}.nemo_file",
+                f"{family.name} models have no Hugging Face export in this version",
+                f"Export a model of one of: {', '.join(exported)}",
+            )
+        model_file = Path(str(cfg.nemo_file))
+        if model_file.exists() or not ctx.will_exist(model_file):
+            model = require_portable(model_file, f"{stage}.nemo_file")
+            family.hf_architecture(model, key_prefix=f"{model_file} model")
+        peft = cfg.get("peft_file")
+        if peft is None:
+            return
+        peft_path = Path(str(peft))
+        if peft_path.exists() or not ctx.will_exist(peft_path):
+            scheme = require_peft(peft_path, f"{stage}.peft_file").peft.get("scheme")
+            if scheme != "lora":
+                raise ConfigError(
+                    f"{stage}.peft_file",
+                    f"{peft_path} holds {scheme}, and only LoRA folds into the weights",
+                    "Give a LoRA PEFT file, or set it to null to export the base model",
+                )
 
     @staticmethod
     def _check_checkpoint(ctx: StageContext) -> None:
@@ -173,8 +212,12 @@ class Conversion:
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg
         output = Path(str(cfg.run.output_path))
-        writes = [str(output / str(cfg.run.nemo_file_name))]
-        if importing(cfg):
+        writes = [str(output / str(cfg.run.get("nemo_file_name")))]
+        if exporting(cfg):
+            program = HF_EXPORT
+            reads = tuple(str(cfg[name]) for name in ("nemo_file", "peft_file") if cfg[name])
+            writes = [str(output)]
+        elif importing(cfg):
             program, reads = HF_IMPORT, (str(cfg.hf_model_dir),)
         else:
             program = CONVERT

@@ -1,14 +1,15 @@
 """An imported Hugging Face decoder-only model against transformers, on one process or under
 torchrun (one rank per TP x PP rank):
 
-python -m tests.scripts.hf_gpt_check MODEL.nemo HF_DIR EXPORT_DIR TP PP
+python -m tests.scripts.hf_gpt_check MODEL.nemo HF_DIR EXPORT_DIR TP PP [MODEL HF_DIR ...]
 
-Rank 0 prints JSON: `logits` the largest difference of every row's logits (the checkpoint's
-rows, padding rows included) over a batch of token ids; `greedy` both sides' greedy tokens for
-the same prompts; `token_ids` whether our tokenizer encodes the corpus as transformers' does
-(no special tokens added); `keys_equal`/`tensors_equal` whether the portable file written back
-as a Hugging Face directory (EXPORT_DIR) holds exactly the original tensors; `class` the class
-transformers loads it as.
+Several models in one launch (five arguments each; TP x PP the processes for each). For each,
+rank 0 prints `report: ` and JSON: `logits` the largest difference of every row's logits (the
+checkpoint's rows, padding rows included) over a batch of token ids; `greedy` both sides'
+greedy tokens for the same prompts; `token_ids` whether our tokenizer encodes the corpus as
+transformers' does (no special tokens added); `keys_equal`/`tensors_equal` whether the
+portable file written back as a Hugging Face directory (EXPORT_DIR; `-`: not written, and
+these left out) holds exactly the original tensors; `class` the class transformers loads it as.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,12 +28,30 @@ TOKENS = 10
 
 
 def main() -> None:
-    model_file, hf_dir, export_dir = (Path(a) for a in sys.argv[1:4])
-    tensor, pipeline = int(sys.argv[4]), int(sys.argv[5])
-    import transformers
+    args = sys.argv[1:]
+    assert args and len(args) % 5 == 0, __doc__
+    cases = [args[at : at + 5] for at in range(0, len(args), 5)]
+    # Every rank computes ours for every case first, in step; then rank 0 alone asks
+    # transformers (a rank still busy there would keep the others from their next group).
+    from launcher_scripts.jobs.inference.runner import close_runner
+
+    computed = [ours_of(Path(case[0]), int(case[3]), int(case[4])) for case in cases]
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    close_runner()
+    if rank != 0:
+        return
+    for (model_file, hf_dir, export_dir, *_), ours in zip(cases, computed, strict=True):
+        report = against_transformers(ours, Path(hf_dir))
+        if export_dir != "-":
+            report |= exported_back(Path(model_file), Path(hf_dir), Path(export_dir))
+        print(f"report: {json.dumps(report)}", flush=True)
+
+
+def ours_of(model_file: Path, tensor: int, pipeline: int) -> dict[str, Any]:
+    from megatron.core import parallel_state
 
     from launcher_scripts.jobs.inference.generation import GenerationParams, generate
-    from launcher_scripts.jobs.inference.runner import close_runner, open_runner
+    from launcher_scripts.jobs.inference.runner import open_runner
     from tests.scripts.make_hf_gpt import corpus
 
     runner = open_runner(model_file, tensor, pipeline, on_gpu=False)
@@ -39,20 +59,33 @@ def main() -> None:
     batch = torch.randint(
         0, every_row.vocab_size, (3, 20), generator=torch.Generator().manual_seed(1)
     )
-    ours = every_row.logits(batch.tolist())
+    logits = every_row.logits(batch.tolist())
     prompts = [runner.tokenizer.encode(text) for text in PROMPTS]
     params = GenerationParams(tokens_to_generate=TOKENS, top_k=1)
     completions = generate(
         runner.logits, runner.tokenizer, PROMPTS, params, max_length=runner.max_length
     )
-    ours_greedy = [c.tokens for c in completions]
     texts = corpus(60)
-    ours_ids = [runner.tokenizer.encode(text) for text in texts]
-    eod = runner.tokenizer.eod_id
-    close_runner()
-    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
-        return
+    ours = {
+        "batch": batch,
+        "logits": logits,
+        "prompts": prompts,
+        "greedy": [c.tokens for c in completions],
+        "texts": texts,
+        "ids": [runner.tokenizer.encode(text) for text in texts],
+        "eod": runner.tokenizer.eod_id,
+        "rows": (runner.vocab_size, every_row.vocab_size),
+    }
+    # The next case's groups, in the same processes (the processes' own group stays).
+    parallel_state.destroy_model_parallel()
+    return ours
 
+
+def against_transformers(ours: dict[str, Any], hf_dir: Path) -> dict[str, Any]:
+    import transformers
+
+    batch, prompts, eod = ours["batch"], ours["prompts"], ours["eod"]
+    tokenizer_rows, model_rows = ours["rows"]
     theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         reference = theirs(input_ids=batch).logits
@@ -67,13 +100,23 @@ def main() -> None:
                 eos_token_id=eod,
                 pad_token_id=eod,
                 # Ours chooses among the tokenizer's ids, not the checkpoint's padding rows.
-                suppress_tokens=list(range(runner.vocab_size, every_row.vocab_size)),
+                suppress_tokens=list(range(tokenizer_rows, model_rows)),
             )
             answer = out[0, len(prompt) :].tolist()
             theirs_greedy.append(answer[: answer.index(eod)] if eod in answer else answer)
     tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
-    theirs_ids = [tokenizer(text, add_special_tokens=False).input_ids for text in texts]
+    theirs_ids = [tokenizer(text, add_special_tokens=False).input_ids for text in ours["texts"]]
 
+    return {
+        "logits": float((ours["logits"] - reference).abs().max()),
+        "greedy": [ours["greedy"], theirs_greedy],
+        "token_ids": ours["ids"] == theirs_ids,
+    }
+
+
+def exported_back(model_file: Path, hf_dir: Path, export_dir: Path) -> dict[str, Any]:
+    """The portable file written back as a Hugging Face directory, against the original."""
+    import transformers
     from safetensors.torch import load_file
 
     from launcher_scripts.formats import portable
@@ -85,21 +128,12 @@ def main() -> None:
     original = load_file(hf_dir / "model.safetensors")
     back = load_file(export_dir / "model.safetensors")
     again = transformers.AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32)
-    print(
-        json.dumps(
-            {
-                "logits": float((ours - reference).abs().max()),
-                "greedy": [ours_greedy, theirs_greedy],
-                "token_ids": ours_ids == theirs_ids,
-                "keys_equal": sorted(original) == sorted(back),
-                "missing": sorted(set(original) - set(back)),
-                "tensors_equal": all(
-                    torch.equal(original[k], back[k]) for k in original if k in back
-                ),
-                "class": type(again).__name__,
-            }
-        )
-    )
+    return {
+        "keys_equal": sorted(original) == sorted(back),
+        "missing": sorted(set(original) - set(back)),
+        "tensors_equal": all(torch.equal(original[k], back[k]) for k in original if k in back),
+        "class": type(again).__name__,
+    }
 
 
 if __name__ == "__main__":

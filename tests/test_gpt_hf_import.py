@@ -1,0 +1,252 @@
+"""Importing Hugging Face decoder-only models as GPT models: tiny random ones that transformers
+itself builds and saves (tests/scripts/make_hf_gpt.py, no hub) for Llama (Llama 3's rope
+scaling and GQA; tied, with a head size of its own), Mistral, Qwen2, StableLM and GPT-2,
+imported through `python3 main.py conversion=hf_import`.
+
+After import our logits equal transformers' to 1e-4 in fp32 at TP1, TP2 and PP2, greedy
+generation gives transformers' tokens and our tokenizer its ids; written back as a Hugging Face
+directory the tensors are the original ones exactly, as the original class. A LoRA tune of an
+imported Llama goes back to Hugging Face (`conversion=hf_export`) merged, and transformers
+computes there what we compute for the merged model. What cannot be imported exactly is one
+line before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ONE_THREAD, REPO, run_main, run_module
+
+CLASSES = {
+    "llama3": "LlamaForCausalLM",
+    "llama_tied": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "stablelm": "StableLmForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("hf_gpt") / "models"
+    run_module("tests.scripts.make_hf_gpt", str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def imported(hf_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every variant imported through main.py: results/<variant>/convert_nemo/model.nemo."""
+    results = tmp_path_factory.mktemp("imported")
+    for variant in CLASSES:
+        result = run_main(
+            "stages=[conversion]",
+            "conversion=hf_import",
+            f"conversion.hf_model_dir={hf_models / variant}",
+            f"base_results_dir={results}",
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return results
+
+
+def model_file(imported: Path, variant: str) -> Path:
+    return imported / variant / "convert_nemo" / "model.nemo"
+
+
+def checks(*cases: tuple[Path, Path, str, int, int]) -> list[dict]:
+    """tests/scripts/hf_gpt_check.py on each (model, HF dir, export dir, TP, PP), one launch:
+    under torchrun when a case takes more than one process."""
+    processes = max(tensor * pipeline for *_, tensor, pipeline in cases)
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone"]
+        launcher += [f"--nproc-per-node={processes}"]
+    arguments = [str(value) for case in cases for value in case]
+    result = subprocess.run(
+        [*launcher, "-m", "tests.scripts.hf_gpt_check", *arguments],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    reports = [
+        json.JSONDecoder().raw_decode(line, line.index("report: ") + 8)[0]
+        for line in result.stdout.splitlines()
+        if "report: " in line
+    ]
+    assert len(reports) == len(cases), result.stdout[-3000:]
+    return reports
+
+
+def assert_computes_what_transformers_does(report: dict) -> None:
+    assert report["logits"] <= 1e-4, report
+    ours, theirs = report["greedy"]
+    assert ours == theirs and any(len(tokens) > 1 for tokens in ours), report
+    assert report["token_ids"], report
+
+
+def test_imported_models_compute_what_transformers_does_and_go_back_exactly(
+    hf_models: Path, imported: Path, tmp_path: Path
+) -> None:
+    reports = checks(
+        *((model_file(imported, v), hf_models / v, tmp_path / v, 1, 1) for v in CLASSES)
+    )
+    for variant, report in zip(CLASSES, reports, strict=True):
+        assert_computes_what_transformers_does(report)
+        assert report["keys_equal"] and report["tensors_equal"], (variant, report)
+        assert report["class"] == CLASSES[variant], (variant, report)
+
+
+def test_imported_models_compute_the_same_split_over_ranks(hf_models: Path, imported: Path) -> None:
+    """Llama 3 (GQA: two query groups, one per rank) and StableLM (partial rotary, Q/K/V
+    biases) at TP2; Qwen2 (tied) and GPT-2 (learned positions) at PP2."""
+    cases = [("llama3", 2, 1), ("stablelm", 2, 1), ("qwen2", 1, 2), ("gpt2", 1, 2)]
+    reports = checks(
+        *((model_file(imported, v), hf_models / v, "-", tp, pp) for v, tp, pp in cases)
+    )
+    for report in reports:
+        assert_computes_what_transformers_does(report)
+
+
+def write_mapping_task(folder: Path) -> dict[str, Path]:
+    """A made-up word mapping (the same rows everywhere): what a random model cannot know."""
+    keys = ["river", "village", "morning", "north", "market", "winter", "garden", "harbor"]
+    values = ["quiet", "stone", "light", "early", "bridge", "green", "salt", "rain"]
+    rows = [{"input": f"{k} means", "output": v} for k, v in zip(keys, values, strict=True)]
+    folder.mkdir(parents=True)
+    paths = {name: folder / f"{name}.jsonl" for name in ("train", "val", "test")}
+    for path in paths.values():
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return paths
+
+
+def test_a_lora_tune_of_an_imported_llama_goes_back_to_hugging_face_merged(
+    hf_models: Path, imported: Path, tmp_path: Path
+) -> None:
+    """The three commands of the README: import (the fixture), PEFT with the Llama 3 recipe,
+    export with the LoRA file folded in."""
+    task = write_mapping_task(tmp_path / "task")
+    results = tmp_path / "results"
+    data = "peft.model.data"
+    tuned = run_main(
+        "stages=[peft]",
+        "peft=llama3/8b_squad",
+        f"base_results_dir={results}",
+        "peft.run.model_train_name=llama3",
+        f"peft.model.restore_from_path={model_file(imported, 'llama3')}",
+        f"{data}.train_ds.file_names=[{task['train']}]",
+        f"{data}.validation_ds.file_names=[{task['val']}]",
+        f"{data}.test_ds.file_names=[{task['test']}]",
+        f"{data}.train_ds.max_seq_length=32",
+        "peft.trainer.accelerator=cpu",
+        "peft.trainer.precision=32",
+        "peft.trainer.devices=1",
+        "peft.trainer.max_steps=60",
+        "peft.trainer.val_check_interval=60",
+        "peft.trainer.log_every_n_steps=10",
+        "peft.model.global_batch_size=4",
+        "peft.model.micro_batch_size=4",
+        "peft.model.optim.lr=1e-2",
+        "peft.model.optim.sched.warmup_steps=2",
+        "peft.model.peft.lora_tuning.target_modules=[attention_qkv,attention_dense,mlp_fc1,mlp_fc2]",
+        "peft.model.peft.lora_tuning.adapter_dim=16",
+        timeout=900,
+    )
+    assert tuned.returncode == 0, tuned.stdout[-3000:] + tuned.stderr[-3000:]
+    log = results / "llama3" / "peft_squad" / "results"
+    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    losses = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    assert [step for step, _ in losses] == [0, 60], losses
+    # The random model's output layer (std 0.02, not tuned) bounds how far its logits can
+    # move: a clear fall, not a solved task.
+    assert losses[1][1] < losses[0][1] - 0.75, losses
+    lora = log / "checkpoints" / "megatron_gpt_peft_lora.nemo"
+
+    exported = run_main(
+        "stages=[conversion]",
+        "conversion=hf_export",
+        f"base_results_dir={imported}",
+        "conversion.run.model_train_name=llama3",  # its nemo_file: the import's
+        f"conversion.peft_file={lora}",
+        f"conversion.run.output_path={tmp_path / 'back'}",
+    )
+    assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
+    merged = tmp_path / "merged.nemo"
+    merging = subprocess.run(
+        [sys.executable, "-m", "launcher_scripts", "merge-lora"]
+        + [str(model_file(imported, "llama3")), str(lora), str(merged)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+    )
+    assert merging.returncode == 0, merging.stderr[-3000:]
+    # transformers on the export computes what we compute for the merged model.
+    (report,) = checks((merged, tmp_path / "back", "-", 1, 1))
+    assert_computes_what_transformers_does(report)
+    config = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"], config
+    # ... which is not the base: the update is in the weights.
+    from safetensors.torch import load_file
+
+    original = load_file(hf_models / "llama3" / "model.safetensors")
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    changed = sorted(k for k in original if not (original[k] == back[k]).all())
+    assert changed and all(k.endswith("proj.weight") for k in changed), changed
+
+
+def one_line(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and all(f in lines[0] for f in fragments), result.stderr[-2000:]
+
+
+REFUSED = {
+    "sliding window": ("mistral", {"sliding_window": 64}, "sliding_window"),
+    "yarn": ("llama3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+    "attention bias": ("llama3", {"attention_bias": True}, "attention_bias"),
+    "qk norm": ("stablelm", {"qk_layernorm": True}, "qk_layernorm"),
+    "activation": ("llama3", {"hidden_act": "gelu"}, "hidden_act"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_what_cannot_be_imported_exactly_is_one_line_before_anything_runs(
+    case: str, hf_models: Path, tmp_path: Path
+) -> None:
+    variant, fields, named = REFUSED[case]
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for source in (hf_models / variant).iterdir():
+        if source.name != "config.json":
+            (odd / source.name).symlink_to(source)
+    config = json.loads((hf_models / variant / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps(config | fields))
+    results = tmp_path / "results"
+    result = run_main(
+        "stages=[conversion]",
+        "conversion=hf_import",
+        f"conversion.hf_model_dir={odd}",
+        f"base_results_dir={results}",
+    )
+    one_line(result, "conversion.hf_model_dir", named)
+    assert not results.exists()
+
+
+def test_a_layout_the_model_cannot_take_is_one_line(hf_models: Path, tmp_path: Path) -> None:
+    """Llama 3's two query groups cannot be split four ways."""
+    result = run_main(
+        "stages=[conversion]",
+        "conversion=hf_import",
+        f"conversion.hf_model_dir={hf_models / 'llama3'}",
+        f"base_results_dir={tmp_path}",
+        "conversion.model.tensor_model_parallel_size=4",
+    )
+    one_line(result, "conversion.model.tensor_model_parallel_size")
