@@ -90,8 +90,11 @@ def upstream(group: str, recipe: str) -> tuple[str, ...]:
     return tuple(args)
 
 
-def hf_model_dir(group: str, recipe: str, root: Path) -> list[str]:
-    """A directory an `auto` recipe's family is read from (its config.json's model_type)."""
+def auto_family(group: str, recipe: str, root: Path) -> list[str]:
+    """What an `auto` recipe's family is read from: a Hugging Face directory (its config.json's
+    model_type); for a portable file not written yet, the family given."""
+    if (group, recipe) == ("conversion", "hf_export"):
+        return ["conversion.model_family=gpt"]
     if (group, recipe) != ("conversion", "hf_import"):
         return []
     folder = root / "hf" / "t5-small"
@@ -111,7 +114,7 @@ def overrides(group: str, recipe: str, cluster_type: str, root: Path) -> list[st
         *upstream(group, recipe),
         f"{group}={recipe}",
         *FILLS.get((group, recipe), []),
-        *hf_model_dir(group, recipe, root),
+        *auto_family(group, recipe, root),
         f"cluster_type={cluster_type}",
         f"data_dir={root / 'data'}",
         f"base_results_dir={root / 'results'}",

@@ -250,3 +250,37 @@ def test_a_layout_the_model_cannot_take_is_one_line(hf_models: Path, tmp_path: P
         "conversion.model.tensor_model_parallel_size=4",
     )
     one_line(result, "conversion.model.tensor_model_parallel_size")
+
+
+def test_an_export_it_cannot_write_is_one_line_and_writes_nothing(
+    imported: Path, tmp_path: Path
+) -> None:
+    """No file; a PEFT file given as the model; a PEFT file of a method that does not fold
+    into the weights."""
+    import torch
+
+    from launcher_scripts.jobs.fine_tuning import peft_file
+    from launcher_scripts.recipes.tuning import PeftSettings
+
+    ia3 = tmp_path / "ia3.nemo"
+    peft_file.write(ia3, PeftSettings(scheme="ia3"), {}, {"peft.1.ia3": torch.ones(4)})
+    output = tmp_path / "back"
+    base = [
+        "stages=[conversion]",
+        "conversion=hf_export",
+        f"base_results_dir={imported}",
+        "conversion.run.model_train_name=llama3",
+        f"conversion.run.output_path={output}",
+    ]
+    one_line(
+        run_main(*base, f"conversion.nemo_file={tmp_path / 'none.nemo'}"),
+        "conversion.nemo_file",
+        "does not exist",
+    )
+    one_line(run_main(*base, f"conversion.nemo_file={ia3}"), "conversion.nemo_file", "PEFT file")
+    one_line(
+        run_main(*base, f"conversion.peft_file={ia3}"),
+        "conversion.peft_file",
+        "holds ia3, and only LoRA folds into the weights",
+    )
+    assert not output.exists()

@@ -173,6 +173,7 @@ PUBLISHED: dict[str, dict[str, Any]] = {
 # Values a recipe leaves to the user (`???`), as a user gives them on the command line.
 FILLS: dict[tuple[str, str], list[str]] = {
     ("conversion", "hf_import"): ["conversion.hf_model_dir=/models/t5-small"],
+    ("conversion", "hf_export"): ["conversion.run.model_train_name=Meta-Llama-3-8B"],
     ("fine_tuning", "gpt3/custom_task"): [
         "fine_tuning.model.data.train_ds.file_names=[/data/task/train.jsonl]",
         "fine_tuning.model.data.train_ds.concat_sampling_probabilities=[1.0]",
@@ -256,11 +257,12 @@ def blocks(model: DictConfig) -> list[DictConfig]:
 
 def expected_family(recipe: str) -> str:
     """The family a recipe's folder names: gpt3, prompt_gpt3, ... | t5, mt5, adapter_t5 | bert;
-    hf_import's is its directory's."""
-    if recipe == "hf_import":
+    hf_import's is its directory's, hf_export's its file's; Llama, Mistral and Qwen2 are GPT."""
+    if recipe in ("hf_import", "hf_export"):
         return "auto"  # the family importing the directory's config.json model_type
     folder = recipe.split("/")[0]
-    for marker, family in (("gpt", "gpt"), ("bert", "bert"), ("t5", "t5")):
+    markers = (("gpt", "gpt"), ("llama", "gpt"), ("mistral", "gpt"), ("qwen", "gpt"))
+    for marker, family in (*markers, ("bert", "bert"), ("t5", "t5")):
         if marker in folder:
             return family
     raise AssertionError(f"{recipe}: no model family in its folder name")

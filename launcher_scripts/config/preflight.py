@@ -11,7 +11,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import (
+    InterpolationToMissingValueError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+)
 
 from launcher_scripts.config.checks import require_choice, require_file, require_int
 from launcher_scripts.errors import ConfigError
@@ -79,6 +83,16 @@ def resolve(cfg: DictConfig, stages: list[str]) -> DictConfig:
             full_key = error.full_key or key
             raise ConfigError(
                 full_key, "has no value (???)", f"Set it on the command line: {full_key}=..."
+            ) from None
+        except InterpolationToMissingValueError as error:
+            # Name the key left unset, not the one whose interpolation reads it.
+            marker = "Missing mandatory value: "
+            first = str(error).splitlines()[0]
+            missing = first.split(marker, 1)[1].strip() if marker in first else error.full_key
+            raise ConfigError(
+                missing or key,
+                f"has no value (???), and {error.full_key} reads it",
+                f"Set it on the command line: {missing}=...",
             ) from None
         except OmegaConfBaseException as error:
             message = str(error).splitlines()[0]

@@ -103,6 +103,15 @@ def kind_of(section: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# A recipe whose family is its input's (a Hugging Face directory's, a portable file's): its
+# keys are read whichever family the user names instead (one for a file not written yet).
+AUTO_FAMILY = "auto"
+
+
+def _same(name: str, shipped_value: Any, value: Any) -> bool:
+    return shipped_value == value or (name == "model_family" and shipped_value == AUTO_FAMILY)
+
+
 def same_kind(
     group: str, kind: Mapping[str, Any]
 ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
@@ -118,7 +127,7 @@ def same_kind(
         matching = [
             (name, content)
             for name, content in recipes
-            if all(content.get(key) == value for key, value in wanted.items())
+            if all(_same(key, content.get(key), value) for key, value in wanted.items())
         ]
         if matching:
             return matching, wanted

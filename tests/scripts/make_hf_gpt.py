@@ -13,6 +13,7 @@ so that a swapped or dropped tensor shows.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import sys
@@ -89,7 +90,13 @@ def corpus(limit: int = 400) -> list[str]:
 
 
 def byte_level_tokenizer(vocab_size: int) -> Tokenizer:
-    """A byte-level BPE (GPT-2's, Llama 3's and Qwen2's kind) with its end-of-text token."""
+    """A byte-level BPE (GPT-2's, Llama 3's and Qwen2's kind) with its end-of-text token: a
+    fresh copy of the one trained for this size."""
+    return Tokenizer.from_str(_trained_byte_level(vocab_size))
+
+
+@functools.cache
+def _trained_byte_level(vocab_size: int) -> str:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -100,7 +107,7 @@ def byte_level_tokenizer(vocab_size: int) -> Tokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
-    return tokenizer
+    return tokenizer.to_str()
 
 
 def sentencepiece_tokenizer(folder: Path, vocab_size: int) -> Path:
