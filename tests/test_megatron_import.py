@@ -1,6 +1,6 @@
 """megatron-core's kernel fuser (torch.compile) is off in job programs on a machine without a
 GPU, so their import leaves TorchDynamo and Inductor out; LAUNCHER_KEEP_JIT_FUSER=1 keeps it.
-megatron-core's import leaves wandb out, and wandb imports afterwards as usual."""
+megatron-core's import leaves wandb, boto3 and fsspec out, and they import afterwards as usual."""
 
 from __future__ import annotations
 
@@ -23,10 +23,16 @@ found = {
     "fuser": jit.jit_fuser.__name__,
     "compiler_imported": "torch._dynamo" in sys.modules or "torch._inductor" in sys.modules,
     "wandb_imported": "wandb" in sys.modules,
+    "boto3_imported": "boto3" in sys.modules,
+    "fsspec_imported": "fsspec" in sys.modules,
     "megatron_has_wandb": dynamic_context.HAVE_WANDB,
 }
 import wandb
 found["wandb_importable"] = callable(wandb.init)
+import boto3
+found["boto3_importable"] = callable(boto3.client)
+import fsspec
+found["fsspec_importable"] = callable(fsspec.filesystem)
 print(json.dumps(found))
 """
 
@@ -54,10 +60,12 @@ def test_the_fuser_is_off_only_without_a_gpu() -> None:
         assert (found["fuser"], found["compiler_imported"]) == ("noop_decorator", False)
 
 
-def test_megatrons_import_leaves_wandb_out_and_it_imports_later() -> None:
+def test_megatrons_import_leaves_wandb_and_boto3_out_and_they_import_later() -> None:
     found = probe()
     assert not found["wandb_imported"] and not found["megatron_has_wandb"], found
-    assert found["wandb_importable"], found
+    assert not found["boto3_imported"] and not found["fsspec_imported"], found
+    assert found["wandb_importable"] and found["boto3_importable"], found
+    assert found["fsspec_importable"], found
 
 
 def test_the_switch_keeps_megatrons_fuser() -> None:

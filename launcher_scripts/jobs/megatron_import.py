@@ -13,6 +13,12 @@
   to W&B through `jobs/training/wandb_logger`, which imports wandb itself when a recipe asks.
   While megatron-core's package runs, `wandb` is not importable to it (its `except ImportError`
   branches run); afterwards it is importable again as usual.
+- Without boto3 (AWS's client, and urllib3 under it: a quarter to half a second). It is
+  imported, if installed, by TensorBoard's file layer (megatron-core's timers import its writer)
+  for `s3://` log folders, and by megatron-core's indexed datasets for `s3://` data; the jobs
+  read their data from, and write their logs to, the file system only. While those modules
+  run, boto3 is not importable to them; afterwards it is again. The same for fsspec (a
+  quarter of a second), which TensorBoard's file layer imports for other remote folders.
 
 `launcher_scripts/jobs/__init__.py` installs this, so it is in place before a job program
 imports megatron-core.
@@ -31,7 +37,13 @@ from typing import Any
 PACKAGE = "megatron.core"
 MODULE = "megatron.core.jit"
 SWITCH = "LAUNCHER_KEEP_JIT_FUSER"
-UNUSED = "wandb"
+UNUSED = ("wandb", "boto3", "fsspec")
+# Modules importing boto3 for object storage the jobs do not use (megatron-core's package runs
+# TensorBoard's file layer).
+WITHOUT_BOTO3 = (
+    "megatron.core.datasets.indexed_dataset",
+    "megatron.core.datasets.object_storage_utils",
+)
 
 
 def no_gpu() -> bool:
@@ -47,12 +59,13 @@ def _fuser_off_without_gpu(module: ModuleType) -> None:
 
 
 class _LighterMegatron(importlib.abc.MetaPathFinder):
-    """Finds megatron.core and megatron.core.jit as Python would, and runs them as above."""
+    """Finds megatron.core, megatron.core.jit and the dataset modules above as Python would,
+    and runs them as above."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in (PACKAGE, MODULE):
+        if fullname not in (PACKAGE, MODULE, *WITHOUT_BOTO3):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -64,14 +77,16 @@ class _LighterMegatron(importlib.abc.MetaPathFinder):
                 run_module(module)
                 _fuser_off_without_gpu(module)
                 return
-            blocked = UNUSED not in sys.modules
-            if blocked:
-                sys.modules[UNUSED] = None  # type: ignore[assignment]  # import raises ImportError
+            unused = UNUSED if fullname == PACKAGE else ("boto3",)
+            blocked = [name for name in unused if name not in sys.modules]
+            for name in blocked:
+                sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
             try:
                 run_module(module)
             finally:
-                if blocked and sys.modules.get(UNUSED, 0) is None:
-                    del sys.modules[UNUSED]
+                for name in blocked:
+                    if sys.modules.get(name, 0) is None:
+                        del sys.modules[name]
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
