@@ -540,6 +540,26 @@ def in_process(
     return json.loads(result.stdout.splitlines()[-1])
 
 
+def one_error_line(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """A run that failed with exactly one `error:` line on stderr, holding every fragment."""
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and all(f in lines[0] for f in fragments), result.stderr[-2000:]
+
+
+def hf_imported(hf_dir: Path, results: Path) -> Path:
+    """`conversion=hf_import` of a Hugging Face directory through main.py: the portable file,
+    results/<directory name>/convert_nemo/model.nemo."""
+    result = run_main(
+        "stages=[conversion]",
+        "conversion=hf_import",
+        f"conversion.hf_model_dir={hf_dir}",
+        f"base_results_dir={results}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return results / hf_dir.name / "convert_nemo" / "model.nemo"
+
+
 def run_module(
     module: str,
     *args: str,

@@ -20,7 +20,7 @@ import pytest
 from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
-from tests.conftest import REPO, in_process_check, run_main
+from tests.conftest import REPO, in_process_check, one_error_line, run_main
 from tests.sft_task import write_task
 
 ALL_TARGETS = "[attention_qkv,attention_dense,mlp_fc1,mlp_fc2]"
@@ -371,18 +371,12 @@ def test_adapter_learning_stage_reads_its_task_template(
     assert (log_dir / "megatron_gpt_adapter.nemo").is_file()
 
 
-def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and all(f in lines[0] for f in fragments), result.stderr[-2000:]
-
-
 def test_preflight_refuses_a_sequence_longer_than_the_base_model(
     tiny_portable: Path, task: dict[str, Path], tmp_path: Path
 ) -> None:
     overrides = common("peft", tmp_path, tiny_portable, task)
     result = run_main(*overrides, "peft.model.data.train_ds.max_seq_length=4096")
-    one_line_error(result, "peft.model.data.train_ds.max_seq_length", "4096", "positions")
+    one_error_line(result, "peft.model.data.train_ds.max_seq_length", "4096", "positions")
     assert not (tmp_path / "gpt3_126m").exists()
 
 
@@ -397,7 +391,7 @@ def test_preflight_refuses_a_sequence_that_does_not_split_over_tp(
         "peft.model.tensor_model_parallel_size=2",
         "peft.model.sequence_parallel=True",
     )
-    one_line_error(result, "peft.model.data.train_ds.max_seq_length", "31", "sequence_parallel")
+    one_error_line(result, "peft.model.data.train_ds.max_seq_length", "31", "sequence_parallel")
 
 
 def test_preflight_names_a_missing_training_file(
@@ -405,4 +399,4 @@ def test_preflight_names_a_missing_training_file(
 ) -> None:
     overrides = common("peft", tmp_path, tiny_portable, task)
     result = run_main(*overrides, f"peft.model.data.train_ds.file_names=[{tmp_path / 'no.jsonl'}]")
-    one_line_error(result, "peft.model.data.train_ds.file_names[0]", "does not exist")
+    one_error_line(result, "peft.model.data.train_ds.file_names[0]", "does not exist")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ONE_THREAD, REPO, run_main, run_module
+from tests.conftest import ONE_THREAD, REPO, hf_imported, one_error_line, run_main, run_module
 
 CLASSES = {
     "llama3": "LlamaForCausalLM",
@@ -44,13 +44,7 @@ def imported(hf_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every variant imported through main.py: results/<variant>/convert_nemo/model.nemo."""
     results = tmp_path_factory.mktemp("imported")
     for variant in CLASSES:
-        result = run_main(
-            "stages=[conversion]",
-            "conversion=hf_import",
-            f"conversion.hf_model_dir={hf_models / variant}",
-            f"base_results_dir={results}",
-        )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        hf_imported(hf_models / variant, results)
     return results
 
 
@@ -202,12 +196,6 @@ def test_a_lora_tune_of_an_imported_llama_goes_back_to_hugging_face_merged(
     assert changed and all(k.endswith("proj.weight") for k in changed), changed
 
 
-def one_line(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and all(f in lines[0] for f in fragments), result.stderr[-2000:]
-
-
 REFUSED = {
     "sliding window": ("mistral", {"sliding_window": 64}, "sliding_window"),
     "yarn": ("llama3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
@@ -236,7 +224,7 @@ def test_what_cannot_be_imported_exactly_is_one_line_before_anything_runs(
         f"conversion.hf_model_dir={odd}",
         f"base_results_dir={results}",
     )
-    one_line(result, "conversion.hf_model_dir", named)
+    one_error_line(result, "conversion.hf_model_dir", named)
     assert not results.exists()
 
 
@@ -249,7 +237,7 @@ def test_a_layout_the_model_cannot_take_is_one_line(hf_models: Path, tmp_path: P
         f"base_results_dir={tmp_path}",
         "conversion.model.tensor_model_parallel_size=4",
     )
-    one_line(result, "conversion.model.tensor_model_parallel_size")
+    one_error_line(result, "conversion.model.tensor_model_parallel_size")
 
 
 def test_an_export_it_cannot_write_is_one_line_and_writes_nothing(
@@ -272,13 +260,15 @@ def test_an_export_it_cannot_write_is_one_line_and_writes_nothing(
         "conversion.run.model_train_name=llama3",
         f"conversion.run.output_path={output}",
     ]
-    one_line(
+    one_error_line(
         run_main(*base, f"conversion.nemo_file={tmp_path / 'none.nemo'}"),
         "conversion.nemo_file",
         "does not exist",
     )
-    one_line(run_main(*base, f"conversion.nemo_file={ia3}"), "conversion.nemo_file", "PEFT file")
-    one_line(
+    one_error_line(
+        run_main(*base, f"conversion.nemo_file={ia3}"), "conversion.nemo_file", "PEFT file"
+    )
+    one_error_line(
         run_main(*base, f"conversion.peft_file={ia3}"),
         "conversion.peft_file",
         "holds ia3, and only LoRA folds into the weights",

@@ -8,12 +8,11 @@ fine-tunes; what cannot be imported is one line."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_main, run_module
+from tests.conftest import hf_imported, one_error_line, run_main, run_module
 
 VARIANTS = ["t5_v1", "t5_v1.1", "mt5"]
 
@@ -25,22 +24,11 @@ def hf_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def imported(hf_models: Path, results: Path, variant: str) -> Path:
-    result = run_main(
-        "stages=[conversion]",
-        "conversion=hf_import",
-        f"conversion.hf_model_dir={hf_models / variant}",
-        f"base_results_dir={results}",
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return results / variant / "convert_nemo" / "model.nemo"
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_an_imported_t5_computes_what_transformers_does_and_exports_back_exactly(
     variant: str, hf_models: Path, tmp_path: Path
 ) -> None:
-    model = imported(hf_models, tmp_path / "results", variant)
+    model = hf_imported(hf_models / variant, tmp_path / "results")
     output = run_module(
         "tests.scripts.hf_t5_check", str(model), str(hf_models / variant), str(tmp_path / "back")
     )
@@ -61,7 +49,7 @@ def test_an_imported_t5_fine_tunes_and_exports_back(hf_models: Path, tmp_path: P
     v1.0's output layer is the embedding table, with no bias: the tuned model exports."""
     from tests.sft_task import write_text_to_text_task
 
-    model = imported(hf_models, tmp_path / "results", "t5_v1")
+    model = hf_imported(hf_models / "t5_v1", tmp_path / "results")
     task = write_text_to_text_task(tmp_path / "task")
     (train_src, train_tgt), (val_src, val_tgt) = task["train"], task["val"]
     stage = "fine_tuning"
@@ -102,16 +90,10 @@ def test_an_imported_t5_fine_tunes_and_exports_back(hf_models: Path, tmp_path: P
     assert json.loads((tmp_path / "back" / "config.json").read_text())["tie_word_embeddings"]
 
 
-def one_line(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and all(f in lines[0] for f in fragments), result.stderr[-2000:]
-
-
 def test_what_cannot_be_imported_is_one_line(hf_models: Path, tmp_path: Path) -> None:
     results = tmp_path / "results"
     base = ["stages=[conversion]", "conversion=hf_import", f"base_results_dir={results}"]
-    one_line(
+    one_error_line(
         run_main(*base, f"conversion.hf_model_dir={tmp_path / 'nowhere'}"),
         "conversion.hf_model_dir",
         "no readable config.json",
@@ -119,7 +101,7 @@ def test_what_cannot_be_imported_is_one_line(hf_models: Path, tmp_path: Path) ->
     other = tmp_path / "bert"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    one_line(
+    one_error_line(
         run_main(*base, f"conversion.hf_model_dir={other}"),
         "conversion.hf_model_dir",
         "model_type 'bert' is not one this version imports",

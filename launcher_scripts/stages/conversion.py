@@ -212,16 +212,17 @@ class Conversion:
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg
         output = Path(str(cfg.run.output_path))
-        writes = [str(output / str(cfg.run.get("nemo_file_name")))]
         if exporting(cfg):
             program = HF_EXPORT
             reads = tuple(str(cfg[name]) for name in ("nemo_file", "peft_file") if cfg[name])
-            writes = [str(output)]
+            writes = [str(output)]  # the Hugging Face directory itself
         elif importing(cfg):
             program, reads = HF_IMPORT, (str(cfg.hf_model_dir),)
+            writes = [str(output / str(cfg.run.nemo_file_name))]
         else:
             program = CONVERT
             reads = (str(cfg.model.checkpoint_folder), str(cfg.model.hparams_file))
+            writes = [str(output / str(cfg.run.nemo_file_name))]
             if cfg.run.get("hf_dir_name"):
                 writes.append(str(output / str(cfg.run.hf_dir_name)))
         return [

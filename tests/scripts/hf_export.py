@@ -13,11 +13,14 @@ from launcher_scripts.formats import portable
 from launcher_scripts.jobs.conversion.convert import write_hf_files
 
 
-def main() -> None:
-    model_file, out = Path(sys.argv[1]), Path(sys.argv[2])
+def export(model_file: Path, out: Path) -> None:
     loaded = portable.read(model_file, Path(tempfile.mkdtemp()))
     out.mkdir(parents=True)
     write_hf_files(out, loaded.config, loaded.tensors)
+
+
+def main() -> None:
+    export(Path(sys.argv[1]), Path(sys.argv[2]))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -119,12 +118,9 @@ def exported_back(model_file: Path, hf_dir: Path, export_dir: Path) -> dict[str,
     import transformers
     from safetensors.torch import load_file
 
-    from launcher_scripts.formats import portable
-    from launcher_scripts.jobs.conversion.convert import write_hf_files
+    from tests.scripts.hf_export import export
 
-    loaded = portable.read(model_file, Path(tempfile.mkdtemp()))
-    export_dir.mkdir(parents=True)
-    write_hf_files(export_dir, loaded.config, loaded.tensors)
+    export(model_file, export_dir)
     original = load_file(hf_dir / "model.safetensors")
     back = load_file(export_dir / "model.safetensors")
     again = transformers.AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32)
