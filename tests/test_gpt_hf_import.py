@@ -196,6 +196,123 @@ def test_a_lora_tune_of_an_imported_llama_goes_back_to_hugging_face_merged(
     assert changed and all(k.endswith("proj.weight") for k in changed), changed
 
 
+def architecture_overrides(model: Path) -> list[str]:
+    """training.model.<key>=<value> for the imported file's architecture: a shipped recipe
+    states the published model's, and the tiny one must be stated to train from it."""
+    from launcher_scripts.formats.portable_check import inspect_portable
+    from launcher_scripts.recipes.restore import ARCHITECTURE_DEFAULTS
+
+    summary = inspect_portable(model)
+    rows = summary.shapes["embedding.word_embeddings.weight"][0]
+    stated = [
+        f"training.model.{name}={summary.config[name]}"
+        for name in ARCHITECTURE_DEFAULTS
+        if summary.config.get(name) is not None
+    ]
+    return [*stated, f"training.model.padded_vocab_size={rows}"]
+
+
+def test_continued_pretraining_starts_from_the_imported_weights(
+    hf_models: Path, imported: Path, tmp_path: Path
+) -> None:
+    """Data prepared with the imported model's own tokenizer.json (transformers' ids), then
+    `training=llama3/8b` from the imported file at PP2 (each stage reads its own layers of
+    it) and the conversion stage: at a learning rate of 1e-12 the converted weights are the
+    imported ones (to 1e-9; a random start is off by ~0.02), and the model keeps its
+    tokenizer."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from transformers import AutoTokenizer
+
+    start = model_file(imported, "llama3")
+    results, data = tmp_path / "results", tmp_path / "data"
+    corpus = data / "corpus.jsonl"
+    data.mkdir()
+    lines = ["The river runs north past the market.", "Winter mornings are quiet here."]
+    corpus.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
+    training = [
+        "training=llama3/8b",
+        "training.run.hf_model_name=llama3",
+        f"training.model.restore_from_path={start}",
+        *architecture_overrides(start),
+        f"training.model.data.data_prefix=[1.0,{data}/corpus_text_document]",
+        "training.model.data.splits_string=\"50,50,0\"",
+        "training.model.encoder_seq_length=8",
+        "training.model.tensor_model_parallel_size=1",
+        "training.model.pipeline_model_parallel_size=2",
+        "training.model.sequence_parallel=False",
+        "training.model.activations_checkpoint_granularity=null",
+        "training.model.global_batch_size=2",
+        "training.model.micro_batch_size=1",
+        "training.model.data.num_workers=0",
+        "training.model.transformer_engine=False",
+        "training.model.optim.lr=1e-12",  # steps far below the weights' spacing, not 0
+        "training.model.optim.sched.min_lr=1e-13",
+        "training.model.optim.sched.warmup_steps=1",
+        "training.trainer.accelerator=cpu",
+        "training.trainer.precision=32",
+        "training.trainer.num_nodes=1",
+        "training.trainer.devices=2",
+        "training.trainer.max_steps=2",
+        "training.trainer.val_check_interval=2",
+        "training.trainer.limit_val_batches=1",
+        "training.trainer.log_every_n_steps=1",
+    ]
+    result = run_main(
+        "stages=[data_preparation,training,conversion]",
+        "data_preparation=generic/custom_dataset",
+        "data_preparation.train_tokenizer=false",
+        f"data_preparation.tokenizer_model={hf_models / 'llama3' / 'tokenizer.json'}",
+        f"data_preparation.raw_dataset_files=[{corpus}]",
+        f"data_preparation.preprocessed_dir={data}",
+        "data_preparation.run.node_array_size=1",
+        *training,
+        "conversion.run.hf_dir_name=null",
+        f"base_results_dir={results}",
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"starting from the weights of {start}" in result.stdout, result.stdout[-3000:]
+
+    dataset = IndexedDataset(str(data / "corpus_text_document"))
+    ours = [dataset[i].tolist()[:-1] for i in range(len(dataset))]  # without the end token
+    theirs = AutoTokenizer.from_pretrained(hf_models / "llama3")
+    assert ours == [theirs(line, add_special_tokens=False)["input_ids"] for line in lines]
+
+    from safetensors.torch import load as load_safetensors
+
+    def weights(path: Path) -> dict:
+        import tarfile
+
+        with tarfile.open(path) as tar:
+            member = tar.extractfile("model_weights.safetensors")
+            assert member is not None
+            return load_safetensors(member.read())
+
+    converted = results / "llama3_8b_continued" / "convert_nemo" / "megatron_gpt.nemo"
+    before, after = weights(start), weights(converted)
+    assert sorted(before) == sorted(after)
+    moved = max(float((before[k] - after[k]).abs().max()) for k in before)
+    assert moved < 1e-9, moved
+    from launcher_scripts.formats import portable
+
+    config = portable.read_config(converted)
+    assert config.tokenizer.library == "huggingface", config.tokenizer
+
+
+def test_a_recipe_that_describes_another_model_than_the_file_is_one_line(
+    imported: Path, tmp_path: Path
+) -> None:
+    start = model_file(imported, "llama3")
+    result = run_main(
+        "stages=[training]",
+        "training=llama3/8b",
+        f"training.model.restore_from_path={start}",
+        f"base_results_dir={tmp_path}",
+        "dry_run=true",
+    )
+    one_error_line(result, "training.model.num_layers", "training.model.restore_from_path")
+
+
 REFUSED = {
     "sliding window": ("mistral", {"sliding_window": 64}, "sliding_window"),
     "yarn": ("llama3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),

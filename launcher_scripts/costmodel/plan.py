@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from launcher_scripts.costmodel import encoder_decoder, estimates, throughput
 from launcher_scripts.costmodel.memory import MemoryBreakdown, memory_breakdown
 from launcher_scripts.costmodel.shapes import Layout, ModelShape, tokenizer_vocab
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.formats.portable import EMBEDDINGS
+from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
+from launcher_scripts.recipes import restore
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.training import encoder_decoder_split
 
@@ -111,7 +115,7 @@ def make_plan(root: Any, stage: str, costs_of: CostFunction) -> TrainingPlan:
     model = cfg.model
     par = recipe.parallelism(cfg, stage)
     micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
-    vocab, assumed = tokenizer_vocab(model.tokenizer)
+    vocab, assumed = model_vocab(model)
     micro_batches = max(1, global_batch // (micro * par.data))
     costs = costs_of(cfg, par, vocab, micro_batches, stage)
     tflops_per_gpu, num_tokens = plan_settings(root)
@@ -136,6 +140,21 @@ def make_plan(root: Any, stage: str, costs_of: CostFunction) -> TrainingPlan:
         tflops_per_gpu=tflops_per_gpu,
         on_gpu=on_gpu,
     )
+
+
+def model_vocab(model: Any) -> tuple[int, bool]:
+    """The vocabulary the plan counts, and whether it was assumed: a continued pretraining
+    recipe's file's embedding rows (or its stated padded_vocab_size, before the file exists),
+    else the tokenizer's."""
+    restored = restore.restore_path(model)
+    if restored and Path(restored).is_file():
+        try:
+            return inspect_portable(restored).shapes[EMBEDDINGS][0], False
+        except (PortableFileError, KeyError):
+            pass  # the preflight names what is wrong with the file
+    if model.get("padded_vocab_size") is not None:
+        return int(model.padded_vocab_size), False
+    return tokenizer_vocab(model.tokenizer)
 
 
 def check_fits(plan: TrainingPlan, stage: str = "training") -> None:

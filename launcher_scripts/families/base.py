@@ -53,6 +53,7 @@ BaseCheck = Callable[[Any, Any, Any, str, str], None]
 # What a job program may do with a family; `ModelFamily.programs` lists those this version has.
 PROGRAMS = (
     "training",
+    "training:restore",  # continued pretraining from a portable file (recipes/restore.py)
     "conversion",
     "fine_tuning",
     "peft",

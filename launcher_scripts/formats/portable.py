@@ -26,10 +26,11 @@ from omegaconf import DictConfig, OmegaConf
 if TYPE_CHECKING:  # torch is imported where tensors are written or read: read_config needs none
     import torch
 
-    from launcher_scripts.formats.safetensors_stream import StreamedTensor
+    from launcher_scripts.formats.safetensors_stream import StreamedTensor, TensorFile
 
 CONFIG = "model_config.yaml"
 WEIGHTS = "model_weights.safetensors"
+EMBEDDINGS = "embedding.word_embeddings.weight"  # its rows: the model's (padded) vocabulary
 TOKENIZER_DIR = "tokenizer"
 # The tokenizer's files (hf_config: an imported model's own tokenizer_config.json, which its
 # Hugging Face export writes back).
@@ -41,7 +42,7 @@ PEFT_CONFIG = "peft_config.yaml"
 @dataclass
 class Portable:
     config: DictConfig  # tokenizer paths made absolute where the file was extracted
-    tensors: dict[str, torch.Tensor]
+    tensors: TensorFile  # a mapping that reads each tensor when asked for it
 
 
 def write(path: Path, model_config: DictConfig, tensors: dict[str, torch.Tensor]) -> list[str]:
@@ -118,20 +119,23 @@ def _config(tar: tarfile.TarFile, path: Path) -> DictConfig:
     return config
 
 
-def read(path: Path, workdir: Path) -> Portable:
-    """Read the tar; tokenizer files are extracted under `workdir`."""
-    from safetensors.torch import load as load_safetensors
+def read(path: Path, workdir: Path, extract: bool = True) -> Portable:
+    """Open the tar: tokenizer files are extracted under `workdir` (with extract=False: they
+    are there already, another process extracted them); the tensors are read from the file in
+    place, each when it is asked for (a rank reads its own layers, not the whole model)."""
+    from launcher_scripts.formats.safetensors_stream import TensorFile
 
     with tarfile.open(path) as tar:
         config = _config(tar, path)
-        weights_file = tar.extractfile(WEIGHTS)
-        if weights_file is None:
-            raise ValueError(f"{path} is not a portable checkpoint (no {WEIGHTS})")
-        tensors = load_safetensors(weights_file.read())
+        try:
+            weights = tar.getmember(WEIGHTS)
+        except KeyError:
+            raise ValueError(f"{path} is not a portable checkpoint (no {WEIGHTS})") from None
         members = [m for m in tar.getmembers() if m.name.startswith(f"{TOKENIZER_DIR}/")]
-        tar.extractall(workdir, members=members, filter="data")
+        if extract:
+            tar.extractall(workdir, members=members, filter="data")
     for key in TOKENIZER_KEYS:
         value = config.tokenizer.get(key)
         if value:
             config.tokenizer[key] = str(workdir / str(value))
-    return Portable(config, tensors)
+    return Portable(config, TensorFile(path, weights.offset_data, weights.size))

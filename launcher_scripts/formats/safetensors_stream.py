@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -62,10 +62,12 @@ class Entry:
     end: int
 
 
-def read_header(path: Path) -> dict[str, Entry]:
-    """Every tensor's entry, checked to lie within the file."""
+def read_header(path: Path, start: int = 0, size: int | None = None) -> dict[str, Entry]:
+    """Every tensor's entry, checked to lie within the file. `start` and `size`: where the
+    safetensors bytes lie in `path` (a member of a tar, read in place); default: all of it."""
     try:
         with open(path, "rb") as handle:
+            handle.seek(start)
             prefix = handle.read(8)
             if len(prefix) < 8:
                 raise SafetensorsError(f"{path}: too short for a safetensors file")
@@ -73,23 +75,82 @@ def read_header(path: Path) -> dict[str, Entry]:
             if length > MAX_HEADER_BYTES:
                 raise SafetensorsError(f"{path}: not a safetensors file (header of {length} bytes)")
             header = json.loads(handle.read(length))
+        end_of_data = start + size if size is not None else path.stat().st_size
     except (OSError, ValueError) as error:
         if isinstance(error, SafetensorsError):
             raise
         raise SafetensorsError(f"{path}: unreadable safetensors header ({error})") from None
-    size = path.stat().st_size
-    start = 8 + length
+    data_start = start + 8 + length
     entries = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        begin, end = (start + int(offset) for offset in info["data_offsets"])
+        begin, end = (data_start + int(offset) for offset in info["data_offsets"])
         shape = tuple(int(d) for d in info["shape"])
         expected = math.prod(shape) * DTYPE_BYTES.get(info["dtype"], 0)
-        if end > size or end - begin != expected:
+        if end > end_of_data or end - begin != expected:
             raise SafetensorsError(f"{path}: tensor {name} does not fit the file (cut short?)")
         entries[name] = Entry(info["dtype"], shape, begin, end)
     return entries
+
+
+class TensorFile(Mapping[str, "torch.Tensor"]):
+    """The tensors of one safetensors file (or of one stored in a tar, read in place), each
+    read on its own when asked for: whole (`file[name]`), or some of its leading rows (the
+    layers of a stacked tensor a pipeline stage holds)."""
+
+    def __init__(self, path: Path, start: int = 0, size: int | None = None) -> None:
+        self.path = path
+        self.entries = read_header(path, start, size)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        entry = self._entry(name)
+        return self.read_rows(name, 0, entry.shape[0] if entry.shape else 1)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def _entry(self, name: str) -> Entry:
+        if name not in self.entries:
+            raise SafetensorsError(f"{self.path}: the checkpoint has no tensor {name}")
+        return self.entries[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._entry(name).shape
+
+    def read_rows(self, name: str, first: int, last: int) -> torch.Tensor:
+        """Rows first..last-1 of the tensor's leading axis (of a 0-d tensor: itself), read
+        into memory of their own (no mapping of the file)."""
+        import torch
+
+        entry = self._entry(name)
+        if not entry.shape:
+            first, last, row_bytes = 0, 1, entry.end - entry.begin
+        else:
+            rows = entry.shape[0]
+            if not 0 <= first <= last <= rows:
+                raise SafetensorsError(f"{name}: rows {first}:{last} of {rows}")
+            row_bytes = (entry.end - entry.begin) // rows if rows else 0
+        buffer = bytearray(row_bytes * (last - first))
+        with open(self.path, "rb") as handle:
+            handle.seek(entry.begin + row_bytes * first)
+            if handle.readinto(buffer) != len(buffer):
+                raise SafetensorsError(f"{self.path}: tensor {name} is cut short")
+        dtype = _torch_dtypes()[entry.dtype]
+        shape = (last - first, *entry.shape[1:]) if entry.shape else ()
+        if not buffer:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+    def meta(self, name: str) -> torch.Tensor:
+        """A tensor of the same shape and dtype on the meta device: no data, for planning."""
+        import torch
+
+        entry = self._entry(name)
+        return torch.empty(entry.shape, dtype=_torch_dtypes()[entry.dtype], device="meta")
 
 
 class TensorSource:
@@ -112,45 +173,30 @@ class TensorSource:
                 f"{directory} has no {SINGLE} (nor {INDEX}): save the model with "
                 "safe_serialization (transformers' default)"
             )
-        self.entries: dict[str, tuple[Path, Entry]] = {}
+        self.files: dict[str, TensorFile] = {}
         for name in files:
-            path = directory / name
-            for tensor, entry in read_header(path).items():
-                self.entries[tensor] = (path, entry)
+            shard = TensorFile(directory / name)
+            self.files |= dict.fromkeys(shard.entries, shard)
 
     @property
     def names(self) -> set[str]:
-        return set(self.entries)
+        return set(self.files)
 
     def __contains__(self, name: str) -> bool:
-        return name in self.entries
+        return name in self.files
 
-    def _entry(self, name: str) -> tuple[Path, Entry]:
-        if name not in self.entries:
+    def _file(self, name: str) -> TensorFile:
+        if name not in self.files:
             raise SafetensorsError(f"{self.directory}: the checkpoint has no tensor {name}")
-        return self.entries[name]
+        return self.files[name]
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor's bytes, read into memory of its own (no mapping of the file)."""
-        import torch
-
-        path, entry = self._entry(name)
-        buffer = bytearray(entry.end - entry.begin)
-        with open(path, "rb") as handle:
-            handle.seek(entry.begin)
-            if handle.readinto(buffer) != len(buffer):
-                raise SafetensorsError(f"{path}: tensor {name} is cut short")
-        dtype = _torch_dtypes()[entry.dtype]
-        if not buffer:
-            return torch.empty(entry.shape, dtype=dtype)
-        return torch.frombuffer(buffer, dtype=dtype).reshape(entry.shape)
+        return self._file(name)[name]
 
     def meta(self, name: str) -> torch.Tensor:
         """A tensor of the same shape and dtype on the meta device: no data, for planning."""
-        import torch
-
-        _, entry = self._entry(name)
-        return torch.empty(entry.shape, dtype=_torch_dtypes()[entry.dtype], device="meta")
+        return self._file(name).meta(name)
 
 
 # A tensor read function: a name -> its tensor (TensorSource.read, or .meta to plan).

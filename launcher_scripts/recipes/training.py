@@ -13,6 +13,9 @@ from typing import Any
 
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.formats.portable import EMBEDDINGS
+from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
+from launcher_scripts.recipes import restore
 from launcher_scripts.recipes.optimizer import OPTIMIZERS, check_optimizer
 
 ACTIVATIONS = ("gelu", "gelu-tanh", "fast-swiglu", "swiglu", "squared-relu")
@@ -54,6 +57,8 @@ LOOP_OPTIONAL_KEYS = (
 )
 # Maps the loop passes on as they are: wandb.init's keyword arguments.
 LOOP_FREE_FORM = ("exp_manager.wandb_logger_kwargs",)
+# Continued pretraining's keys (recipes/restore.py), for the families that run it.
+RESTORE_OPTIONAL_KEYS = ("model.restore_from_path", "model.padded_vocab_size")
 
 
 @dataclass(frozen=True)
@@ -460,6 +465,10 @@ def parse_max_time(value: Any, name: str = "training.trainer.max_time") -> float
 
 
 def tokenizer_file(cfg: Any) -> str | None:
+    """The file the job reads its tokenizer from: the recipe's, or the restored model's."""
+    restored = restore.restore_path(cfg.model)
+    if restored:
+        return restored
     tokenizer = cfg.model.tokenizer
     return tokenizer.get("model") or tokenizer.get("vocab_file")
 
@@ -474,6 +483,9 @@ def check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
                     f"{path} does not exist",
                     "Run data_preparation first (or in the same run), or fix the prefix",
                 )
+    if restore.restore_path(cfg.model):
+        check_restore(cfg, stage, will_exist)
+        return  # the tokenizer is the file's
     tokenizer = cfg.model.tokenizer
     library = tokenizer.get("library")
     files = [("model", tokenizer.get("model"))]
@@ -492,6 +504,29 @@ def check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
                 f"{path} does not exist",
                 "Run data_preparation first (or in the same run), or fix the path",
             )
+
+
+def check_restore(cfg: Any, stage: str, will_exist: Any) -> None:
+    """model.restore_from_path: a portable file of this recipe's family and architecture, or
+    one an earlier stage of the run writes (the job checks that one when it starts)."""
+    name = key(stage, restore.RESTORE_KEY)
+    path = Path(str(restore.restore_path(cfg.model)))
+    if not path.is_file():
+        if will_exist(str(path)):
+            return
+        raise ConfigError(
+            name,
+            f"{path} does not exist and no earlier stage of this run writes it",
+            "Import the model first (conversion=hf_import), or give the .nemo file the "
+            "conversion or fine_tuning stage wrote",
+        )
+    try:
+        summary = inspect_portable(path)
+    except PortableFileError as error:
+        raise ConfigError(name, str(error), "Give a whole portable .nemo model file") from None
+    restore.check_family(cfg, summary.config, stage, path.name)
+    rows = summary.shapes[EMBEDDINGS][0]
+    restore.restored_model(cfg.model, summary.config, rows, stage)
 
 
 def encoder_decoder_split(model: Any, pipeline: int, stage: str) -> tuple[int, int]:

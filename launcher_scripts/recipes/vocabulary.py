@@ -125,6 +125,8 @@ def check_training_data(cfg: Any, stage: str, prefixes: Sequence[str]) -> None:
     """check_token_ids for a recipe whose data and tokenizer exist now (a dry run, or a run
     whose earlier stage writes them, leaves it to the job's start). The tokenizer is loaded
     only when some dataset's largest id is known."""
+    if cfg.model.get("restore_from_path"):
+        return  # the tokenizer is in the restored file: the job checks the data against it
     known = largest_token_ids(prefixes)
     spec = tokenizer_spec(cfg)
     files = [spec.model, spec.vocab_file, spec.merge_file]

@@ -15,6 +15,7 @@ from launcher_scripts.stages.base import StageContext, make_job, register, requi
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
 TRAINED = (("model_family", running("training")),)  # the families the training loop runs
+RESTORED = (("model_family", running("training:restore")),)
 
 
 @register
@@ -22,6 +23,7 @@ class Training:
     name = "training"
     declared_keys = (
         Declared(optional=recipe.LOOP_OPTIONAL_KEYS, when=TRAINED),
+        Declared(optional=recipe.RESTORE_OPTIONAL_KEYS, when=RESTORED),
         Declared(free_form=recipe.LOOP_FREE_FORM),
     )
 

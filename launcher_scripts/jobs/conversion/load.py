@@ -9,11 +9,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.families import family_of
-from launcher_scripts.formats.portable import Portable
+from launcher_scripts.formats.portable import EMBEDDINGS, Portable
 from launcher_scripts.jobs.models.base import runtime_of
 from launcher_scripts.jobs.training.init_weights import load_full_tensors
-
-EMBEDDINGS = "embedding.word_embeddings.weight"
 
 
 def inference_cfg(model: DictConfig, tensor: int, pipeline: int) -> DictConfig:
@@ -41,7 +39,7 @@ def inference_cfg(model: DictConfig, tensor: int, pipeline: int) -> DictConfig:
 
 def build(portable: Portable, tensor: int, pipeline: int, on_gpu: bool) -> list[Any]:
     cfg = inference_cfg(portable.config, tensor, pipeline)
-    rows = int(portable.tensors[EMBEDDINGS].shape[0])
+    rows = portable.tensors.shape(EMBEDDINGS)[0]
     if rows % tensor:
         raise ValueError(f"the {rows} embedding rows do not split over TP={tensor}")
     runtime = runtime_of(family_of(portable.config, "model"))

@@ -15,7 +15,6 @@ from launcher_scripts.families import family_of
 from launcher_scripts.files import write_atomic
 from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable import Portable
-from launcher_scripts.jobs.conversion.load import EMBEDDINGS
 from launcher_scripts.jobs.fine_tuning import peft, peft_file, sft_data
 from launcher_scripts.jobs.fine_tuning.answers import exact_match, write_jsonl
 from launcher_scripts.jobs.fine_tuning.packing import PackedSamples
@@ -49,7 +48,7 @@ class FineTuner(Trainer):
     # ----- model ------------------------------------------------------------------------
 
     def _make_chunks(self) -> list[Any]:
-        rows = int(self.base.tensors[EMBEDDINGS].shape[0])
+        rows = self.base.tensors.shape(portable.EMBEDDINGS)[0]
         chunks = self.runtime.build_chunks(self.cfg, self.config, rows, self.use_te)
         settings = self.spec.peft
         if settings is not None:
@@ -67,7 +66,6 @@ class FineTuner(Trainer):
                 restored = peft_file.read(self.spec.peft_restore)
                 init_weights.load_full_tensors(chunks, restored.tensors, wanted=peft.is_peft_key)
             peft.freeze_base(chunks)
-        self.base.tensors.clear()  # loaded: free the host copy
         trainable = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
         total = sum(p.numel() for c in chunks for p in c.parameters())
         print(

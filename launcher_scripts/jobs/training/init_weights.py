@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from megatron.core.transformer import TransformerConfig
+
+from launcher_scripts.formats.safetensors_stream import TensorFile
 
 RESIDUAL_OUTPUTS = ("linear_proj.weight", "linear_fc2.weight")
 NORM_WEIGHTS = ("layer_norm_weight", "layernorm.weight", "norm.weight")
@@ -80,28 +82,46 @@ def initialize(chunks: list[torch.nn.Module], config: TransformerConfig, seed: i
 
 def load_full_tensors(
     chunks: list[torch.nn.Module],
-    tensors: dict[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
     wanted: Callable[[str], bool] | None = None,
 ) -> None:
     """Overwrite every parameter of `chunks` (or those whose key `wanted` accepts) with its
     slice of the full tensor of its key (what a portable checkpoint holds), whatever this
-    rank's share of the layout."""
+    rank's share of the layout. From a TensorFile, a stacked tensor's layers are read one at
+    a time and only those of this rank: a pipeline stage reads its own layers, and no rank
+    holds more than one layer's full tensor beyond its own parameters."""
 
-    def value(tensor: ShardedTensor) -> torch.Tensor:
+    def local_value(tensor: ShardedTensor) -> torch.Tensor:
         if tensor.key not in tensors:
             raise KeyError(f"the weights have no tensor {tensor.key!r} this model needs")
-        full = tensors[tensor.key]
-        if tuple(full.shape) != tuple(tensor.global_shape):
+        lazy = isinstance(tensors, TensorFile)
+        shape = tensors.shape(tensor.key) if lazy else tuple(tensors[tensor.key].shape)
+        if tuple(shape) != tuple(tensor.global_shape):
             raise ValueError(
-                f"{tensor.key}: the weights have shape {tuple(full.shape)}, this model "
+                f"{tensor.key}: the weights have shape {tuple(shape)}, this model "
                 f"{tuple(tensor.global_shape)}"
             )
-        return full
+        index = tensor.global_slice()
+        if lazy and shape:
+            rows = _leading_rows(index[0], shape[0])
+            if rows is not None:
+                first, last, keep_axis = rows
+                part = tensors.read_rows(tensor.key, first, last)
+                return part[(slice(None), *index[1:])] if keep_axis else part[0][index[1:]]
+        return tensors[tensor.key][index]
 
-    assign_global(chunks, value, wanted)
+    _assign_local(chunks, local_value, wanted)
 
 
-@torch.no_grad()
+def _leading_rows(first: int | slice, rows: int) -> tuple[int, int, bool] | None:
+    """The rows an index's first element takes (first, last + 1, whether that axis stays),
+    or None when they are not one run of rows."""
+    if isinstance(first, int):
+        return first, first + 1, False
+    start, stop, step = first.indices(rows)
+    return (start, stop, True) if step == 1 and stop >= start else None
+
+
 def assign_global(
     chunks: list[torch.nn.Module],
     global_value: Callable[[ShardedTensor], torch.Tensor],
@@ -109,9 +129,20 @@ def assign_global(
 ) -> None:
     """Give each parameter (whose key `wanted` accepts) its slice of
     `global_value(sharded tensor)`, the full tensor."""
+    _assign_local(chunks, lambda tensor: global_value(tensor)[tensor.global_slice()], wanted)
+
+
+@torch.no_grad()
+def _assign_local(
+    chunks: list[torch.nn.Module],
+    local_value: Callable[[ShardedTensor], torch.Tensor],
+    wanted: Callable[[str], bool] | None = None,
+) -> None:
+    """Give each parameter (whose key `wanted` accepts) `local_value(sharded tensor)`, this
+    rank's slice of it."""
     for tensor in model_tensors(chunks):
         if wanted is not None and not wanted(tensor.key):
             continue
         data = tensor.data
-        local = global_value(tensor)[tensor.global_slice()]
+        local = local_value(tensor)
         data.copy_(local.reshape(data.shape).to(device=data.device, dtype=data.dtype))

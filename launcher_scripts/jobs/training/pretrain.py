@@ -66,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
                 "launcher version yet (the launcher's preflight refuses such runs)"
             )
         runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))
-        trainer = Trainer(cfg, on_gpu, StopSignals())
+        from launcher_scripts.jobs.training.restored import open_restored
+
+        restored = open_restored(cfg)
+        trainer = Trainer(cfg, on_gpu, StopSignals(), restored)
         return trainer.fit()
     except (JobError, TokenizerError, ConfigError) as error:
         # Problems with the inputs, not bugs: one line that says what to change.

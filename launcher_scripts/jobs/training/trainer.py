@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 from launcher_scripts.costmodel.plan import Costs
 from launcher_scripts.families import family_of
 from launcher_scripts.files import write_atomic
+from launcher_scripts.formats.portable import EMBEDDINGS
 from launcher_scripts.formats.progress import (
     EXIT_PREEMPTED,
     Checkpoint,
@@ -45,14 +46,20 @@ from launcher_scripts.jobs.training.runtime import (
 )
 from launcher_scripts.recipes import training as recipe
 
+if TYPE_CHECKING:
+    from launcher_scripts.formats.portable import Portable
+
 
 class ResumeError(JobError):
     pass
 
 
 class Trainer:
-    def __init__(self, cfg: Any, on_gpu: bool, stop_signals: Any) -> None:
+    def __init__(
+        self, cfg: Any, on_gpu: bool, stop_signals: Any, restored: Portable | None = None
+    ) -> None:
         self.cfg, self.on_gpu, self.stop_signals = cfg, on_gpu, stop_signals
+        self.restored = restored  # continued pretraining: the weights to start from
         self.started = time.monotonic()
         self.rank = dist.get_rank()
         self.par = recipe.parallelism(cfg)
@@ -111,13 +118,18 @@ class Trainer:
         write_atomic(self.log_dir / "hparams.yaml", OmegaConf.to_yaml({"cfg": model}))
 
     def _make_chunks(self) -> list[Any]:
-        """This rank's model chunks with their starting weights, before any wrapping."""
-        chunks = self.runtime.build_chunks(
-            self.cfg, self.config, self.vocab.vocab_size, self.use_te
-        )
+        """This rank's model chunks with their starting weights, before any wrapping: the
+        restored file's (unless a checkpoint of this run will replace them), else random."""
+        weights = self.restored.tensors if self.restored is not None else None
+        rows = weights.shape(EMBEDDINGS)[0] if weights is not None else self.vocab.vocab_size
+        chunks = self.runtime.build_chunks(self.cfg, self.config, rows, self.use_te)
         if self.on_gpu:
             chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
-        init_weights.initialize(chunks, self.config, self.seed)
+        if weights is not None and not self._resumes():
+            init_weights.load_full_tensors(chunks, weights)
+            self._say(f"starting from the weights of {weights.path}")
+        else:
+            init_weights.initialize(chunks, self.config, self.seed)
         return chunks
 
     def _build_model(self) -> list[Any]:
@@ -355,6 +367,11 @@ class Trainer:
             decision = [newest, note]
         dist.broadcast_object_list(decision, src=0)
         return decision[0], decision[1]
+
+    def _resumes(self) -> bool:
+        """Whether resume() will load a checkpoint of this run."""
+        exp = self.cfg.exp_manager
+        return bool(exp.get("resume_if_exists", False)) and self._resume_choice()[0] is not None
 
     def resume(self) -> None:
         exp = self.cfg.exp_manager
