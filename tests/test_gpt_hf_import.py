@@ -235,7 +235,7 @@ def test_continued_pretraining_starts_from_the_imported_weights(
         f"training.model.restore_from_path={start}",
         *architecture_overrides(start),
         f"training.model.data.data_prefix=[1.0,{data}/corpus_text_document]",
-        "training.model.data.splits_string=\"50,50,0\"",
+        'training.model.data.splits_string="50,50,0"',
         "training.model.encoder_seq_length=8",
         "training.model.tensor_model_parallel_size=1",
         "training.model.pipeline_model_parallel_size=2",
