@@ -217,7 +217,7 @@ def test_continued_pretraining_starts_from_the_imported_weights(
 ) -> None:
     """Data prepared with the imported model's own tokenizer.json (transformers' ids), then
     `training=llama3/8b` from the imported file at PP2 (each stage reads its own layers of
-    it) and the conversion stage: at a learning rate of 1e-12 the converted weights are the
+    it) and the conversion stage, to our file and a Hugging Face Llama: at a learning rate of 1e-12 the converted weights are the
     imported ones (to 1e-9; a random start is off by ~0.02), and the model keeps its
     tokenizer."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
@@ -266,7 +266,6 @@ def test_continued_pretraining_starts_from_the_imported_weights(
         f"data_preparation.preprocessed_dir={data}",
         "data_preparation.run.node_array_size=1",
         *training,
-        "conversion.run.hf_dir_name=null",
         f"base_results_dir={results}",
         timeout=900,
     )
@@ -297,6 +296,8 @@ def test_continued_pretraining_starts_from_the_imported_weights(
 
     config = portable.read_config(converted)
     assert config.tokenizer.library == "huggingface", config.tokenizer
+    exported = json.loads((converted.parent / "hf" / "config.json").read_text())
+    assert exported["architectures"] == ["LlamaForCausalLM"], exported
 
 
 def test_a_recipe_that_describes_another_model_than_the_file_is_one_line(
