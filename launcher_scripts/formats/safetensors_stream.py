@@ -104,8 +104,13 @@ class TensorFile(Mapping[str, "torch.Tensor"]):
         self.entries = read_header(path, start, size)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        entry = self._entry(name)
+        if name not in self.entries:
+            raise KeyError(name)
+        entry = self.entries[name]
         return self.read_rows(name, 0, entry.shape[0] if entry.shape else 1)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries  # Mapping's own would read the tensor
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.entries)

@@ -65,9 +65,10 @@ def _value(section: Any, name: str) -> Any:
 
 
 def check_family(cfg: Any, file_model: Any, stage: str, name: str) -> None:
-    """The file holds a model of the recipe's family (`name`: the file's name, for messages)."""
-    held, trained = str(file_model.get("model_family", "gpt")), str(cfg.get("model_family", "gpt"))
-    if held != trained:
+    """The file holds a model of the recipe's family (`name`: the file's name, for messages).
+    Files and recipes that name no family are the default one's: they are not compared."""
+    held, trained = file_model.get("model_family"), cfg.get("model_family")
+    if held and trained and held != trained:
         raise ConfigError(
             f"{stage}.{RESTORE_KEY}",
             f"{name} holds a {held} model and this recipe trains {trained} ones",
