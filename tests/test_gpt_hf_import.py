@@ -217,9 +217,9 @@ def test_continued_pretraining_starts_from_the_imported_weights(
 ) -> None:
     """Data prepared with the imported model's own tokenizer.json (transformers' ids), then
     `training=llama3/8b` from the imported file at PP2 (each stage reads its own layers of
-    it) and the conversion stage, to our file and a Hugging Face Llama: at a learning rate of 1e-12 the converted weights are the
-    imported ones (to 1e-9; a random start is off by ~0.02), and the model keeps its
-    tokenizer."""
+    it) and the conversion stage, to our file and a Hugging Face Llama. At a learning rate of
+    1e-12 the converted weights are the imported ones to 1e-9 (a random start is off by
+    ~0.02), and the model keeps its tokenizer."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
     from transformers import AutoTokenizer
 

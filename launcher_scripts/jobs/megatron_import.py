@@ -19,6 +19,11 @@
   read their data from, and write their logs to, the file system only. While those modules
   run, boto3 is not importable to them; afterwards it is again. The same for fsspec (a
   quarter of a second), which TensorBoard's file layer imports for other remote folders.
+- Without TensorBoard's writer (torch.utils.tensorboard and the TensorBoard protobufs under
+  it: about 0.4 s), which megatron-core's timers import for their own logging. Only the
+  training loop's metrics writer (`jobs/training/metrics.py`, on the rank that writes them)
+  uses it; it imports it itself, so conversion, evaluation, serving and the other ranks never
+  load it.
 
 `launcher_scripts/jobs/__init__.py` installs this, so it is in place before a job program
 imports megatron-core.
@@ -37,7 +42,7 @@ from typing import Any
 PACKAGE = "megatron.core"
 MODULE = "megatron.core.jit"
 SWITCH = "LAUNCHER_KEEP_JIT_FUSER"
-UNUSED = ("wandb", "boto3", "fsspec")
+UNUSED = ("wandb", "boto3", "fsspec", "torch.utils.tensorboard")
 # Modules importing boto3 for object storage the jobs do not use (megatron-core's package runs
 # TensorBoard's file layer).
 WITHOUT_BOTO3 = (
