@@ -29,10 +29,23 @@ STAGE_GROUPS = [
 ]
 
 
+def test_a_run_composes_the_groups_it_runs_names_or_reads() -> None:
+    """Only those: the others' recipes are not built (most of a launch's composing time)."""
+    alone = compose_config(["stages=[training]"])
+    assert [g for g in STAGE_GROUPS if g in alone] == ["training"]
+    # The conversion recipe reads ${training.run.name}; a key given names its group.
+    read = compose_config(["stages=[conversion]", "peft.trainer.devices=2"])
+    assert {g for g in STAGE_GROUPS if g in read} == {"conversion", "training", "peft"}
+    # Stages given in a form this does not read: every group, as before.
+    assert all(g in compose_config(["stages=training"]) for g in STAGE_GROUPS)
+
+
 def test_defaults_choose_one_recipe_per_group() -> None:
     cfg = compose_config([])
-    for group in [*STAGE_GROUPS, "cluster"]:
+    for group in [*cfg.stages, "cluster"]:
         assert group in cfg, group
+    for group in STAGE_GROUPS:  # each group's recipe, where a run has that stage
+        assert group in compose_config([f"stages=[{group}]"]), group
     assert list(cfg.stages) == [
         "data_preparation",
         "training",

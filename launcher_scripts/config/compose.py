@@ -6,6 +6,7 @@ changing logging, and lets every composition error become one actionable line.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -180,11 +181,90 @@ def compose_config(overrides: Sequence[str], config_name: str = "config") -> Dic
     overrides = short_recipe_names(overrides, root)
     check_recipe_overrides(overrides, root)
     given = list(overrides)
-    overrides = recipe_file_overrides(overrides, root)
+    overrides = [*recipe_file_overrides(overrides, root), *unused_groups(given, root, config_name)]
     overrides = [*matching_cluster(overrides, root, config_name), *overrides]
     cfg = compose_in(root, config_name, overrides, "Check the recipe names")
     check_cluster_file(given, cfg, root)
     return cfg
+
+
+REFERENCE = re.compile(r"\$\{(\w+)\.")  # an interpolation reading a top-level section
+
+
+@functools.cache
+def _root_defaults(root: Path, config_name: str) -> tuple[dict[str, str], tuple[str, ...] | None]:
+    """The root config's recipe choice per group and its default stages."""
+    data = yaml.safe_load((root / f"{config_name}.yaml").read_text()) or {}
+    chosen = {}
+    for entry in data.get("defaults") or []:
+        if isinstance(entry, dict) and len(entry) == 1:
+            ((group, recipe),) = entry.items()
+            if isinstance(group, str) and isinstance(recipe, str):
+                chosen[group] = recipe
+    stages = data.get("stages")
+    listed = isinstance(stages, list) and all(isinstance(name, str) for name in stages)
+    return chosen, tuple(stages) if listed else None
+
+
+def _stages_given(overrides: Sequence[str]) -> tuple[str, ...] | None:
+    """The stages of a `stages=[a,b]` override (None: none given, or one this cannot read)."""
+    found = None
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if key.strip() != "stages" or not sep:
+            continue
+        value = value.strip()
+        if not (value.startswith("[") and value.endswith("]")):
+            return None
+        names = [name.strip().strip("'\"") for name in value[1:-1].split(",") if name.strip()]
+        if not all(re.fullmatch(r"\w+", name) for name in names):
+            return None
+        found = tuple(names)
+    return found
+
+
+def _recipe_text(root: Path, group: str, recipe: str) -> str | None:
+    path = Path(recipe) if is_recipe_file(recipe) else root / group / f"{recipe}.yaml"
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def unused_groups(overrides: Sequence[str], root: Path, config_name: str = "config") -> list[str]:
+    """`~<group>` for each recipe group of the root's defaults list that this run neither
+    runs, names on the command line, nor reads through an interpolation of a group it keeps
+    (a conversion recipe reads `${training.run.name}`): composing a one-stage run builds that
+    stage's recipe, not all eleven, which was most of a launch's composing time. Nothing is
+    left out when the stages or a kept recipe cannot be read here: Hydra then reports it."""
+    chosen, default_stages = _root_defaults(root, config_name)
+    stages = _stages_given(overrides)
+    if stages is None and any(o.partition("=")[0].strip() == "stages" for o in overrides):
+        return []
+    stages = stages if stages is not None else default_stages
+    if stages is None:
+        return []
+    chosen = dict(chosen)
+    keep = {"cluster", *stages}
+    references = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        group = key.lstrip("+~").split(".")[0]
+        keep.add(group)
+        if sep and group == key.lstrip("+~") and group in chosen:
+            chosen[group] = value
+        references += REFERENCE.findall(value)
+    pending = [*keep, *references]
+    while pending:
+        group = pending.pop()
+        if group not in chosen:
+            continue
+        keep.add(group)
+        text = _recipe_text(root, group, chosen[group])
+        if text is None:
+            return []
+        pending += [name for name in REFERENCE.findall(text) if name not in keep]
+    return [f"~{group}" for group in chosen if group not in keep]
 
 
 class UnknownOverride(LauncherError):
