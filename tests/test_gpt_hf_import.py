@@ -217,7 +217,8 @@ def test_continued_pretraining_starts_from_the_imported_weights(
 ) -> None:
     """Data prepared with the imported model's own tokenizer.json (transformers' ids), then
     `training=llama3/8b` from the imported file at PP2 (each stage reads its own layers of
-    it) and the conversion stage, to our file and a Hugging Face Llama. At a learning rate of
+    it), the conversion stage, to our file and a Hugging Face Llama, and lm-eval's offline
+    tasks on the result. At a learning rate of
     1e-12 the converted weights are the imported ones to 1e-9 (a random start is off by
     ~0.02), and the model keeps its tokenizer."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
@@ -258,7 +259,7 @@ def test_continued_pretraining_starts_from_the_imported_weights(
         "training.trainer.log_every_n_steps=1",
     ]
     result = run_main(
-        "stages=[data_preparation,training,conversion]",
+        "stages=[data_preparation,training,conversion,evaluation]",
         "data_preparation=generic/custom_dataset",
         "data_preparation.train_tokenizer=false",
         f"data_preparation.tokenizer_model={hf_models / 'llama3' / 'tokenizer.json'}",
@@ -266,6 +267,7 @@ def test_continued_pretraining_starts_from_the_imported_weights(
         f"data_preparation.preprocessed_dir={data}",
         "data_preparation.run.node_array_size=1",
         *training,
+        "evaluation.run.limit=4",
         f"base_results_dir={results}",
         timeout=900,
     )
@@ -298,6 +300,9 @@ def test_continued_pretraining_starts_from_the_imported_weights(
     assert config.tokenizer.library == "huggingface", config.tokenizer
     exported = json.loads((converted.parent / "hf" / "config.json").read_text())
     assert exported["architectures"] == ["LlamaForCausalLM"], exported
+    # lm-eval's offline tasks through the model's own tokenizer.
+    scores = json.loads((results / "llama3_8b_continued" / "eval_all" / "results.json").read_text())
+    assert scores["results"]["tiny_choice"]["sample_len"] == 4, scores["results"]
 
 
 def test_a_recipe_that_describes_another_model_than_the_file_is_one_line(
