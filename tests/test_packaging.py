@@ -151,7 +151,7 @@ def test_the_installed_launcher_prepares_data_and_trains_the_tiny_model(
 
 def stages_reading_wandb() -> list[str]:
     """The stages whose recipes have exp_manager.create_wandb_logger (their jobs read it)."""
-    cfg = compose_config([])
+    cfg = compose_config([f"stages=[{','.join(sorted(STAGES))}]"])  # every stage's recipe
     found = []
     for stage in sorted(STAGES):
         exp_manager = cfg[stage].get("exp_manager") or {}
