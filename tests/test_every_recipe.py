@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.compose import compose_config, config_groups, recipe_options
-from launcher_scripts.config.preflight import CLUSTER_TYPES, resolve
+from launcher_scripts.config.preflight import CLUSTER_TYPES
 from launcher_scripts.pipeline import plan
 from launcher_scripts.stages import STAGES
 from tests.conftest import REPO
@@ -51,32 +52,43 @@ UPSTREAM["export"] = UPSTREAM["evaluation"]
 
 
 @functools.cache
-def training_recipes_by_run_name() -> dict[str, str]:
-    names = {}
-    for recipe in recipe_options("training"):
-        cfg = resolve(compose_config([f"training={recipe}"]), ["training"])
-        names[str(cfg.training.run.name)] = recipe
-    return names
+def recipe_alone(group: str, recipe: str) -> DictConfig:
+    """A recipe composed by itself (its stage's group only), once per worker: the cases of a
+    recipe on two backends and the recipes reading it share it."""
+    return compose_config(
+        [f"stages=[{group}]", f"{group}={recipe}", *FILLS.get((group, recipe), [])]
+    )[group]
+
+
+def family(group: str, recipe: str) -> str:
+    return str(recipe_alone(group, recipe).get("model_family", "gpt"))
 
 
 @functools.cache
-def recipe_of_family(group: str, family: str) -> str:
+def training_recipes_by_run_name() -> dict[str, str]:
+    return {
+        str(OmegaConf.select(recipe_alone("training", recipe), "run.name")): recipe
+        for recipe in recipe_options("training")
+    }
+
+
+@functools.cache
+def recipe_of_family(group: str, wanted: str) -> str:
     for recipe in recipe_options(group):
-        if compose_config([f"{group}={recipe}"])[group].get("model_family", "gpt") == family:
+        if family(group, recipe) == wanted:
             return recipe
-    raise AssertionError(f"no {group} recipe for {family} models")
+    raise AssertionError(f"no {group} recipe for {wanted} models")
 
 
 @functools.cache
 def upstream(group: str, recipe: str) -> tuple[str, ...]:
     """Overrides that put the run producing this recipe's inputs before it: the training run it
     names (run.model_train_name) and, where needed, a conversion of the same family."""
-    target = compose_config([f"{group}={recipe}", *FILLS.get((group, recipe), [])])[group]
+    target = recipe_alone(group, recipe)
     trained = training_recipes_by_run_name().get(str(target.run.get("model_train_name")))
     if group not in UPSTREAM or trained is None:
         return (f"stages=[{group}]",)
-    family = str(target.get("model_family", "gpt"))
-    if compose_config([f"training={trained}"]).training.get("model_family", "gpt") != family:
+    if family("training", trained) != family(group, recipe):
         # A recipe that converts whatever this run trains (${training.run.name}): a training
         # recipe of its folder (t5/, mt5/, bert/).
         folder = recipe.split("/")[0]
@@ -84,7 +96,7 @@ def upstream(group: str, recipe: str) -> tuple[str, ...]:
     args = [f"stages=[{','.join((*UPSTREAM[group], group))}]", f"training={trained}"]
     if "conversion" in UPSTREAM[group]:
         args += [
-            f"conversion={recipe_of_family('conversion', family)}",
+            f"conversion={recipe_of_family('conversion', family(group, recipe))}",
             f"conversion.run.model_train_name={target.run.model_train_name}",
         ]
     return tuple(args)

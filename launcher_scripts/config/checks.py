@@ -108,3 +108,14 @@ def require_layout(model: Any, tensor: int, pipeline: int, key_prefix: str) -> N
             f"{pipeline} does not divide the model's {model.num_layers} layers",
             "Use a divisor of the layer count",
         )
+
+
+def require_row_split(rows: int, tensor: int, key_prefix: str, whose: str) -> None:
+    """TP must divide a model's embedding (vocabulary) rows, which tensor parallelism splits;
+    `whose` names the model, e.g. "the model's" or "the file's"."""
+    if rows % tensor:
+        raise ConfigError(
+            f"{key_prefix}.tensor_model_parallel_size",
+            f"{tensor} does not divide {whose} {rows} embedding rows",
+            "Use a divisor of the row count",
+        )

@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.config.checks import require_row_split
 from launcher_scripts.errors import ConfigError
 
 RESTORE_KEY = "model.restore_from_path"
@@ -104,12 +105,7 @@ def check_rows(recipe_model: Any, rows: int, stage: str, where: str) -> None:
             f"Set it to {rows}, or leave it out",
         )
     tensor = int(recipe_model.get("tensor_model_parallel_size") or 1)
-    if rows % tensor:
-        raise ConfigError(
-            f"{stage}.model.tensor_model_parallel_size",
-            f"{tensor} does not divide the {rows} embedding rows of {where}",
-            "Choose a tensor-parallel size that divides them",
-        )
+    require_row_split(rows, tensor, f"{stage}.model", f"{where}'s")
 
 
 def restored_model(recipe_model: Any, file_model: Any, rows: int, stage: str) -> DictConfig:

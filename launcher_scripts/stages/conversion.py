@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from launcher_scripts.config import nemo_keys
-from launcher_scripts.config.checks import require_int, require_layout
+from launcher_scripts.config.checks import require_int, require_layout, require_row_split
 from launcher_scripts.errors import ConfigError, HfImportError, RecipeError
 from launcher_scripts.families import DEFAULT, FAMILIES, family_of
 from launcher_scripts.formats.portable_check import require_peft, require_portable
@@ -122,13 +122,7 @@ class Conversion:
                 "Import a model without it (this version refuses what it cannot compute exactly)",
             ) from None
         require_layout(OmegaConf.create(section), tp, pp, f"{stage}.model")
-        rows = int(config.get("vocab_size") or 0)
-        if rows % tp:
-            raise ConfigError(
-                f"{stage}.model.tensor_model_parallel_size",
-                f"{tp} does not divide the model's {rows} vocabulary rows",
-                "Use a divisor of the row count",
-            )
+        require_row_split(int(config.get("vocab_size") or 0), tp, f"{stage}.model", "the model's")
 
     @staticmethod
     def _validate_export(ctx: StageContext) -> None:

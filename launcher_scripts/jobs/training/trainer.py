@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from pathlib import Path
@@ -347,10 +348,12 @@ class Trainer:
             print(f"saved checkpoint {path}", flush=True)
         return path
 
+    @functools.cached_property
     def _resume_choice(self) -> tuple[Checkpoint | None, str | None]:
         """The checkpoint to resume from and what to say about damaged newer ones, decided by
         rank 0 (on a network file system nodes may briefly see different file sizes) and
-        shared, so that every rank loads the same one."""
+        shared, so that every rank loads the same one. Decided once (a scan and a broadcast):
+        the model's construction asks it, then resume()."""
         decision: list[Any] = [None, None]
         if self.rank == 0:
             found = checkpointing.complete_checkpoints(self.checkpoint_dir)
@@ -371,13 +374,13 @@ class Trainer:
     def _resumes(self) -> bool:
         """Whether resume() will load a checkpoint of this run."""
         exp = self.cfg.exp_manager
-        return bool(exp.get("resume_if_exists", False)) and self._resume_choice()[0] is not None
+        return bool(exp.get("resume_if_exists", False)) and self._resume_choice[0] is not None
 
     def resume(self) -> None:
         exp = self.cfg.exp_manager
         if not exp.get("resume_if_exists", False):
             return
-        newest, damaged = self._resume_choice()
+        newest, damaged = self._resume_choice
         if damaged and newest is None:
             # Starting from scratch would silently throw the run away.
             raise ResumeError(
