@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -79,19 +80,42 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of the child processes it has waited for (their own
+    waited-for children included): what a test phase cost the machine, beyond its wall time."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+_cpu_at_last_report: list[float] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _cpu_at_last_report[:] = [cpu_seconds()]
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """With PYTEST_TIMINGS=FILE, each test phase's worker, end time and duration are appended to
-    FILE as JSON lines: `python3 -m tests.scripts.timings FILE` shows where a run's time went
-    (per worker, per module and group, and the idle tail)."""
+    """With PYTEST_TIMINGS=FILE, each test phase's worker, end time, duration and CPU seconds
+    (the worker's and its finished child processes', since the worker's previous report) are
+    appended to FILE as JSON lines: `python3 -m tests.scripts.timings FILE` shows where a run's
+    time went (per worker, per module and group, and the idle tail). On a busy machine the CPU
+    seconds, not the durations, say which tests cost most."""
     record = os.environ.get("PYTEST_TIMINGS")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     if record and (worker != "main" or not hasattr(report, "node")):
+        now = cpu_seconds()
+        before = _cpu_at_last_report[-1] if _cpu_at_last_report else now
+        _cpu_at_last_report[:] = [now]
         line = {
             "test": report.nodeid,
             "when": report.when,
             "worker": worker,
             "end": time.time(),
             "seconds": report.duration,
+            "cpu": now - before,
         }
         with open(record, "a") as timings:
             timings.write(json.dumps(line) + "\n")

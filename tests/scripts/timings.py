@@ -21,12 +21,17 @@ def main(path: str, top: int = 25) -> None:
     last: dict[str, float] = defaultdict(float)
     per_unit: dict[str, float] = defaultdict(float)
     per_test: dict[str, float] = defaultdict(float)
+    cpu_per_unit: dict[str, float] = defaultdict(float)
+    cpu_per_test: dict[str, float] = defaultdict(float)
     for row in rows:
         busy[row["worker"]] += row["seconds"]
         last[row["worker"]] = max(last[row["worker"]], row["end"])
         test, _, group = row["test"].partition("@")
-        per_unit[group or test.split("::")[0]] += row["seconds"]
+        unit = group or test.split("::")[0]
+        per_unit[unit] += row["seconds"]
         per_test[row["test"]] += row["seconds"]
+        cpu_per_unit[unit] += row.get("cpu", 0.0)
+        cpu_per_test[row["test"]] += row.get("cpu", 0.0)
     print(f"run: {end - start:.0f} s from the first test to the last")
     for worker in sorted(busy):
         print(f"  {worker}: busy {busy[worker]:.0f} s, idle after {last[worker] - start:.0f} s")
@@ -36,6 +41,15 @@ def main(path: str, top: int = 25) -> None:
     print("\nslowest tests (setup, call and teardown together):")
     for test, seconds in sorted(per_test.items(), key=lambda item: -item[1])[:top]:
         print(f"  {seconds:7.1f} s  {test}")
+    if any(cpu_per_unit.values()):
+        # On a machine the workers share, what a test costs is its CPU seconds: its durations
+        # also count the time it waited for the other worker's processes.
+        print(f"\nmodules and groups by CPU seconds (of {sum(cpu_per_unit.values()):.0f}):")
+        for unit, seconds in sorted(cpu_per_unit.items(), key=lambda item: -item[1])[:top]:
+            print(f"  {seconds:7.1f} s  {unit}")
+        print("\ntests by CPU seconds (the worker's and the processes it waited for):")
+        for test, seconds in sorted(cpu_per_test.items(), key=lambda item: -item[1])[:top]:
+            print(f"  {seconds:7.1f} s  {test}")
 
 
 if __name__ == "__main__":
