@@ -35,21 +35,25 @@ def main(path: str, top: int = 25) -> None:
     print(f"run: {end - start:.0f} s from the first test to the last")
     for worker in sorted(busy):
         print(f"  {worker}: busy {busy[worker]:.0f} s, idle after {last[worker] - start:.0f} s")
-    print(f"\nslowest modules and groups (of {sum(per_unit.values()):.0f} s):")
-    for unit, seconds in sorted(per_unit.items(), key=lambda item: -item[1])[:top]:
-        print(f"  {seconds:7.1f} s  {unit}")
-    print("\nslowest tests (setup, call and teardown together):")
-    for test, seconds in sorted(per_test.items(), key=lambda item: -item[1])[:top]:
-        print(f"  {seconds:7.1f} s  {test}")
+    ranking(f"slowest modules and groups (of {sum(per_unit.values()):.0f} s):", per_unit, top)
+    ranking("slowest tests (setup, call and teardown together):", per_test, top)
     if any(cpu_per_unit.values()):
         # On a machine the workers share, what a test costs is its CPU seconds: its durations
         # also count the time it waited for the other worker's processes.
-        print(f"\nmodules and groups by CPU seconds (of {sum(cpu_per_unit.values()):.0f}):")
-        for unit, seconds in sorted(cpu_per_unit.items(), key=lambda item: -item[1])[:top]:
-            print(f"  {seconds:7.1f} s  {unit}")
-        print("\ntests by CPU seconds (the worker's and the processes it waited for):")
-        for test, seconds in sorted(cpu_per_test.items(), key=lambda item: -item[1])[:top]:
-            print(f"  {seconds:7.1f} s  {test}")
+        total = sum(cpu_per_unit.values())
+        ranking(f"modules and groups by CPU seconds (of {total:.0f}):", cpu_per_unit, top)
+        ranking(
+            "tests by CPU seconds (the worker's and the processes it waited for):",
+            cpu_per_test,
+            top,
+        )
+
+
+def ranking(title: str, seconds_of: dict[str, float], top: int) -> None:
+    """The `top` largest entries, largest first."""
+    print(f"\n{title}")
+    for name, seconds in sorted(seconds_of.items(), key=lambda item: -item[1])[:top]:
+        print(f"  {seconds:7.1f} s  {name}")
 
 
 if __name__ == "__main__":
