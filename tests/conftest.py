@@ -889,14 +889,21 @@ def launcher_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def installed_launcher(
     launcher_wheel: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[InstalledLauncher]:
-    """Installed once per session (a minute, mostly pip unpacking torch); removed at
-    the end: a venv with torch is about 2 GB."""
+    """Installed once per session (half a minute, mostly pip resolving and unpacking);
+    removed at the end: a venv with torch is about 2 GB."""
     wheel = launcher_wheel
     venv = tmp_path_factory.mktemp("installed") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    # No pip of its own: this process's pip installs into it (`pip --python`). The pip that
+    # `venv` would bundle is the one Python shipped with, whose candidate search took twice as
+    # long as a current pip's for the train extra's dependency tree (59 CPU-s against 26);
+    # .ci/run upgrades this process's pip.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300
+    )
     # --no-compile: byte-compiling every module of torch and transformers was half the
     # install; Python compiles what the tests import as it imports it.
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile"]
+    target = ["--python", str(venv / "bin" / "python")]
+    pip = [sys.executable, "-m", "pip", *target, "install", "--quiet", "--no-compile"]
     env = {**os.environ, **PIP_QUIET}
     env.pop("PYTHONPATH", None)
     for requirement in (TORCH_PIN, f"{wheel}[train]"):
