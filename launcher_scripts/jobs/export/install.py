@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 PACKAGES = ("nvidia-pytriton==0.7.0", "tritonclient[http,grpc]==2.73.0", "numpy==1.26.4")
@@ -41,12 +42,24 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def pip(venv: Path) -> list[str]:
+    """The pip that installs into `venv`: this Python's own through `--python` (pip 22.3 and
+    later), which the user keeps current, rather than the one `venv` bundled with Python, whose
+    candidate search for these packages is several times slower; else the venv's."""
+    try:
+        release = tuple(int(part) for part in version("pip").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        release = ()
+    if release >= (22, 3):
+        return [sys.executable, "-m", "pip", "--python", str(venv_python(venv))]
+    return [str(venv_python(venv)), "-m", "pip"]
+
+
 def up_to_date(venv: Path) -> bool:
     """Whether pip would install nothing: every pinned package (extras' dependencies too) is
     there. A pip too old for `--dry-run --report` answers False, and the install runs."""
     asked = subprocess.run(
-        [str(venv_python(venv)), "-m", "pip", "install", "--dry-run", "--quiet"]
-        + ["--report", "-", *PACKAGES],
+        [*pip(venv), "install", "--dry-run", "--quiet", "--report", "-", *PACKAGES],
         capture_output=True,
         text=True,
     )
@@ -67,7 +80,7 @@ def install(venv: Path) -> None:
         return
     print(f"installing {', '.join(PACKAGES)} into {venv} (about 400 MB)", flush=True)
     subprocess.run(
-        [str(venv_python(venv)), "-m", "pip", "install", "--progress-bar", "on", *PACKAGES],
+        [*pip(venv), "install", "--progress-bar", "on", *PACKAGES],
         check=True,
     )
 
