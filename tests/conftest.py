@@ -1072,6 +1072,15 @@ def assert_hf_computes_our_logits(
         torch.load(folder / "portable_logits.pt"),
         torch.load(folder / "hf_logits.pt"),
     )
+    _assert_same_outputs(expected, computed, inputs)
+    return computed
+
+
+def _assert_same_outputs(
+    expected: dict[str, Any], computed: dict[str, Any], inputs: dict[str, Any]
+) -> None:
+    import torch
+
     assert expected.keys() == computed.keys()
     queries = next(inputs[k] for k in ("tokens", "text_dec", "text") if k in inputs) != 0
     for name, value in expected.items():
@@ -1083,7 +1092,55 @@ def assert_hf_computes_our_logits(
         where = tuple(int(i) for i in torch.nonzero(gap == gap.max())[0])
         scale = value.abs().max().item()
         assert worst <= 1e-4, f"{name}: max |ours - theirs| {worst} at {where}; max {scale}"
-    return computed
+
+
+def hf_computes_our_logits_each(
+    cases: Sequence[tuple[Path, Path, dict[str, Any], str]],
+    folder: Path,
+    reshard: tuple[Path, Path, tuple[tuple[int, int], ...]] | None = None,
+) -> list[dict[str, Any]]:
+    """assert_hf_computes_our_logits for several (model file, HF dir, inputs, architecture)
+    cases at once, in two fresh processes in all rather than two per case: our models'
+    outputs in one (tests/scripts/portable_logits.py), transformers' in the other
+    (tests/scripts/hf_logits.py). The same checks and tolerance for each case; returns
+    transformers' outputs, in the cases' order.
+
+    With `reshard` (model file, run, layouts), also assert_reshards_exactly(*reshard), and our
+    outputs are computed at the end of that launch (tests/scripts/reshard_check.py --logits)
+    instead of in a process of their own."""
+    import torch
+
+    ours_args: list[str] = []
+    theirs_args: list[str] = []
+    for at, (model_file, hf_dir, inputs, _) in enumerate(cases):
+        torch.save(inputs, folder / f"inputs{at}.pt")
+        ours_args += [str(model_file), str(folder / f"inputs{at}.pt"), str(folder / f"ours{at}.pt")]
+        theirs_args += [str(hf_dir), str(folder / f"inputs{at}.pt"), str(folder / f"hf{at}.pt")]
+    if reshard is None:
+        ours = _run_script("portable_logits", ours_args)
+        assert ours.returncode == 0, ours.stderr[-3000:]
+    else:
+        _reshard_launch(*reshard, extra=["--logits", *ours_args])
+    theirs = _run_script("hf_logits", theirs_args)
+    assert theirs.returncode == 0, theirs.stderr[-3000:]
+    assert theirs.stdout.split()[-len(cases) :] == [case[3] for case in cases], theirs.stdout
+    results = []
+    for at, (_, _, inputs, _) in enumerate(cases):
+        computed = torch.load(folder / f"hf{at}.pt")
+        _assert_same_outputs(torch.load(folder / f"ours{at}.pt"), computed, inputs)
+        results.append(computed)
+    return results
+
+
+def _run_script(script: str, args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", f"tests.scripts.{script}", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=300,
+    )
 
 
 def assert_reshards_exactly(
@@ -1091,6 +1148,12 @@ def assert_reshards_exactly(
 ) -> None:
     """The portable file built at each (TP, PP) equals, bit for bit, the model loaded from the
     run's training checkpoint at that layout (tests/scripts/reshard_check.py, one launch)."""
+    _reshard_launch(model_file, run, layouts)
+
+
+def _reshard_launch(
+    model_file: Path, run: Path, layouts: tuple[tuple[int, int], ...], extra: Sequence[str] = ()
+) -> None:
     checkpoint = next(p for p in (run / "checkpoints").iterdir() if p.name.startswith("megatron"))
     processes = max(tensor * pipeline for tensor, pipeline in layouts)
     check = subprocess.run(
@@ -1099,6 +1162,7 @@ def assert_reshards_exactly(
             f"--nproc-per-node={processes}",
             *("-m", "tests.scripts.reshard_check", str(model_file), str(checkpoint)),
             *(f"{tensor}x{pipeline}" for tensor, pipeline in layouts),
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -1110,6 +1174,42 @@ def assert_reshards_exactly(
     for tensor, pipeline in layouts:
         assert check.stdout.count(f"{tensor}x{pipeline} rank") == processes, check.stdout
     assert check.stdout.count(" 0 mismatched") == processes * len(layouts), check.stdout
+
+
+def reshard_checks(*groups: tuple[Path, Path, tuple[tuple[int, int], ...]]) -> None:
+    """conftest's assert_reshards_exactly for several (portable file, run, layouts) in one
+    launch (tests/scripts/reshard_checks.py): each portable file built at each (TP, PP) equals,
+    bit for bit, the model loaded from its run's training checkpoint at that layout."""
+    processes = max(t * p for _, _, layouts in groups for t, p in layouts)
+    arguments: list[str] = []
+    for model_file, run, layouts in groups:
+        checkpoints = (run / "checkpoints").iterdir()
+        checkpoint = next(p for p in checkpoints if p.name.startswith("megatron"))
+        arguments += ["--"] if arguments else []
+        arguments += [str(model_file), str(checkpoint), *(f"{t}x{p}" for t, p in layouts)]
+    check = subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
+            f"--nproc-per-node={processes}",
+            *("-m", "tests.scripts.reshard_checks", *arguments),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=600,
+    )
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+    lines = check.stdout.splitlines()
+    for number, (_, _, layouts) in enumerate(groups):
+        for tensor, pipeline in layouts:
+            layout = f"{number}: {tensor}x{pipeline} rank "
+            assert sum(line.startswith(layout) for line in lines) == processes, check.stdout
+        group = sum(line.startswith(f"{number}: ") for line in lines)
+        assert group == processes * len(layouts), check.stdout
+    assert check.stdout.count(" 0 mismatched") == processes * sum(
+        len(layouts) for _, _, layouts in groups
+    ), check.stdout
 
 
 def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:

@@ -18,10 +18,9 @@ from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.formats.tokenizer import wordpiece_reference
 from tests.conftest import (
     REPO,
-    assert_hf_computes_our_logits,
-    assert_reshards_exactly,
     assert_same_losses,
     convert,
+    hf_computes_our_logits_each,
     losses,
     run_main,
     stop_with_signal,
@@ -59,22 +58,74 @@ def bert_inputs() -> dict[str, Any]:
     return {"text": text, "types": types, "padding_mask": padding_mask}
 
 
-def test_bert_tiny_learns_and_converts_through_main(
-    prepared_wordpiece: Path, tmp_path: Path
-) -> None:
-    from transformers import BertForMaskedLM, BertTokenizer
-
+@pytest.fixture(scope="module")
+def through_main(prepared_wordpiece: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bert/tiny trained for 60 steps and converted (with its Hugging Face export) by
+    `python3 main.py`: the results root."""
+    results = tmp_path_factory.mktemp("bert_main")
     result = run_main(
         "stages=[training,conversion]",
         "training=bert/tiny",
         "conversion=bert/convert_bert",
         "conversion.run.hf_dir_name=hf",
         f"data_dir={prepared_wordpiece}/data",
-        f"base_results_dir={tmp_path}",
+        f"base_results_dir={results}",
         "training.trainer.max_steps=60",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    log_dir = tmp_path / "bert_tiny" / "results"
+    return results
+
+
+@pytest.fixture(scope="module")
+def pre_ln(prepared_wordpiece: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pre-LN BERT trained two steps on one process (run/) and converted with its Hugging
+    Face export (converted/): the folder."""
+    folder = tmp_path_factory.mktemp("bert_pre_ln")
+    steps = ("training.trainer.max_steps=2", "training.model.transformer_block_type=pre_ln")
+    train(write_config(prepared_wordpiece, folder / "run", *steps))
+    convert(
+        prepared_wordpiece,
+        folder / "run",
+        folder / "converted",
+        "conversion=bert/convert_bert",
+        "conversion.run.hf_dir_name=hf",
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hf_outputs(
+    through_main: Path, pre_ln: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
+    """transformers loads each export with no custom code and computes our logits on
+    bert_inputs(): the post-LN model of main.py as BertForPreTraining, the pre-LN one as
+    MegatronBertForPreTraining; and the pre-LN portable file rebuilds the trained model bit
+    for bit at TP2 and at PP2 (conftest's hf_computes_our_logits_each with its `reshard`: our
+    outputs of both models computed in the reshard check's launch, transformers' in one
+    process). transformers' outputs of each."""
+    converted = through_main / "bert_tiny" / "convert_nemo"
+    cases = [
+        (converted / "megatron_bert.nemo", converted / "hf", bert_inputs(), "BertForPreTraining"),
+        (
+            pre_ln / "converted" / "megatron_bert.nemo",
+            pre_ln / "converted" / "hf",
+            bert_inputs(),
+            "MegatronBertForPreTraining",
+        ),
+    ]
+    # The pre-LN file's reshard check (TP2, PP2) computes our outputs in its launch.
+    reshard = (pre_ln / "converted" / "megatron_bert.nemo", pre_ln / "run", ((2, 1), (1, 2)))
+    folder = tmp_path_factory.mktemp("bert_logits")
+    post, pre = hf_computes_our_logits_each(cases, folder, reshard=reshard)
+    return {"post_ln": post, "pre_ln": pre}
+
+
+def test_bert_tiny_learns_and_converts_through_main(
+    prepared_wordpiece: Path, through_main: Path, hf_outputs: dict[str, dict[str, Any]]
+) -> None:
+    from transformers import BertForMaskedLM, BertTokenizer
+
+    log_dir = through_main / "bert_tiny" / "results"
     curve = losses(log_dir)
     first, last = curve[min(curve)], curve[max(curve)]
     # From about ln(2048) + ln(2) (masked tokens and sentence order at chance) to well below.
@@ -84,13 +135,12 @@ def test_bert_tiny_learns_and_converts_through_main(
     assert all(r["model_tflops_per_gpu"] > 0 for r in records if "model_tflops_per_gpu" in r)
     assert any((log_dir / "checkpoints").iterdir())
 
-    # transformers loads the export with no custom code and computes our logits; its masked-LM
-    # class loads the same directory, and its tokenizer gives the ids the data was prepared with.
-    converted = tmp_path / "bert_tiny" / "convert_nemo"
+    # transformers loads the export with no custom code and computes our logits (hf_outputs);
+    # its masked-LM class loads the same directory, and its tokenizer gives the ids the data
+    # was prepared with.
+    converted = through_main / "bert_tiny" / "convert_nemo"
     inputs = bert_inputs()
-    computed = assert_hf_computes_our_logits(
-        converted / "megatron_bert.nemo", converted / "hf", inputs, "BertForPreTraining", tmp_path
-    )
+    computed = hf_outputs["post_ln"]
     assert set(computed) == {"logits", "order"}
     masked_lm = BertForMaskedLM.from_pretrained(converted / "hf").eval()
     with torch.no_grad():
@@ -110,24 +160,14 @@ def test_bert_tiny_learns_and_converts_through_main(
 
 
 def test_pre_ln_bert_converts_to_megatron_bert_and_reshards_exactly(
-    prepared_wordpiece: Path, tmp_path: Path
+    pre_ln: Path, hf_outputs: dict[str, dict[str, Any]]
 ) -> None:
     """megatron-core's own layout is transformers' MegatronBert; the portable file rebuilds the
     trained model bit for bit at TP2 and at PP2."""
-    run = tmp_path / "run"
-    steps = ("training.trainer.max_steps=2", "training.model.transformer_block_type=pre_ln")
-    train(write_config(prepared_wordpiece, run, *steps))
-    model_file = convert(
-        prepared_wordpiece,
-        run,
-        tmp_path / "converted",
-        "conversion=bert/convert_bert",
-        "conversion.run.hf_dir_name=hf",
-    )
-    hf_dir = tmp_path / "converted" / "hf"
-    architecture = "MegatronBertForPreTraining"
-    assert_hf_computes_our_logits(model_file, hf_dir, bert_inputs(), architecture, tmp_path)
-    assert_reshards_exactly(model_file, run, ((2, 1), (1, 2)))
+    # hf_outputs made both checks: transformers computed our logits as
+    # MegatronBertForPreTraining, and the file was rebuilt exactly at TP2 and at PP2.
+    assert set(hf_outputs["pre_ln"]) == {"logits", "order"}
+    assert (pre_ln / "converted" / "megatron_bert.nemo").is_file()
 
 
 LAYOUT_STEPS = ("training.trainer.max_steps=6",)

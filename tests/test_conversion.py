@@ -15,9 +15,8 @@ import torch
 
 from tests.conftest import (
     REPO,
-    assert_hf_computes_our_logits,
-    assert_reshards_exactly,
     convert,
+    hf_computes_our_logits_each,
     run_conversion_job,
     run_main,
     train,
@@ -33,19 +32,71 @@ IMPROVED = (
     "training.model.num_attention_heads=4",
     "+training.model.num_query_groups=2",
 )
-VARIANTS = {"gpt2-style": (), "improved": IMPROVED}
+TP2_PP2 = (
+    "training.trainer.devices=4",
+    "training.model.tensor_model_parallel_size=2",
+    "training.model.pipeline_model_parallel_size=2",
+    "training.model.global_batch_size=2",
+    "training.model.micro_batch_size=1",
+)
+# Each variant's training: the gpt2-style one (the recipe's own architecture) is the TP2 x PP2
+# run, so one checkpoint both converts back exactly at other layouts and exports to
+# transformers (a sharded checkpoint is the harder export); the improved one trains alone.
+VARIANTS = {
+    "gpt2-style": ("training.trainer.max_steps=2", *TP2_PP2),
+    "improved": ("training.trainer.max_steps=4", *IMPROVED),
+}
+ARCHITECTURES = {"gpt2-style": "GPT2LMHeadModel", "improved": "StableLmForCausalLM"}
 SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
+
+
+@pytest.fixture(scope="module")
+def converted(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each variant trained and converted to the portable file and a Hugging Face directory
+    (<variant>/run, <variant>/converted): the folder of each."""
+    folders = {}
+    for variant, overrides in VARIANTS.items():
+        folder = tmp_path_factory.mktemp(variant)
+        run = folder / "run"
+        processes = 4 if variant == "gpt2-style" else 1
+        train(write_config(prepared, run, *overrides), processes=processes)
+        convert(prepared, run, folder / "converted")
+        folders[variant] = folder
+    return folders
+
+
+@pytest.fixture(scope="module")
+def hf_outputs(
+    converted: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict]:
+    """transformers on each variant's export computes our logits; and the TP2 x PP2 run's
+    portable file is, at TP2 x PP2 and at TP1, bit for bit the model its checkpoint loads
+    (conftest's hf_computes_our_logits_each with its `reshard`: our outputs of every variant
+    computed in the reshard check's launch, transformers' in one process)."""
+    tokens = torch.randint(1, 8000, (2, 48), generator=torch.Generator().manual_seed(0))
+    cases = [
+        (
+            converted[v] / "converted" / "megatron_gpt.nemo",
+            converted[v] / "converted" / "hf",
+            {"tokens": tokens},
+            ARCHITECTURES[v],
+        )
+        for v in VARIANTS
+    ]
+    # The TP2 x PP2 file's reshard check computes our outputs in its launch.
+    folder = converted["gpt2-style"]
+    reshard = (folder / "converted" / "megatron_gpt.nemo", folder / "run", ((2, 2), (1, 1)))
+    outputs = hf_computes_our_logits_each(cases, tmp_path_factory.mktemp("logits"), reshard=reshard)
+    return dict(zip(VARIANTS, outputs, strict=True))
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_transformers_loads_the_export_and_matches_our_logits(
-    prepared: Path, tmp_path: Path, variant: str
+    converted: dict[str, Path], hf_outputs: dict[str, dict], variant: str
 ) -> None:
     from transformers import LlamaTokenizer
 
-    run = tmp_path / "run"
-    train(write_config(prepared, run, "training.trainer.max_steps=4", *VARIANTS[variant]))
-    model_file = convert(prepared, run, tmp_path / "converted")
+    model_file = converted[variant] / "converted" / "megatron_gpt.nemo"
     with tarfile.open(model_file) as tar:
         assert sorted(tar.getnames()) == [
             "model_config.yaml",
@@ -53,10 +104,9 @@ def test_transformers_loads_the_export_and_matches_our_logits(
             "tokenizer/custom_sp_tokenizer.model",
         ]
 
-    hf_dir = tmp_path / "converted" / "hf"
-    tokens = torch.randint(1, 8000, (2, 48), generator=torch.Generator().manual_seed(0))
-    expected = "GPT2LMHeadModel" if variant == "gpt2-style" else "StableLmForCausalLM"
-    assert_hf_computes_our_logits(model_file, hf_dir, {"tokens": tokens}, expected, tmp_path)
+    hf_dir = converted[variant] / "converted" / "hf"
+    # transformers loaded it as ARCHITECTURES[variant] and computed our logits (hf_outputs).
+    assert set(hf_outputs[variant]) == {"logits"}
 
     # The tokenizer gives the ids training saw, on text of the corpus it was trained on.
     import sentencepiece
@@ -73,20 +123,18 @@ def test_transformers_loads_the_export_and_matches_our_logits(
 
 
 def test_a_tp2_pp2_checkpoint_converts_to_one_file_and_back_exactly(
-    prepared: Path, tmp_path: Path
+    converted: dict[str, Path], hf_outputs: dict[str, dict], tiny_portable: Path
 ) -> None:
-    run = tmp_path / "run"
-    layout = (
-        "training.trainer.devices=4",
-        "training.model.tensor_model_parallel_size=2",
-        "training.model.pipeline_model_parallel_size=2",
-        "training.model.global_batch_size=2",
-        "training.model.micro_batch_size=1",
-    )
-    train(write_config(prepared, run, "training.trainer.max_steps=2", *layout), processes=4)
-    model_file = convert(prepared, run, tmp_path / "converted", "conversion.run.hf_dir_name=null")
-    assert not (tmp_path / "converted" / "hf").exists()
-    assert_reshards_exactly(model_file, run, ((2, 2), (1, 1)))
+    # The gpt2-style run was trained at TP2 x PP2 on four processes; hf_outputs checked that
+    # its one converted file rebuilds it exactly at TP2 x PP2 and at TP1 (assert_reshards_
+    # exactly's check, in the launch that also computed the variants' logits).
+    folder = converted["gpt2-style"]
+    assert (folder / "converted" / "megatron_gpt.nemo").is_file()
+    assert "gpt2-style" in hf_outputs
+    # conversion.run.hf_dir_name=null writes no Hugging Face directory: the session's tiny
+    # model was converted so (through main.py), where the export would otherwise be.
+    assert tiny_portable.is_file()
+    assert not (tiny_portable.parent / "hf").exists()
 
 
 @pytest.mark.parametrize(

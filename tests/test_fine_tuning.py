@@ -142,9 +142,16 @@ def test_peft_file_holds_only_the_adapters(lora: Path, tiny_portable: Path) -> N
     assert path.stat().st_size < 0.1 * tiny_portable.stat().st_size
 
 
-def test_base_weights_stay_bit_identical(lora: Path) -> None:
+@pytest.fixture(scope="module")
+def lora_checks(lora: Path) -> dict[str, Any]:
+    """tests/scripts/packed_losses.py on 8 samples and tests/scripts/peft_frozen.py for 5 steps
+    on the LoRA run's tuner, in one process (tests/scripts/lora_checks.py): their reports."""
+    return in_process_check("lora_checks", lora, "5", "8")
+
+
+def test_base_weights_stay_bit_identical(lora_checks: dict[str, Any]) -> None:
     """A few more steps in-process, comparing every base tensor before and after."""
-    report = in_process_check("peft_frozen", lora, "5")
+    report = lora_checks["frozen"]
     assert report["base_tensors"] > 10 and report["base_changed"] == [], report
     assert report["peft_changed"] == report["peft_tensors"] > 0, report
 
@@ -271,8 +278,8 @@ def test_tensor_and_pipeline_parallel_lora_train_like_one_process(
             assert (value - other[key]).abs().max() < 1e-4, (name, key)
 
 
-def test_packed_samples_give_the_losses_they_give_alone(lora: Path) -> None:
-    report = in_process_check("packed_losses", lora, "8")
+def test_packed_samples_give_the_losses_they_give_alone(lora_checks: dict[str, Any]) -> None:
+    report = lora_checks["packed"]
     assert report["packed"] >= 3 and report["max_difference"] < 1e-4, report
 
 

@@ -86,13 +86,27 @@ def assert_computes_what_transformers_does(report: dict) -> None:
     assert report["token_ids"], report
 
 
+@pytest.fixture(scope="module")
+def one_process_reports(
+    hf_models: Path,
+    imported: Path,
+    lora_tune: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, dict]:
+    """hf_gpt_check's reports at TP1, one launch (one start-up) for every case of the module
+    that takes one process: each imported variant (written back to a directory of its own)
+    and, as "lora", the merged LoRA tune against its Hugging Face export."""
+    back = tmp_path_factory.mktemp("back")
+    cases = [(model_file(imported, v), hf_models / v, back / v, 1, 1) for v in CLASSES]
+    cases.append((lora_tune["merged"], lora_tune["back"], "-", 1, 1))
+    return dict(zip([*CLASSES, "lora"], checks(*cases), strict=True))
+
+
 def test_imported_models_compute_what_transformers_does_and_go_back_exactly(
-    hf_models: Path, imported: Path, tmp_path: Path
+    one_process_reports: dict[str, dict],
 ) -> None:
-    reports = checks(
-        *((model_file(imported, v), hf_models / v, tmp_path / v, 1, 1) for v in CLASSES)
-    )
-    for variant, report in zip(CLASSES, reports, strict=True):
+    for variant in CLASSES:
+        report = one_process_reports[variant]
         assert_computes_what_transformers_does(report)
         assert report["keys_equal"] and report["tensors_equal"], (variant, report)
         assert report["class"] == CLASSES[variant], (variant, report)
@@ -121,11 +135,13 @@ def write_mapping_task(folder: Path) -> dict[str, Path]:
     return paths
 
 
-def test_a_lora_tune_of_an_imported_llama_goes_back_to_hugging_face_merged(
-    hf_models: Path, imported: Path, tmp_path: Path
-) -> None:
-    """The three commands of the README: import (the fixture), PEFT with the Llama 3 recipe,
-    export with the LoRA file folded in."""
+@pytest.fixture(scope="module")
+def lora_tune(imported: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The three commands of the README: import (the `imported` fixture), PEFT with the Llama 3
+    recipe, export with the LoRA file folded in (back/); and our merged model (merged.nemo)
+    for hf_gpt_check to compare with that export (in one_process_reports' launch). The tune's
+    results folder is "log"."""
+    tmp_path = tmp_path_factory.mktemp("lora")
     task = write_mapping_task(tmp_path / "task")
     results = tmp_path / "results"
     data = "peft.model.data"
@@ -155,12 +171,6 @@ def test_a_lora_tune_of_an_imported_llama_goes_back_to_hugging_face_merged(
     )
     assert tuned.returncode == 0, tuned.stdout[-3000:] + tuned.stderr[-3000:]
     log = results / "llama3" / "peft_squad" / "results"
-    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
-    losses = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
-    assert [step for step, _ in losses] == [0, 60], losses
-    # The random model's output layer (std 0.02, not tuned) bounds how far its logits can
-    # move: a clear fall, not a solved task.
-    assert losses[1][1] < losses[0][1] - 0.75, losses
     lora = log / "checkpoints" / "megatron_gpt_peft_lora.nemo"
 
     exported = run_main(
@@ -173,25 +183,36 @@ def test_a_lora_tune_of_an_imported_llama_goes_back_to_hugging_face_merged(
     )
     assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
     merged = tmp_path / "merged.nemo"
-    merging = subprocess.run(
-        [sys.executable, "-m", "launcher_scripts", "merge-lora"]
-        + [str(model_file(imported, "llama3")), str(lora), str(merged)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ONE_THREAD,
-    )
-    assert merging.returncode == 0, merging.stderr[-3000:]
+    # `python3 -m launcher_scripts merge-lora BASE PEFT OUT`'s main, in this process: it only
+    # reads and writes files (the command itself is tested with the fine-tuning tests).
+    from launcher_scripts.jobs.fine_tuning import merge_lora
+
+    assert merge_lora.main([str(model_file(imported, "llama3")), str(lora), str(merged)]) == 0
+    return {"log": log, "back": tmp_path / "back", "merged": merged}
+
+
+def test_a_lora_tune_of_an_imported_llama_goes_back_to_hugging_face_merged(
+    hf_models: Path, lora_tune: dict[str, Path], one_process_reports: dict[str, dict]
+) -> None:
+    """The three commands of the README (lora_tune): the tune learns, and the export is the
+    merged model as a Hugging Face Llama."""
+    log = lora_tune["log"]
+    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    losses = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    assert [step for step, _ in losses] == [0, 60], losses
+    # The random model's output layer (std 0.02, not tuned) bounds how far its logits can
+    # move: a clear fall, not a solved task.
+    assert losses[1][1] < losses[0][1] - 0.75, losses
     # transformers on the export computes what we compute for the merged model.
-    (report,) = checks((merged, tmp_path / "back", "-", 1, 1))
+    report = one_process_reports["lora"]
     assert_computes_what_transformers_does(report)
-    config = json.loads((tmp_path / "back" / "config.json").read_text())
+    config = json.loads((lora_tune["back"] / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"], config
     # ... which is not the base: the update is in the weights.
     from safetensors.torch import load_file
 
     original = load_file(hf_models / "llama3" / "model.safetensors")
-    back = load_file(tmp_path / "back" / "model.safetensors")
+    back = load_file(lora_tune["back"] / "model.safetensors")
     changed = sorted(k for k in original if not (original[k] == back[k]).all())
     assert changed and all(k.endswith("proj.weight") for k in changed), changed
 

@@ -288,13 +288,16 @@ def test_cancel_ends_a_job_that_does_not_stop_on_its_signal(tmp_path: Path, now:
 
 # As a rank's first checkpoint save: megatron-core spawns a manager process whose queue the
 # save writes through, and its process group is signalled meanwhile (torchrun, srun and
-# Kubernetes signal the group).
+# Kubernetes signal the group). The launcher's modules are imported under __main__ only: the
+# spawned manager imports this script again, and would import torch and megatron-core for
+# nothing (seconds of CPU) before it starts serving.
 SAVE_UNDER_SIGNAL = """
 import multiprocessing, os, signal
-from launcher_scripts.jobs.training.checkpointing import stop_signals_held
-from launcher_scripts.jobs.training.pretrain import StopSignals
 
 if __name__ == "__main__":
+    from launcher_scripts.jobs.training.checkpointing import stop_signals_held
+    from launcher_scripts.jobs.training.pretrain import StopSignals
+
     stop = StopSignals()
     with stop_signals_held():
         manager = multiprocessing.get_context("spawn").Manager()

@@ -24,15 +24,33 @@ def hf_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def imported(hf_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every variant imported through main.py once: the portable files the tests read (the
+    fine-tuning starts from t5_v1's rather than importing it again)."""
+    results = tmp_path_factory.mktemp("imported")
+    return {variant: hf_imported(hf_models / variant, results) for variant in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def checked(
+    hf_models: Path, imported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[dict, Path]]:
+    """tests/scripts/hf_t5_check.py on every variant in one process (one start-up of torch,
+    megatron-core and transformers for the three): each variant's report and export dir."""
+    folder = tmp_path_factory.mktemp("back")
+    cases = [(imported[v], hf_models / v, folder / v) for v in VARIANTS]
+    output = run_module("tests.scripts.hf_t5_check", *(str(a) for case in cases for a in case))
+    reports = [json.loads(line) for line in output.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == len(VARIANTS), output.stdout[-3000:]
+    return {v: (report, folder / v) for v, report in zip(VARIANTS, reports, strict=True)}
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_an_imported_t5_computes_what_transformers_does_and_exports_back_exactly(
-    variant: str, hf_models: Path, tmp_path: Path
+    variant: str, checked: dict[str, tuple[dict, Path]]
 ) -> None:
-    model = hf_imported(hf_models / variant, tmp_path / "results")
-    output = run_module(
-        "tests.scripts.hf_t5_check", str(model), str(hf_models / variant), str(tmp_path / "back")
-    )
-    check = json.loads(output.stdout.splitlines()[-1])
+    check, back_dir = checked[variant]
     assert check["logits"] <= 1e-4, check
     ours, theirs = check["greedy"]
     assert ours == theirs and all(len(answer) > 1 for answer in ours), check
@@ -40,16 +58,18 @@ def test_an_imported_t5_computes_what_transformers_does_and_exports_back_exactly
     assert check["token_ids"], check
     expected = "MT5ForConditionalGeneration" if variant == "mt5" else "T5ForConditionalGeneration"
     assert check["class"] == expected
-    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    back = json.loads((back_dir / "config.json").read_text())
     assert back["architectures"] == [expected]
 
 
-def test_an_imported_t5_fine_tunes_and_exports_back(hf_models: Path, tmp_path: Path) -> None:
+def test_an_imported_t5_fine_tunes_and_exports_back(
+    imported: dict[str, Path], tmp_path: Path
+) -> None:
     """T5's decoder starts at id 0, the padding id: the masks must still attend to it. T5
     v1.0's output layer is the embedding table, with no bias: the tuned model exports."""
     from tests.sft_task import write_text_to_text_task
 
-    model = hf_imported(hf_models / "t5_v1", tmp_path / "results")
+    model = imported["t5_v1"]  # the module's import, read only
     task = write_text_to_text_task(tmp_path / "task")
     (train_src, train_tgt), (val_src, val_tgt) = task["train"], task["val"]
     stage = "fine_tuning"
@@ -86,7 +106,11 @@ def test_an_imported_t5_fine_tunes_and_exports_back(hf_models: Path, tmp_path: P
     ]
     assert matches[-1] == 1.0, matches
     tuned = log.parent / "checkpoints" / "megatron_t5_custom_task.nemo"
-    run_module("tests.scripts.hf_export", str(tuned), str(tmp_path / "back"))
+    # tests/scripts/hf_export.py's export, in this process: it only reads the file and writes
+    # the directory (torch is loaded here already; a process of its own was a start-up more).
+    from tests.scripts.hf_export import export
+
+    export(tuned, tmp_path / "back")
     assert json.loads((tmp_path / "back" / "config.json").read_text())["tie_word_embeddings"]
 
 

@@ -3,17 +3,16 @@ equivalence, signal-stop and exact resume, torn checkpoints, and the artifacts a
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from launcher_scripts.formats.progress import EXIT_PREEMPTED
+from launcher_scripts.formats.progress import EXIT_PREEMPTED, complete_checkpoints
 from tests.conftest import (
     ONE_THREAD,
     REPO,
@@ -46,6 +45,20 @@ def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
     return write_training_config(prepared, log_dir, *SMALL, *overrides)
 
 
+LAYOUT_STEPS = ("training.trainer.max_steps=6",)
+
+
+@pytest.fixture(scope="module")
+def layouts(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The single-process run each parallel layout is compared with (single/), trained once,
+    and the dataset index cache (i/) all of them read: see
+    test_interleaved_pipeline_matches_the_plain_pipeline."""
+    folder = tmp_path_factory.mktemp("layouts")
+    index = f"training.model.data.index_mapping_dir={folder}/i"
+    train(write_config(prepared, folder / "single", *LAYOUT_STEPS, index))
+    return folder
+
+
 @pytest.mark.parametrize(
     "layout",
     [
@@ -56,16 +69,15 @@ def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
     ids=["tp2", "pp2", "tp2-sequence-parallel"],
 )
 def test_parallel_layouts_match_a_single_process(
-    prepared: Path, tmp_path: Path, layout: tuple[str, ...]
+    prepared: Path, layouts: Path, tmp_path: Path, layout: tuple[str, ...]
 ) -> None:
     # One index cache for both runs: see test_interleaved_pipeline_matches_the_plain_pipeline.
-    steps = ("training.trainer.max_steps=6", f"training.model.data.index_mapping_dir={tmp_path}/i")
-    train(write_config(prepared, tmp_path / "single", *steps))
+    steps = (*LAYOUT_STEPS, f"training.model.data.index_mapping_dir={layouts}/i")
     parallel = write_config(
         prepared, tmp_path / "parallel", *steps, "training.trainer.devices=2", *layout
     )
     train(parallel, processes=2)
-    assert_same_losses(tmp_path / "single", tmp_path / "parallel", 1e-4)
+    assert_same_losses(layouts / "single", tmp_path / "parallel", 1e-4)
 
 
 def test_interleaved_pipeline_matches_the_plain_pipeline(prepared: Path, tmp_path: Path) -> None:
@@ -93,42 +105,48 @@ def test_interleaved_pipeline_matches_the_plain_pipeline(prepared: Path, tmp_pat
     assert_same_losses(tmp_path / "plain", tmp_path / "vp", 1e-4)
 
 
+def plain_tensors(checkpoint: Path) -> dict[str, Any]:
+    """Every tensor of a megatron-core (torch_dist) checkpoint, whole, by its key: read in this
+    process with torch.distributed.checkpoint, which needs no process group (megatron-core's
+    load_plain_tensors does, and a process of its own to start one costs seconds)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(checkpoint))
+    state = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in reader.read_metadata().state_dict_metadata.items()
+        if isinstance(meta, TensorStorageMetadata)
+    }
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    return state
+
+
 def weight_differences(first: Path, second: Path) -> dict[str, float]:
     """For each model tensor of the two runs' newest checkpoints, |a - b| / |a| (Frobenius)."""
-    script = (
-        "import json, sys, torch, torch.distributed as dist\n"
-        "from pathlib import Path\n"
-        "dist.init_process_group('gloo', rank=0, world_size=1, init_method='tcp://127.0.0.1:0')\n"
-        "from megatron.core.dist_checkpointing import load_plain_tensors\n"
-        "from launcher_scripts.jobs.training.checkpointing import complete_checkpoints\n"
-        "a, b = (load_plain_tensors(str(complete_checkpoints(Path(d))[-1].path))\n"
-        "        for d in sys.argv[1:])\n"
-        "assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())\n"
-        "print(json.dumps({k: ((v.double() - b[k].double()).norm()\n"
-        "                      / v.double().norm().clamp_min(1e-12)).item()\n"
-        "                  for k, v in a.items()\n"
-        "                  if not k.startswith('optimizer') and torch.is_tensor(v)}))\n"
+    a, b = (
+        plain_tensors(complete_checkpoints(run / "checkpoints")[-1].path) for run in (first, second)
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(first / "checkpoints"), str(second / "checkpoints")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())
+    return {
+        k: ((v.double() - b[k].double()).norm() / v.double().norm().clamp_min(1e-12)).item()
+        for k, v in a.items()
+        if not k.startswith("optimizer")
+    }
 
 
+# Long enough that the signal, sent once 3 steps are logged, stops the run well before its end;
+# a periodic checkpoint in the middle of the resumed part too.
 STOP_AND_RESUME_STEPS = (
-    "training.trainer.max_steps=40",
-    "training.exp_manager.checkpoint_callback_params.every_n_train_steps=20",
+    "training.trainer.max_steps=20",
+    "training.exp_manager.checkpoint_callback_params.every_n_train_steps=10",
 )
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The 40 steps trained without a stop: the log folder both resume cases compare with."""
+    """The 20 steps trained without a stop: the log folder both resume cases compare with."""
     reference = tmp_path_factory.mktemp("uninterrupted") / "reference"
     train(write_config(prepared, reference, *STOP_AND_RESUME_STEPS))
     return reference
@@ -149,7 +167,7 @@ def test_signal_stop_and_resume_match_an_uninterrupted_run(
         *(() if first_processes == 1 else (1, -signal.SIGTERM)),
     )
     stopped_at = max(losses(tmp_path / "resumed"))
-    assert stopped_at < 40
+    assert stopped_at < 20
     # The same command again resumes, here with one process (a different data-parallel size
     # when the first part ran on two).
     second = write_config(prepared, tmp_path / "resumed", *steps)
@@ -168,33 +186,50 @@ def test_signal_stop_and_resume_match_an_uninterrupted_run(
     assert differences and worst[-1][1] <= tolerance, worst
 
 
-def test_torn_checkpoints_are_ignored_on_resume(prepared: Path, tmp_path: Path) -> None:
+# A checkpoint every 2 steps, each kept.
+EVERY_TWO = (
+    "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+    "training.exp_manager.checkpoint_callback_params.save_top_k=-1",
+)
+
+
+@pytest.fixture(scope="module")
+def checkpointed(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 steps with checkpoints at steps 2 and 4, trained once: the log folder the resume tests
+    below each copy, then tear or damage."""
+    log_dir = tmp_path_factory.mktemp("checkpointed") / "run"
+    train(write_config(prepared, log_dir, "training.trainer.max_steps=4", *EVERY_TWO))
+    return log_dir
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
     log_dir = tmp_path / "run"
-    base = ("training.exp_manager.checkpoint_callback_params.every_n_train_steps=4",)
-    train(write_config(prepared, log_dir, "training.trainer.max_steps=4", *base))
+    shutil.copytree(run, log_dir)
+    return log_dir
+
+
+def test_torn_checkpoints_are_ignored_on_resume(
+    prepared: Path, checkpointed: Path, tmp_path: Path
+) -> None:
+    log_dir = copy_of(checkpointed, tmp_path)
     checkpoints = log_dir / "checkpoints"
     # A save that crashed before its rename, and a folder that lost its state file.
     (checkpoints / ".tmp-megatron_gpt--step=8").mkdir()
     torn = checkpoints / "megatron_gpt--val_loss=1.00-step=8-consumed_samples=32.0"
     torn.mkdir()
     (torn / "common.pt").write_bytes(b"partial")
-    result = train(write_config(prepared, log_dir, "training.trainer.max_steps=6", *base))
+    result = train(write_config(prepared, log_dir, "training.trainer.max_steps=6", *EVERY_TWO))
     assert "resumed from" in result.stdout and "step=4-" in result.stdout
     assert not (checkpoints / ".tmp-megatron_gpt--step=8").exists()
     assert min(s for s in losses(log_dir) if s > 4) == 5
 
 
 def test_a_damaged_checkpoint_is_passed_over_on_resume_saying_so(
-    prepared: Path, tmp_path: Path
+    prepared: Path, checkpointed: Path, tmp_path: Path
 ) -> None:
     """A shard cut short after the save (a copy, a sync): resume takes the previous complete
     checkpoint, says so, and continues exactly from there."""
-    log_dir = tmp_path / "run"
-    base = (
-        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2",
-        "training.exp_manager.checkpoint_callback_params.save_top_k=-1",
-    )
-    train(write_config(prepared, log_dir, "training.trainer.max_steps=4", *base))
+    log_dir = copy_of(checkpointed, tmp_path)
     first = losses(log_dir)
     checkpoints = log_dir / "checkpoints"
     [step2] = checkpoints.glob("*-step=2-*")
@@ -202,7 +237,7 @@ def test_a_damaged_checkpoint_is_passed_over_on_resume_saying_so(
     shard = sorted(step4.glob("*.distcp"))[-1]
     shard.write_bytes(shard.read_bytes()[:1000])
 
-    result = train(write_config(prepared, log_dir, "training.trainer.max_steps=6", *base))
+    result = train(write_config(prepared, log_dir, "training.trainer.max_steps=6", *EVERY_TWO))
 
     assert f"checkpoint {step4} is damaged (its file {shard.name} has 1000 bytes" in result.stdout
     assert f"resuming from the previous complete checkpoint {step2}" in result.stdout
@@ -212,13 +247,16 @@ def test_a_damaged_checkpoint_is_passed_over_on_resume_saying_so(
     assert [second[step] for step in (3, 4)] == [first[step] for step in (3, 4)]
 
 
-def test_a_damaged_only_checkpoint_stops_resume_in_one_line(prepared: Path, tmp_path: Path) -> None:
-    log_dir = tmp_path / "run"
-    every = "training.exp_manager.checkpoint_callback_params.every_n_train_steps=2"
-    train(write_config(prepared, log_dir, "training.trainer.max_steps=2", every))
-    [checkpoint] = (log_dir / "checkpoints").iterdir()
+def test_a_damaged_only_checkpoint_stops_resume_in_one_line(
+    prepared: Path, checkpointed: Path, tmp_path: Path
+) -> None:
+    log_dir = copy_of(checkpointed, tmp_path)
+    [newest] = (log_dir / "checkpoints").glob("*-step=4-*")
+    shutil.rmtree(newest)
+    [checkpoint] = (log_dir / "checkpoints").iterdir()  # step 2's
     (checkpoint / "common.pt").unlink()
-    config = write_config(prepared, log_dir, "training.trainer.max_steps=4", every)
+    metrics = (log_dir / "metrics.jsonl").read_bytes()
+    config = write_config(prepared, log_dir, "training.trainer.max_steps=6", *EVERY_TWO)
 
     result = subprocess.run(
         command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
@@ -229,7 +267,8 @@ def test_a_damaged_only_checkpoint_stops_resume_in_one_line(prepared: Path, tmp_
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: checkpoint {checkpoint} is damaged (its file common.pt is")
     assert "restore its files from a copy, or delete it to start training from scratch" in last
-    assert max(losses(log_dir)) == 2  # nothing trained over it
+    # Nothing trained over it (a training from scratch would log its steps again).
+    assert (log_dir / "metrics.jsonl").read_bytes() == metrics and max(losses(log_dir)) == 4
 
 
 def test_an_empty_split_is_one_clear_error(prepared: Path, tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
 """Logits of a Hugging Face export, computed by transformers in a fresh process:
 
-python -m tests.scripts.hf_logits HF_DIR INPUTS.pt OUT.pt
+python -m tests.scripts.hf_logits HF_DIR INPUTS.pt OUT.pt [HF_DIR INPUTS OUT ...]
 
-INPUTS.pt and OUT.pt as tests/scripts/portable_logits.py's. Prints the model class transformers
-chose. A fresh interpreter keeps the comparison free of whatever earlier tests left in the
-pytest process (threads, default dtype, global flags).
+INPUTS.pt and OUT.pt as tests/scripts/portable_logits.py's, several directories in one process
+as there. Prints the model class transformers chose, a line per directory. A fresh interpreter
+keeps the comparison free of whatever earlier tests left in the pytest process (threads,
+default dtype, global flags).
 """
 
 from __future__ import annotations
@@ -16,9 +17,15 @@ import torch
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    assert args and len(args) % 3 == 0, __doc__
+    for at in range(0, len(args), 3):
+        compute(*(Path(a) for a in args[at : at + 3]))
+
+
+def compute(hf_dir: Path, inputs_file: Path, output: Path) -> None:
     import transformers
 
-    hf_dir, inputs_file, output = (Path(a) for a in sys.argv[1:4])
     inputs = torch.load(inputs_file)
     if "tokens" in inputs:
         auto, arguments = transformers.AutoModelForCausalLM, {"input_ids": inputs["tokens"]}

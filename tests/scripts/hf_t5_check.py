@@ -1,12 +1,13 @@
 """An imported Hugging Face T5 against transformers, in one process:
 
-python -m tests.scripts.hf_t5_check MODEL.nemo HF_DIR EXPORT_DIR
+python -m tests.scripts.hf_t5_check MODEL.nemo HF_DIR EXPORT_DIR [MODEL HF_DIR EXPORT_DIR ...]
 
-prints JSON: `logits` the largest difference of the decoder's logits over a padded batch (the
-decoder starting at id 0, as transformers' T5 does); `greedy` both sides' greedy token ids for
-the same prompts; `tensors_equal`/`keys_equal` whether the portable file written back as a
-Hugging Face directory (EXPORT_DIR) holds exactly the original tensors; `token_ids` whether
-the tokenizer written back encodes as the original does.
+Several models in one process (three arguments each; one start-up for all). For each, in
+order, prints a line of JSON: `logits` the largest difference of the decoder's logits over a
+padded batch (the decoder starting at id 0, as transformers' T5 does); `greedy` both sides'
+greedy token ids for the same prompts; `tensors_equal`/`keys_equal` whether the portable file
+written back as a Hugging Face directory (EXPORT_DIR) holds exactly the original tensors;
+`token_ids` whether the tokenizer written back encodes as the original does.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ PROMPTS = ["the river runs north", "in the morning the village was quiet", "who 
 
 
 def main() -> None:
-    model_file, hf_dir, export_dir = (Path(a) for a in sys.argv[1:4])
+    args = sys.argv[1:]
+    assert args and len(args) % 3 == 0, __doc__
+    for at in range(0, len(args), 3):
+        model_file, hf_dir, export_dir = (Path(a) for a in args[at : at + 3])
+        print(json.dumps(check(model_file, hf_dir, export_dir)), flush=True)
+
+
+def check(model_file: Path, hf_dir: Path, export_dir: Path) -> dict:
     import transformers
     from safetensors.torch import load_file
 
@@ -89,20 +97,14 @@ def main() -> None:
     )
     again = transformers.AutoTokenizer.from_pretrained(export_dir)
     text = "the river runs north <extra_id_0> to the sea"
-    print(
-        json.dumps(
-            {
-                "logits": difference,
-                "greedy": [ours_greedy, theirs_greedy],
-                "keys_equal": sorted(original) == sorted(back),
-                "tensors_equal": all(
-                    torch.equal(original[k], back[k]) for k in original if k in back
-                ),
-                "token_ids": again(text).input_ids == tokenizer(text).input_ids,
-                "class": type(theirs).__name__,
-            }
-        )
-    )
+    return {
+        "logits": difference,
+        "greedy": [ours_greedy, theirs_greedy],
+        "keys_equal": sorted(original) == sorted(back),
+        "tensors_equal": all(torch.equal(original[k], back[k]) for k in original if k in back),
+        "token_ids": again(text).input_ids == tokenizer(text).input_ids,
+        "class": type(theirs).__name__,
+    }
 
 
 if __name__ == "__main__":

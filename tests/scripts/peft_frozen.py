@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from tests.scripts.tuner_setup import built_tuner
 
 
-def main() -> None:
-    config, stage, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def parameters(tuner: Any) -> dict[str, Any]:
+    """A copy of every parameter of the tuner's model, by name."""
+    return {n: p.detach().clone() for n, p in tuner.model[0].module.named_parameters()}
+
+
+def frozen_report(tuner: Any, steps: int, before: dict[str, Any]) -> dict[str, Any]:
+    """`steps` training steps of the tuner (its data built), then which tensors differ from
+    `before` (its parameters when it was built)."""
     from launcher_scripts.jobs.fine_tuning.peft import is_peft_parameter
 
-    with built_tuner(config, stage) as tuner:
-        model = tuner.model[0].module
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        tuner._build_data()
-        for _ in range(steps):
-            tuner.train_step()
-        changed = [n for n, p in model.named_parameters() if not p.detach().equal(before[n])]
+    model = tuner.model[0].module
+    for _ in range(steps):
+        tuner.train_step()
+    changed = [n for n, p in model.named_parameters() if not p.detach().equal(before[n])]
     base_names = [n for n in before if not is_peft_parameter(n)]
     peft_names = [n for n in before if is_peft_parameter(n)]
     report = {
@@ -31,6 +35,15 @@ def main() -> None:
         "base_changed": [n for n in changed if n in base_names],
         "peft_changed": len([n for n in changed if n in peft_names]),
     }
+    return report
+
+
+def main() -> None:
+    config, stage, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    with built_tuner(config, stage) as tuner:
+        before = parameters(tuner)
+        tuner._build_data()
+        report = frozen_report(tuner, steps, before)
     print(json.dumps(report))
 
 

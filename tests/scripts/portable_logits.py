@@ -1,6 +1,8 @@
 """Logits of our model built from a portable file, on one process:
 
-python -m tests.scripts.portable_logits MODEL.nemo INPUTS.pt OUT.pt
+python -m tests.scripts.portable_logits MODEL.nemo INPUTS.pt OUT.pt [MODEL INPUTS OUT ...]
+
+Several models in one process (three arguments each, one start-up for all), each built in turn.
 
 INPUTS.pt holds a model's inputs by the names its batches use: `tokens` (GPT), `text`, `types`
 and `padding_mask` (BERT), `text_enc` and `text_dec` (T5; id 0 is padding unless `enc_mask`
@@ -37,7 +39,8 @@ def outputs(chunk: Any, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def main() -> None:
-    model_file, inputs_file, output = (Path(a) for a in sys.argv[1:4])
+    args = sys.argv[1:]
+    assert args and len(args) % 3 == 0, __doc__
     dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:0")
     from megatron.core import parallel_state
 
@@ -50,9 +53,12 @@ def main() -> None:
     parallel_state.initialize_model_parallel(1, 1)
     cpu_compat.install()
     cpu_compat.seed_model_parallel_rngs(1)
-    chunks = load.build(portable.read(model_file, Path(tempfile.mkdtemp())), 1, 1, on_gpu=False)
-    with torch.no_grad():
-        torch.save(outputs(chunks[0], torch.load(inputs_file)), output)
+    for at in range(0, len(args), 3):
+        model_file, inputs_file, output = (Path(a) for a in args[at : at + 3])
+        loaded = portable.read(model_file, Path(tempfile.mkdtemp()))
+        chunks = load.build(loaded, 1, 1, on_gpu=False)
+        with torch.no_grad():
+            torch.save(outputs(chunks[0], torch.load(inputs_file)), output)
 
 
 if __name__ == "__main__":

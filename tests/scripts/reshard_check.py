@@ -4,6 +4,10 @@ Layouts smaller than the world are checked with data parallel ranks filling it, 
 (one start-up of every process) checks them all.
 
     torchrun --nproc-per-node=4 -m tests.scripts.reshard_check MODEL.nemo CHECKPOINT_DIR 2x2 1x1
+
+With `--logits MODEL INPUTS.pt OUT.pt [MODEL INPUTS OUT ...]` after the layouts, the same
+launch then computes what tests/scripts/portable_logits.py computes for each model, at TP1 x PP1
+on rank 0 (the other ranks data parallel, idle): that saves that script's own start-up.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ import torch.distributed as dist
 
 
 def main() -> int:
-    model_file, checkpoint = Path(sys.argv[1]), Path(sys.argv[2])
-    layouts = [tuple(int(size) for size in layout.split("x")) for layout in sys.argv[3:]]
+    model_file, checkpoint, *rest = sys.argv[1:]
+    logits = rest[rest.index("--logits") + 1 :] if "--logits" in rest else []
+    rest = rest[: rest.index("--logits")] if "--logits" in rest else rest
+    assert len(logits) % 3 == 0, __doc__
+    layouts = [tuple(int(size) for size in layout.split("x")) for layout in rest]
     dist.init_process_group("gloo")
     # The job package first: it keeps megatron-core's import light on CPU.
     from launcher_scripts.formats import portable
@@ -28,10 +35,12 @@ def main() -> int:
     cpu_compat.patch_cuda_queries()
     cpu_compat.CudaDevicesOnCpu().__enter__()
     workdir = Path(tempfile.mkdtemp(prefix=f"rank{dist.get_rank()}-"))
-    loaded = portable.read(model_file, workdir)
+    loaded = portable.read(Path(model_file), workdir)
     failed = False
     for tensor, pipeline in layouts:
-        failed |= check(loaded, checkpoint, tensor, pipeline)
+        failed |= check(loaded, Path(checkpoint), tensor, pipeline)
+    for at in range(0, len(logits), 3):
+        compute_logits(*(Path(a) for a in logits[at : at + 3]), workdir)
     dist.destroy_process_group()
     return 1 if failed else 0
 
@@ -51,21 +60,50 @@ def check(loaded: object, checkpoint: Path, tensor: int, pipeline: int) -> bool:
     for parameter in reference.parameters():
         parameter.data.zero_()
     state = dist_checkpointing.load(
-        {"model": reference.sharded_state_dict()}, str(checkpoint), strict="assume_ok_unexpected"
+        {"model": reference.sharded_state_dict()},
+        str(checkpoint),
+        strict="assume_ok_unexpected",
     )
     reference.load_state_dict(state["model"], strict=False)
     mismatched = [
         name
         for (name, a), (_, b) in zip(
-            from_portable.state_dict().items(), reference.state_dict().items(), strict=True
+            from_portable.state_dict().items(),
+            reference.state_dict().items(),
+            strict=True,
         )
         if torch.is_tensor(a) and a.is_floating_point() and not torch.equal(a, b)
     ]
     layout = f"{tensor}x{pipeline}"
     rank = os.environ["RANK"]
-    print(f"{layout} rank {rank}: {len(mismatched)} mismatched {mismatched[:3]}", flush=True)
+    print(
+        f"{layout} rank {rank}: {len(mismatched)} mismatched {mismatched[:3]}",
+        flush=True,
+    )
     parallel_state.destroy_model_parallel()
     return bool(mismatched)
+
+
+def compute_logits(model_file: Path, inputs_file: Path, output: Path, workdir: Path) -> None:
+    """portable_logits.py's outputs of the model on the inputs, at TP1 x PP1, written by rank 0
+    (the other ranks, data parallel, only join the groups)."""
+    from megatron.core import parallel_state
+
+    from launcher_scripts.formats import portable
+    from launcher_scripts.jobs.conversion import load
+    from launcher_scripts.jobs.training import cpu_compat
+    from tests.scripts.portable_logits import outputs
+
+    parallel_state.initialize_model_parallel(1, 1)
+    cpu_compat.install()
+    cpu_compat.seed_model_parallel_rngs(1)
+    if dist.get_rank() == 0:  # a TP1 x PP1 model's build and forward pass talk to no rank
+        folder = workdir / output.stem
+        folder.mkdir()
+        chunks = load.build(portable.read(model_file, folder), 1, 1, on_gpu=False)
+        with torch.no_grad():
+            torch.save(outputs(chunks[0], torch.load(inputs_file)), output)
+    parallel_state.destroy_model_parallel()
 
 
 if __name__ == "__main__":
