@@ -1031,54 +1031,12 @@ def convert(prepared: Path, run: Path, output: Path, *overrides: str) -> Path:
     return output / str(OmegaConf.load(config).run.nemo_file_name)
 
 
-def logits_in_a_fresh_process(
-    script: str, model: Path, folder: Path
-) -> subprocess.CompletedProcess:
-    """tests/scripts/<script>.py on `model` and folder/inputs.pt, writing folder/<script>.pt."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            f"tests.scripts.{script}",
-            str(model),
-            str(folder / "inputs.pt"),
-            str(folder / f"{script}.pt"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ONE_THREAD,
-        timeout=300,
-    )
-
-
-def assert_hf_computes_our_logits(
-    model_file: Path, hf_dir: Path, inputs: dict[str, Any], architecture: str, folder: Path
-) -> dict[str, Any]:
-    """transformers loads `hf_dir` as `architecture` and computes the outputs our model built
-    from `model_file` computes on `inputs` (tests/scripts/portable_logits.py), to 1e-4 in fp32,
-    each in a fresh process. Logits are compared where the query is a token, not padding (id 0;
-    megatron-core's masks give padded queries a uniform attention, transformers does not).
-    Returns transformers' outputs."""
-    import torch
-
-    torch.save(inputs, folder / "inputs.pt")
-    ours = logits_in_a_fresh_process("portable_logits", model_file, folder)
-    theirs = logits_in_a_fresh_process("hf_logits", hf_dir, folder)
-    assert ours.returncode == 0, ours.stderr[-3000:]
-    assert theirs.returncode == 0, theirs.stderr[-3000:]
-    assert theirs.stdout.split()[-1] == architecture
-    expected, computed = (
-        torch.load(folder / "portable_logits.pt"),
-        torch.load(folder / "hf_logits.pt"),
-    )
-    _assert_same_outputs(expected, computed, inputs)
-    return computed
-
-
-def _assert_same_outputs(
+def assert_same_outputs(
     expected: dict[str, Any], computed: dict[str, Any], inputs: dict[str, Any]
 ) -> None:
+    """Our outputs and transformers' agree to 1e-4, logits where the query is a token, not
+    padding (id 0; megatron-core's masks give padded queries a uniform attention, transformers
+    does not)."""
     import torch
 
     assert expected.keys() == computed.keys()
@@ -1099,11 +1057,11 @@ def hf_computes_our_logits_each(
     folder: Path,
     reshard: tuple[Path, Path, tuple[tuple[int, int], ...]] | None = None,
 ) -> list[dict[str, Any]]:
-    """assert_hf_computes_our_logits for several (model file, HF dir, inputs, architecture)
-    cases at once, in two fresh processes in all rather than two per case: our models'
-    outputs in one (tests/scripts/portable_logits.py), transformers' in the other
-    (tests/scripts/hf_logits.py). The same checks and tolerance for each case; returns
-    transformers' outputs, in the cases' order.
+    """For each (model file, HF dir, inputs, architecture) case: transformers loads the HF dir
+    as the architecture and computes the outputs our model built from the model file computes
+    on the inputs, to 1e-4 in fp32 (assert_same_outputs). Two fresh processes for all the
+    cases: our models' outputs in one (tests/scripts/portable_logits.py), transformers' in the
+    other (tests/scripts/hf_logits.py). Returns transformers' outputs, in the cases' order.
 
     With `reshard` (model file, run, layouts), also assert_reshards_exactly(*reshard), and our
     outputs are computed at the end of that launch (tests/scripts/reshard_check.py --logits)
@@ -1120,14 +1078,14 @@ def hf_computes_our_logits_each(
         ours = _run_script("portable_logits", ours_args)
         assert ours.returncode == 0, ours.stderr[-3000:]
     else:
-        _reshard_launch(*reshard, extra=["--logits", *ours_args])
+        reshard_checks(reshard, extra=["--logits", *ours_args])
     theirs = _run_script("hf_logits", theirs_args)
     assert theirs.returncode == 0, theirs.stderr[-3000:]
     assert theirs.stdout.split()[-len(cases) :] == [case[3] for case in cases], theirs.stdout
     results = []
     for at, (_, _, inputs, _) in enumerate(cases):
         computed = torch.load(folder / f"hf{at}.pt")
-        _assert_same_outputs(torch.load(folder / f"ours{at}.pt"), computed, inputs)
+        assert_same_outputs(torch.load(folder / f"ours{at}.pt"), computed, inputs)
         results.append(computed)
     return results
 
@@ -1148,38 +1106,14 @@ def assert_reshards_exactly(
 ) -> None:
     """The portable file built at each (TP, PP) equals, bit for bit, the model loaded from the
     run's training checkpoint at that layout (tests/scripts/reshard_check.py, one launch)."""
-    _reshard_launch(model_file, run, layouts)
+    reshard_checks((model_file, run, layouts))
 
 
-def _reshard_launch(
-    model_file: Path, run: Path, layouts: tuple[tuple[int, int], ...], extra: Sequence[str] = ()
+def reshard_checks(
+    *groups: tuple[Path, Path, tuple[tuple[int, int], ...]], extra: Sequence[str] = ()
 ) -> None:
-    checkpoint = next(p for p in (run / "checkpoints").iterdir() if p.name.startswith("megatron"))
-    processes = max(tensor * pipeline for tensor, pipeline in layouts)
-    check = subprocess.run(
-        [
-            *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
-            f"--nproc-per-node={processes}",
-            *("-m", "tests.scripts.reshard_check", str(model_file), str(checkpoint)),
-            *(f"{tensor}x{pipeline}" for tensor, pipeline in layouts),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ONE_THREAD,
-        timeout=600,
-    )
-    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
-    for tensor, pipeline in layouts:
-        assert check.stdout.count(f"{tensor}x{pipeline} rank") == processes, check.stdout
-    assert check.stdout.count(" 0 mismatched") == processes * len(layouts), check.stdout
-
-
-def reshard_checks(*groups: tuple[Path, Path, tuple[tuple[int, int], ...]]) -> None:
-    """conftest's assert_reshards_exactly for several (portable file, run, layouts) in one
-    launch (tests/scripts/reshard_checks.py): each portable file built at each (TP, PP) equals,
-    bit for bit, the model loaded from its run's training checkpoint at that layout."""
+    """assert_reshards_exactly for several (portable file, run, layouts) in one launch of
+    tests/scripts/reshard_check.py; `extra` ends its command line (its --logits)."""
     processes = max(t * p for _, _, layouts in groups for t, p in layouts)
     arguments: list[str] = []
     for model_file, run, layouts in groups:
@@ -1191,7 +1125,7 @@ def reshard_checks(*groups: tuple[Path, Path, tuple[tuple[int, int], ...]]) -> N
         [
             *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
             f"--nproc-per-node={processes}",
-            *("-m", "tests.scripts.reshard_checks", *arguments),
+            *("-m", "tests.scripts.reshard_check", *arguments, *extra),
         ],
         capture_output=True,
         text=True,

@@ -1,11 +1,14 @@
 """Under torchrun: build the model from a portable file at each given TP/PP and check that every
 parameter equals the same model loaded from the original training checkpoint, bit for bit.
 Layouts smaller than the world are checked with data parallel ranks filling it, so one launch
-(one start-up of every process) checks them all.
+(one start-up of every process) checks them all, for several portable files too: groups of
+MODEL.nemo CHECKPOINT_DIR LAYOUT..., separated by --. Each result line starts with its group's
+number and a colon.
 
     torchrun --nproc-per-node=4 -m tests.scripts.reshard_check MODEL.nemo CHECKPOINT_DIR 2x2 1x1
+    torchrun --nproc-per-node=2 -m tests.scripts.reshard_check A.nemo A_CK 2x1 -- B.nemo B_CK 1x1
 
-With `--logits MODEL INPUTS.pt OUT.pt [MODEL INPUTS OUT ...]` after the layouts, the same
+With `--logits MODEL INPUTS.pt OUT.pt [MODEL INPUTS OUT ...]` after the groups, the same
 launch then computes what tests/scripts/portable_logits.py computes for each model, at TP1 x PP1
 on rank 0 (the other ranks data parallel, idle): that saves that script's own start-up.
 """
@@ -21,12 +24,26 @@ import torch
 import torch.distributed as dist
 
 
+def groups(argv: list[str]) -> list[tuple[Path, Path, list[tuple[int, int]]]]:
+    """(model file, checkpoint, layouts) of each group of the command line."""
+    found, current = [], []
+    for arg in [*argv, "--"]:
+        if arg != "--":
+            current.append(arg)
+            continue
+        model_file, checkpoint, *layouts = current
+        sizes = [tuple(int(size) for size in layout.split("x")) for layout in layouts]
+        found.append((Path(model_file), Path(checkpoint), sizes))
+        current = []
+    return found
+
+
 def main() -> int:
-    model_file, checkpoint, *rest = sys.argv[1:]
-    logits = rest[rest.index("--logits") + 1 :] if "--logits" in rest else []
-    rest = rest[: rest.index("--logits")] if "--logits" in rest else rest
+    argv = sys.argv[1:]
+    logits = argv[argv.index("--logits") + 1 :] if "--logits" in argv else []
+    argv = argv[: argv.index("--logits")] if "--logits" in argv else argv
     assert len(logits) % 3 == 0, __doc__
-    layouts = [tuple(int(size) for size in layout.split("x")) for layout in rest]
+    checks = groups(argv)
     dist.init_process_group("gloo")
     # The job package first: it keeps megatron-core's import light on CPU.
     from launcher_scripts.formats import portable
@@ -35,18 +52,20 @@ def main() -> int:
     cpu_compat.patch_cuda_queries()
     cpu_compat.CudaDevicesOnCpu().__enter__()
     workdir = Path(tempfile.mkdtemp(prefix=f"rank{dist.get_rank()}-"))
-    loaded = portable.read(Path(model_file), workdir)
     failed = False
-    for tensor, pipeline in layouts:
-        failed |= check(loaded, Path(checkpoint), tensor, pipeline)
+    for number, (model_file, checkpoint, layouts) in enumerate(checks):
+        loaded = portable.read(model_file, workdir / str(number))
+        for tensor, pipeline in layouts:
+            failed |= check(loaded, checkpoint, tensor, pipeline, f"{number}: ")
     for at in range(0, len(logits), 3):
         compute_logits(*(Path(a) for a in logits[at : at + 3]), workdir)
     dist.destroy_process_group()
     return 1 if failed else 0
 
 
-def check(loaded: object, checkpoint: Path, tensor: int, pipeline: int) -> bool:
-    """Whether any parameter differs at this layout (printed, one line per rank)."""
+def check(loaded: object, checkpoint: Path, tensor: int, pipeline: int, prefix: str) -> bool:
+    """Whether any parameter differs at this layout (printed after `prefix`, one line per
+    rank)."""
     from megatron.core import dist_checkpointing, parallel_state
 
     from launcher_scripts.jobs.conversion import load
@@ -77,7 +96,7 @@ def check(loaded: object, checkpoint: Path, tensor: int, pipeline: int) -> bool:
     layout = f"{tensor}x{pipeline}"
     rank = os.environ["RANK"]
     print(
-        f"{layout} rank {rank}: {len(mismatched)} mismatched {mismatched[:3]}",
+        f"{prefix}{layout} rank {rank}: {len(mismatched)} mismatched {mismatched[:3]}",
         flush=True,
     )
     parallel_state.destroy_model_parallel()
