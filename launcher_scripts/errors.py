@@ -24,6 +24,11 @@ class RecipeError(ConfigError):
         self.key, self.problem, self.fix = key, problem, ""
 
 
+class JobError(RuntimeError):
+    """A problem with a job program's inputs or settings, reported as one line, not a
+    traceback (the job programs' counterpart of ConfigError)."""
+
+
 class HfImportError(ValueError):
     """A Hugging Face model that cannot be imported exactly (a field, a tensor, a file), as one
     line naming it."""

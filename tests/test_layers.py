@@ -10,6 +10,8 @@ never the stages, the backends, the pipeline or the AutoConfigurator.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,3 +138,28 @@ def test_no_module_outside_the_registry_names_a_model_family() -> None:
 def test_the_name_scan_sees_each_familys_own_name(module: str) -> None:
     """The scan above would see a comparison: it finds each family's name where it belongs."""
     assert name_literals(PACKAGE / "families" / f"{module}.py")
+
+
+def test_the_hugging_face_import_job_loads_no_megatron_core() -> None:
+    """Importing a checkpoint maps tensors from file to file: the job and each family's
+    importer run where megatron-core is not installed (it is blocked here)."""
+    importers = [f.hf_importer for f in families.FAMILIES.values() if f.hf_importer]
+    assert importers, "no family imports from Hugging Face"
+    program = "\n".join(
+        [
+            "import importlib, sys",
+            "sys.modules['megatron'] = None  # any import of it raises ImportError",
+            "for name in sys.argv[1:]:",
+            "    importlib.import_module(name)",
+        ]
+    )
+    modules = [
+        "launcher_scripts.jobs.conversion.hf_import",
+        "launcher_scripts.formats.portable",
+        "launcher_scripts.formats.safetensors_stream",
+        *importers,
+    ]
+    result = subprocess.run(
+        [sys.executable, "-c", program, *modules], capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -90,6 +90,11 @@ class ModelFamily:
     # naming the field it cannot import: the conversion stage's preflight asks it. None: the
     # import job alone checks the directory.
     hf_import_section: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # The module whose `import_hf(directory, config.json, its tensors (a safetensors_stream
+    # TensorSource), the recipe's model section)` returns (our model section, our full tensors
+    # as StreamedTensors, made a layer at a time). Apart from `runtime`: the import job needs
+    # torch and the checkpoint's files, not megatron-core.
+    hf_importer: str | None = None
 
     def runs(self, program: str) -> bool:
         assert program in PROGRAMS, program
@@ -108,6 +113,7 @@ def register(family: ModelFamily) -> ModelFamily:
     assert family.name not in FAMILIES, family.name
     unknown = family.programs - set(PROGRAMS)
     assert not unknown, unknown
+    assert family.runs("hf_import") == (family.hf_importer is not None), family.name
     FAMILIES[family.name] = family
     if family.portable_shapes is not None:
         SHAPE_TABLES[family.name] = family.portable_shapes

@@ -41,5 +41,6 @@ GPT = register(
         portable_shapes=expected_shapes,
         hf_model_types=tuple(architecture.model_type for architecture in ARCHITECTURES),
         hf_import_section=model_section,
+        hf_importer="launcher_scripts.jobs.models.gpt_hf_import",
     )
 )

@@ -227,5 +227,6 @@ T5 = register(
         check_base=check_base,
         portable_shapes=portable_shapes,
         hf_model_types=("t5", "mt5"),
+        hf_importer="launcher_scripts.jobs.models.t5_hf",
     )
 )

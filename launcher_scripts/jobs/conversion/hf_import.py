@@ -3,15 +3,16 @@
     python -m launcher_scripts.jobs.conversion.hf_import --config <results_dir>/<name>_hydra.yaml
 
 The family that imports the directory's config.json model_type maps its tensors to our names
-(ModelRuntime.from_hf). Each of ours is made from the safetensors files and written a layer at a
-time (formats/safetensors_stream), so the job holds a layer's tensors, not the model. The
-tokenizer's files go into the portable file with it, so that every later stage encodes text to
-the ids the model was trained with. A field the family cannot represent exactly is refused in
-one line.
+(its `hf_importer` module, which needs no megatron-core). Each of ours is made from the
+safetensors files and written a layer at a time (formats/safetensors_stream), so the job holds
+a layer's tensors, not the model. The tokenizer's files go into the portable file with it, so
+that every later stage encodes text to the ids the model was trained with. A field the family
+cannot represent exactly is refused in one line.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import sys
@@ -27,14 +28,13 @@ def hf_import(cfg: DictConfig) -> None:
     from launcher_scripts.families import family_of
     from launcher_scripts.formats import portable
     from launcher_scripts.formats.safetensors_stream import TensorSource
-    from launcher_scripts.jobs.models.base import runtime_of
 
     directory = Path(str(cfg.hf_model_dir))
     config = json.loads((directory / "config.json").read_text())
     family = family_of(cfg, "conversion")
-    runtime = runtime_of(family)
-    assert runtime.from_hf is not None, "preflight checks the family imports"
-    model, tensors = runtime.from_hf(directory, config, TensorSource(directory), cfg.model)
+    assert family.hf_importer is not None, "preflight checks the family imports"
+    importer = importlib.import_module(family.hf_importer)
+    model, tensors = importer.import_hf(directory, config, TensorSource(directory), cfg.model)
     model["tensor_model_parallel_size"] = int(cfg.model.tensor_model_parallel_size)
     model["pipeline_model_parallel_size"] = int(cfg.model.pipeline_model_parallel_size)
     output = Path(str(cfg.run.output_path)) / str(cfg.run.nemo_file_name)

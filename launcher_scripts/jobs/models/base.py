@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 
-from launcher_scripts.errors import HfImportError  # noqa: F401  (the job programs' name for it)
+from launcher_scripts.errors import (
+    HfImportError,  # noqa: F401  (the job programs' name for it)
+    JobError,
+)
 from launcher_scripts.families import ModelFamily
-from launcher_scripts.jobs.training.runtime import JobError
 
 
 @dataclass
@@ -86,12 +88,6 @@ class ModelRuntime:
     tuning: TuningSide | None = None  # None: no fine-tuning program for the family
     # runner.OpenedModel -> served.ServedModel: text generation for serving; None: not served
     served: Callable[[Any], Any] | None = None
-    # (a Hugging Face model directory, its config.json, its tensors (a safetensors_stream
-    # TensorSource), the import recipe's model section) -> (our model section, our full tensors
-    # as StreamedTensors, made a layer at a time); None: no import
-    from_hf: Callable[[Any, dict[str, Any], Any, Any], tuple[dict[str, Any], list[Any]]] | None = (
-        None
-    )
 
 
 def runtime_of(family: ModelFamily) -> ModelRuntime:

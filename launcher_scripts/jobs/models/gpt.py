@@ -10,7 +10,7 @@ from launcher_scripts.jobs.fine_tuning.answers import prompt_logits
 from launcher_scripts.jobs.inference.runner import ModelRunner, OpenedModel, runner_of
 from launcher_scripts.jobs.inference.served import ServedModel
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
-from launcher_scripts.jobs.models import gpt_hf, gpt_hf_import
+from launcher_scripts.jobs.models import gpt_hf
 from launcher_scripts.jobs.models.base import ModelRuntime, TuningSide, token_loss
 from launcher_scripts.jobs.training import data, model
 
@@ -85,5 +85,4 @@ RUNTIME = ModelRuntime(
     to_hf=gpt_hf.to_hf,
     tuning=TUNING,
     served=served,
-    from_hf=gpt_hf_import.import_hf,
 )

@@ -174,7 +174,7 @@ def _eos_token(directory: Path) -> str | None:
 def import_hf(
     directory: Path, config: dict[str, Any], source: TensorSource, settings: Any
 ) -> tuple[dict[str, Any], list[StreamedTensor]]:
-    """ModelRuntime.from_hf for the GPT family: (our model section, our tensors)."""
+    """The GPT family's import (ModelFamily.hf_importer): (our model section, our tensors)."""
     section = model_section(config)
     # Whether the output layer is the embedding table: the checkpoint's own lm_head, or none.
     tied = "lm_head.weight" not in source

@@ -53,6 +53,7 @@ from omegaconf import OmegaConf
 
 from launcher_scripts.jobs.models import t5_hf, t5_tuning
 from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
+from launcher_scripts.jobs.models.t5_hf import HF_T5_TOKENIZER, SENTINEL, hf_t5_tokens
 from launcher_scripts.jobs.models.t5_masks import attention_masks
 from launcher_scripts.jobs.training import data, model
 from launcher_scripts.jobs.training.checkpointing import unwrap
@@ -61,7 +62,6 @@ from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.recipes.training import encoder_decoder_split, parallelism
 
 BATCH_KEYS = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask")
-SENTINEL = "<extra_id_{}>"
 TOKENIZER_KEY = "training.model.tokenizer"
 
 
@@ -169,29 +169,6 @@ def _hf_t5(model_file: Path) -> SpanCorruptionVocab:
     return SpanCorruptionVocab(
         own, continuation, names[len(own) :], str(model_file), decoder_start_is_pad=True
     )
-
-
-def hf_t5_tokens(model_file: Path) -> list[str]:
-    """Every token of a Hugging Face T5 tokenizer, in id order."""
-    if model_file.suffix == ".json":
-        from tokenizers import Tokenizer
-
-        table = Tokenizer.from_file(str(model_file)).get_vocab(with_added_tokens=True)
-        names = [""] * len(table)
-        for name, index in table.items():
-            names[index] = name
-        return names
-    import sentencepiece  # spiece.model: the pieces, then T5Tokenizer's 100 sentinels
-
-    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
-    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-    pieces[0], pieces[processor.eos_id()] = "<pad>", "</s>"
-    return pieces + [SENTINEL.format(i) for i in reversed(range(100))]
-
-
-# tokenizer.type of a Hugging Face T5 tokenizer (tokenizer.model: its tokenizer.json or
-# spiece.model), whose ids an imported model has
-HF_T5_TOKENIZER = "hf_t5"
 
 
 def data_tokenizer(cfg: Any) -> SpanCorruptionVocab:
@@ -505,5 +482,4 @@ RUNTIME = ModelRuntime(
     finalize_grads=finalize_grads,
     tuning=t5_tuning.TUNING,
     served=t5_tuning.served,
-    from_hf=t5_hf.import_hf,
 )

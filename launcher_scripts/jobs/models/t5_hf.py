@@ -322,13 +322,37 @@ def _layer_pieces(stack: str, heads: int, head_dim: int, gated: bool) -> dict[st
     return pieces
 
 
+def hf_t5_tokens(model_file: Path) -> list[str]:
+    """Every token of a Hugging Face T5 tokenizer, in id order."""
+    if model_file.suffix == ".json":
+        from tokenizers import Tokenizer
+
+        table = Tokenizer.from_file(str(model_file)).get_vocab(with_added_tokens=True)
+        names = [""] * len(table)
+        for name, index in table.items():
+            names[index] = name
+        return names
+    import sentencepiece  # spiece.model: the pieces, then T5Tokenizer's 100 sentinels
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    pieces[0], pieces[processor.eos_id()] = "<pad>", "</s>"
+    return pieces + [SENTINEL.format(i) for i in reversed(range(100))]
+
+
+SENTINEL = "<extra_id_{}>"  # T5's names of the masked spans' stand-ins
+
+# tokenizer.type of a Hugging Face T5 tokenizer (tokenizer.model: its tokenizer.json or
+# spiece.model), whose ids an imported model has
+HF_T5_TOKENIZER = "hf_t5"
+
+
 def import_hf(
     directory: Path, config: dict[str, Any], source: TensorSource, settings: Any
 ) -> tuple[dict[str, Any], list[StreamedTensor]]:
-    """ModelRuntime.from_hf: the directory's tokenizer (tokenizer.json, else spiece.model) goes
-    with the model, its ids unchanged; the lengths come from the recipe, else the tokenizer."""
-    from launcher_scripts.jobs.models.t5 import HF_T5_TOKENIZER, hf_t5_tokens
-
+    """The T5 family's import (ModelFamily.hf_importer): the directory's tokenizer
+    (tokenizer.json, else spiece.model) goes with the model, its ids unchanged; the lengths
+    come from the recipe, else the tokenizer."""
     files = [directory / name for name in ("tokenizer.json", "spiece.model")]
     tokenizer_file = next((f for f in files if f.is_file()), None)
     if tokenizer_file is None:

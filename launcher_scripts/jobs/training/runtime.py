@@ -11,16 +11,13 @@ import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
 # process_info is part of this module's interface (the job programs call runtime.process_info).
+from launcher_scripts.errors import JobError  # noqa: F401  (the job programs' name for it)
 from launcher_scripts.jobs.process import ProcessInfo, process_info  # noqa: F401
 from launcher_scripts.jobs.training import cpu_compat
 from launcher_scripts.ports import free_port
 from launcher_scripts.recipes.training import Parallelism
 
 COLLECTIVE_TIMEOUT_MINUTES = 30
-
-
-class JobError(RuntimeError):
-    """A problem with the job's inputs or settings, reported as one line, not a traceback."""
 
 
 def init_distributed(info: ProcessInfo, on_gpu: bool, rendezvous_timeout: float) -> None:
