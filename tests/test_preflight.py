@@ -60,6 +60,21 @@ def test_missing_input_path(results: Path, tmp_path: Path) -> None:
     assert not results.exists()
 
 
+def test_training_data_the_runs_data_preparation_does_not_write(results: Path) -> None:
+    """The default data preparation with a recipe trained on the Pile: the error names what
+    the run does write and the family's own data recipe."""
+    result = launch(results, "stages=[data_preparation,training]", "training=gpt3/5b")
+    assert_one_line_error(
+        result,
+        "training.model.data.data_prefix",
+        "my-gpt3_00_text_document.bin does not exist and no earlier stage of this run writes it",
+        "(this run's data preparation writes ",
+        "tiny_corpus_text_document)",
+        "data_preparation=gpt3/download_gpt3_pile",
+    )
+    assert not results.exists()
+
+
 def test_empty_input_file(results: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl.gz"
     empty.write_bytes(b"")

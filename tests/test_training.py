@@ -346,7 +346,7 @@ def test_training_needs_its_data_unless_an_earlier_stage_writes_it(tmp_path: Pat
     paths = (f"base_results_dir={tmp_path}/results", f"data_dir={tmp_path}/data")
     alone = run_main(*paths, "stages=[training]")
     assert alone.returncode == 2 and "data_prefix" in alone.stderr
-    assert "Run data_preparation first" in alone.stderr
+    assert "Run the data_preparation recipe that writes it first" in alone.stderr
     assert not (tmp_path / "results").exists()
     # A dry run plans the run anyway and lists what is not there yet.
     planned = run_main(*paths, "stages=[training]", "dry_run=true")

@@ -480,8 +480,9 @@ def check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
             if not path.is_file() and not will_exist(prefix) and not will_exist(str(path)):
                 raise ConfigError(
                     key(stage, "model.data.data_prefix"),
-                    f"{path} does not exist",
-                    "Run data_preparation first (or in the same run), or fix the prefix",
+                    f"{path} does not exist and no earlier stage of this run writes it",
+                    "Run the data_preparation recipe that writes it first (or in the same run), "
+                    "or fix the prefix",
                 )
     if restore.restore_path(cfg.model):
         check_restore(cfg, stage, will_exist)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher_scripts.config.compose import recipe_options
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.costmodel import plan as training_plan
-from launcher_scripts.families import family_of, running
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.families import ModelFamily, family_of, running
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes import training as recipe
@@ -29,7 +31,10 @@ class Training:
 
     def validate(self, ctx: StageContext) -> None:
         family = family_of(ctx.cfg, ctx.stage)
-        family.validate(ctx.cfg, ctx.stage, ctx.will_exist)
+        try:
+            family.validate(ctx.cfg, ctx.stage, ctx.will_exist)
+        except ConfigError as error:
+            raise _naming_the_runs_data(error, ctx, family) from None
         require_job_program(ctx, "model_family", family.name, family.runs("training"))
         prefixes = recipe.data_blend(ctx.cfg, ctx.stage).prefixes
         vocabulary.check_training_data(ctx.cfg, ctx.stage, prefixes)
@@ -65,3 +70,30 @@ class Training:
                 progress_dir=str(log_dir / "checkpoints"),
             )
         ]
+
+
+# Megatron's names for preprocessed data: <prefix>.bin/.idx, the prefix ending in the level.
+_DATA_LEVELS = ("_document", "_sentence")
+
+
+def _naming_the_runs_data(
+    error: ConfigError, ctx: StageContext, family: ModelFamily
+) -> ConfigError:
+    """A data prefix that this run's data preparation does not write most often means that the
+    data and training recipes do not match (the default data preparation with a recipe trained
+    on the Pile): say so, naming what the run writes and the family's own data recipes."""
+    written = sorted(w for w in ctx.upstream_writes if w.endswith(_DATA_LEVELS))
+    if error.key != f"{ctx.stage}.model.data.data_prefix" or not written:
+        return error
+    shown = ", ".join(written[:2]) + (f" and {len(written) - 2} more" if len(written) > 2 else "")
+    own = [
+        f"data_preparation={name}"
+        for name in recipe_options("data_preparation")
+        if name.split("/")[0] in family.model_types
+    ]
+    return ConfigError(
+        error.key,
+        error.problem + f" (this run's data preparation writes {shown})",
+        f"Prepare this recipe's data ({' or '.join(own) or 'its data_preparation recipe'}), or "
+        f"point {error.key} and {ctx.stage}.model.tokenizer at what this run writes",
+    )
