@@ -75,6 +75,19 @@ def test_training_data_the_runs_data_preparation_does_not_write(results: Path) -
     assert not results.exists()
 
 
+def test_several_nodes_are_refused_by_the_local_backend(results: Path) -> None:
+    """The local backend starts one machine's processes: a job of two nodes would start half of
+    them and wait for the rest."""
+    result = launch(results, "stages=[data_preparation,training]", "training.trainer.num_nodes=2")
+    assert_one_line_error(
+        result,
+        "training.trainer.num_nodes: job gpt3_tiny asks for 2 nodes but cluster_type=local",
+        "Set training.trainer.num_nodes=1",
+        "cluster_type=bcm",
+    )
+    assert not results.exists()
+
+
 def test_empty_input_file(results: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl.gz"
     empty.write_bytes(b"")

@@ -6,13 +6,17 @@ Without Slurm these tests skip on a developer machine and fail in CI (CI=true).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from launcher_scripts.formats.progress import TMP_PREFIX, newest_step
+from launcher_scripts.ports import free_port
 from tests.conftest import MULTI_PARTITION, REPO, SMALL_CLUSTER, run_main, run_ops, wait_for_run
 from tests.http_site import Site
 from tests.test_local_pipeline import assert_pile_tokenized, pile_overrides, serve_pile
@@ -220,6 +224,26 @@ def test_more_cpus_than_any_node_has_is_refused_before_submitting(
     line = refused.stderr.strip().splitlines()[-1]
     assert line.startswith("error: data_preparation.run.cpus_per_node: job custom_dataset-"), line
     assert "Set data_preparation.run.cpus_per_node=" in line
+    assert not results.exists()
+
+
+def test_a_controller_that_does_not_answer_is_refused_before_anything_is_written(
+    slurm: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This cluster's slurm.conf with its controller on a port nothing listens on: sinfo
+    fails as on a login node whose slurmctld is down."""
+    conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text()
+    dead = f"SlurmctldHost=nowhere(127.0.0.1)\nSlurmctldPort={free_port()}"
+    (tmp_path / "slurm.conf").write_text(re.sub(r"(?m)^SlurmctldHost=.*$", dead, conf))
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    results = tmp_path / "results"
+    refused = run_main(f"base_results_dir={results}", f"data_dir={tmp_path}/data", *SMALL_CLUSTER)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1, refused.stderr
+    assert lines[0].startswith("error: cluster_type: is bcm but Slurm does not answer ("), lines
+    assert "Unable to contact slurm controller" in lines[0]
+    assert "scontrol ping" in lines[0]
     assert not results.exists()
 
 

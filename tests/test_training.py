@@ -446,6 +446,28 @@ def test_token_ids_without_statistics_are_bounded_by_the_dtype(
     vocabulary.check_token_ids([str(prefix)], 300, *args)  # unknown: not refused
 
 
+def test_fewer_processes_than_the_recipe_asks_for_is_one_line(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """The job started by hand with one process where the recipe has two devices."""
+    config = write_config(
+        prepared,
+        tmp_path / "run",
+        "training.trainer.devices=2",
+        "training.model.tensor_model_parallel_size=2",
+    )
+    result = subprocess.run(
+        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300, env=ONE_THREAD
+    )
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "error: trainer.num_nodes x trainer.devices: the recipe asks for 2 processes but 1 were "
+        "started"
+    ), last
+
+
 def test_a_missing_process_fails_the_rendezvous_instead_of_hanging(
     prepared: Path, tmp_path: Path
 ) -> None:

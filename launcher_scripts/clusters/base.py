@@ -16,6 +16,12 @@ from launcher_scripts.jobspec import Command, JobSpec
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
 
 
+def nodes_key(job: JobSpec) -> str:
+    """The key that sets a job's node count: only the stages with a trainer ask for more than
+    one node."""
+    return f"{job.stage}.trainer.num_nodes"
+
+
 def utc_now() -> str:
     """A timestamp for the manifest: ISO 8601 in UTC, to the second."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -33,6 +33,7 @@ from launcher_scripts.clusters.base import (
     export_lines,
     format_argv,
     format_quoted,
+    nodes_key,
     shell_word,
     shutdown_env,
 )
@@ -115,9 +116,7 @@ class BcpBackend(LocalBackend):
         for job in jobs:
             if job.array_size is None and job.resources.nodes > int(replicas):
                 raise ConfigError(
-                    f"{job.stage}.trainer.num_nodes"
-                    if job.stage == "training"
-                    else f"{job.stage}.run",
+                    nodes_key(job),
                     f"job {job.name} needs {job.resources.nodes} nodes but this BCP job has "
                     f"{replicas} replicas (NGC_ARRAY_SIZE)",
                     f"Start the BCP job with --replicas {job.resources.nodes} or more, or ask "

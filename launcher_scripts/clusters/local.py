@@ -32,12 +32,14 @@ from launcher_scripts.clusters.base import (
     JobRecord,
     export_lines,
     format_argv,
+    nodes_key,
     python_argv,
     shutdown_env,
     signal_grace_seconds,
     utc_now,
 )
 from launcher_scripts.clusters.process_group import kill_group, members, running, send
+from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import JobSpec
 
@@ -78,7 +80,17 @@ class LocalBackend:
         return "\n".join(lines) + "\n"
 
     def check_submission(self, jobs: Sequence[JobSpec]) -> None:
-        """Nothing to check: the jobs run here."""
+        """The jobs run on this machine alone: a job of several nodes would start one node's
+        processes and wait for the rest."""
+        for job in jobs:
+            if job.resources.nodes > 1:
+                raise ConfigError(
+                    nodes_key(job),
+                    f"job {job.name} asks for {job.resources.nodes} nodes but cluster_type=local "
+                    "runs on this machine",
+                    f"Set {nodes_key(job)}=1 (trainer.devices processes run here), or use a "
+                    "cluster backend (cluster_type=bcm, bcp or k8s)",
+                )
 
     def log_path(self, job: JobSpec, run_id: str) -> str:
         return str(Path(job.results_dir) / f"log-{job.name}_{run_id}.out")

@@ -219,15 +219,14 @@ class SlurmBackend:
                 "is bcm but sbatch is not on PATH",
                 "Run from a Slurm login node, or use cluster_type=local, or dry_run=true",
             )
+        known = _partitions()
         partition = self.cluster.get("partition")
-        if partition:
-            known = _run(["sinfo", "-h", "-o", "%R"]).split()
-            if known and str(partition) not in known:
-                raise ConfigError(
-                    "cluster.partition",
-                    f"{partition!r} is not a partition of this cluster",
-                    f"Use one of: {', '.join(sorted(set(known)))}",
-                )
+        if partition and known and str(partition) not in known:
+            raise ConfigError(
+                "cluster.partition",
+                f"{partition!r} is not a partition of this cluster",
+                f"Use one of: {', '.join(sorted(set(known)))}",
+            )
         self._check_cpus(jobs)
         if self.root.container:
             if "--container-image" not in _run(["srun", "--help"]):
@@ -622,6 +621,27 @@ SLURM_STATES = {
     "PREEMPTED": "PENDING",
     "CANCELLED": "CANCELLED",
 }
+
+
+def _partitions() -> list[str]:
+    """This cluster's partitions; ConfigError when its controller does not answer (sbatch
+    would fail after earlier stages' jobs had been written, or submitted)."""
+    try:
+        result = subprocess.run(
+            ["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        problem = f"sinfo did not answer: {error}"
+    else:
+        if result.returncode == 0:
+            return result.stdout.split()
+        problem = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[0]
+    raise ConfigError(
+        "cluster_type",
+        f"is bcm but Slurm does not answer ({problem})",
+        "Check that slurmctld is up (scontrol ping) and that SLURM_CONF names this cluster's "
+        "slurm.conf, or use dry_run=true to render the scripts",
+    )
 
 
 def _run(argv: list[str]) -> str:

@@ -75,9 +75,10 @@ def _first_line(error: BaseException) -> str:
 
 def init_model_parallel(par: Parallelism, seed: int, on_gpu: bool) -> None:
     if par.world_size != dist.get_world_size():
-        raise RuntimeError(
-            f"the recipe asks for {par.world_size} processes (num_nodes x devices) but "
-            f"{dist.get_world_size()} were started: make trainer.devices match the launch"
+        raise JobError(
+            f"trainer.num_nodes x trainer.devices: the recipe asks for {par.world_size} "
+            f"processes but {dist.get_world_size()} were started: make them match the launch "
+            "(srun's tasks, torchrun's --nnodes x --nproc-per-node)"
         )
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=par.tensor,
