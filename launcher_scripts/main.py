@@ -26,6 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(USAGE)
         return 0
+    from launcher_scripts.__main__ import COMMANDS
+
+    command = next((arg for arg in argv if arg in COMMANDS), None)
+    if command:  # `python3 main.py status results`: Hydra would say "missing EQUAL"
+        print(
+            f"error: {command} is a command, not an override: run python3 -m launcher_scripts "
+            f"{' '.join(argv[argv.index(command) :])} (or llm-launcher, where pip installed it)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         # Imported here so that --help and the error path stay fast.
         from launcher_scripts import pipeline

@@ -186,6 +186,24 @@ def test_an_unknown_command_lists_the_commands(word: str, meant: str | None) -> 
         assert "did you mean" not in result.stderr
 
 
+@pytest.mark.parametrize("command", ["status results", "logs results training", "serve x"])
+def test_a_command_given_to_main_py_names_the_module_that_runs_it(command: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *command.split()],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    word = command.split()[0]
+    one_error_line(
+        result.returncode,
+        result.stdout,
+        result.stderr,
+        f"{word} is a command, not an override: run python3 -m launcher_scripts {command} ",
+    )
+
+
 @pytest.mark.parametrize(
     "first",
     ["stages=[data_preparation]", "+env_vars.LAUNCHER_TEST=1", "~cluster", "--help", "-h"],
