@@ -333,6 +333,7 @@ def slurm_plan(*overrides: str) -> None:
         ("base_results_dir='/res,ults'", "base_results_dir"),
         ("data_dir='/da:ta'", "data_dir"),
         ("launcher_scripts_path='/co,de'", "launcher_scripts_path"),
+        ("training.run.time_limit='1 day'", "training.run.time_limit"),
     ],
 )
 def test_a_value_slurm_cannot_hold_is_refused(override: str, key: str) -> None:

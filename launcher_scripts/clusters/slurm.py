@@ -125,11 +125,11 @@ def check_cluster(cluster: Mapping[str, Any]) -> None:
         raise ConfigError("cluster.max_restarts", f"{restarts!r} is not an integer >= 0", "Fix it")
 
 
-def slurm_time(limit: str) -> str:
+def slurm_time(limit: str, key: str) -> str:
     """NeMo writes "0:30:00" or "1-00:00:00"; Slurm takes both as they are, so check only."""
     text = str(limit).strip()
     if not text or any(c not in "0123456789:-" for c in text):
-        raise ConfigError("run.time_limit", f"{limit!r} is not a Slurm time", 'Use "HH:MM:SS"')
+        raise ConfigError(key, f"{limit!r} is not a Slurm time", 'Use "HH:MM:SS" or "D-HH:MM:SS"')
     return text
 
 
@@ -281,12 +281,13 @@ class SlurmBackend:
         )
         check_output_path(f"{job.stage}.run.results_dir", job.results_dir)
         check_output_path(f"{job.stage}.run.name", job.name)
+        time_key = f"{job.stage}.run.time_limit"
         # (option, value, the key that sets it): None is a flag without a value.
         options: list[tuple[str, str | None, str]] = [
             ("job-name", f"{prefix}{job.name}", "cluster.job_name_prefix"),
             ("nodes", str(resources.nodes), f"{job.stage}.run"),
             ("ntasks-per-node", str(resources.ntasks_per_node), f"{job.stage}.run"),
-            ("time", slurm_time(resources.time_limit), f"{job.stage}.run.time_limit"),
+            ("time", slurm_time(resources.time_limit, time_key), time_key),
             ("output", str(Path(job.results_dir) / output), f"{job.stage}.run.results_dir"),
         ]
         for key in ("partition", "account", "qos", "reservation", "comment", "nodelist"):
