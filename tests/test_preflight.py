@@ -75,6 +75,20 @@ def test_training_data_the_runs_data_preparation_does_not_write(results: Path) -
     assert not results.exists()
 
 
+def test_a_base_model_the_run_writes_under_another_name_is_shown(results: Path) -> None:
+    """fine_tuning=gpt3/squad tunes gpt3_126m's file; this run converts gpt3_tiny's."""
+    stages = "stages=[data_preparation,training,conversion,fine_tuning]"
+    result = launch(results, stages, "fine_tuning=gpt3/squad")
+    written = results / "gpt3_tiny" / "convert_nemo" / "megatron_gpt.nemo"
+    assert_one_line_error(
+        result,
+        "fine_tuning.model.restore_from_path: ",
+        "gpt3_126m/convert_nemo/megatron_gpt.nemo does not exist and no earlier stage of this "
+        f"run writes it (this run writes {written})",
+    )
+    assert not results.exists()
+
+
 def test_several_nodes_are_refused_by_the_local_backend(results: Path) -> None:
     """The local backend starts one machine's processes: a job of two nodes would start half of
     them and wait for the rest."""

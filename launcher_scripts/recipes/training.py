@@ -502,8 +502,9 @@ def check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
         if not Path(str(path)).is_file() and not will_exist(str(path)):
             raise ConfigError(
                 key(stage, f"model.tokenizer.{name}"),
-                f"{path} does not exist",
-                "Run data_preparation first (or in the same run), or fix the path",
+                f"{path} does not exist and no earlier stage of this run writes it",
+                "Run the data_preparation recipe that writes it first (or in the same run), "
+                "or fix the path",
             )
 
 

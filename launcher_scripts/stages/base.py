@@ -57,16 +57,21 @@ class StageContext:
             for written in self.upstream_writes
         )
 
+    def not_written(self, path: str | Path) -> str:
+        """The problem of an input that neither exists nor is written by an earlier stage, with
+        what the run does write of its kind (a .nemo file, say): most often the file that a
+        recipe of another model (gpt3_126m against gpt3_tiny) expected under another name."""
+        suffix = Path(str(path)).suffix
+        like = sorted(w for w in self.upstream_writes if suffix and Path(w).suffix == suffix)
+        shown = f" (this run writes {', '.join(like[:2])})" if like else ""
+        return f"{path} does not exist and no earlier stage of this run writes it{shown}"
+
     def require_input(self, name: str, fix: str) -> Path:
         """`<stage>.model.<name>` names a path that exists, or that an earlier stage of this
         run writes; otherwise ConfigError with `fix`."""
         path = Path(str(self.cfg.model[name]))
         if not path.exists() and not self.will_exist(path):
-            raise ConfigError(
-                f"{self.stage}.model.{name}",
-                f"{path} does not exist and no earlier stage of this run writes it",
-                fix,
-            )
+            raise ConfigError(f"{self.stage}.model.{name}", self.not_written(path), fix)
         return path
 
     def common_env(self) -> tuple[tuple[str, str], ...]:

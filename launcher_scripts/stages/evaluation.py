@@ -56,7 +56,7 @@ class Evaluation:
             if not path.exists() and not ctx.will_exist(path):
                 raise ConfigError(
                     f"{stage}.{key}",
-                    f"{path} does not exist and no earlier stage of this run writes it",
+                    ctx.not_written(path),
                     "Run the tuning stage first, or point it at an existing file",
                 )
         model_file = evaluate_tuned.model_file_of(cfg.model)
