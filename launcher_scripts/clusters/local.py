@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +45,7 @@ from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import JobSpec
 
 CHECKPOINT_SIGNAL = signal.SIGTERM  # what the training program saves and exits 75 on
+LEFTOVER_GRACE_SECONDS = 2  # for the job's helper processes to end after its main process
 OUTPUT_DRAIN_SECONDS = 30  # the most the launcher reads output after the job's group is gone
 
 
@@ -210,8 +212,14 @@ def _say(log: IO[bytes], line: str) -> None:
 
 def _end_leftovers(group: int, log: IO[bytes]) -> None:
     """After the main process ended: end the processes it left in its group, which would
-    otherwise hold the log pipe (and the launcher) open."""
+    otherwise hold the log pipe (and the launcher) open. Those that end on their own once it
+    has gone (Python's multiprocessing resource tracker, which every training job starts) get
+    LEFTOVER_GRACE_SECONDS first, so that only real leftovers are reported."""
+    deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS
     left = members(group)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = members(group)
     if left:
         _say(
             log,
