@@ -446,16 +446,14 @@ def test_token_ids_without_statistics_are_bounded_by_the_dtype(
     vocabulary.check_token_ids([str(prefix)], 300, *args)  # unknown: not refused
 
 
+TWO_DEVICES = ("training.trainer.devices=2", "training.model.tensor_model_parallel_size=2")
+
+
 def test_fewer_processes_than_the_recipe_asks_for_is_one_line(
     prepared: Path, tmp_path: Path
 ) -> None:
     """The job started by hand with one process where the recipe has two devices."""
-    config = write_config(
-        prepared,
-        tmp_path / "run",
-        "training.trainer.devices=2",
-        "training.model.tensor_model_parallel_size=2",
-    )
+    config = write_config(prepared, tmp_path / "run", *TWO_DEVICES)
     result = subprocess.run(
         command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300, env=ONE_THREAD
     )
@@ -473,11 +471,7 @@ def test_a_missing_process_fails_the_rendezvous_instead_of_hanging(
 ) -> None:
     """Rank 0 of two started by srun (no torchrun) while rank 1 never comes: one clear line."""
     config = write_config(
-        prepared,
-        tmp_path / "run",
-        "training.trainer.devices=2",
-        "training.model.tensor_model_parallel_size=2",
-        "training.run.rendezvous_timeout_seconds=3",
+        prepared, tmp_path / "run", *TWO_DEVICES, "training.run.rendezvous_timeout_seconds=3"
     )
     env = {k: v for k, v in ONE_THREAD.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     with socket.socket() as probe:
