@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,8 +27,15 @@ def load(target: str) -> Manifest:
     return manifest
 
 
+def default_results_dir() -> str:
+    """base_results_dir as conf/config.yaml sets it when no override names it."""
+    from launcher_scripts.config.resolvers import launcher_root, output_root
+
+    return str(Path(output_root(launcher_root())) / "results")
+
+
 def status(args: argparse.Namespace) -> int:
-    manifest = load(args.run_dir)
+    manifest = load(args.run_dir or default_results_dir())
     if args.json:
         data = {
             "run_id": manifest.run_id,
@@ -204,7 +213,12 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python3 -m launcher_scripts", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)
     show = commands.add_parser("status", help="state of every job of a run")
-    show.add_argument("run_dir", help="a stage results folder, base_results_dir, or a run folder")
+    show.add_argument(
+        "run_dir",
+        nargs="?",
+        help="a stage results folder, base_results_dir, or a run folder (default: the newest "
+        "run under the default base_results_dir)",
+    )
     show.add_argument("--json", action="store_true", help="print the manifest's records as JSON")
     show.set_defaults(handler=status)
     read = commands.add_parser("logs", help="print the logs of a run, or of one stage or job")
@@ -240,3 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     except LauncherError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
+    except BrokenPipeError:
+        # `status | head`: the reader has gone. Nothing more to say, and nothing for Python's
+        # final flush of stdout to fail on; a shell's code for a writer ended by SIGPIPE.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE

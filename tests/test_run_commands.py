@@ -4,6 +4,8 @@ cannot be read. Each gets one line naming the file or the commands, exit 2, no t
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -59,6 +61,27 @@ def write_manifest(root: Path) -> Path:
     manifest.save()
     manifest.link_stage_dirs()
     return manifest.path
+
+
+@pytest.mark.parametrize("command", ["status", "logs"])
+def test_a_reader_that_has_gone_ends_the_command_quietly(command: str, tmp_path: Path) -> None:
+    """`status | head`: the pipe's reader is gone before the command writes."""
+    write_manifest(tmp_path)
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "launcher_scripts", command, str(tmp_path)],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
+    finally:
+        os.close(writer)
+    assert result.returncode == 128 + signal.SIGPIPE, result.stderr
+    assert result.stderr == ""
 
 
 def damaged_manifests(text: str) -> Iterator[tuple[str, str | bytes]]:
