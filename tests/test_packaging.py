@@ -141,9 +141,14 @@ def test_the_installed_launcher_prepares_data_and_trains_the_tiny_model(
     assert_site_packages_untouched(installed_launcher)
     status = installed_launcher.run(["python", "-m", "launcher_scripts", "status", "results"], work)
     assert status.returncode == 0 and "COMPLETED" in status.stdout, status.stdout + status.stderr
-    # The console command takes the same commands as `python3 -m launcher_scripts`,
-    # and its status reads the default base_results_dir (./results here) when given none.
-    assert installed_launcher.run(["llm-launcher", "status"], work).stdout == status.stdout
+    # The console command takes the same commands as `python3 -m launcher_scripts`.
+    assert installed_launcher.run(["llm-launcher", "status", "results"], work).stdout == (
+        status.stdout
+    )
+    # Given no folder, status reads the default base_results_dir: ./results here.
+    default = installed_launcher.run(["llm-launcher", "status"], work).stdout
+    here = installed_launcher.run(["llm-launcher", "status", str(work.resolve() / "results")], work)
+    assert default == here.stdout and "COMPLETED" in default, default
     typo = installed_launcher.run(["llm-launcher", "stauts", "results"], work)
     assert typo.returncode == 2 and "did you mean 'status'" in typo.stderr, typo.stderr
 

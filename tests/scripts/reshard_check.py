@@ -95,10 +95,10 @@ def check(loaded: object, checkpoint: Path, tensor: int, pipeline: int, prefix: 
     ]
     layout = f"{tensor}x{pipeline}"
     rank = os.environ["RANK"]
-    print(
-        f"{prefix}{layout} rank {rank}: {len(mismatched)} mismatched {mismatched[:3]}",
-        flush=True,
-    )
+    line = f"{prefix}{layout} rank {rank}: {len(mismatched)} mismatched {mismatched[:3]}\n"
+    # One write per line: every rank shares the pipe, and print() under PYTHONUNBUFFERED=1
+    # writes the text and its newline apart, so two ranks' lines could run together.
+    os.write(sys.stdout.fileno(), line.encode())
     parallel_state.destroy_model_parallel()
     return bool(mismatched)
 
