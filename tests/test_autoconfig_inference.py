@@ -21,7 +21,7 @@ from auto_configurator.inference_report import best_within, ranked
 from auto_configurator.inference_runs import Point
 from auto_configurator.main import main as autoconfig_main
 from launcher_scripts.jobs.export.serve import ServeError, find_server
-from tests.conftest import REPO
+from tests.support import REPO
 
 SETTINGS = "search_config.inference_settings"
 INPUT_LEN, OUTPUT_LEN, REPEATS = 16, 8, 2

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,36 +27,11 @@ from auto_configurator.runner import Measurement, Run, measure
 from auto_configurator.searched_models import StackModel
 from auto_configurator.settings import parse
 from launcher_scripts.config.compose import compose_config
-from launcher_scripts.config.preflight import resolve
 from launcher_scripts.costmodel.memory import memory_breakdown
 from launcher_scripts.costmodel.shapes import Layout, ModelShape
 from launcher_scripts.costmodel.throughput import ClusterSpec, predict_step
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.stages import STAGES, StageContext
-from tests.conftest import REPO
-
-AUTOCONFIG = REPO / "auto_configurator" / "main.py"
-
-
-def run_autoconfig(*overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """`python3 auto_configurator/main.py overrides...` as a user runs it."""
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run(
-        [sys.executable, str(AUTOCONFIG), *overrides],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=timeout,
-    )
-
-
-def validate_training(recipe: Path, *overrides: str) -> None:
-    """The training stage's own validation of a recipe file, as `main.py` runs it."""
-    root = compose_config(["stages=[training]", f"training={recipe}", *overrides])
-    resolved = resolve(root, ["training"])
-    STAGES["training"].validate(StageContext(resolved, "training"))
-
+from tests.support.autoconfig import run_autoconfig, validate_training
 
 # ----- size recommendation and the time to train ---------------------------------------------
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO, ctrl_c_as_in_a_terminal, run_ops
-from tests.test_autoconfig_search import AUTOCONFIG, validate_training
+from tests.support import REPO
+from tests.support.autoconfig import AUTOCONFIG, validate_training
+from tests.support.commands import ctrl_c_as_in_a_terminal, run_ops
 
 LOGS = Path("gpt3") / "tiny_2gb"  # the gpt3/tiny search config's logs folder under base_results_dir
 ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")

@@ -20,7 +20,8 @@ from launcher_scripts.clusters import BACKENDS, JobRecord
 from launcher_scripts.clusters.bcp import BcpBackend, ngc_batch_run
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobspec import Command, JobSpec, Resources
-from tests.conftest import REPO, run_main
+from tests.support import REPO
+from tests.support.commands import run_main
 
 BCPRUN_SHIM = """#!/usr/bin/env bash
 # A stand-in for bcprun, for tests: runs the -c command once per "node", all on this machine.

@@ -16,13 +16,12 @@ import torch
 
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.formats.tokenizer import wordpiece_reference
-from tests.conftest import (
-    REPO,
+from tests.support import REPO
+from tests.support.commands import run_main
+from tests.support.conversion import convert, hf_computes_our_logits_each
+from tests.support.training import (
     assert_same_losses,
-    convert,
-    hf_computes_our_logits_each,
     losses,
-    run_main,
     stop_with_signal,
     train,
     write_training_config,

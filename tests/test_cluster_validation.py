@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MULTI_PARTITION, REPO, srun_on_nodes, submit_to_nodes
+from tests.support import REPO
+from tests.support.slurm import MULTI_PARTITION, srun_on_nodes, submit_to_nodes
 
 SWEEP = ("--min-bytes", "64K", "--max-bytes", "256K", "--iters", "3", "--warmup", "1")
 

@@ -21,9 +21,9 @@ from launcher_scripts.config.compose import compose_config, conf_dir, recipe_opt
 from launcher_scripts.config.preflight import CLUSTER_TYPES, resolve
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.stages import STAGES
-from tests.conftest import REPO, run_main
-from tests.test_preflight import assert_one_line_error
-from tests.test_published_recipes import FILLS
+from tests.support import REPO
+from tests.support.commands import assert_one_line_error, run_main
+from tests.support.recipe_fills import FILLS
 
 KINDS = ("dataset", "model_family", "evaluation_kind", "peft_method")
 # Maps whose keys are the user's (checked by their stage, or passed on as they are).

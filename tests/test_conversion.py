@@ -13,15 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import (
-    REPO,
-    convert,
-    hf_computes_our_logits_each,
-    run_conversion_job,
-    run_main,
-    train,
-)
-from tests.test_training import write_config
+from tests.support import REPO
+from tests.support.commands import run_main
+from tests.support.conversion import convert, hf_computes_our_logits_each, run_conversion_job
+from tests.support.training import train, write_config
 
 IMPROVED = (
     "training.model.position_embedding_type=rope",

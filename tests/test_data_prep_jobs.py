@@ -29,8 +29,8 @@ from launcher_scripts.formats.tokenizer import (
     load_tokenizer,
 )
 from launcher_scripts.jobs.data_prep import preprocess, readers
-from tests import wordpiece_corpus
-from tests.data_prep_corpus import (
+from tests.support import wordpiece_corpus
+from tests.support.data_prep_corpus import (
     EOD,
     run_job,
     save_tokenizer_files,

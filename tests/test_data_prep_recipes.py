@@ -22,10 +22,10 @@ from launcher_scripts.config.preflight import resolve
 from launcher_scripts.formats.mc4_files import plan_files
 from launcher_scripts.jobs.data_prep import mc4
 from launcher_scripts.stages import STAGES, StageContext
-from tests import wordpiece_corpus
-from tests.conftest import run_main
-from tests.data_prep_corpus import run_job
-from tests.http_site import Site
+from tests.support import wordpiece_corpus
+from tests.support.commands import run_main
+from tests.support.data_prep_corpus import run_job
+from tests.support.http_site import Site
 
 STAGE = "data_preparation"
 PATHS = ["launcher_scripts_path=/opt/launcher", "data_dir=/data", "base_results_dir=/results"]

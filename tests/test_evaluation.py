@@ -15,7 +15,8 @@ import pytest
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.evaluation import report
 from launcher_scripts.recipes import evaluation as recipe
-from tests.conftest import ONE_THREAD, REPO, run_main
+from tests.support import REPO
+from tests.support.commands import ONE_THREAD, run_main
 
 EVALUATE = "launcher_scripts.jobs.evaluation.evaluate"
 BATCH = 3  # rows of different lengths share a batch, so padding is exercised

@@ -23,8 +23,8 @@ from launcher_scripts.config.compose import compose_config, config_groups, recip
 from launcher_scripts.config.preflight import CLUSTER_TYPES
 from launcher_scripts.pipeline import plan
 from launcher_scripts.stages import STAGES
-from tests.conftest import REPO
-from tests.test_published_recipes import FILLS
+from tests.support import REPO
+from tests.support.recipe_fills import FILLS
 
 GROUPS = [group for group in config_groups() if group != "cluster"]
 RUNNABLE = [group for group in GROUPS if group in STAGES]

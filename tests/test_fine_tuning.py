@@ -20,8 +20,10 @@ import pytest
 from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
-from tests.conftest import REPO, in_process_check, one_error_line, run_main
-from tests.sft_task import write_task
+from tests.support import REPO
+from tests.support.commands import one_error_line, run_main
+from tests.support.sft_task import write_task
+from tests.support.training import in_process_check
 
 ALL_TARGETS = "[attention_qkv,attention_dense,mlp_fc1,mlp_fc2]"
 

@@ -24,8 +24,8 @@ from launcher_scripts.jobs.inference.generation import (
     top_k_filter,
     top_p_filter,
 )
-from tests.conftest import REPO
-from tests.test_training import ONE_THREAD
+from tests.support import REPO
+from tests.support.commands import ONE_THREAD
 
 # ---------------------------------------------------------------------------------------------
 # GenerationParams

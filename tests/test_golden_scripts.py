@@ -19,7 +19,7 @@ from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.stages import STAGES, StageContext
-from tests.conftest import CASES, case_overrides
+from tests.support.golden_cases import CASES, case_overrides
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -51,7 +51,7 @@ def test_rendered_scripts_match_goldens(
     for name, text in scripts.items():
         assert text == (folder / name).read_text(), f"{folder / name} differs"
         if backend_name == "k8s":  # a manifest: valid against the pinned Kubernetes schemas
-            from tests.k8s_schema import validate_manifest
+            from tests.support.k8s_schema import validate_manifest
 
             validate_manifest(text)
             continue

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ONE_THREAD, REPO, hf_imported, one_error_line, run_main, run_module
+from tests.support import REPO
+from tests.support.commands import ONE_THREAD, one_error_line, run_main, run_module
+from tests.support.conversion import hf_imported
 
 CLASSES = {
     "llama3": "LlamaForCausalLM",

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from launcher_scripts.jobs.benign_warnings import BENIGN_LOG_LINES, BENIGN_WARNINGS
-from tests.conftest import run_main
+from tests.support.commands import run_main
 
 # Any line a Python warning or a WARNING log record prints.
 WARNING_LINE = re.compile(r"\b\w*Warning: |^\s*warnings\.warn\(|WARNING")

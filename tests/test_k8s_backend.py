@@ -46,10 +46,11 @@ from launcher_scripts.clusters.k8s import (
 from launcher_scripts.clusters.k8s_manifest import k8s_name
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.jobspec import Command, JobSpec, Resources
-from tests.conftest import REPO, run_main
-from tests.k8s_schema import PINNED_VERSION, validate_manifest
+from tests.support import REPO
+from tests.support.commands import run_main
+from tests.support.k8s_schema import PINNED_VERSION, validate_manifest
 
-SHIM = Path(__file__).parent / "kubectl_shim.py"
+SHIM = Path(__file__).parent / "support" / "kubectl_shim.py"
 CLUSTER = REPO / "conf" / "cluster" / "k8s.yaml"
 IMAGE = "nvcr.io/nvidia/nemo:24.05"
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.recipes.tuning import PeftSettings
-from tests.conftest import run_main
+from tests.support.commands import run_main
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

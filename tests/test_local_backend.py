@@ -7,7 +7,7 @@ from pathlib import Path
 from launcher_scripts.clusters import JobRecord
 from launcher_scripts.clusters.local import LocalBackend
 from launcher_scripts.jobspec import Command, JobSpec
-from tests.conftest import REPO
+from tests.support import REPO
 
 PROGRAM = """
 import os, sys

@@ -18,7 +18,9 @@ from typing import IO, Any
 import pytest
 
 from launcher_scripts.formats.progress import TMP_PREFIX, newest_step
-from tests.conftest import REPO, ctrl_c_as_in_a_terminal, run_main, run_ops, write_run_manifest
+from tests.support import REPO
+from tests.support.commands import ctrl_c_as_in_a_terminal, run_main, run_ops
+from tests.support.manifests import write_run_manifest
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
 # Long enough never to finish while a test waits; a checkpoint every few steps.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import signal
@@ -15,18 +14,19 @@ import pytest
 import sentencepiece
 import zstandard
 from megatron.core.datasets.indexed_dataset import IndexedDataset
-from tokenizers import ByteLevelBPETokenizer
 
 from launcher_scripts.config.resolvers import launcher_root
-from tests.conftest import REPO, run_main, run_ops, write_run_manifest
-from tests.http_site import Site
-
-SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
-
-
-def sample_texts() -> list[str]:
-    with gzip.open(SAMPLE, "rt") as lines:
-        return [json.loads(line)["text"] for line in lines]
+from tests.support import REPO
+from tests.support.commands import run_main, run_ops
+from tests.support.http_site import Site
+from tests.support.manifests import write_run_manifest
+from tests.support.pile import (
+    SAMPLE,
+    assert_pile_tokenized,
+    pile_overrides,
+    sample_texts,
+    serve_pile,
+)
 
 
 def status_json(target: Path) -> dict:
@@ -140,50 +140,6 @@ def test_a_failing_job_stops_the_pipeline(tmp_path: Path) -> None:
     }
     status = run_ops("status", str(results / "custom_dataset"))
     assert f"see {log}" in status.stdout
-
-
-def gpt2_tokenizer_files(folder: Path, texts: list[str]) -> ByteLevelBPETokenizer:
-    tokenizer = ByteLevelBPETokenizer()
-    tokenizer.train_from_iterator(texts, vocab_size=600, special_tokens=["<|endoftext|>"])
-    folder.mkdir(parents=True)
-    tokenizer.save_model(str(folder))
-    return tokenizer
-
-
-def serve_pile(site: Site, folder: Path) -> tuple[ByteLevelBPETokenizer, dict[int, list[str]]]:
-    """Two Pile-like shards and a GPT-2 style tokenizer on the test site."""
-    texts = sample_texts()[:200]
-    shards = {0: texts[:120], 1: texts[120:]}
-    for number, docs in shards.items():
-        jsonl = "".join(
-            json.dumps({"text": t, "meta": {"pile_set_name": "x"}}) + "\n" for t in docs
-        )
-        site.behaviour.files[f"{number:02d}.jsonl.zst"] = zstandard.compress(jsonl.encode())
-    tokenizer = gpt2_tokenizer_files(folder / "bpe_source", texts)
-    for name in ("vocab.json", "merges.txt"):
-        site.behaviour.files[name] = (folder / "bpe_source" / name).read_bytes()
-    return tokenizer, shards
-
-
-def pile_overrides(site: Site) -> tuple[str, ...]:
-    return (
-        "stages=[data_preparation]",
-        "data_preparation=gpt3/download_gpt3_pile",
-        "data_preparation.file_numbers='0-1'",
-        f"data_preparation.the_pile_url={site.url}/",
-        f"data_preparation.download_vocab_url={site.url}/vocab.json",
-        f"data_preparation.download_merges_url={site.url}/merges.txt",
-    )
-
-
-def assert_pile_tokenized(
-    data: Path, tokenizer: ByteLevelBPETokenizer, shards: dict[int, list[str]]
-) -> None:
-    eod = tokenizer.token_to_id("<|endoftext|>")
-    for number, docs in shards.items():
-        dataset = IndexedDataset(str(data / f"my-gpt3_{number:02d}_text_document"))
-        assert len(dataset) == len(docs)
-        assert dataset[5].tolist() == tokenizer.encode(docs[5]).ids + [eod]
 
 
 def test_pile_recipe_downloads_extracts_and_tokenizes(site: Site, tmp_path: Path) -> None:

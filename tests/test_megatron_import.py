@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 PROBE = """
 import json, sys

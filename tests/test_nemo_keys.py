@@ -14,8 +14,7 @@ from launcher_scripts.config.compose import compose_config
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.formats.progress import STATE_FILE
 from launcher_scripts.recipes.conversion import with_tokenizer_files
-from tests.conftest import run_main
-from tests.test_preflight import assert_one_line_error
+from tests.support.commands import assert_one_line_error, run_main
 
 
 def dry_plan(tmp_path: Path, *overrides: str):

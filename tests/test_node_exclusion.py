@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher_scripts.jobs.failed_node import first_failed_node
-from tests.conftest import run_main
+from tests.support.commands import run_main
 
 KILLED = """\
 rank 2/4 local_rank 0 host n2 device cpu launcher slurm: joining 4 processes at n1:20616

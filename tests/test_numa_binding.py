@@ -30,7 +30,8 @@ from launcher_scripts.jobs.numa_topology import (
 )
 from launcher_scripts.pipeline import plan
 from launcher_scripts.stages.base import NUMA_BINDING
-from tests.conftest import REPO, case_overrides
+from tests.support import REPO
+from tests.support.golden_cases import case_overrides
 
 SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
 

@@ -17,9 +17,8 @@ from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.recipes.optimizer import check_optimizer
-from tests.conftest import run_main
-from tests.test_preflight import assert_one_line_error
-from tests.test_published_recipes import FILLS
+from tests.support.commands import assert_one_line_error, run_main
+from tests.support.recipe_fills import FILLS
 
 # A recipe of each family for each stage that has an optimizer.
 RECIPES = [

@@ -17,7 +17,8 @@ from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.stages import STAGES
-from tests.conftest import REPO, InstalledLauncher, source_files
+from tests.support import REPO
+from tests.support.packaging import InstalledLauncher, source_files
 
 # Top-level folders of the checkout that are not installed, by design. Every other file below a
 # folder ships (conf/ as launcher_scripts/conf/); a new folder must be added to setup.py's

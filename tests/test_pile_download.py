@@ -21,7 +21,7 @@ import zstandard
 from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobs.data_prep import download, extract
 from launcher_scripts.ports import free_port
-from tests.http_site import Site
+from tests.support.http_site import Site
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Scheduler variables of the machine running the tests must not pick the rank.

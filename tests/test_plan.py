@@ -11,7 +11,7 @@ from launcher_scripts.config.compose import compose_config
 from launcher_scripts.costmodel.plan import check_fits
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import family_of
-from tests.conftest import run_main
+from tests.support.commands import run_main
 
 # GPT-3 126m: h 768, 12 layers, 12 heads, FFN 3072, sequence 2048, learned positions, GeLU,
 # LayerNorm, biases, tied embeddings; the GPT-2 vocabulary 50257 padded to 50304 (128).

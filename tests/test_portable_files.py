@@ -14,8 +14,9 @@ import torch
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.fine_tuning.merge_lora import main as merge_lora_main
 from launcher_scripts.recipes.tuning import PeftSettings
-from tests.conftest import REPO, run_main
-from tests.damaged_files import damaged_tars, with_config
+from tests.support import REPO
+from tests.support.commands import run_main
+from tests.support.damaged_files import damaged_tars, with_config
 
 # model_config.yaml edits that the tiny model's weights contradict, and the tensor that says so.
 DISAGREEING = {

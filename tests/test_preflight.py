@@ -7,17 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_main
-
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+from tests.support.commands import assert_one_line_error, run_main
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from launcher_scripts.config.compose import compose_config, conf_dir, recipe_opt
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.recipes.training import parse_max_time
+from tests.support.recipe_fills import FILLS
 
 DATA_DIR, RESULTS_DIR = "/data", "/results"
 PATHS = (f"data_dir={DATA_DIR}", f"base_results_dir={RESULTS_DIR}")
@@ -168,25 +169,6 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         mbs=8,
         gbs=4096,
     ),
-}
-
-# Values a recipe leaves to the user (`???`), as a user gives them on the command line.
-FILLS: dict[tuple[str, str], list[str]] = {
-    ("conversion", "hf_import"): ["conversion.hf_model_dir=/models/t5-small"],
-    ("conversion", "hf_export"): ["conversion.run.model_train_name=Meta-Llama-3-8B"],
-    ("fine_tuning", "gpt3/custom_task"): [
-        "fine_tuning.model.data.train_ds.file_names=[/data/task/train.jsonl]",
-        "fine_tuning.model.data.train_ds.concat_sampling_probabilities=[1.0]",
-        "fine_tuning.model.data.validation_ds.file_names=[/data/task/val.jsonl]",
-    ],
-    **{
-        ("fine_tuning", f"{family}/custom_task"): [
-            f"fine_tuning.model.data.{split}_ds.{side}_file_name=/data/task/{split}_{side}.txt"
-            for split in ("train", "validation")
-            for side in ("src", "tgt")
-        ]
-        for family in ("t5", "mt5")
-    },
 }
 
 # What each evaluation recipe is: (evaluation_kind, peft_method).

@@ -18,7 +18,7 @@ from launcher_scripts.clusters.base import time_limit_seconds
 from launcher_scripts.config.compose import compose_config, conf_dir
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.recipes.training import parse_max_time
-from tests.conftest import run_main
+from tests.support.commands import run_main
 
 RECIPE_DIR = conf_dir() / "training" / "gpt3"
 RECIPES = sorted(path.stem for path in RECIPE_DIR.glob("*.yaml"))

@@ -22,7 +22,7 @@ import yaml
 
 from launcher_scripts.config.compose import compose_config, config_groups
 from launcher_scripts.main import main
-from tests.conftest import REPO, missing
+from tests.support import REPO, missing
 
 REFERENCE = REPO.parent / "shared" / "reference" / "launcher-reference.md"
 IMAGE = "nvcr.io/nvidia/nemo:24.05"

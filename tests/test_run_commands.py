@@ -17,7 +17,8 @@ import pytest
 from launcher_scripts import ops
 from launcher_scripts.clusters.base import JobRecord
 from launcher_scripts.manifest import MANIFEST, STAGE_LINK, Manifest, StageRecord
-from tests.conftest import REPO, run_ops
+from tests.support import REPO
+from tests.support.commands import run_ops
 
 COMMANDS = ("status", "logs", "cancel")
 # Values of a type no manifest field has: each replaces every key in turn.

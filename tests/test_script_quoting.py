@@ -31,7 +31,9 @@ from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import escape_interpolations
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.pipeline import plan
-from tests.conftest import CASES, REPO, case_overrides, run_main, run_ops
+from tests.support import REPO
+from tests.support.commands import run_main, run_ops
+from tests.support.golden_cases import CASES, case_overrides
 
 # Shell syntax that creates a marker file wherever it reaches a shell unquoted.
 HOSTILE = "x $(touch M1) `touch M2`;touch M3 'q' \"d\" ${IFS}y |touch M4 &"

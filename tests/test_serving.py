@@ -17,13 +17,9 @@ from pathlib import Path
 import pytest
 
 from launcher_scripts.jobs.export.install import up_to_date
-from tests.conftest import (
-    ONE_THREAD,
-    REPO,
-    post,
-    serves_like_in_process,
-    triton_server,
-)
+from tests.support import REPO
+from tests.support.commands import ONE_THREAD
+from tests.support.triton import post, serves_like_in_process, triton_server
 
 PROMPTS = ["The history of", "In the morning the", "A small village near the river was"]
 

@@ -16,7 +16,7 @@ from launcher_scripts.config.preflight import resolve
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.data_prep import sft_convert
 from launcher_scripts.stages import STAGES, StageContext
-from tests.conftest import run_main
+from tests.support.commands import run_main
 
 STAGE = "data_preparation"
 PROGRAM = "launcher_scripts.jobs.data_prep.sft_convert"

@@ -17,10 +17,12 @@ import pytest
 
 from launcher_scripts.formats.progress import TMP_PREFIX, newest_step
 from launcher_scripts.ports import free_port
-from tests.conftest import MULTI_PARTITION, REPO, SMALL_CLUSTER, run_main, run_ops, wait_for_run
-from tests.http_site import Site
-from tests.test_local_pipeline import assert_pile_tokenized, pile_overrides, serve_pile
-from tests.test_training import losses
+from tests.support import REPO
+from tests.support.commands import run_main, run_ops
+from tests.support.http_site import Site
+from tests.support.pile import assert_pile_tokenized, pile_overrides, serve_pile
+from tests.support.slurm import MULTI_PARTITION, SMALL_CLUSTER, wait_for_run
+from tests.support.training import losses
 
 SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
 

@@ -14,16 +14,9 @@ import time
 from pathlib import Path
 
 from launcher_scripts.jobs.failed_node import first_failed_node
-from tests.conftest import (
-    SMALL_CLUSTER,
-    assert_same_losses,
-    losses,
-    run_main,
-    run_ops,
-    srun_on_nodes,
-    submit_to_nodes,
-    wait_for_run,
-)
+from tests.support.commands import run_main, run_ops
+from tests.support.slurm import SMALL_CLUSTER, srun_on_nodes, submit_to_nodes, wait_for_run
+from tests.support.training import assert_same_losses, losses
 
 REPORT = """
 import json, os, socket

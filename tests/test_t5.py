@@ -20,15 +20,12 @@ import pytest
 import torch
 
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
-from tests.conftest import (
-    ONE_THREAD,
-    REPO,
+from tests.support import REPO
+from tests.support.commands import ONE_THREAD, run_main
+from tests.support.conversion import assert_same_outputs, convert, reshard_checks
+from tests.support.training import (
     assert_same_losses,
-    assert_same_outputs,
-    convert,
     losses,
-    reshard_checks,
-    run_main,
     stop_with_signal,
     train,
     write_training_config,

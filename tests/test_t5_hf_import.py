@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import hf_imported, one_error_line, run_main, run_module
+from tests.support.commands import one_error_line, run_main, run_module
+from tests.support.conversion import hf_imported
 
 VARIANTS = ["t5_v1", "t5_v1.1", "mt5"]
 
@@ -67,7 +68,7 @@ def test_an_imported_t5_fine_tunes_and_exports_back(
 ) -> None:
     """T5's decoder starts at id 0, the padding id: the masks must still attend to it. T5
     v1.0's output layer is the embedding table, with no bias: the tuned model exports."""
-    from tests.sft_task import write_text_to_text_task
+    from tests.support.sft_task import write_text_to_text_task
 
     model = imported["t5_v1"]  # the module's import, read only
     task = write_text_to_text_task(tmp_path / "task")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import post, run_main, serves_like_in_process, triton_server
+from tests.support.commands import run_main
+from tests.support.triton import post, serves_like_in_process, triton_server
 
 PROMPTS = [
     "question: what is the history of the city? context: the city was founded by the king",

@@ -15,8 +15,9 @@ import pytest
 
 from launcher_scripts.formats.portable_check import inspect_portable
 from launcher_scripts.jobs.fine_tuning import sft_data
-from tests.conftest import in_process_check, run_main, run_module
-from tests.sft_task import write_text_to_text_task
+from tests.support.commands import run_main, run_module
+from tests.support.sft_task import write_text_to_text_task
+from tests.support.training import in_process_check
 
 STAGE = "fine_tuning"
 # One worker runs the module's tests one after another: its module-scoped runs (the tuned T5,

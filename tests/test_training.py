@@ -13,37 +13,16 @@ from typing import Any
 import pytest
 
 from launcher_scripts.formats.progress import EXIT_PREEMPTED, complete_checkpoints
-from tests.conftest import (
-    ONE_THREAD,
-    REPO,
+from tests.support import REPO
+from tests.support.commands import ONE_THREAD, run_main
+from tests.support.training import (
     assert_same_losses,
     command,
     losses,
-    run_main,
     stop_with_signal,
     train,
-    write_training_config,
+    write_config,
 )
-
-# Small and quick; a vocabulary padded to 8192 at TP 1 and TP 2 alike (8000 real tokens), so
-# layouts compute the same logits.
-SMALL = (
-    "training.model.make_vocab_size_divisible_by=4096",
-    "training.model.num_layers=2",
-    "training.model.hidden_size=64",
-    "training.model.ffn_hidden_size=256",
-    "training.model.micro_batch_size=2",
-    "training.model.global_batch_size=4",
-    "training.model.optim.sched.warmup_steps=2",
-    "training.trainer.log_every_n_steps=1",
-    "training.trainer.val_check_interval=4",
-    "training.trainer.limit_val_batches=1",
-)
-
-
-def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
-    return write_training_config(prepared, log_dir, *SMALL, *overrides)
-
 
 LAYOUT_STEPS = ("training.trainer.max_steps=6",)
 

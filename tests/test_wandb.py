@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_main
+from tests.support.commands import run_main
 
 WANDB_OFF_LINE = ["+env_vars.WANDB_MODE=offline"]
 SHORT_WARMUP = "training.model.optim.sched.warmup_steps=1"  # runs of a few steps

@@ -24,7 +24,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 COMMON = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4}
 ROTARY = {**COMMON, "num_attention_heads": 4, "max_position_embeddings": 256, "hidden_act": "silu"}

@@ -26,7 +26,7 @@ from transformers import (
     T5Tokenizer,
 )
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 VARIANTS = {
     # name: (config class, model class, feed_forward_proj, one table and a scaled output)

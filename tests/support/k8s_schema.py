@@ -13,7 +13,7 @@ import kubernetes_validate
 import yaml
 
 # The version the manifests are checked against: conf/cluster/k8s.yaml's default k8s_version.
-CONF = Path(__file__).resolve().parents[1] / "conf" / "cluster" / "k8s.yaml"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "cluster" / "k8s.yaml"
 PINNED_VERSION = str(yaml.safe_load(CONF.read_text())["k8s_version"])
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
+
 EOD = "<|endoftext|>"
 
 # fmt: off

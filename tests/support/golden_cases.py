@@ -1,0 +1,150 @@
+"""One case per kind of job a stage renders, composed for every backend: the golden scripts and
+the quoting tests render each of them."""
+
+from __future__ import annotations
+
+# Fixed paths, so the scripts do not depend on where the checkout is.
+PATHS = ["launcher_scripts_path=/opt/launcher", "data_dir=/data", "base_results_dir=/results"]
+# One case per kind of job a stage renders: (stage, overrides). The golden scripts and the
+# quoting tests render each of them for every backend.
+CASES = {
+    "custom_dataset_train_tokenizer": (
+        "data_preparation",
+        [
+            "data_preparation=generic/custom_dataset",
+            "data_preparation.raw_dataset_files=[/data/raw/a.jsonl,/data/raw/b.jsonl.gz]",
+        ],
+    ),
+    "custom_dataset_hf_tokenizer": (
+        "data_preparation",
+        [
+            "data_preparation=generic/custom_dataset",
+            "data_preparation.train_tokenizer=false",
+            "data_preparation.tokenizer_model=/data/tok/tokenizer.json",
+            'data_preparation.raw_dataset_files=[/data/raw/docs,"/data/raw/it\'s here.json"]',
+            "data_preparation.run.workers_per_node=2",
+            "data_preparation.append_eod=false",
+        ],
+    ),
+    "custom_dataset_gpt2_bpe": (
+        "data_preparation",
+        [
+            "data_preparation=generic/custom_dataset",
+            "data_preparation.train_tokenizer=false",
+            "data_preparation.vocab_file=/data/bpe/vocab.json",
+            "data_preparation.merge_file=/data/bpe/merges.txt",
+            "data_preparation.raw_dataset_files=[/data/raw/a.jsonl]",
+            "+env_vars.WANDB_PROJECT=my project",
+            "wandb_api_key_file=/secrets/wandb",
+        ],
+    ),
+    "download_gpt3_pile": (
+        "data_preparation",
+        ["data_preparation=gpt3/download_gpt3_pile", "data_preparation.file_numbers='0,3,5-7'"],
+    ),
+    "download_t5_pile": (
+        "data_preparation",
+        ["data_preparation=t5/download_t5_pile", "data_preparation.file_numbers='0,3'"],
+    ),
+    "download_bert_pile": (
+        "data_preparation",
+        ["data_preparation=bert/download_bert_pile", "data_preparation.file_numbers='1-2'"],
+    ),
+    "download_mc4": (
+        "data_preparation",
+        ["data_preparation=mt5/download_mc4", "data_preparation.languages='cs,da'"],
+    ),
+    "training_t5_220m": ("training", ["training=t5/220m"]),
+    "training_bert_110m": ("training", ["training=bert/110m"]),
+    "training_gpt3_tiny": ("training", ["training=gpt3/tiny"]),
+    "training_gpt3_126m_container": (
+        "training",
+        [
+            "training=gpt3/126m",
+            "container=nvcr.io/nvidia/nemo:24.05",
+            "container_mounts=[/lustre/shared,/scratch:/mnt/scratch]",
+            # Slurm's own keys: case_overrides gives them to the bcm backend only (another
+            # cluster type's file has no such keys, and preflight refuses them there).
+            "++cluster.partition=batch",
+            "++cluster.account=llm",
+            "++cluster.sbatch_options.constraint=h100",
+            "++cluster.srun_args=['--mpi=pmix']",
+        ],
+    ),
+    # Before the other conversion cases: a stage's last case is the one its name checks use.
+    "hf_import_t5": (
+        "conversion",
+        ["conversion=hf_import", "conversion.hf_model_dir=/data/hf/t5-small"],
+    ),
+    "conversion_gpt3": ("conversion", ["conversion.run.model_train_name=gpt3_126m"]),
+    "conversion_t5": ("conversion", ["training=t5/220m", "conversion=t5/convert_t5"]),
+    "conversion_bert": (
+        "conversion",
+        ["training=bert/tiny", "conversion=bert/convert_bert", "conversion.run.hf_dir_name=hf"],
+    ),
+    "evaluation_gpt3_tp2": (
+        "evaluation",
+        [
+            "training=gpt3/126m",
+            "evaluation.model.tensor_model_parallel_size=2",
+            "evaluation.run.tasks=all_tasks",
+        ],
+    ),
+    "export_gpt3": ("export", ["export.run.model_train_name=gpt3_126m"]),
+    "export_t5": ("export", ["export=t5/export_t5"]),
+    "sft_squad": ("data_preparation", ["data_preparation=sft/squad"]),
+    "sft_dolly": ("data_preparation", ["data_preparation=sft/dolly"]),
+    "sft_xquad": ("data_preparation", ["data_preparation=sft/xquad"]),
+    "fine_tuning_gpt3_squad": ("fine_tuning", ["fine_tuning=gpt3/squad"]),
+    "fine_tuning_mt5_xquad_pp2": (
+        "fine_tuning",
+        [
+            "fine_tuning=mt5/xquad",
+            "fine_tuning.trainer.devices=2",
+            "fine_tuning.model.pipeline_model_parallel_size=2",
+        ],
+    ),
+    "peft_gpt3_lora_tp2": (
+        "peft",
+        [
+            "peft=gpt3/squad",
+            "peft.trainer.devices=2",
+            "peft.model.tensor_model_parallel_size=2",
+            "peft.model.peft.peft_scheme=lora",
+        ],
+    ),
+    "prompt_learning_gpt3": ("prompt_learning", ["prompt_learning=gpt3/squad"]),
+    "adapter_learning_gpt3": ("adapter_learning", ["adapter_learning=gpt3/squad"]),
+    "ia3_learning_gpt3": ("ia3_learning", ["ia3_learning=gpt3/squad"]),
+    "evaluation_peft_gpt3": ("evaluation", ["evaluation=peft_gpt3/squad"]),
+    "training_gpt3_126m_two_devices": (
+        "training",
+        ["training=gpt3/126m", "training.trainer.devices=2", "training.trainer.num_nodes=1"],
+    ),
+}
+
+
+# What the k8s backend needs besides a case: an image, and volumes holding the fixed paths (one
+# of each kind of source).
+K8S = [
+    "cluster.volumes=[{name:code,mount_path:/opt/launcher,host_path:/opt/launcher},"
+    "{name:data,mount_path:/data,pvc:launcher-data},"
+    "{name:results,mount_path:/results,nfs:{server:nfs.example.com,path:/export/results}}]",
+]
+IMAGE = "nvcr.io/nvidia/nemo:24.05"
+
+
+def case_overrides(
+    case: str, backend_name: str, paths: list[str] = PATHS, k8s: list[str] = K8S
+) -> tuple[str, list[str]]:
+    """(stage, overrides) that compose a case of CASES for a backend, with `paths` for the
+    three root paths and, for k8s, `k8s` for the volumes holding them."""
+    stage, overrides = CASES[case]
+    if backend_name != "bcm":
+        overrides = [o for o in overrides if not o.startswith("++cluster.")]
+    extra = []
+    if backend_name == "k8s":
+        extra = list(k8s)
+        if not any(o.startswith("container=") for o in overrides):
+            extra.append(f"container={IMAGE}")
+    return stage, [*paths, f"cluster_type={backend_name}", *extra, f"stages=[{stage}]", *overrides]
