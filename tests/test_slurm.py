@@ -21,7 +21,7 @@ from tests.support import REPO
 from tests.support.commands import run_main, run_ops
 from tests.support.http_site import Site
 from tests.support.pile import assert_pile_tokenized, pile_overrides, serve_pile
-from tests.support.slurm import MULTI_PARTITION, SMALL_CLUSTER, wait_for_run
+from tests.support.slurm import ENDED, MULTI_PARTITION, SMALL_CLUSTER, wait_for_run, wait_for_states
 from tests.support.training import losses
 
 SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
@@ -186,6 +186,10 @@ def test_pile_steps_are_chained_task_to_task(slurm: None, site: Site, tmp_path: 
 
 
 def test_cancel_from_another_process_stops_every_job(slurm: None, tmp_path: Path) -> None:
+    """Cancelled once data preparation has completed and training runs (100000 steps: it
+    cannot end by itself before the cancel), with the later stages waiting on it: the cancel
+    reaches exactly the jobs that have not ended, and each of them ends CANCELLED. No state
+    depends on when the cancel comes."""
     results = tmp_path / "results"
     submitted = run_main(
         f"base_results_dir={results}",
@@ -194,16 +198,18 @@ def test_cancel_from_another_process_stops_every_job(slurm: None, tmp_path: Path
         "training.trainer.max_steps=100000",
     )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    before = wait_for_states(results, lambda states: states["gpt3_tiny"] == "RUNNING", 900)
+    assert len(before) == 6, before
+    ended = {name for name, state in before.items() if state in ENDED}
+    assert all(before[name] == "COMPLETED" for name in ended), before
     cancelled = run_ops("cancel", str(results))
     assert cancelled.returncode == 0, cancelled.stderr
     asked = {
         line.split()[2] for line in cancelled.stdout.splitlines() if "cancel requested" in line
     }
+    assert asked == set(before) - ended, cancelled.stdout
     states = wait_for_run(results, timeout=900)
-    assert len(states) == 6 and "gpt3_tiny" in asked, cancelled.stdout
-    # The tokenizer's job (a second's work) may have ended before the cancel came: every job
-    # the cancel reached is cancelled, and the others had completed.
-    assert all(states[name] == ("CANCELLED" if name in asked else "COMPLETED") for name in states)
+    assert states == {name: "COMPLETED" if name in ended else "CANCELLED" for name in before}
     manifest = json.loads(run_ops("status", str(results), "--json").stdout)
     ids = [i for stage in manifest["stages"] for job in stage["jobs"] for i in job["job_ids"]]
     queue = subprocess.run(

@@ -6,7 +6,7 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tests.support import REPO, missing
@@ -45,8 +45,14 @@ def submit_to_nodes(results: Path, *overrides: str) -> str:
     return job_id
 
 
-def wait_for_run(results: Path, timeout: float = 1800) -> dict[str, str]:
-    """Poll `status --json` (another process, as a user would) until every job has ended."""
+ENDED = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def wait_for_states(
+    results: Path, reached: Callable[[dict[str, str]], bool], timeout: float = 1800
+) -> dict[str, str]:
+    """Poll `status --json` (another process, as a user would) until the jobs' states (by
+    job name) are `reached`; returns them."""
     deadline = time.monotonic() + timeout
     states: dict[str, str] = {}
     while time.monotonic() < deadline:
@@ -56,10 +62,17 @@ def wait_for_run(results: Path, timeout: float = 1800) -> dict[str, str]:
         states = {
             job["name"]: job["state"] for stage in manifest["stages"] for job in stage["jobs"]
         }
-        if all(state in ("COMPLETED", "FAILED", "CANCELLED") for state in states.values()):
+        if reached(states):
             return states
         time.sleep(2)
-    raise AssertionError(f"the run did not end in {timeout} s: {states}")
+    raise AssertionError(
+        f"the run's jobs did not reach the states awaited in {timeout} s: {states}"
+    )
+
+
+def wait_for_run(results: Path, timeout: float = 1800) -> dict[str, str]:
+    """wait_for_states until every job has ended."""
+    return wait_for_states(results, lambda states: set(states.values()) <= set(ENDED), timeout)
 
 
 MULTI_PARTITION = "multi"  # .ci/slurm-up.sh's namespace nodes n1..n3
