@@ -139,10 +139,10 @@ def write_mapping_task(folder: Path) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def lora_tune(imported: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The three commands of the README: import (the `imported` fixture), PEFT with the Llama 3
-    recipe, export with the LoRA file folded in (back/); and our merged model (merged.nemo)
-    for hf_gpt_check to compare with that export (in one_process_reports' launch). The tune's
-    results folder is "log"."""
+    """The three commands of docs/conversion.md: import (the `imported` fixture), PEFT with the
+    Llama 3 recipe, export with the LoRA file folded in (back/); and our merged model
+    (merged.nemo) for hf_gpt_check to compare with that export (in one_process_reports'
+    launch). The tune's results folder is "log"."""
     tmp_path = tmp_path_factory.mktemp("lora")
     task = write_mapping_task(tmp_path / "task")
     results = tmp_path / "results"
@@ -196,7 +196,7 @@ def lora_tune(imported: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 def test_a_lora_tune_of_an_imported_llama_goes_back_to_hugging_face_merged(
     hf_models: Path, lora_tune: dict[str, Path], one_process_reports: dict[str, dict]
 ) -> None:
-    """The three commands of the README (lora_tune): the tune learns, and the export is the
+    """The three commands of docs/conversion.md (lora_tune): the tune learns, and the export is the
     merged model as a Hugging Face Llama."""
     log = lora_tune["log"]
     rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]

@@ -42,8 +42,8 @@ class TuningStage:
         for key, path in all_inputs(spec):
             if not path.exists() and not ctx.will_exist(path):
                 raise RecipeError(
-                    f"{key}: {ctx.not_written(path)}: give an existing file (see the README's "
-                    "fine-tuning section)"
+                    f"{key}: {ctx.not_written(path)}: give an existing file (see "
+                    "docs/fine_tuning.md)"
                 )
         par = recipe.parallelism(cfg, stage)
         recipe.check_world(par, stage)

@@ -1,10 +1,10 @@
 """`python3 -m launcher_scripts install-triton`: a Triton server with its Python backend, from
 PyPI, in a virtual environment of its own.
 
-The server comes inside the `nvidia-pytriton` wheel; `tritonclient` is the client the README and
-tests use. The environment sees this Python's packages (torch, megatron-core, the launcher) but
-has its own numpy 1.x, which the wheel's Python-backend stub needs and which would otherwise
-clash with a numpy 2 installation.
+The server comes inside the `nvidia-pytriton` wheel; `tritonclient` is the client
+docs/export_and_serving.md and the tests use. The environment sees this Python's packages
+(torch, megatron-core, the launcher) but has its own numpy 1.x, which the wheel's
+Python-backend stub needs and which would otherwise clash with a numpy 2 installation.
 """
 
 from __future__ import annotations
