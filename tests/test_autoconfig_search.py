@@ -385,6 +385,7 @@ def measured_best(
     return fastest, summary, best, model
 
 
+@pytest.mark.slow
 def test_real_measured_search_on_cpu_picks_the_measured_fastest(
     prepared: Path, tmp_path: Path
 ) -> None:
@@ -408,6 +409,7 @@ def test_real_measured_search_on_cpu_picks_the_measured_fastest(
     assert "best: " + fastest["run"] in result.stdout
 
 
+@pytest.mark.slow
 def test_real_measured_bert_search_on_cpu(prepared_wordpiece: Path, tmp_path: Path) -> None:
     """bert/tiny (no context_parallel_size key in its family's recipes) on two CPU processes:
     one short run through main.py (the GPT search measures several), and a best config the
@@ -421,6 +423,7 @@ def test_real_measured_bert_search_on_cpu(prepared_wordpiece: Path, tmp_path: Pa
     validate_training(best, f"data_dir={prepared_wordpiece}/data")
 
 
+@pytest.mark.slow
 def test_real_measured_t5_search_on_cpu(prepared_wordpiece: Path, tmp_path: Path) -> None:
     """t5/tiny at PP 2 on two CPU processes: the encoder on stage 0 and the decoder on stage 1
     at the split rank the search sets, one short run, and a best config the stage accepts."""

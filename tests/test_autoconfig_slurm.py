@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from tests.support import REPO
@@ -77,6 +78,7 @@ def queued(job_ids: list[str]) -> list[str]:
     return result.stdout.split("\n")[:-1]
 
 
+@pytest.mark.slow
 def test_real_measured_search_on_slurm_picks_the_measured_fastest(
     slurm: None,  # noqa: F811
     prepared: Path,
@@ -134,6 +136,7 @@ def test_real_measured_search_on_slurm_picks_the_measured_fastest(
     validate_training(best, f"data_dir={prepared}/data")
 
 
+@pytest.mark.slow
 def test_ctrl_c_cancels_the_runs_it_submitted(
     slurm: None,  # noqa: F811
     prepared: Path,

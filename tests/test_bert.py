@@ -119,6 +119,7 @@ def hf_outputs(
     return {"post_ln": post, "pre_ln": pre}
 
 
+@pytest.mark.slow
 def test_bert_tiny_learns_and_converts_through_main(
     prepared_wordpiece: Path, through_main: Path, hf_outputs: dict[str, dict[str, Any]]
 ) -> None:
@@ -158,6 +159,7 @@ def test_bert_tiny_learns_and_converts_through_main(
     ]
 
 
+@pytest.mark.slow
 def test_pre_ln_bert_converts_to_megatron_bert_and_reshards_exactly(
     pre_ln: Path, hf_outputs: dict[str, dict[str, Any]]
 ) -> None:
@@ -181,6 +183,7 @@ def single_process(prepared_wordpiece: Path, tmp_path_factory: pytest.TempPathFa
     return log_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "layout",
     [
@@ -206,6 +209,7 @@ def test_bert_layouts_match_a_single_process(
     assert_same_losses(single_process, tmp_path / "parallel", 1e-4)
 
 
+@pytest.mark.slow
 def test_bert_stop_and_resume_match_an_uninterrupted_run(
     prepared_wordpiece: Path, tmp_path: Path
 ) -> None:
@@ -243,6 +247,7 @@ def test_bad_bert_keys_are_one_line(override: str, fragments: list[str], tmp_pat
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_the_published_layout_trains(prepared_wordpiece: Path, tmp_path: Path) -> None:
     """The published recipes' BERT: pre-LN (megatron-core's), GeGLU, no sentence-order head."""
     log_dir = tmp_path / "run"

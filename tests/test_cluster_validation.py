@@ -37,6 +37,7 @@ def slow_link(node: str, rate: str = "8mbit") -> Iterator[None]:
         subprocess.run(["tc", "qdisc", "del", "dev", device, "root"], check=True)
 
 
+@pytest.mark.slow
 def test_the_sweep_measures_a_pair_of_nodes(slurm_nodes: list[str]) -> None:
     result = sweep(tuple(slurm_nodes[:2]), *SWEEP)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -47,6 +48,7 @@ def test_the_sweep_measures_a_pair_of_nodes(slurm_nodes: list[str]) -> None:
         assert record["busbw_gbps"] == record["algbw_gbps"] > 0  # 2 ranks: factor 1
 
 
+@pytest.mark.slow
 def test_a_rendezvous_that_cannot_form_is_one_line(slurm_nodes: list[str]) -> None:
     """The ranks are sent to meet on a node outside the job: nothing listens there."""
     pair = tuple(slurm_nodes[:2])
@@ -91,6 +93,7 @@ def validate(
     return result, verdict
 
 
+@pytest.mark.slow
 def test_healthy_nodes_pass_and_get_their_report(slurm_nodes: list[str], tmp_path: Path) -> None:
     nodes = slurm_nodes[:3]
     result, verdict = validate(nodes, tmp_path)
@@ -108,6 +111,7 @@ def test_healthy_nodes_pass_and_get_their_report(slurm_nodes: list[str], tmp_pat
         assert f"| {node} | pass |" in (run / "nodes.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_rate_limited_node_is_named_not_its_pair(slurm_nodes: list[str], tmp_path: Path) -> None:
     nodes = slurm_nodes[:3]
     slow = nodes[1]
@@ -119,6 +123,7 @@ def test_a_rate_limited_node_is_named_not_its_pair(slurm_nodes: list[str], tmp_p
     assert f"nodes to drain (1 of 3): {slow}" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_node_whose_diagnostic_fails_is_listed_and_kept_out_of_jobs(
     slurm_nodes: list[str], prepared: Path, tmp_path: Path
 ) -> None:
@@ -178,6 +183,7 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert not (tmp_path / "validation").exists()
 
 
+@pytest.mark.slow
 def test_the_manual_job_scripts_run_each_step_by_hand(
     slurm_nodes: list[str], tmp_path: Path
 ) -> None:

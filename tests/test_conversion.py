@@ -85,6 +85,7 @@ def hf_outputs(
     return dict(zip(VARIANTS, outputs, strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_transformers_loads_the_export_and_matches_our_logits(
     converted: dict[str, Path], hf_outputs: dict[str, dict], variant: str
@@ -117,6 +118,7 @@ def test_transformers_loads_the_export_and_matches_our_logits(
     assert [tokenizer(t)["input_ids"] for t in known] == [reference.encode(t) for t in known]
 
 
+@pytest.mark.slow
 def test_a_tp2_pp2_checkpoint_converts_to_one_file_and_back_exactly(
     converted: dict[str, Path], hf_outputs: dict[str, dict], tiny_portable: Path
 ) -> None:
@@ -165,6 +167,7 @@ def test_conversion_preflight_is_one_line(
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_refused_in_one_line(tiny_portable: Path, tmp_path: Path) -> None:
     """A shard cut short or a file missing: conversion names the checkpoint and the fix, in
     preflight (exit 2, nothing written) and in the job."""

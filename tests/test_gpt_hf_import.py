@@ -104,6 +104,7 @@ def one_process_reports(
     return dict(zip([*CLASSES, "lora"], checks(*cases), strict=True))
 
 
+@pytest.mark.slow
 def test_imported_models_compute_what_transformers_does_and_go_back_exactly(
     one_process_reports: dict[str, dict],
 ) -> None:
@@ -114,6 +115,7 @@ def test_imported_models_compute_what_transformers_does_and_go_back_exactly(
         assert report["class"] == CLASSES[variant], (variant, report)
 
 
+@pytest.mark.slow
 def test_imported_models_compute_the_same_split_over_ranks(hf_models: Path, imported: Path) -> None:
     """Llama 3 (GQA: two query groups, one per rank) and StableLM (partial rotary, Q/K/V
     biases) at TP2; Qwen2 (tied) and GPT-2 (learned positions) at PP2."""
@@ -193,6 +195,7 @@ def lora_tune(imported: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     return {"log": log, "back": tmp_path / "back", "merged": merged}
 
 
+@pytest.mark.slow
 def test_a_lora_tune_of_an_imported_llama_goes_back_to_hugging_face_merged(
     hf_models: Path, lora_tune: dict[str, Path], one_process_reports: dict[str, dict]
 ) -> None:
@@ -235,6 +238,7 @@ def architecture_overrides(model: Path) -> list[str]:
     return [*stated, f"training.model.padded_vocab_size={rows}"]
 
 
+@pytest.mark.slow
 def test_continued_pretraining_starts_from_the_imported_weights(
     hf_models: Path, imported: Path, tmp_path: Path
 ) -> None:
@@ -328,6 +332,7 @@ def test_continued_pretraining_starts_from_the_imported_weights(
     assert scores["results"]["tiny_choice"]["sample_len"] == 4, scores["results"]
 
 
+@pytest.mark.slow
 def test_a_recipe_that_describes_another_model_than_the_file_is_one_line(
     imported: Path, tmp_path: Path
 ) -> None:
@@ -386,6 +391,7 @@ def test_a_layout_the_model_cannot_take_is_one_line(hf_models: Path, tmp_path: P
     one_error_line(result, "conversion.model.tensor_model_parallel_size")
 
 
+@pytest.mark.slow
 def test_an_export_it_cannot_write_is_one_line_and_writes_nothing(
     imported: Path, tmp_path: Path
 ) -> None:

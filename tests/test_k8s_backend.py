@@ -3,7 +3,7 @@ wiring runs.
 
 There is no Kubernetes cluster here. Manifests are checked offline against the official OpenAPI
 schemas (kubernetes-validate, strict mode). The end-to-end tests put a stand-in `kubectl` on
-PATH (tests/kubectl_shim.py): `apply` starts each pod's container command as a local process
+PATH (tests/scripts/kubectl_shim.py): `apply` starts each pod's container command as a local process
 with the pod's declared environment and Kubernetes' `$(VAR)` expansion, and reports the Job's
 conditions from the processes' exit codes. They test our wiring (node ranks from the completion
 index, torchrun's static rendezvous at pod 0, array ranks, quoting, log streaming, exit codes,
@@ -50,7 +50,7 @@ from tests.support import REPO
 from tests.support.commands import run_main
 from tests.support.k8s_schema import PINNED_VERSION, validate_manifest
 
-SHIM = Path(__file__).parent / "support" / "kubectl_shim.py"
+SHIM = Path(__file__).parent / "scripts" / "kubectl_shim.py"
 CLUSTER = REPO / "conf" / "cluster" / "k8s.yaml"
 IMAGE = "nvcr.io/nvidia/nemo:24.05"
 

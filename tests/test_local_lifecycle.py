@@ -142,6 +142,7 @@ def first_checkpoint_taken(checkpoints: Path) -> Callable[[], bool]:
     return lambda: newest_step(checkpoints) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher_state", ["launcher-alive", "launcher-killed"])
 def test_sigkill_of_the_training_ends_the_job_and_what_it_left(
     prepared: Path, tmp_path: Path, launcher_state: str
@@ -180,6 +181,7 @@ def test_sigkill_of_the_training_ends_the_job_and_what_it_left(
         launcher.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "processes"),
     [("cancel", 1), ("cancel", 2), ("ctrl-c", 1)],

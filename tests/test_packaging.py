@@ -26,6 +26,7 @@ from tests.support.packaging import InstalledLauncher, source_files
 NOT_SHIPPED = {
     "tests": "the test suite",
     "bench": "developers' benchmarks, run from a checkout",
+    "docs": "the documentation, read where the source is published",
     ".ci": "CI's own scripts",
 }
 INSTALLED_AS = {"conf": "launcher_scripts/conf"}

@@ -27,6 +27,7 @@ from tests.support.training import losses
 SAMPLE = REPO / "launcher_scripts" / "sample_data" / "tiny_corpus.jsonl.gz"
 
 
+@pytest.mark.slow
 def test_array_data_preparation_then_two_task_training_on_slurm(
     slurm_nodes: list[str], tmp_path: Path
 ) -> None:
@@ -83,6 +84,7 @@ def test_array_data_preparation_then_two_task_training_on_slurm(
     assert (converted / "hf" / "config.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_failed_upstream_cancels_its_dependents(slurm: None, tmp_path: Path) -> None:
     broken = tmp_path / "broken.jsonl"
     broken.write_text("not json\n" * 50)
@@ -108,6 +110,7 @@ def test_a_failed_upstream_cancels_its_dependents(slurm: None, tmp_path: Path) -
     assert codes["gpt3_tiny"] is None, codes
 
 
+@pytest.mark.slow
 def test_cancel_of_a_running_training_checkpoints_and_is_not_requeued(
     slurm: None, prepared: Path, tmp_path: Path
 ) -> None:
@@ -155,6 +158,7 @@ def test_cancel_of_a_running_training_checkpoints_and_is_not_requeued(
     assert queue.stdout.strip() == ""
 
 
+@pytest.mark.slow
 def test_pile_steps_are_chained_task_to_task(slurm: None, site: Site, tmp_path: Path) -> None:
     """download -> extract -> preprocess as arrays joined by aftercorr: extract task 0 runs while
     download task 1 is still stalled on its shard."""
@@ -185,6 +189,7 @@ def test_pile_steps_are_chained_task_to_task(slurm: None, site: Site, tmp_path: 
             assert f"task {task} of 2" in log.stdout, log.stdout
 
 
+@pytest.mark.slow
 def test_cancel_from_another_process_stops_every_job(slurm: None, tmp_path: Path) -> None:
     """Cancelled once data preparation has completed and training runs (100000 steps: it
     cannot end by itself before the cancel), with the later stages waiting on it: the cancel

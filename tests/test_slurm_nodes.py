@@ -13,6 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from launcher_scripts.jobs.failed_node import first_failed_node
 from tests.support.commands import run_main, run_ops
 from tests.support.slurm import SMALL_CLUSTER, srun_on_nodes, submit_to_nodes, wait_for_run
@@ -53,6 +55,7 @@ def test_each_node_is_its_own_host(slurm_nodes: list[str]) -> None:
     assert not any(r["address"].startswith("127.") for r in reports), reports
 
 
+@pytest.mark.slow
 def test_a_collective_runs_across_the_nodes(slurm_nodes: list[str]) -> None:
     nodes = slurm_nodes[:3]
     reports = srun_python(nodes, ALL_REDUCE, env=f",MASTER_ADDR={nodes[0]}")
@@ -84,6 +87,7 @@ def logged(log_dir: Path, step: int) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
     slurm_nodes: list[str], prepared: Path, tmp_path: Path
 ) -> None:
@@ -168,6 +172,7 @@ def test_training_on_two_nodes_trains_as_one_process_and_outlives_a_node(
     assert_same_losses(tmp_path / "reference" / "gpt3_tiny" / "results", log_dir, 1e-4)
 
 
+@pytest.mark.slow
 def test_a_training_rendezvous_that_cannot_form_fails_in_one_line(
     slurm_nodes: list[str], prepared: Path, tmp_path: Path
 ) -> None:

@@ -207,6 +207,7 @@ PP3 = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("layout", "processes"),
     [
@@ -294,6 +295,7 @@ def published(prepared_wordpiece: Path, tmp_path_factory: pytest.TempPathFactory
     return runs
 
 
+@pytest.mark.slow
 def test_t5_published_layout_matches_at_tp2_and_pp2(
     prepared_wordpiece: Path, published: PublishedRuns
 ) -> None:
@@ -307,6 +309,7 @@ def test_t5_published_layout_matches_at_tp2_and_pp2(
         assert_same_losses(published.root / "reference", published.root / name, 1e-4)
 
 
+@pytest.mark.slow
 def test_t5_stop_and_resume_match_an_uninterrupted_run(published: PublishedRuns) -> None:
     """Stopped by a signal and resumed, on one process and on two pipeline stages (the
     published layout: its tables copied on the decoder's stage); the stages' checkpoint
@@ -325,6 +328,7 @@ def test_t5_stop_and_resume_match_an_uninterrupted_run(published: PublishedRuns)
         assert_same_losses(published.root / "reference", published.root / name, tolerance)
 
 
+@pytest.mark.slow
 def test_a_t5_checkpoint_converts_to_one_file_and_reshards_exactly(
     prepared_wordpiece: Path, single_process: Path, published: PublishedRuns, tmp_path: Path
 ) -> None:

@@ -47,6 +47,7 @@ def checked(
     return {v: (report, folder / v) for v, report in zip(VARIANTS, reports, strict=True)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_an_imported_t5_computes_what_transformers_does_and_exports_back_exactly(
     variant: str, checked: dict[str, tuple[dict, Path]]
@@ -63,6 +64,7 @@ def test_an_imported_t5_computes_what_transformers_does_and_exports_back_exactly
     assert back["architectures"] == [expected]
 
 
+@pytest.mark.slow
 def test_an_imported_t5_fine_tunes_and_exports_back(
     imported: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -38,6 +38,7 @@ def layouts(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "layout",
     [
@@ -59,6 +60,7 @@ def test_parallel_layouts_match_a_single_process(
     assert_same_losses(layouts / "single", tmp_path / "parallel", 1e-4)
 
 
+@pytest.mark.slow
 def test_interleaved_pipeline_matches_the_plain_pipeline(prepared: Path, tmp_path: Path) -> None:
     """PP=2 with two virtual chunks per stage against PP=2 without, both on two processes.
 
@@ -131,6 +133,7 @@ def uninterrupted(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return reference
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_processes", [1, 2], ids=["same-layout", "dp2-then-dp1"])
 def test_signal_stop_and_resume_match_an_uninterrupted_run(
     prepared: Path, uninterrupted: Path, tmp_path: Path, first_processes: int
@@ -187,6 +190,7 @@ def copy_of(run: Path, tmp_path: Path) -> Path:
     return log_dir
 
 
+@pytest.mark.slow
 def test_torn_checkpoints_are_ignored_on_resume(
     prepared: Path, checkpointed: Path, tmp_path: Path
 ) -> None:
@@ -203,6 +207,7 @@ def test_torn_checkpoints_are_ignored_on_resume(
     assert min(s for s in losses(log_dir) if s > 4) == 5
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_passed_over_on_resume_saying_so(
     prepared: Path, checkpointed: Path, tmp_path: Path
 ) -> None:
@@ -226,6 +231,7 @@ def test_a_damaged_checkpoint_is_passed_over_on_resume_saying_so(
     assert [second[step] for step in (3, 4)] == [first[step] for step in (3, 4)]
 
 
+@pytest.mark.slow
 def test_a_damaged_only_checkpoint_stops_resume_in_one_line(
     prepared: Path, checkpointed: Path, tmp_path: Path
 ) -> None:
@@ -250,6 +256,7 @@ def test_a_damaged_only_checkpoint_stops_resume_in_one_line(
     assert (log_dir / "metrics.jsonl").read_bytes() == metrics and max(losses(log_dir)) == 4
 
 
+@pytest.mark.slow
 def test_an_empty_split_is_one_clear_error(prepared: Path, tmp_path: Path) -> None:
     config = write_config(
         prepared, tmp_path / "run", 'training.model.data.splits_string="99990,8,2"'
@@ -379,6 +386,7 @@ def test_a_tokenizer_smaller_than_the_data_is_refused_in_preflight(
     assert planned.returncode == 0, planned.stderr
 
 
+@pytest.mark.slow
 def test_a_tokenizer_smaller_than_the_data_stops_the_job_at_its_start(
     prepared: Path, tmp_path: Path
 ) -> None:
@@ -428,6 +436,7 @@ def test_token_ids_without_statistics_are_bounded_by_the_dtype(
 TWO_DEVICES = ("training.trainer.devices=2", "training.model.tensor_model_parallel_size=2")
 
 
+@pytest.mark.slow
 def test_fewer_processes_than_the_recipe_asks_for_is_one_line(
     prepared: Path, tmp_path: Path
 ) -> None:
@@ -445,6 +454,7 @@ def test_fewer_processes_than_the_recipe_asks_for_is_one_line(
     ), last
 
 
+@pytest.mark.slow
 def test_a_missing_process_fails_the_rendezvous_instead_of_hanging(
     prepared: Path, tmp_path: Path
 ) -> None:

@@ -98,6 +98,7 @@ def wandb_runs(log_dir: Path) -> list[str]:
     return ids
 
 
+@pytest.mark.slow
 def test_a_resumed_training_continues_its_wandb_run(prepared: Path, tmp_path: Path) -> None:
     """Stopped at step 2 and resumed to step 4 (as after a requeue): one W&B run id across both
     attempts. Training again without a checkpoint to resume from starts a new W&B run."""
