@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.clusters.base import (
+    BackendDefaults,
     JobLog,
     JobRecord,
     ShellVar,
@@ -176,7 +177,7 @@ def check_mount(key: str, value: str, own_destination: bool) -> None:
         )
 
 
-class SlurmBackend:
+class SlurmBackend(BackendDefaults):
     name = "bcm"
     synchronous = False
 

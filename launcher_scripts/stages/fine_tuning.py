@@ -22,12 +22,18 @@ from launcher_scripts.recipes.tuning import (
     most_layers,
     read_spec,
 )
-from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
+from launcher_scripts.stages.base import (
+    StageContext,
+    StageDefaults,
+    make_job,
+    register,
+    require_job_program,
+)
 
 FINETUNE = "launcher_scripts.jobs.fine_tuning.finetune"
 
 
-class TuningStage:
+class TuningStage(StageDefaults):
     name = ""
 
     def validate(self, ctx: StageContext) -> None:
