@@ -43,16 +43,6 @@ class PlannedStage:
     missing_inputs: tuple[str, ...] = ()  # a dry run's inputs that do not exist yet
 
 
-def make_backend(cluster_type: str, root: DictConfig) -> Backend:
-    if cluster_type not in BACKENDS:
-        raise ConfigError(
-            "cluster_type",
-            f"the {cluster_type} backend is not available in this launcher version yet",
-            f"Use one of: {', '.join(BACKENDS)}",
-        )
-    return BACKENDS[cluster_type](root)
-
-
 def declared_keys() -> dict[str, tuple[schema.Declared, ...]]:
     """The optional and free-form keys each stage's programs read (beyond its recipes')."""
     return {name: tuple(stage.declared_keys) for name, stage in STAGES.items()}
@@ -89,8 +79,9 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     # anything looks at the values.
     schema.check_booleans(resolved, stages)
     nemo_keys.check_root_values(resolved)
-    check_globals(resolved)
-    backend = make_backend(resolved.cluster_type, resolved)
+    # The cluster types are the backends' names.
+    check_globals(resolved, BACKENDS)
+    backend: Backend = BACKENDS[resolved.cluster_type](resolved)
     check_wandb(resolved, stages, backend.jobs_use_launcher_environment())
     planned, names = [], set()
     written: set[str] = set()  # artifacts earlier stages of this run produce
