@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.config.checks import splits_heads
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import model_types, of_model_type
 
@@ -154,7 +155,7 @@ def read_model(settings: InferenceSettings) -> ModelFacts:
 def _check_against(settings: InferenceSettings, facts: ModelFacts) -> None:
     run, bench = f"{PREFIX}.run", f"{PREFIX}.benchmark"
     for tensor in settings.tensor_parallel_sizes:
-        if facts.num_attention_heads % tensor:
+        if not splits_heads(tensor, facts.num_attention_heads):
             raise ConfigError(
                 f"{run}.tensor_parallel_sizes",
                 f"TP={tensor} does not divide the model's {facts.num_attention_heads} "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.config.checks import require_heads_split
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable_check import GATED_ACTIVATIONS
 
@@ -280,19 +281,13 @@ class Layout:
 def check_layout(shape: ModelShape, layout: Layout, prefix: str = "") -> None:
     """Megatron's divisibility rules, each failure one ConfigError naming the recipe key."""
     mp, tp = f"{prefix}model", f"{prefix}trainer"
+    require_heads_split(
+        f"{mp}.tensor_model_parallel_size",
+        layout.tensor,
+        shape.num_attention_heads,
+        shape.query_groups,
+    )
     rules = [
-        (
-            shape.num_attention_heads % layout.tensor == 0,
-            f"{mp}.tensor_model_parallel_size",
-            f"{layout.tensor} does not divide the {shape.num_attention_heads} attention heads",
-            "Use a divisor of model.num_attention_heads",
-        ),
-        (
-            shape.query_groups % layout.tensor == 0,
-            f"{mp}.tensor_model_parallel_size",
-            f"{layout.tensor} does not divide the {shape.query_groups} query groups",
-            "Use a divisor of model.num_query_groups",
-        ),
         (
             shape.ffn_hidden_size % layout.tensor == 0,
             f"{mp}.tensor_model_parallel_size",

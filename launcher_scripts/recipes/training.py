@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.config.checks import require_int
+from launcher_scripts.config.checks import require_heads_split, require_int
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable import EMBEDDINGS
 from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
@@ -279,22 +279,22 @@ def check_layer_split(
 def check_attention(block: Any, par: Parallelism, prefix: str) -> None:
     """Heads (and query groups) divide over tensor parallelism; a head has whole channels."""
     heads = require_int(f"{prefix}.num_attention_heads", block.num_attention_heads)
-    if heads % par.tensor:
-        raise ConfigError(
-            f"{prefix}.num_attention_heads",
-            f"{heads} heads do not divide by TP {par.tensor}",
-            "Choose a TP that divides the number of heads",
-        )
     groups = block.get("num_query_groups")
     if groups is not None:
         groups = require_int(f"{prefix}.num_query_groups", groups)
-        if heads % groups or groups % par.tensor:
-            raise ConfigError(
-                f"{prefix}.num_query_groups",
-                f"{groups} query groups must divide the {heads} heads and be divisible by "
-                f"TP {par.tensor}",
-                "Choose num_query_groups accordingly",
-            )
+    require_heads_split(
+        f"{prefix}.num_attention_heads",
+        par.tensor,
+        heads,
+        groups,
+        groups_key=f"{prefix}.num_query_groups",
+    )
+    if groups is not None and heads % groups:
+        raise ConfigError(
+            f"{prefix}.num_query_groups",
+            f"{groups} query groups do not divide the {heads} heads",
+            "Choose num_query_groups accordingly",
+        )
     hidden = require_int(f"{prefix}.hidden_size", block.hidden_size)
     if block.get("kv_channels") is None and hidden % heads:
         raise ConfigError(
