@@ -16,18 +16,8 @@ from typing import Any
 from launcher_scripts.config.checks import require_heads_split
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable_check import GATED_ACTIVATIONS
+from launcher_scripts.recipes.precision import PRECISIONS, dtype_of
 
-# A recipe's trainer.precision -> the dtype of weights and activations.
-PRECISIONS = {
-    "bf16": "bf16",
-    "bf16-mixed": "bf16",
-    "16": "fp16",
-    "16-mixed": "fp16",
-    "fp16": "fp16",
-    "32": "fp32",
-    "32-true": "fp32",
-    "fp32": "fp32",
-}
 RECOMPUTE = (None, "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 GPT2_VOCAB = 50257  # assumed when the tokenizer cannot be read
@@ -233,12 +223,7 @@ class Layout:
         trainer, model = cfg["trainer"], cfg["model"]
         tp, mp = f"{prefix}trainer", f"{prefix}model"
         precision = str(trainer.get("precision", "bf16"))
-        if precision not in PRECISIONS:
-            raise ConfigError(
-                f"{tp}.precision",
-                f"{precision!r} is not a precision",
-                "Use one of: bf16, bf16-mixed, 16, 16-mixed, 32",
-            )
+        dtype_of(precision, f"{tp}.precision")
         granularity = model.get("activations_checkpoint_granularity")
         if granularity not in RECOMPUTE:
             raise ConfigError(

@@ -17,11 +17,11 @@ from launcher_scripts.formats.portable import EMBEDDINGS
 from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
 from launcher_scripts.recipes import restore
 from launcher_scripts.recipes.optimizer import OPTIMIZERS, check_optimizer
+from launcher_scripts.recipes.precision import dtype_of
 
 ACTIVATIONS = ("gelu", "gelu-tanh", "fast-swiglu", "swiglu", "squared-relu")
 NORMALIZATIONS = ("layernorm", "layernorm1p", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")
-PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "bf16-mixed": "bf16"}
 RECOMPUTE_GRANULARITIES = ("selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 # NeMo's schedule names and megatron-core's decay styles for them. WarmupAnnealing: linear
@@ -152,14 +152,8 @@ def data_blend(cfg: Any, stage: str = "training") -> DataBlend:
 
 
 def precision(cfg: Any, stage: str = "training") -> str:
-    value = str(cfg.trainer.precision)
-    if value not in PRECISIONS:
-        raise ConfigError(
-            key(stage, "trainer.precision"),
-            f"{value!r} is not a precision",
-            f"Use one of: {', '.join(PRECISIONS)}",
-        )
-    return PRECISIONS[value]
+    """The dtype the recipe trains in: "bf16", "fp16" or "fp32" (recipes.precision)."""
+    return dtype_of(cfg.trainer.precision, key(stage, "trainer.precision"))
 
 
 def schedule(cfg: Any, stage: str = "training") -> Schedule:
