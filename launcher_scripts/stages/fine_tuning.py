@@ -17,6 +17,7 @@ from launcher_scripts.recipes.optimizer import check_optimizer
 from launcher_scripts.recipes.tuning import (
     CROSS_ATTENTION_TARGETS,
     OPTIONAL_KEYS,
+    TUNING_STAGES,
     all_inputs,
     check_positions,
     most_layers,
@@ -153,5 +154,5 @@ def _stage(stage_name: str) -> type[TuningStage]:
     )
 
 
-for _name in ("fine_tuning", "peft", "prompt_learning", "adapter_learning", "ia3_learning"):
+for _name in TUNING_STAGES:
     register(_stage(_name))
