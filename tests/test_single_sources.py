@@ -17,6 +17,7 @@ from launcher_scripts.config.checks import require_heads_split, require_layout
 from launcher_scripts.config.compose import compose_config, config_groups
 from launcher_scripts.costmodel.shapes import Layout, ModelShape, check_layout
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.families.gpt_hf_config import PRECISIONS as HF_DTYPE_PRECISIONS
 from launcher_scripts.recipes import evaluation, training
 from launcher_scripts.recipes.precision import PRECISIONS
 from launcher_scripts.recipes.tuning import OPTIONAL_KEYS, TUNING_STAGES
@@ -120,6 +121,11 @@ def test_a_precision_not_in_the_table_is_refused_by_every_reader(name: str) -> N
         Layout.from_recipe(OmegaConf.to_container(section, resolve=True))
     with pytest.raises(ConfigError, match="is not a precision"):
         evaluation.check_precision(name, name)
+
+
+def test_the_precisions_an_import_records_are_in_the_table() -> None:
+    """A Hugging Face import writes its dtype as a recipe precision, which the jobs read."""
+    assert {str(name) for name in HF_DTYPE_PRECISIONS.values()} <= set(PRECISIONS)
 
 
 def test_32_true_is_planned_and_trains_in_fp32(tmp_path: Path) -> None:
