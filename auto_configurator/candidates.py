@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from auto_configurator.settings import PREFIX, TrainSettings
+from launcher_scripts.config.checks import splits_heads
 from launcher_scripts.costmodel.encoder_decoder import EncoderDecoderShape
 from launcher_scripts.costmodel.memory import MemoryBreakdown
 from launcher_scripts.costmodel.shapes import Layout, ModelShape
@@ -212,9 +213,7 @@ RULES = (
     Rule(
         "heads % TP",
         "tensor_parallel_sizes",
-        lambda s, lay, _: (
-            s.num_attention_heads % lay.tensor == 0 and s.query_groups % lay.tensor == 0
-        ),
+        lambda s, lay, _: splits_heads(lay.tensor, s.num_attention_heads, s.query_groups),
         lambda s, _lay, _sp: (
             f"Choose TP sizes that divide the {s.num_attention_heads} heads "
             f"and {s.query_groups} query groups, e.g. [1, 2, 4]"
@@ -324,8 +323,7 @@ ENCODER_DECODER_RULES = (
         "heads % TP",
         "tensor_parallel_sizes",
         lambda s, lay, _: all(
-            b.num_attention_heads % lay.tensor == 0 and b.query_groups % lay.tensor == 0
-            for b in _both_blocks(s)
+            splits_heads(lay.tensor, b.num_attention_heads, b.query_groups) for b in _both_blocks(s)
         ),
         lambda s, _lay, _sp: (
             f"Choose TP sizes that divide the encoder's {s.encoder.num_attention_heads} and the "

@@ -13,24 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.config.checks import splits_heads
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import model_types, of_model_type
+from launcher_scripts.recipes.precision import PRECISIONS
 
 PREFIX = "search_config.inference_settings"
 DATA_TYPES = ("fp32", "fp16", "bf16")
 TRITON_CHOICES = {"auto": None, True: True, False: False}
-# A model config's precision -> the dtype the runner builds the model in.
-PRECISIONS = {
-    "32": "fp32",
-    "32-true": "fp32",
-    "fp32": "fp32",
-    "16": "fp16",
-    "16-mixed": "fp16",
-    "fp16": "fp16",
-    "bf16": "bf16",
-    "bf16-mixed": "bf16",
-    "bf16-true": "bf16",
-}
 
 
 @dataclass(frozen=True)
@@ -141,11 +131,17 @@ def read_model(settings: InferenceSettings) -> ModelFacts:
         path, key, "Give the .nemo file the launcher's conversion stage writes"
     )
     precision = str(config.get("precision", 32))
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            key,
+            f"{path} records the precision {precision!r}, which the model runner does not build",
+            f"Give a model file of one of: {', '.join(PRECISIONS)}",
+        )
     facts = ModelFacts(
         num_layers=int(config.num_layers),
         num_attention_heads=int(config.num_attention_heads),
         max_position_embeddings=int(config.max_position_embeddings),
-        data_type=PRECISIONS.get(precision, precision),
+        data_type=PRECISIONS[precision],  # as the runner builds it (recipes.training.precision)
     )
     _check_against(settings, facts)
     return facts
@@ -154,7 +150,7 @@ def read_model(settings: InferenceSettings) -> ModelFacts:
 def _check_against(settings: InferenceSettings, facts: ModelFacts) -> None:
     run, bench = f"{PREFIX}.run", f"{PREFIX}.benchmark"
     for tensor in settings.tensor_parallel_sizes:
-        if facts.num_attention_heads % tensor:
+        if not splits_heads(tensor, facts.num_attention_heads):
             raise ConfigError(
                 f"{run}.tensor_parallel_sizes",
                 f"TP={tensor} does not divide the model's {facts.num_attention_heads} "

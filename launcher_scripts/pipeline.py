@@ -43,19 +43,9 @@ class PlannedStage:
     missing_inputs: tuple[str, ...] = ()  # a dry run's inputs that do not exist yet
 
 
-def make_backend(cluster_type: str, root: DictConfig) -> Backend:
-    if cluster_type not in BACKENDS:
-        raise ConfigError(
-            "cluster_type",
-            f"the {cluster_type} backend is not available in this launcher version yet",
-            f"Use one of: {', '.join(BACKENDS)}",
-        )
-    return BACKENDS[cluster_type](root)
-
-
 def declared_keys() -> dict[str, tuple[schema.Declared, ...]]:
     """The optional and free-form keys each stage's programs read (beyond its recipes')."""
-    return {name: tuple(getattr(stage, "declared_keys", ())) for name, stage in STAGES.items()}
+    return {name: tuple(stage.declared_keys) for name, stage in STAGES.items()}
 
 
 def compose(argv: list[str]) -> DictConfig:
@@ -89,8 +79,9 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     # anything looks at the values.
     schema.check_booleans(resolved, stages)
     nemo_keys.check_root_values(resolved)
-    check_globals(resolved)
-    backend = make_backend(resolved.cluster_type, resolved)
+    # The cluster types are the backends' names.
+    check_globals(resolved, BACKENDS)
+    backend: Backend = BACKENDS[resolved.cluster_type](resolved)
     check_wandb(resolved, stages, backend.jobs_use_launcher_environment())
     planned, names = [], set()
     written: set[str] = set()  # artifacts earlier stages of this run produce
@@ -115,9 +106,7 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
                 )
             previous = spec
             written.update(spec.writes)
-            # A backend may name its file's kind (k8s writes "_manifest.yaml").
-            suffix = getattr(backend, "script_suffix", "_submission.sh")
-            script_path = results_dir / f"{spec.name}{suffix}"
+            script_path = results_dir / f"{spec.name}{backend.script_suffix}"
             jobs.append(PlannedJob(spec, script_path, backend.render(spec)))
         planned.append(
             PlannedStage(
@@ -141,14 +130,12 @@ def write_files(planned: list[PlannedStage]) -> None:
 
 
 def print_plan(planned: list[PlannedStage], backend: Backend, resolved: DictConfig) -> None:
-    for line in getattr(backend, "plan_notes", list)():
+    for line in backend.plan_notes():
         print(line)
     for stage in planned:
         print(f"stage {stage.stage}: config {stage.config_path}")
-        describe = getattr(STAGES[stage.stage], "plan", None)
-        if describe is not None:
-            for line in describe(StageContext(resolved, stage.stage)):
-                print(line)
+        for line in STAGES[stage.stage].plan(StageContext(resolved, stage.stage)):
+            print(line)
         for job in stage.jobs:
             array = f", array of {job.spec.array_size}" if job.spec.array_size else ""
             if job.spec.dependency == "aftercorr":
@@ -183,8 +170,7 @@ def run(cfg: DictConfig, argv: list[str]) -> int:
         # The scheduler is reachable and can run these jobs: before anything is written.
         backend.check_submission(specs)
     # A backend that runs inside a job started from outside renders that start in a dry run.
-    outer_launch = getattr(backend, "outer_launch", None)
-    outer = outer_launch(specs, argv) if outer_launch and resolved.dry_run else None
+    outer = backend.outer_launch(specs, argv) if resolved.dry_run else None
     write_files(planned)
     if resolved.dry_run:
         print_plan(planned, backend, resolved)

@@ -16,9 +16,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher_scripts import pipeline
+from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config import schema
 from launcher_scripts.config.compose import compose_config, conf_dir, recipe_options
-from launcher_scripts.config.preflight import CLUSTER_TYPES, resolve
+from launcher_scripts.config.preflight import resolve
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.stages import STAGES
 from tests.support import REPO
@@ -28,6 +29,7 @@ from tests.support.recipe_fills import FILLS
 KINDS = ("dataset", "model_family", "evaluation_kind", "peft_method")
 # Maps whose keys are the user's (checked by their stage, or passed on as they are).
 FREE_FORM = ("wandb_logger_kwargs", "language_file_counts", "split_fractions")
+CLUSTER_TYPES = tuple(BACKENDS)  # the cluster types are the backends' names
 
 
 @functools.cache

@@ -61,9 +61,20 @@ class Backend(Protocol):
     name: str
     # True when submit() returns only after the job ended, so the pipeline can stop at a failure.
     synchronous: bool
+    # The end of a rendered file's name, after the job's name (k8s writes "_manifest.yaml").
+    script_suffix: str
 
     def render(self, job: JobSpec) -> str:
         """The script text. Deterministic: the same JobSpec gives the same bytes."""
+
+    def plan_notes(self) -> list[str]:
+        """What the dry run says about this cluster beyond the scripts."""
+
+    def outer_launch(
+        self, jobs: Sequence[JobSpec], overrides: Sequence[str]
+    ) -> tuple[str, str] | None:
+        """For a backend that runs inside a job started from outside: the script that starts
+        that job, as (file name, text), which a dry run writes; None for the others."""
 
     def log_path(self, job: JobSpec, run_id: str) -> str: ...
 
@@ -105,6 +116,21 @@ class Backend(Protocol):
 
     def logs(self, record: JobRecord) -> list[JobLog]:
         """The job's log files that exist, in order (array tasks, then attempts)."""
+
+
+class BackendDefaults:
+    """What most backends answer to Backend's questions that not every backend needs: every
+    backend derives from it and overrides what it has."""
+
+    script_suffix = "_submission.sh"
+
+    def plan_notes(self) -> list[str]:
+        return []
+
+    def outer_launch(
+        self, jobs: Sequence[JobSpec], overrides: Sequence[str]
+    ) -> tuple[str, str] | None:
+        return None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from launcher_scripts.clusters.base import JobLog, JobRecord, utc_now
+from launcher_scripts.clusters.base import BackendDefaults, JobLog, JobRecord, utc_now
 from launcher_scripts.clusters.k8s_manifest import (
     CONTAINER,
     JOB_NAME_LABEL,
@@ -177,7 +177,7 @@ def stuck_pods(pods: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-class K8sBackend:
+class K8sBackend(BackendDefaults):
     name = "k8s"
     synchronous = True
     script_suffix = "_manifest.yaml"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher_scripts.clusters.base import (
+    BackendDefaults,
     JobLog,
     JobRecord,
     export_lines,
@@ -49,7 +50,7 @@ LEFTOVER_GRACE_SECONDS = 2  # for the job's helper processes to end after its ma
 OUTPUT_DRAIN_SECONDS = 30  # the most the launcher reads output after the job's group is gone
 
 
-class LocalBackend:
+class LocalBackend(BackendDefaults):
     name = "local"
     synchronous = True
 

@@ -11,64 +11,25 @@ import json
 import shlex
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from launcher_scripts.clusters.base import (
+    BackendDefaults,
     JobLog,
     JobRecord,
     ShellVar,
     export_lines,
     format_argv,
     shell_word,
-    signal_grace_seconds,
     utc_now,
 )
+from launcher_scripts.clusters.slurm_settings import slurm_settings
 from launcher_scripts.clusters.unhealthy import Unhealthy, unhealthy_nodes
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.jobspec import JobSpec
 
-# sbatch options the cluster section may pass through by long name (without "--"). Options
-# the backend sets itself (nodes, tasks, time, output, array, dependency, ...) are not here.
-PASSTHROUGH_OPTIONS = frozenset(
-    {
-        "begin",
-        "constraint",
-        "contiguous",
-        "core-spec",
-        "cores-per-socket",
-        "cpu-freq",
-        "cpus-per-gpu",
-        "deadline",
-        "distribution",
-        "gpu-bind",
-        "gpu-freq",
-        "gres",
-        "gres-flags",
-        "hint",
-        "licenses",
-        "mail-type",
-        "mail-user",
-        "mem-bind",
-        "mem-per-cpu",
-        "mem-per-gpu",
-        "network",
-        "nice",
-        "no-kill",
-        "power",
-        "priority",
-        "profile",
-        "propagate",
-        "sockets-per-node",
-        "spread-job",
-        "switches",
-        "threads-per-core",
-        "tmp",
-        "uid",
-        "wckey",
-    }
-)
 # Signals srun forwards to the tasks of its step; the batch shell forwards this one to srun.
 CHECKPOINT_SIGNAL = "USR1"
 # What `launcher_scripts cancel` sends the batch shell of a checkpointing job: it forwards the
@@ -106,23 +67,6 @@ def _number_in(file_name: str, template: str) -> int | None:
     middle = file_name[len(head) : len(file_name) - len(tail)]
     matches = file_name.startswith(head) and file_name.endswith(tail)
     return int(middle) if matches and middle.isdigit() else None
-
-
-def check_cluster(cluster: Mapping[str, Any]) -> None:
-    """Preflight of the cluster section; ConfigError names the key."""
-    options = cluster.get("sbatch_options") or {}
-    for name in options:
-        if str(name) not in PASSTHROUGH_OPTIONS:
-            raise ConfigError(
-                f"cluster.sbatch_options.{name}",
-                "is not an sbatch option this launcher passes through",
-                f"Use one of: {', '.join(sorted(PASSTHROUGH_OPTIONS))} "
-                "(or the cluster key of the same meaning, e.g. cluster.partition)",
-            )
-    signal_grace_seconds(cluster)
-    restarts = cluster.get("max_restarts", 0)
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
-        raise ConfigError("cluster.max_restarts", f"{restarts!r} is not an integer >= 0", "Fix it")
 
 
 def slurm_time(limit: str, key: str) -> str:
@@ -176,23 +120,21 @@ def check_mount(key: str, value: str, own_destination: bool) -> None:
         )
 
 
-class SlurmBackend:
+class SlurmBackend(BackendDefaults):
     name = "bcm"
     synchronous = False
 
     def __init__(self, root: Any = None) -> None:
         """`root` is the resolved config; status and cancel need none."""
         self.root = root
-        self.cluster = root.cluster if root is not None else {}
-        check_cluster(self.cluster)
-        self.grace = signal_grace_seconds(self.cluster)
+        self.settings = slurm_settings(root.cluster if root is not None else None)
         self.unhealthy: Unhealthy | None = None
-        if root is not None and self.cluster.get("exclude_unhealthy"):
-            self.unhealthy = unhealthy_nodes(Path(str(self.cluster.validation_results)))
+        if self.settings.validation_results is not None:
+            self.unhealthy = unhealthy_nodes(self.settings.validation_results)
 
     def excluded(self) -> str:
         """Every submission's --exclude: cluster.exclude and the nodes validation drains."""
-        parts = [str(self.cluster.get("exclude") or "")]
+        parts = [self.settings.exclude]
         parts += self.unhealthy.nodes if self.unhealthy else []
         return ",".join(part for part in parts if part)
 
@@ -220,8 +162,8 @@ class SlurmBackend:
                 "Run from a Slurm login node, or use cluster_type=local, or dry_run=true",
             )
         known = _partitions()
-        partition = self.cluster.get("partition")
-        if partition and known and str(partition) not in known:
+        partition = self.settings.partition
+        if partition and known and partition not in known:
             raise ConfigError(
                 "cluster.partition",
                 f"{partition!r} is not a partition of this cluster",
@@ -247,9 +189,9 @@ class SlurmBackend:
     def _check_cpus(self, jobs: Sequence[JobSpec]) -> None:
         """A job asking for more CPUs per node than any node has would wait forever (PENDING,
         reason PartitionConfig or Resources); say so now instead."""
-        partition = self.cluster.get("partition")
+        partition = self.settings.partition
         # One line per node (-N), so each count is exact rather than a "128+" summary.
-        argv = ["sinfo", "-h", "-N", "-o", "%c"] + (["-p", str(partition)] if partition else [])
+        argv = ["sinfo", "-h", "-N", "-o", "%c"] + (["-p", partition] if partition else [])
         counts = [int(word) for word in _run(argv).split() if word.isdigit()]
         if not counts:
             return
@@ -272,8 +214,8 @@ class SlurmBackend:
         return str(Path(job.results_dir) / f"log-{job.name}_{run_id}.out")
 
     def _sbatch_lines(self, job: JobSpec) -> list[str]:
-        cluster, resources = self.cluster, job.resources
-        prefix = str(cluster.get("job_name_prefix") or "")
+        settings, resources = self.settings, job.resources
+        prefix = settings.job_name_prefix
         output = (
             slurm_log_name(job.name, "%A", "%a")
             if job.array_size
@@ -290,38 +232,38 @@ class SlurmBackend:
             ("time", slurm_time(resources.time_limit, time_key), time_key),
             ("output", str(Path(job.results_dir) / output), f"{job.stage}.run.results_dir"),
         ]
-        for key in ("partition", "account", "qos", "reservation", "comment", "nodelist"):
-            if cluster.get(key):
-                options.append((key, str(cluster[key]), f"cluster.{key}"))
+        for name, value in settings.direct_options():
+            options.append((name, value, f"cluster.{name}"))
         if self.excluded():
             key = "cluster.exclude_unhealthy" if self.unhealthy else "cluster.exclude"
             options.append(("exclude", self.excluded(), key))
         if resources.cpus_per_task:
             options.append(("cpus-per-task", str(resources.cpus_per_task), f"{job.stage}.run"))
         if resources.gpus_per_node:
-            if cluster.get("gpus_per_node") is not None:
+            if settings.gpus_per_node_option:
                 options.append(("gpus-per-node", str(resources.gpus_per_node), f"{job.stage}"))
-            if cluster.get("gpus_per_task") is not None:
-                options.append(
-                    ("gpus-per-task", str(cluster.gpus_per_task), "cluster.gpus_per_task")
-                )
-            if cluster.get("mem") is not None:
-                options.append(("mem", str(cluster.mem), "cluster.mem"))
-        if resources.exclusive and cluster.get("exclusive", True):
+            if settings.gpus_per_task is not None:
+                options.append(("gpus-per-task", settings.gpus_per_task, "cluster.gpus_per_task"))
+            if settings.mem is not None:
+                options.append(("mem", settings.mem, "cluster.mem"))
+        if resources.exclusive and settings.exclusive:
             options.append(("exclusive", None, "cluster.exclusive"))
-        if cluster.get("overcommit"):
+        if settings.overcommit:
             options.append(("overcommit", None, "cluster.overcommit"))
         if job.array_size:
             options.append(("array", f"0-{job.array_size - 1}", f"{job.stage}"))
         if job.checkpoint_exit_code is not None:
             options += [
-                ("signal", f"B:{CHECKPOINT_SIGNAL}@{self.grace}", "cluster.signal_grace_seconds"),
+                (
+                    "signal",
+                    f"B:{CHECKPOINT_SIGNAL}@{settings.signal_grace_seconds}",
+                    "cluster.signal_grace_seconds",
+                ),
                 ("requeue", None, "cluster.max_restarts"),
                 ("open-mode", "append", "cluster.max_restarts"),
             ]
-        for name, value in sorted((cluster.get("sbatch_options") or {}).items()):
-            key = f"cluster.sbatch_options.{name}"
-            options.append((str(name), None if value is True else str(value), key))
+        for name, value in settings.sbatch_options:
+            options.append((name, value, f"cluster.sbatch_options.{name}"))
         return [
             f"#SBATCH --{name}"
             if value is None
@@ -351,7 +293,7 @@ class SlurmBackend:
     def _srun_argv(self, job: JobSpec, command_argv: list[str], tasks_per_node: int) -> list[str]:
         argv = ["srun", f"--ntasks-per-node={tasks_per_node}", "--kill-on-bad-exit=1"]
         argv += self._container_flags(job)
-        argv += [str(a) for a in (self.cluster.get("srun_args") or [])]
+        argv += self.settings.srun_args
         return argv + command_argv
 
     def render(self, job: JobSpec) -> str:
@@ -396,7 +338,7 @@ class SlurmBackend:
         on one node is requeued without that node (`_requeue_without_failed_node`)."""
         progress = ["python3", "-m", "launcher_scripts.formats.progress"]
         progress.append(str(job.progress_dir))
-        max_restarts = int(self.cluster.get("max_restarts") or 0)
+        max_restarts = self.settings.max_restarts
         forward = (
             f'if [ -n "$step_pid" ]; then kill -{CHECKPOINT_SIGNAL} "$step_pid" 2>/dev/null '
             "|| true; fi"
@@ -464,7 +406,7 @@ class SlurmBackend:
         this one pending (still completing: it cannot start again before this shell exits),
         so the shell requeues first, ignoring the SIGTERM that ends the attempt, and then
         sets the list."""
-        max_restarts = int(self.cluster.get("max_restarts") or 0)
+        max_restarts = self.settings.max_restarts
         record = shell_word(
             f"{Path(job.results_dir)}/", *excluded_nodes_name(job.name, ShellVar("SLURM_JOB_ID"))
         )
@@ -526,7 +468,7 @@ class SlurmBackend:
         job_id = result.stdout.strip().split(";")[0]
         record.job_ids = [job_id]
         record.checkpoint_exit_code = job.checkpoint_exit_code
-        record.grace_seconds = self.grace
+        record.grace_seconds = self.settings.signal_grace_seconds
         record.log = str(self._first_log(job, job_id))
         record.state = "PENDING"
         record.start = utc_now()
@@ -576,7 +518,7 @@ class SlurmBackend:
                 timeout=60,
             )
             if signalled.returncode == 0:
-                return record.grace_seconds or self.grace
+                return record.grace_seconds or self.settings.signal_grace_seconds
         self.end(record)
         return None
 

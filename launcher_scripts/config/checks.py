@@ -80,6 +80,39 @@ def require_fraction(key: str, value: Any) -> float:
     return float(value)
 
 
+def heads_split_problem(tensor: int, heads: int, query_groups: int | None = None) -> str | None:
+    """Why tensor parallelism of `tensor` ranks cannot give each rank whole attention heads and
+    whole query groups (key-value heads; None: one per head), or None when it can."""
+    if heads % tensor:
+        return f"{tensor} does not divide the {heads} attention heads"
+    if query_groups is not None and query_groups % tensor:
+        return f"{tensor} does not divide the {query_groups} query groups (key-value heads)"
+    return None
+
+
+def splits_heads(tensor: int, heads: int, query_groups: int | None = None) -> bool:
+    return heads_split_problem(tensor, heads, query_groups) is None
+
+
+def require_heads_split(
+    key: str,
+    tensor: int,
+    heads: int,
+    query_groups: int | None = None,
+    groups_key: str | None = None,
+) -> None:
+    """ConfigError naming `key` (`groups_key`, when given, for the query groups) unless TP
+    splits the heads and query groups evenly (heads_split_problem)."""
+    problem = heads_split_problem(tensor, heads, query_groups)
+    if problem is None:
+        return
+    if heads % tensor:
+        raise ConfigError(key, problem, "Choose a TP that divides the number of heads")
+    raise ConfigError(
+        groups_key or key, problem, "Choose a TP that divides the number of query groups"
+    )
+
+
 def require_layout(model: Any, tensor: int, pipeline: int, key_prefix: str) -> None:
     """TP must divide the model's attention heads and PP its layers (each block's, in an
     encoder-decoder's section); the error names `<key_prefix>.tensor_model_parallel_size` or
@@ -89,19 +122,13 @@ def require_layout(model: Any, tensor: int, pipeline: int, key_prefix: str) -> N
         require_layout(block, tensor, pipeline, key_prefix)
     if blocks:
         return
-    if int(model.num_attention_heads) % tensor:
-        raise ConfigError(
-            f"{key_prefix}.tensor_model_parallel_size",
-            f"{tensor} does not divide the model's {model.num_attention_heads} attention heads",
-            "Use a divisor of the head count",
-        )
     groups = model.get("num_query_groups")
-    if groups is not None and int(groups) % tensor:
-        raise ConfigError(
-            f"{key_prefix}.tensor_model_parallel_size",
-            f"{tensor} does not divide the model's {groups} query groups (key-value heads)",
-            "Use a divisor of the query-group count",
-        )
+    require_heads_split(
+        f"{key_prefix}.tensor_model_parallel_size",
+        tensor,
+        int(model.num_attention_heads),
+        None if groups is None else int(groups),
+    )
     if int(model.num_layers) % pipeline:
         raise ConfigError(
             f"{key_prefix}.pipeline_model_parallel_size",

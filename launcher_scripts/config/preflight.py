@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -23,7 +23,6 @@ from launcher_scripts.recipes.numa import CORES as NUMA_CORES
 from launcher_scripts.recipes.numa import MODES as NUMA_MODES
 from launcher_scripts.recipes.numa import SCOPES as NUMA_SCOPES
 
-CLUSTER_TYPES = ("local", "bcm", "bcp", "k8s")
 GLOBAL_KEYS = (
     "stages",
     "cluster_type",
@@ -114,8 +113,10 @@ def escape_interpolations(value: Any) -> Any:
     return value
 
 
-def check_globals(cfg: DictConfig) -> None:
-    require_choice("cluster_type", cfg.cluster_type, CLUSTER_TYPES)
+def check_globals(cfg: DictConfig, cluster_types: Collection[str]) -> None:
+    """`cluster_types`: the backends' names (launcher_scripts.clusters.BACKENDS), which this
+    layer cannot import."""
+    require_choice("cluster_type", cfg.cluster_type, cluster_types)
     for key in ("launcher_scripts_path", "data_dir", "base_results_dir"):
         if not cfg.get(key):
             raise ConfigError(key, "is not set", f"Set {key}=/absolute/path")

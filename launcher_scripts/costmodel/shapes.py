@@ -13,20 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.config.checks import require_heads_split
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable_check import GATED_ACTIVATIONS
+from launcher_scripts.recipes.precision import PRECISIONS, dtype_of
 
-# A recipe's trainer.precision -> the dtype of weights and activations.
-PRECISIONS = {
-    "bf16": "bf16",
-    "bf16-mixed": "bf16",
-    "16": "fp16",
-    "16-mixed": "fp16",
-    "fp16": "fp16",
-    "32": "fp32",
-    "32-true": "fp32",
-    "fp32": "fp32",
-}
 RECOMPUTE = (None, "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 GPT2_VOCAB = 50257  # assumed when the tokenizer cannot be read
@@ -232,12 +223,7 @@ class Layout:
         trainer, model = cfg["trainer"], cfg["model"]
         tp, mp = f"{prefix}trainer", f"{prefix}model"
         precision = str(trainer.get("precision", "bf16"))
-        if precision not in PRECISIONS:
-            raise ConfigError(
-                f"{tp}.precision",
-                f"{precision!r} is not a precision",
-                "Use one of: bf16, bf16-mixed, 16, 16-mixed, 32",
-            )
+        dtype_of(precision, f"{tp}.precision")
         granularity = model.get("activations_checkpoint_granularity")
         if granularity not in RECOMPUTE:
             raise ConfigError(
@@ -280,19 +266,13 @@ class Layout:
 def check_layout(shape: ModelShape, layout: Layout, prefix: str = "") -> None:
     """Megatron's divisibility rules, each failure one ConfigError naming the recipe key."""
     mp, tp = f"{prefix}model", f"{prefix}trainer"
+    require_heads_split(
+        f"{mp}.tensor_model_parallel_size",
+        layout.tensor,
+        shape.num_attention_heads,
+        shape.query_groups,
+    )
     rules = [
-        (
-            shape.num_attention_heads % layout.tensor == 0,
-            f"{mp}.tensor_model_parallel_size",
-            f"{layout.tensor} does not divide the {shape.num_attention_heads} attention heads",
-            "Use a divisor of model.num_attention_heads",
-        ),
-        (
-            shape.query_groups % layout.tensor == 0,
-            f"{mp}.tensor_model_parallel_size",
-            f"{layout.tensor} does not divide the {shape.query_groups} query groups",
-            "Use a divisor of model.num_query_groups",
-        ),
         (
             shape.ffn_hidden_size % layout.tensor == 0,
             f"{mp}.tensor_model_parallel_size",

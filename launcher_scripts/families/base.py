@@ -20,6 +20,7 @@ from launcher_scripts.costmodel.plan import CostFunction, TrainingPlan, make_pla
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable_check import SHAPE_TABLES, ShapeTable, require_portable
 from launcher_scripts.recipes.training import key
+from launcher_scripts.recipes.tuning import TUNING_STAGES
 
 Validator = Callable[[Any, str, Callable[[str], bool]], None]
 
@@ -55,11 +56,7 @@ PROGRAMS = (
     "training",
     "training:restore",  # continued pretraining from a portable file (recipes/restore.py)
     "conversion",
-    "fine_tuning",
-    "peft",
-    "prompt_learning",
-    "adapter_learning",
-    "ia3_learning",
+    *TUNING_STAGES,
     "evaluation:harness",
     "evaluation:fine_tuned",
     "export",

@@ -15,6 +15,7 @@ from launcher_scripts.families.encoder_checks import ENCODER_ACTIVATIONS, common
 from launcher_scripts.formats.portable_check import expected_shapes
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.training import encoder_decoder_split, key
+from launcher_scripts.recipes.tuning import TUNING_STAGES
 
 # The position embeddings the reference documents for T5 blocks: a learned table, or T5's
 # bucketed relative bias.
@@ -212,11 +213,7 @@ T5 = register(
             {
                 "training",
                 "conversion",
-                "fine_tuning",
-                "peft",
-                "prompt_learning",
-                "adapter_learning",
-                "ia3_learning",
+                *TUNING_STAGES,
                 "evaluation:fine_tuned",
                 "export",
                 "hf_import",

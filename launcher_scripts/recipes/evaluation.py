@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig
 
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable_check import require_portable
+from launcher_scripts.recipes.precision import PRECISIONS
 
 TASK_DIR = Path(__file__).resolve().parents[1] / "sample_data" / "eval_tasks"
 
@@ -33,7 +34,6 @@ OFFLINE_TASKS = ("tiny_lambada", "tiny_choice", "tiny_wikitext", "tiny_generate"
 GROUPS = {"all_tasks": tuple(STANDARD_TASKS), "offline_tasks": OFFLINE_TASKS}
 TASKS_KEY = "evaluation.run.tasks"
 INCLUDE_KEY = "evaluation.run.include_path"
-PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "bf16-mixed": "bf16"}
 
 # `harness`: lm-evaluation-harness tasks (jobs/evaluation/evaluate.py); `fine_tuned`: a tuned
 # model's answers scored by exact match and F1 (jobs/fine_tuning/evaluate_tuned.py).

@@ -11,17 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.config.checks import require_int
+from launcher_scripts.config.checks import require_heads_split, require_int
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable import EMBEDDINGS
 from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
 from launcher_scripts.recipes import restore
 from launcher_scripts.recipes.optimizer import OPTIMIZERS, check_optimizer
+from launcher_scripts.recipes.precision import dtype_of
 
 ACTIVATIONS = ("gelu", "gelu-tanh", "fast-swiglu", "swiglu", "squared-relu")
 NORMALIZATIONS = ("layernorm", "layernorm1p", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")
-PRECISIONS = {"32": "fp32", "16": "fp16", "bf16": "bf16", "16-mixed": "fp16", "bf16-mixed": "bf16"}
 RECOMPUTE_GRANULARITIES = ("selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 # NeMo's schedule names and megatron-core's decay styles for them. WarmupAnnealing: linear
@@ -152,14 +152,8 @@ def data_blend(cfg: Any, stage: str = "training") -> DataBlend:
 
 
 def precision(cfg: Any, stage: str = "training") -> str:
-    value = str(cfg.trainer.precision)
-    if value not in PRECISIONS:
-        raise ConfigError(
-            key(stage, "trainer.precision"),
-            f"{value!r} is not a precision",
-            f"Use one of: {', '.join(PRECISIONS)}",
-        )
-    return PRECISIONS[value]
+    """The dtype the recipe trains in: "bf16", "fp16" or "fp32" (recipes.precision)."""
+    return dtype_of(cfg.trainer.precision, key(stage, "trainer.precision"))
 
 
 def schedule(cfg: Any, stage: str = "training") -> Schedule:
@@ -279,22 +273,22 @@ def check_layer_split(
 def check_attention(block: Any, par: Parallelism, prefix: str) -> None:
     """Heads (and query groups) divide over tensor parallelism; a head has whole channels."""
     heads = require_int(f"{prefix}.num_attention_heads", block.num_attention_heads)
-    if heads % par.tensor:
-        raise ConfigError(
-            f"{prefix}.num_attention_heads",
-            f"{heads} heads do not divide by TP {par.tensor}",
-            "Choose a TP that divides the number of heads",
-        )
     groups = block.get("num_query_groups")
     if groups is not None:
         groups = require_int(f"{prefix}.num_query_groups", groups)
-        if heads % groups or groups % par.tensor:
-            raise ConfigError(
-                f"{prefix}.num_query_groups",
-                f"{groups} query groups must divide the {heads} heads and be divisible by "
-                f"TP {par.tensor}",
-                "Choose num_query_groups accordingly",
-            )
+    require_heads_split(
+        f"{prefix}.num_attention_heads",
+        par.tensor,
+        heads,
+        groups,
+        groups_key=f"{prefix}.num_query_groups",
+    )
+    if groups is not None and heads % groups:
+        raise ConfigError(
+            f"{prefix}.num_query_groups",
+            f"{groups} query groups do not divide the {heads} heads",
+            "Choose num_query_groups accordingly",
+        )
     hidden = require_int(f"{prefix}.hidden_size", block.hidden_size)
     if block.get("kv_channels") is None and hidden % heads:
         raise ConfigError(

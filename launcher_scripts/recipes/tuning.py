@@ -17,6 +17,9 @@ from omegaconf import OmegaConf
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import RecipeError
 
+# The tuning stages: each is a stage (stages/fine_tuning.py), a job program a family may run
+# (families.PROGRAMS) and a config group of recipes (conf/<stage>/).
+TUNING_STAGES = ("fine_tuning", "peft", "prompt_learning", "adapter_learning", "ia3_learning")
 VIRTUAL_PROMPT_MARKER = "<|VIRTUAL_PROMPT_0|>"
 PEFT_SCHEMES = ("lora", "adapter", "ia3", "ptuning", "prompt_tuning")
 INIT_METHODS = ("xavier", "normal", "zero")

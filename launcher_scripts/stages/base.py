@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.config.checks import require_choice, require_env_name
+from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobspec import USER_DEPENDENCIES, Command, JobSpec, Resources
 from launcher_scripts.recipes.numa import NumaPolicy
@@ -101,12 +102,28 @@ def require_job_program(ctx: StageContext, name: str, value: str, runnable: bool
 
 class Stage(Protocol):
     name: str
+    # The optional and free-form keys the stage's programs read beyond its shipped recipes'
+    # (the preflight's key check knows them from here).
+    declared_keys: tuple[Declared, ...]
 
     def validate(self, ctx: StageContext) -> None:
         """Raise ConfigError for anything that would make the jobs fail; no side effects."""
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         """The jobs to run, in order. Pure: no network, no file writes."""
+
+    def plan(self, ctx: StageContext) -> list[str]:
+        """What the dry run prints about the stage beyond its jobs (a training run's cost)."""
+
+
+class StageDefaults:
+    """What most stages answer to Stage's questions that not every stage needs: every stage
+    derives from it and overrides what it has."""
+
+    declared_keys: tuple[Declared, ...] = ()
+
+    def plan(self, ctx: StageContext) -> list[str]:
+        return []
 
 
 STAGES: dict[str, Stage] = {}

@@ -21,7 +21,13 @@ from launcher_scripts.recipes.conversion import (
     pick_checkpoint,
     read_hparams,
 )
-from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
+from launcher_scripts.stages.base import (
+    StageContext,
+    StageDefaults,
+    make_job,
+    register,
+    require_job_program,
+)
 
 CONVERT = "launcher_scripts.jobs.conversion.convert"
 HF_IMPORT = "launcher_scripts.jobs.conversion.hf_import"
@@ -46,7 +52,7 @@ def _check_output_name(cfg: Any, stage: str) -> None:
 
 
 @register
-class Conversion:
+class Conversion(StageDefaults):
     name = "conversion"
 
     def validate(self, ctx: StageContext) -> None:

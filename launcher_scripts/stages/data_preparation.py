@@ -20,7 +20,7 @@ from launcher_scripts.families import family_of
 from launcher_scripts.formats.shards import parse_file_numbers
 from launcher_scripts.formats.tokenizer import trained_tokenizer_file
 from launcher_scripts.jobspec import Command, JobSpec
-from launcher_scripts.stages.base import StageContext, make_job, register
+from launcher_scripts.stages.base import StageContext, StageDefaults, make_job, register
 from launcher_scripts.stages.data_prep_common import (
     JOBS,
     array_size,
@@ -384,7 +384,7 @@ DATASETS: dict[str, Dataset] = {
 
 
 @register
-class DataPreparation:
+class DataPreparation(StageDefaults):
     name = "data_preparation"
     declared_keys = (
         Declared(optional=("run.cpus_per_node",)),  # data_prep_common.cpu_resources

@@ -15,7 +15,13 @@ from launcher_scripts.formats.portable_check import require_peft
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes import evaluation as recipe
 from launcher_scripts.recipes import tuned_evaluation as evaluate_tuned
-from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
+from launcher_scripts.stages.base import (
+    StageContext,
+    StageDefaults,
+    make_job,
+    register,
+    require_job_program,
+)
 from launcher_scripts.stages.conversion import Conversion
 
 EVALUATE = "launcher_scripts.jobs.evaluation.evaluate"
@@ -23,7 +29,7 @@ EVALUATE_TUNED = "launcher_scripts.jobs.fine_tuning.evaluate_tuned"
 
 
 @register
-class Evaluation:
+class Evaluation(StageDefaults):
     name = "evaluation"
     declared_keys = (
         Declared(

@@ -16,14 +16,20 @@ from launcher_scripts.recipes.triton_interface import (
     STREAM_SUFFIX,
     generation_defaults,
 )
-from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
+from launcher_scripts.stages.base import (
+    StageContext,
+    StageDefaults,
+    make_job,
+    register,
+    require_job_program,
+)
 
 EXPORT = "launcher_scripts.jobs.export.export"
 MODEL_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @register
-class Export:
+class Export(StageDefaults):
     name = "export"
 
     def validate(self, ctx: StageContext) -> None:

@@ -17,17 +17,24 @@ from launcher_scripts.recipes.optimizer import check_optimizer
 from launcher_scripts.recipes.tuning import (
     CROSS_ATTENTION_TARGETS,
     OPTIONAL_KEYS,
+    TUNING_STAGES,
     all_inputs,
     check_positions,
     most_layers,
     read_spec,
 )
-from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
+from launcher_scripts.stages.base import (
+    StageContext,
+    StageDefaults,
+    make_job,
+    register,
+    require_job_program,
+)
 
 FINETUNE = "launcher_scripts.jobs.fine_tuning.finetune"
 
 
-class TuningStage:
+class TuningStage(StageDefaults):
     name = ""
 
     def validate(self, ctx: StageContext) -> None:
@@ -147,5 +154,5 @@ def _stage(stage_name: str) -> type[TuningStage]:
     )
 
 
-for _name in ("fine_tuning", "peft", "prompt_learning", "adapter_learning", "ia3_learning"):
+for _name in TUNING_STAGES:
     register(_stage(_name))

@@ -13,7 +13,13 @@ from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes import vocabulary
-from launcher_scripts.stages.base import StageContext, make_job, register, require_job_program
+from launcher_scripts.stages.base import (
+    StageContext,
+    StageDefaults,
+    make_job,
+    register,
+    require_job_program,
+)
 
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
 TRAINED = (("model_family", running("training")),)  # the families the training loop runs
@@ -21,7 +27,7 @@ RESTORED = (("model_family", running("training:restore")),)
 
 
 @register
-class Training:
+class Training(StageDefaults):
     name = "training"
     declared_keys = (
         Declared(optional=recipe.LOOP_OPTIONAL_KEYS, when=TRAINED),

@@ -1,5 +1,5 @@
 """Fine-tuning and PEFT on megatron-core: `python -m launcher_scripts.jobs.fine_tuning.finetune
---config F --stage S` (S: fine_tuning, peft, prompt_learning, adapter_learning, ia3_learning).
+--config F --stage S` (S: one of recipes.tuning.TUNING_STAGES).
 
 The base model comes from a portable checkpoint (the conversion stage's .nemo) at whatever
 TP/PP the recipe asks for; the architecture is the checkpoint's, the recipe gives the layout,
