@@ -23,6 +23,7 @@ from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.files import write_atomic
 from launcher_scripts.jobspec import JobSpec
 from launcher_scripts.manifest import Manifest, StageRecord, new_run_id
+from launcher_scripts.recipes import numa
 from launcher_scripts.stages import STAGES, StageContext
 
 
@@ -90,6 +91,7 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     schema.check_booleans(resolved, stages)
     nemo_keys.check_root_values(resolved)
     check_globals(resolved)
+    numa.check_section(resolved.numa_mapping)
     backend = make_backend(resolved.cluster_type, resolved)
     check_wandb(resolved, stages, backend.jobs_use_launcher_environment())
     planned, names = [], set()
