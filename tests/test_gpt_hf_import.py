@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+# The families register the tensor shapes the portable file checks compare weights with.
+import launcher_scripts.families  # noqa: F401
 from tests.conftest import ONE_THREAD, REPO, hf_imported, one_error_line, run_main, run_module
 
 CLASSES = {
