@@ -16,7 +16,7 @@ from launcher_scripts.errors import LauncherError
 OPERATIONS = ("status", "logs", "cancel")
 # A command word, and the module whose main() runs it; the word is removed from argv for these.
 TOOLS = {
-    "serve": "launcher_scripts.jobs.export.serve",
+    "serve": "launcher_scripts.serving",
     "merge-lora": "launcher_scripts.jobs.fine_tuning.merge_lora",
     "install-triton": "launcher_scripts.jobs.export.install",
 }
