@@ -26,7 +26,9 @@ a package imports only packages of the layers below its own:
                           package's __init__
 
 So the job programs import the torch-free layer, the utilities and libraries, never stages,
-clusters, pipeline, ops, manifest, serving, main or the AutoConfigurator.
+clusters, pipeline, ops, manifest, serving, main or the AutoConfigurator; and of the launcher,
+only the command line (main.py's tools) and the `serve` command import a job program, to run
+it in this process.
 
 Imports by string count as imports: `importlib.import_module("launcher_scripts.x")` and
 `__import__("...")` with a literal name are read like an import statement. A computed name
