@@ -75,7 +75,8 @@ def train_settings(cfg: DictConfig) -> dict:
 
 
 def run(cfg: DictConfig) -> int:
-    from auto_configurator import base_config, inference_search, search, sizing
+    from auto_configurator import base_config, search, sizing
+    from auto_configurator.inference import search as inference_search
     from auto_configurator.settings import parse
 
     # Checked first: a bad inference setting stops the run before any training search.

@@ -185,8 +185,8 @@ def _model_pass_worker(rank: int, port: int, out: str, shape: ModelShape) -> Non
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
 
+    from launcher_scripts.jobs.models.gpt import layer_spec
     from launcher_scripts.jobs.training import cpu_compat
-    from launcher_scripts.jobs.training.model import layer_spec
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)

@@ -1,13 +1,26 @@
-"""`python3 main.py [overrides...]`: compose the recipes, check them, run or submit the stages."""
+"""The command line: `python3 main.py [overrides...]` composes the recipes, checks them, runs
+or submits the stages; `python3 -m launcher_scripts` (and the installed `llm-launcher`) takes
+the same overrides, or a command word first (status, logs, cancel, serve, ...)."""
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import os
 import sys
 
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher_scripts.errors import LauncherError
+
+OPERATIONS = ("status", "logs", "cancel")
+# A command word, and the module whose main() runs it; the word is removed from argv for these.
+TOOLS = {
+    "serve": "launcher_scripts.serving",
+    "merge-lora": "launcher_scripts.jobs.fine_tuning.merge_lora",
+    "install-triton": "launcher_scripts.jobs.export.install",
+}
+COMMANDS = (*OPERATIONS, *TOOLS)
 
 USAGE = """usage: python3 main.py [KEY=VALUE ...]
 
@@ -26,8 +39,6 @@ def main(argv: list[str] | None = None) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(USAGE)
         return 0
-    from launcher_scripts.__main__ import COMMANDS
-
     command = next((arg for arg in argv if arg in COMMANDS), None)
     if command:  # `python3 main.py status results`: Hydra would say "missing EQUAL"
         print(
@@ -50,9 +61,39 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
 
+def is_launch(word: str) -> bool:
+    """Whether the first argument starts a launch (main.py's arguments) rather than naming a
+    command. Hydra overrides hold "=" (key=value, +key=value, ~key=value) or start with "~"
+    (~key deletes); flags such as --help start with "-". Any other word is a command."""
+    return "=" in word or word.startswith(("~", "-"))
+
+
+def unknown_command(word: str) -> str:
+    close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (
+        f"error: unknown command {word!r}: {hint}the commands are {', '.join(COMMANDS)}; "
+        f"to launch, give KEY=VALUE overrides as to main.py"
+    )
+
+
+def run(argv: list[str]) -> int:
+    """`python3 -m launcher_scripts` with `argv` (sys.argv): a command, or a launch."""
+    command = argv[1] if argv[1:2] else ""
+    if command in OPERATIONS:
+        from launcher_scripts.ops import main as operation
+
+        return operation()
+    if command in TOOLS:
+        argv.pop(1)
+        return importlib.import_module(TOOLS[command]).main()
+    if command and not is_launch(command):
+        print(unknown_command(command), file=sys.stderr)
+        return 2
+    return main()
+
+
 def console() -> None:
     """The `llm-launcher` command installed by pip: `python3 -m launcher_scripts`, so it takes
     the same commands (status, logs, cancel, serve, ...) as well as overrides."""
-    from launcher_scripts.__main__ import run
-
     sys.exit(run(sys.argv))

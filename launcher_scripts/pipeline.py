@@ -23,6 +23,7 @@ from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.files import write_atomic
 from launcher_scripts.jobspec import JobSpec
 from launcher_scripts.manifest import Manifest, StageRecord, new_run_id
+from launcher_scripts.recipes import numa
 from launcher_scripts.stages import STAGES, StageContext
 
 
@@ -81,6 +82,7 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     nemo_keys.check_root_values(resolved)
     # The cluster types are the backends' names.
     check_globals(resolved, BACKENDS)
+    numa.check_section(resolved.numa_mapping)
     backend: Backend = BACKENDS[resolved.cluster_type](resolved)
     check_wandb(resolved, stages, backend.jobs_use_launcher_environment())
     planned, names = [], set()

@@ -1,28 +1,60 @@
-"""`serve EXPORT_DIR --slurm [overrides]`: the Triton server of an export as a Slurm job.
+"""The launcher's `serve EXPORT_DIR [--slurm overrides]` command: the Triton server of an export
+started here (the server program, launcher_scripts.jobs.export.serve), or submitted as a Slurm
+job that runs that program.
 
 The job is rendered like every stage's: the cluster section, `container` and `container_mounts`
 of the composed config apply (a Triton container puts `tritonserver` on PATH, which `serve`
 takes first). Inside it, `serve` picks free ports and writes where it listens to
 EXPORT_DIR/endpoint.json once the server is ready.
+
+A command, above the job programs: it imports the server program to run it here, and the
+stages and the Slurm backend (only when submitting: serving here needs none of them) to
+submit it. The server program imports nothing of this module.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.clusters.base import JobRecord
-from launcher_scripts.clusters.slurm import SlurmBackend
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError, LauncherError
+from launcher_scripts.jobs.export import serve
 from launcher_scripts.jobspec import Command, JobSpec, Resources
-from launcher_scripts.stages.base import StageContext, make_job
 
 SERVE = "launcher_scripts.jobs.export.serve"
 ENDPOINT_FILE = "endpoint.json"
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=serve.PROG, description=serve.DESCRIPTION, parents=[serve.server_options()]
+    )
+    parser.add_argument(
+        "--slurm",
+        action="store_true",
+        help="submit the server as a Slurm job instead (overrides: cluster.*, container, "
+        "export.serving.*)",
+    )
+    parser.add_argument("overrides", nargs="*", help="with --slurm: launcher config overrides")
+    args = parser.parse_intermixed_args(argv)  # overrides may follow --slurm
+    if args.overrides and not args.slurm:
+        parser.error("config overrides apply to --slurm only")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.slurm:
+        return submit_server(args.export_dir.resolve(), args.overrides)
+    return serve.run(args)
+
+
 def serve_job(root: Any, export_dir: Path) -> JobSpec:
+    from launcher_scripts.stages.base import StageContext, make_job
+
     serving = root.export.serving
     gpus = require_int("export.serving.gpus_per_node", serving.gpus_per_node, minimum=0)
     args = (str(export_dir), "--http-port=auto", "--grpc-port=auto")
@@ -39,6 +71,8 @@ def serve_job(root: Any, export_dir: Path) -> JobSpec:
 
 def submit(export_dir: Path, overrides: list[str]) -> str:
     """Render and submit the serving job; returns the Slurm job id."""
+    from launcher_scripts.clusters.base import JobRecord
+    from launcher_scripts.clusters.slurm import SlurmBackend
     from launcher_scripts.config.compose import compose_config
 
     root = compose_config(["cluster_type=bcm", *overrides])
@@ -55,9 +89,8 @@ def submit(export_dir: Path, overrides: list[str]) -> str:
     return record.job_ids[0]
 
 
-def main(export_dir: Path, overrides: list[str]) -> int:
-    import sys
-
+def submit_server(export_dir: Path, overrides: list[str]) -> int:
+    """`serve EXPORT_DIR --slurm`: submit, and say where the server will say it listens."""
     try:
         job_id = submit(export_dir, overrides)
     except (ConfigError, LauncherError) as error:

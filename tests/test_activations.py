@@ -7,7 +7,7 @@ import pytest
 
 from launcher_scripts.families.encoder_checks import ENCODER_ACTIVATIONS
 from launcher_scripts.formats.portable_check import GATED_ACTIVATIONS
-from launcher_scripts.jobs.training.model import ACTIVATIONS
+from launcher_scripts.jobs.models.transformer import ACTIVATIONS
 from launcher_scripts.recipes.training import ACTIVATIONS as GPT_RECIPE_ACTIVATIONS
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from auto_configurator.inference_prompts import load_tokenizer
-from auto_configurator.inference_report import best_within, ranked
-from auto_configurator.inference_runs import Point
+from auto_configurator.inference.prompts import load_tokenizer
+from auto_configurator.inference.report import best_within, ranked
+from auto_configurator.inference.runs import Point
 from auto_configurator.main import main as autoconfig_main
 from launcher_scripts.jobs.export.serve import ServeError, find_server
 from tests.support import REPO

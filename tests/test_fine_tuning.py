@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+# The families register the tensor shapes the portable file checks compare weights with.
+import launcher_scripts.families  # noqa: F401
 from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+# The families register the tensor shapes the portable file checks compare weights with.
+import launcher_scripts.families  # noqa: F401
 from tests.support import REPO
 from tests.support.commands import ONE_THREAD, one_error_line, run_main, run_module
 from tests.support.conversion import hf_imported

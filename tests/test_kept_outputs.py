@@ -11,6 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+# The families register the tensor shapes the portable file checks compare weights with.
+import launcher_scripts.families  # noqa: F401
 from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.recipes.tuning import PeftSettings

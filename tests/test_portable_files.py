@@ -64,6 +64,29 @@ def test_the_tiny_model_and_a_lora_file_pass(tiny_portable: Path, lora_file: Pat
     assert portable_check.inspect_peft(lora_file).config.peft.scheme == "lora"
 
 
+def test_a_program_without_the_families_is_told_rather_than_left_unchecked(
+    tiny_portable: Path,
+) -> None:
+    """The families register the tensor shapes a model file is checked against (the formats
+    sit below them and do not import them): checking a file before they are imported is a bug
+    in the program, named as one, not a file passed with its shapes unchecked."""
+    program = "\n".join(
+        [
+            "import sys",
+            "from launcher_scripts.formats.portable_check import inspect_portable",
+            "inspect_portable(sys.argv[1])",
+        ]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program, str(tiny_portable)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "import launcher_scripts.families before checking a portable file" in result.stderr
+
+
 def test_each_kind_of_damage_is_one_line(broken: dict[str, Path]) -> None:
     from launcher_scripts.formats import portable_check
 

@@ -134,7 +134,7 @@ def test_32_true_is_planned_and_trains_in_fp32(tmp_path: Path) -> None:
     import torch
 
     from launcher_scripts.config.preflight import resolve
-    from launcher_scripts.jobs.training.model import transformer_config
+    from launcher_scripts.jobs.models.transformer import transformer_config
 
     cfg = compose_config(
         [

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+# The families register the tensor shapes the portable file checks compare weights with.
+import launcher_scripts.families  # noqa: F401
 from launcher_scripts.formats.portable_check import inspect_portable
 from launcher_scripts.jobs.fine_tuning import sft_data
 from tests.support.commands import run_main, run_module

@@ -17,11 +17,8 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
-from launcher_scripts.config.checks import require_choice, require_file, require_int
+from launcher_scripts.config.checks import require_choice, require_file
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.recipes.numa import CORES as NUMA_CORES
-from launcher_scripts.recipes.numa import MODES as NUMA_MODES
-from launcher_scripts.recipes.numa import SCOPES as NUMA_SCOPES
 
 GLOBAL_KEYS = (
     "stages",
@@ -114,8 +111,10 @@ def escape_interpolations(value: Any) -> Any:
 
 
 def check_globals(cfg: DictConfig, cluster_types: Collection[str]) -> None:
-    """`cluster_types`: the backends' names (launcher_scripts.clusters.BACKENDS), which this
-    layer cannot import."""
+    """The keys every run reads. `cluster_types`: the backends' names
+    (launcher_scripts.clusters.BACKENDS), which this layer cannot import. numa_mapping has its
+    own check, recipes.numa.check_section: the recipe layer owns its choices, and config is
+    below it."""
     require_choice("cluster_type", cfg.cluster_type, cluster_types)
     for key in ("launcher_scripts_path", "data_dir", "base_results_dir"):
         if not cfg.get(key):
@@ -126,22 +125,6 @@ def check_globals(cfg: DictConfig, cluster_types: Collection[str]) -> None:
             f"{cfg.launcher_scripts_path!r} holds a colon, which splits PYTHONPATH, where jobs "
             "find the code",
             "Use a path without colons (a symbolic link to it, say)",
-        )
-    numa = cfg.numa_mapping
-    for flag in ("enable", "balanced"):
-        if not isinstance(numa.get(flag), bool):
-            raise ConfigError(
-                f"numa_mapping.{flag}", f"{numa.get(flag)!r} is not true or false", "Fix it"
-            )
-    require_choice("numa_mapping.mode", numa.mode, NUMA_MODES)
-    require_choice("numa_mapping.scope", numa.scope, NUMA_SCOPES)
-    require_choice("numa_mapping.cores", numa.cores, NUMA_CORES)
-    require_int("numa_mapping.min_cores", numa.min_cores)
-    if numa.max_cores is not None and require_int("numa_mapping.max_cores", numa.max_cores) < (
-        numa.min_cores
-    ):
-        raise ConfigError(
-            "numa_mapping.max_cores", "is below min_cores", "Raise max_cores or lower min_cores"
         )
     if cfg.wandb_api_key_file:
         require_file("wandb_api_key_file", cfg.wandb_api_key_file, secret=True)

@@ -175,3 +175,16 @@ def of_model_type(model_type: str) -> ModelFamily:
 def running(program: str) -> tuple[str, ...]:
     """The `model_family` values whose recipes a program runs."""
     return tuple(name for name, family in FAMILIES.items() if family.runs(program))
+
+
+def family_mismatch(trained: Any, family: str, source: str) -> str | None:
+    """What is wrong when a conversion recipe of `family` reads a model section of another
+    family (training records its family in the section; older sections do not say)."""
+    recorded = trained.get("model_family")
+    if recorded is None or recorded == family:
+        return None
+    folder = FAMILIES[recorded].model_types[0] if recorded in FAMILIES else recorded
+    return (
+        f"{family}, but {source} is a {recorded} model: convert it with a {recorded} recipe, "
+        f"e.g. conversion={folder}/convert_{folder}"
+    )

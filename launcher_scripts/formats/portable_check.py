@@ -16,7 +16,6 @@ few kilobytes, so a preflight may call it for every file it is given.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import struct
@@ -28,7 +27,7 @@ from typing import IO, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher_scripts.errors import ConfigError
+from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.formats.portable import CONFIG as MODEL_CONFIG
 from launcher_scripts.formats.portable import PEFT_CONFIG, TOKENIZER_DIR, TOKENIZER_KEYS
 from launcher_scripts.formats.portable import WEIGHTS as MODEL_WEIGHTS
@@ -257,8 +256,9 @@ REQUIRED_TENSORS: Sequence[str] = (
 )
 ShapeTable = Callable[[Mapping[str, Any]], dict[str, tuple[tuple[int | None, ...], str]]]
 # model_family -> what its model_config.yaml says its tensors' shapes are, registered by the
-# families (launcher_scripts.families); a family without one gets the file-level checks only.
-# A file without model_family comes from a version that converted decoder stacks only.
+# families (launcher_scripts.families, above this package) when their package is imported; a
+# family without one gets the file-level checks only. A file without model_family comes from
+# a version that converted decoder stacks only.
 SHAPE_TABLES: dict[str, ShapeTable] = {}
 
 
@@ -266,9 +266,12 @@ def check_shapes(path: Path, config: DictConfig, shapes: Mapping[str, tuple[int,
     """The weights' shapes agree with the config (the first disagreement raises)."""
     family = config.get("model_family")
     if family is not None and not SHAPE_TABLES:
-        # The families fill the registry when their package is imported; a program that has
-        # not imported it (merge-lora) would otherwise skip the check without a word.
-        importlib.import_module("launcher_scripts.families")
+        # Skipping the check without a word would pass a file whose config and weights
+        # disagree: the program has to import launcher_scripts.families first.
+        raise LauncherError(
+            f"{path}: no model family has registered its tensor shapes: import "
+            "launcher_scripts.families before checking a portable file (a bug: please report it)"
+        )
     table = expected_shapes if family is None else SHAPE_TABLES.get(str(family))
     if table is None:
         return

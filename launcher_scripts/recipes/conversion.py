@@ -72,21 +72,6 @@ def with_tokenizer_files(hparams: DictConfig, model_cfg: Any) -> DictConfig:
     return hparams
 
 
-def family_mismatch(trained: Any, family: str, source: str) -> str | None:
-    """What is wrong when a conversion recipe of `family` reads a model section of another
-    family (training records its family in the section; older sections do not say)."""
-    from launcher_scripts.families import FAMILIES
-
-    recorded = trained.get("model_family")
-    if recorded is None or recorded == family:
-        return None
-    folder = FAMILIES[recorded].model_types[0] if recorded in FAMILIES else recorded
-    return (
-        f"{family}, but {source} is a {recorded} model: convert it with a {recorded} recipe, "
-        f"e.g. conversion={folder}/convert_{folder}"
-    )
-
-
 def read_hparams(path: Path) -> DictConfig:
     """The model section training saved (NeMo's layout: under a top-level `cfg`)."""
     loaded = OmegaConf.load(path)

@@ -24,7 +24,7 @@ from launcher_scripts.errors import ConfigError
 RESTORE_KEY = "model.restore_from_path"
 
 # The keys a portable file's model_config.yaml decides, with the value the GPT runtime takes
-# when a section leaves one out (jobs/training/model.py).
+# when a section leaves one out (jobs/models/transformer.py and gpt.py).
 ARCHITECTURE_DEFAULTS: dict[str, Any] = {
     "num_layers": None,
     "hidden_size": None,

@@ -11,13 +11,12 @@ from omegaconf import OmegaConf
 from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_int, require_layout, require_row_split
 from launcher_scripts.errors import ConfigError, HfImportError, RecipeError
-from launcher_scripts.families import DEFAULT, FAMILIES, family_of
+from launcher_scripts.families import DEFAULT, FAMILIES, family_mismatch, family_of
 from launcher_scripts.formats.portable_check import require_peft, require_portable
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes.conversion import (
     TOKENIZER_FILES,
     ConversionError,
-    family_mismatch,
     pick_checkpoint,
     read_hparams,
 )

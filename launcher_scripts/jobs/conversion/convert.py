@@ -16,12 +16,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from launcher_scripts.families import DEFAULT
+from launcher_scripts.families import DEFAULT, family_mismatch
 from launcher_scripts.files import replaced_directory
 from launcher_scripts.jobs.config_job import run_config_job
 from launcher_scripts.recipes.conversion import (
     ConversionError,
-    family_mismatch,
     pick_checkpoint,
     read_hparams,
     with_tokenizer_files,

@@ -1,4 +1,5 @@
-"""`python3 -m launcher_scripts serve EXPORT_DIR`: start a real Triton server on an export.
+"""`python3 -m launcher_scripts serve EXPORT_DIR` (launcher_scripts.serving runs it here, or
+as a Slurm job with --slurm): start a real Triton server on an export.
 
 Which tritonserver runs, first found wins:
   1. --tritonserver PATH, or $TRITONSERVER;
@@ -154,11 +155,14 @@ def wait_ready(process: subprocess.Popen, http_port: int, timeout: float) -> Non
     raise ServeError(f"tritonserver was not ready within {timeout:.0f} s: raise --ready-timeout")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python3 -m launcher_scripts serve",
-        description="Start a Triton server on an export stage's model repository.",
-    )
+PROG = "python3 -m launcher_scripts serve"
+DESCRIPTION = "Start a Triton server on an export stage's model repository."
+
+
+def server_options() -> argparse.ArgumentParser:
+    """The server's options: this program's, and the launcher's `serve` command's, which adds
+    its own (launcher_scripts.serving)."""
+    parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("export_dir", type=Path, help="export results dir or its model_repo")
     parser.add_argument("--http-port", type=port, default=8000, help="a number, or auto")
     parser.add_argument("--grpc-port", type=port, default=8001, help="a number, or auto")
@@ -167,17 +171,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--endpoint-file", type=Path, help="once ready, write the host and ports here (JSON)"
     )
-    parser.add_argument(
-        "--slurm",
-        action="store_true",
-        help="submit the server as a Slurm job instead (overrides: cluster.*, container, "
-        "export.serving.*)",
-    )
-    parser.add_argument("overrides", nargs="*", help="with --slurm: launcher config overrides")
-    args = parser.parse_intermixed_args(argv)  # overrides may follow --slurm
-    if args.overrides and not args.slurm:
-        parser.error("config overrides apply to --slurm only")
-    return args
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, parents=[server_options()])
+    return parser.parse_args(argv)
 
 
 def port(value: str) -> int:
@@ -197,11 +196,11 @@ def write_endpoint(path: Path, http_port: int, grpc_port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.slurm:
-        from launcher_scripts import serving
+    return run(parse_args(argv))
 
-        return serving.main(args.export_dir.resolve(), args.overrides)
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until the server exits or is stopped; `args`: server_options()'s."""
     try:
         repository = model_repository(args.export_dir.resolve())
         install = find_server(args.tritonserver)

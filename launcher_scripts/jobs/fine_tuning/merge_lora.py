@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+# The families register the tensor shapes inspect_portable checks a model file's weights against.
+import launcher_scripts.families  # noqa: F401
 from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable_check import inspect_peft, inspect_portable
 from launcher_scripts.jobs.fine_tuning import peft_file

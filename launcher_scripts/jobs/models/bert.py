@@ -36,10 +36,10 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from launcher_scripts.jobs.models import bert_hf
+from launcher_scripts.jobs.models import bert_hf, transformer
 from launcher_scripts.jobs.models.base import ModelRuntime
-from launcher_scripts.jobs.training import data, model
-from launcher_scripts.jobs.training.model import LocalNorm
+from launcher_scripts.jobs.models.transformer import LocalNorm
+from launcher_scripts.jobs.training import data
 from launcher_scripts.jobs.training.runtime import JobError
 
 BATCH_KEYS = ("text", "types", "labels", "loss_mask", "padding_mask", "is_random")
@@ -108,7 +108,7 @@ def binary_head(cfg: Any) -> bool:
 
 
 def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfig:
-    config = model.transformer_config(cfg, use_te, on_gpu)
+    config = transformer.transformer_config(cfg, use_te, on_gpu)
     # The masked-LM loss is a mean over each micro-batch's masked tokens and the sentence-order
     # loss a mean over its samples (Megatron's BERT): the schedule averages micro-batches.
     config.calculate_per_token_loss = False
@@ -185,7 +185,7 @@ def build_chunks(cfg: Any, config: TransformerConfig, vocab_size: int, use_te: b
                 config=config,
                 num_tokentypes=2 if binary_head(cfg) else 0,
                 transformer_layer_spec=layer_spec(cfg, config),
-                vocab_size=model.padded_vocab_size(vocab_size, cfg),
+                vocab_size=transformer.padded_vocab_size(vocab_size, cfg),
                 max_sequence_length=int(model_cfg.max_position_embeddings),
                 pre_process=first,
                 post_process=parallel_state.is_pipeline_last_stage(

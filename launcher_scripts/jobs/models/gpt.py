@@ -5,6 +5,19 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
+
 from launcher_scripts.jobs.fine_tuning import peft, sft_data
 from launcher_scripts.jobs.fine_tuning.answers import prompt_logits
 from launcher_scripts.jobs.inference.runner import ModelRunner, OpenedModel, runner_of
@@ -12,7 +25,66 @@ from launcher_scripts.jobs.inference.served import ServedModel
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
 from launcher_scripts.jobs.models import gpt_hf
 from launcher_scripts.jobs.models.base import ModelRuntime, TuningSide, token_loss
-from launcher_scripts.jobs.training import data, model
+from launcher_scripts.jobs.models.transformer import (
+    LocalNorm,
+    padded_vocab_size,
+    transformer_config,
+)
+from launcher_scripts.jobs.training import data
+
+
+def layer_spec(
+    config: TransformerConfig, use_te: bool, vp_stage: int | None
+) -> ModuleSpec | TransformerBlockSubmodules:
+    """The layers of this pipeline stage (and virtual stage)."""
+    if use_te:
+        return get_gpt_layer_with_transformer_engine_spec(
+            num_experts=None, qk_layernorm=False, fp8=None
+        )
+    spec = get_gpt_layer_local_spec(normalization=config.normalization)
+    spec.submodules.input_layernorm = LocalNorm
+    spec.submodules.pre_mlp_layernorm = LocalNorm
+    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=LocalNorm)
+
+
+def build_chunks(
+    cfg: Any, config: TransformerConfig, vocab_size: int, use_te: bool
+) -> list[GPTModel]:
+    """This rank's model chunks: one, or one per virtual pipeline stage."""
+    model = cfg.model
+    vp = config.virtual_pipeline_model_parallel_size
+    chunks = []
+    for vp_stage in range(vp or 1):
+        stage = vp_stage if vp else None
+        spec = layer_spec(config, use_te, stage)
+        chunks.append(
+            GPTModel(
+                config=config,
+                transformer_layer_spec=spec,
+                vocab_size=padded_vocab_size(vocab_size, cfg),
+                max_sequence_length=model.max_position_embeddings,
+                pre_process=parallel_state.is_pipeline_first_stage(
+                    ignore_virtual=False, vp_stage=stage
+                ),
+                post_process=parallel_state.is_pipeline_last_stage(
+                    ignore_virtual=False, vp_stage=stage
+                ),
+                fp16_lm_cross_entropy=bool(model.get("fp16_lm_cross_entropy", False)),
+                parallel_output=True,
+                share_embeddings_and_output_weights=bool(
+                    model.get("share_embeddings_and_output_weights", True)
+                ),
+                position_embedding_type=model.position_embedding_type,
+                rotary_percent=float(model.get("rotary_percentage", 1.0)),
+                rotary_base=float(model.get("rotary_base", 10000)),
+                # Llama 3's scaling of the low frequencies (megatron-core's, by its factor)
+                rope_scaling=model.get("rope_scaling_factor") is not None,
+                rope_scaling_factor=float(model.get("rope_scaling_factor") or 8.0),
+                vp_stage=stage,
+            )
+        )
+    return chunks
 
 
 def forward_step(batch: dict[str, Any], chunk: Any) -> tuple[Any, Any]:
@@ -75,8 +147,8 @@ TUNING = TuningSide(
 )
 
 RUNTIME = ModelRuntime(
-    transformer_config=model.transformer_config,
-    build_chunks=model.build_chunks,
+    transformer_config=transformer_config,
+    build_chunks=build_chunks,
     data_tokenizer=data.vocab_info,
     build_datasets=data.build_datasets,
     forward_step=forward_step,

@@ -51,13 +51,13 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from omegaconf import OmegaConf
 
-from launcher_scripts.jobs.models import t5_hf, t5_tuning
+from launcher_scripts.jobs.models import t5_hf, t5_tuning, transformer
 from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
 from launcher_scripts.jobs.models.t5_hf import HF_T5_TOKENIZER, SENTINEL, hf_t5_tokens
 from launcher_scripts.jobs.models.t5_masks import attention_masks
-from launcher_scripts.jobs.training import data, model
+from launcher_scripts.jobs.models.transformer import LocalNorm
+from launcher_scripts.jobs.training import data
 from launcher_scripts.jobs.training.checkpointing import unwrap
-from launcher_scripts.jobs.training.model import LocalNorm
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.recipes.training import encoder_decoder_split, parallelism
 
@@ -232,8 +232,8 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
     `pipeline_model_parallel_size` is the stages it spans (the encoder's before the split rank,
     the decoder's one): megatron-core numbers a stage's layers, and names them in checkpoints,
     from it."""
-    config = model.transformer_config(block_view(cfg, "decoder"), use_te, on_gpu)
-    encoder = model.transformer_config(block_view(cfg, "encoder"), use_te, on_gpu)
+    config = transformer.transformer_config(block_view(cfg, "decoder"), use_te, on_gpu)
+    encoder = transformer.transformer_config(block_view(cfg, "encoder"), use_te, on_gpu)
     pipeline = parallelism(cfg).pipeline
     if pipeline > 1:
         encoder_stages, _ = encoder_decoder_split(cfg.model, pipeline, "training")
@@ -357,7 +357,7 @@ def build_chunks(
             config.num_layers,
             _scaled_norm(model_cfg.get("decoder_output_scale")),
         ),
-        vocab_size=model.padded_vocab_size(vocab_size, cfg),
+        vocab_size=transformer.padded_vocab_size(vocab_size, cfg),
         max_sequence_length=int(model_cfg.max_position_embeddings),
         # The decoder stage embeds the decoder's tokens.
         pre_process=stage == 0 or on_decoder,

@@ -1,7 +1,9 @@
-"""GPT pretraining on megatron-core: `python -m launcher_scripts.jobs.training.pretrain --config F`.
+"""Pretraining of every model family that trains, on megatron-core (the training stage's job).
 
-F is the training stage's resolved recipe (`<results_dir>/<run.name>_hydra.yaml`). The process
-finds its rank from torchrun or Slurm, so it runs under `torchrun` or straight under `srun`.
+`python -m launcher_scripts.jobs.training.pretrain --config F`: F is the training stage's
+resolved recipe (`<results_dir>/<run.name>_hydra.yaml`), whose `model_family` picks the
+family's torch side (its `runtime` module under jobs/models/). The process finds its rank
+from torchrun or Slurm, so it runs under `torchrun` or straight under `srun`.
 
 Exit codes: 0 finished (or stopped at trainer.max_time after a checkpoint); 75 stopped by
 SIGTERM or SIGUSR1 after saving a checkpoint, so the job can be requeued and resume; 1 failed.

@@ -37,8 +37,8 @@ from launcher_scripts.formats.progress import (
     damaged_checkpoints,
 )
 from launcher_scripts.jobs.models import runtime_of
+from launcher_scripts.jobs.models.transformer import transformer_engine_available
 from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, wandb_logger
-from launcher_scripts.jobs.training import model as model_builder
 from launcher_scripts.jobs.training.checkpointing import TrainState
 from launcher_scripts.jobs.training.runtime import (
     JobError,
@@ -82,7 +82,7 @@ class Trainer:
         self.use_te = (
             on_gpu
             and bool(cfg.model.get("transformer_engine", False))
-            and model_builder.transformer_engine_available()
+            and transformer_engine_available()
         )
         if self.par.context > 1 and not self.use_te:
             raise JobError(

@@ -7,10 +7,10 @@ per GPU (TP x PP of them). Two paths, named in the CSV's `path` column:
 
   triton  TP = PP = 1 through the export stage and a real Triton server (`serve`), one HTTP
           request per measurement: what a user deploys. The served model builds its runner at
-          TP = PP = 1 only, so this path has no larger layouts (see inference_triton).
+          TP = PP = 1 only, so this path has no larger layouts (see triton.py).
   runner  every layout with the generation runner in TP x PP processes under torchrun (one
           process for TP = PP = 1): `open_runner` + `generate`, the same model code Triton's
-          model.py calls, without HTTP and Triton's queue (see inference_bench).
+          model.py calls, without HTTP and Triton's queue (see bench.py).
 
 With a Triton server installed (`python3 -m launcher_scripts install-triton`;
 run.serve_with_triton: auto) TP = PP = 1 is measured both ways, so layouts compare on one path
@@ -18,7 +18,7 @@ and the serving overhead shows. Layouts with more processes than run.gpus_per_no
 skipped; a layout that does not divide the heads or layers, a missing model file, or lengths
 beyond the model's positions stop the search before anything runs, in one line.
 
-Results go to `<run.results_dir>/inference/`: final_summary/ (see inference_report) and runs/
+Results go to `<run.results_dir>/inference/`: final_summary/ (see report.py) and runs/
 (each measurement's log and raw figures).
 """
 
@@ -33,10 +33,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from auto_configurator import inference_report, inference_triton
-from auto_configurator.inference_prompts import load_tokenizer, make_prompts
-from auto_configurator.inference_runs import RUNNER, Point, environment, measure_runner
-from auto_configurator.inference_settings import (
+from auto_configurator.inference import report, triton
+from auto_configurator.inference.prompts import load_tokenizer, make_prompts
+from auto_configurator.inference.runs import RUNNER, Point, environment, measure_runner
+from auto_configurator.inference.settings import (
     PREFIX,
     InferenceSettings,
     ModelFacts,
@@ -81,8 +81,8 @@ def prepare(cfg: DictConfig) -> Plan:
             f"{settings.gpus_per_node} but this machine has {devices} GPU(s)",
             f"Set gpus_per_node={devices} or run the search where the GPUs are",
         )
-    triton = (1, 1) in layouts(settings) and inference_triton.available(settings)
-    if triton:
+    through_triton = (1, 1) in layouts(settings) and triton.available(settings)
+    if through_triton:
         launcher_main(cfg)  # the export stage runs from it
     with tempfile.TemporaryDirectory(prefix="autoconfig-tokenizer-") as scratch:
         # Loaded whole into memory: the extracted files are not needed afterwards.
@@ -95,7 +95,7 @@ def prepare(cfg: DictConfig) -> Plan:
                 "Convert the model again with the launcher's conversion stage",
             ) from None
     prompts = make_prompts(tokenizer, settings.input_len, max(settings.batch_sizes))
-    return Plan(settings, model, on_gpu, triton, tokenizer, prompts)
+    return Plan(settings, model, on_gpu, through_triton, tokenizer, prompts)
 
 
 def _section(cfg: DictConfig) -> dict | None:
@@ -127,10 +127,10 @@ def run(cfg: DictConfig, plan: Plan) -> int:
     print(_describe(plan, data_type), flush=True)
     points: list[Point] = []
     if plan.triton:
-        session = inference_triton.Session(
+        session = triton.Session(
             settings, plan.prompts, plan.tokenizer, launcher_main(cfg), root, env
         )
-        points += _announce(inference_triton.measure(session))
+        points += _announce(triton.measure(session))
     for tensor, pipeline in layouts(settings):
         if tensor * pipeline > settings.gpus_per_node:
             status = (
@@ -142,7 +142,7 @@ def run(cfg: DictConfig, plan: Plan) -> int:
             ]
             continue
         points += _announce(measure_runner(settings, tensor, pipeline, prompts_file, root, env))
-    result = inference_report.write(folder / "final_summary", points, settings, data_type)
+    result = report.write(folder / "final_summary", points, settings, data_type)
     _print_summary(folder / "final_summary", result)
     return 0 if result["measured"] else 1
 
@@ -167,7 +167,7 @@ def _announce(points: list[Point]) -> list[Point]:
             )
         else:
             figures = p.status
-        print(f"  {inference_report.label(p)}: {figures}", flush=True)
+        print(f"  {report.label(p)}: {figures}", flush=True)
     return points
 
 

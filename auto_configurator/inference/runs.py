@@ -1,5 +1,5 @@
 """What the inference search measures and how: a `Point` per path, layout and batch size, and
-the runner path (`inference_bench` in TP x PP processes) with the process handling both paths
+the runner path (`bench.py` in TP x PP processes) with the process handling both paths
 share.
 
 Every measuring process runs on this machine, one at a time (a measurement must not share the
@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from auto_configurator.inference_settings import InferenceSettings
+from auto_configurator.inference.settings import InferenceSettings
 from launcher_scripts.clusters.base import python_argv
 from launcher_scripts.jobs.export.serve import JOB_VARIABLES
 from launcher_scripts.jobspec import Command
 
 RUNNER = "runner"  # the generation runner in TP x PP processes (torchrun when more than one)
-BENCH_MODULE = "auto_configurator.inference_bench"
+BENCH_MODULE = "auto_configurator.inference.bench"
 SEED = 1234  # every request samples with this seed, so repeats generate the same tokens
 ERROR_PATTERN = re.compile(r"error|exception|killed", re.IGNORECASE)
 

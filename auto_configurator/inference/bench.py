@@ -1,6 +1,6 @@
 """One layout of the inference search, measured with the generation runner:
 
-    python -m auto_configurator.inference_bench --model M.nemo --tensor T --pipeline P \\
+    python -m auto_configurator.inference.bench --model M.nemo --tensor T --pipeline P \\
         --prompts prompts.json --batch-sizes 1,4 --output-len 20 --out results.json ...
 
 Started as TP x PP processes (torchrun; one process alone for TP = PP = 1). Every rank builds
@@ -24,7 +24,7 @@ from launcher_scripts.files import write_atomic
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m auto_configurator.inference_bench")
+    parser = argparse.ArgumentParser(prog="python -m auto_configurator.inference.bench")
     parser.add_argument("--model", type=Path, required=True, help="portable .nemo file")
     parser.add_argument("--tensor", type=int, default=1)
     parser.add_argument("--pipeline", type=int, default=1)

@@ -1,4 +1,6 @@
-"""The recipe's `model` section as a megatron-core TransformerConfig and GPTModel chunks."""
+"""What every family's megatron-core model is built from: the recipe's `model` section as a
+TransformerConfig, the activations and dtypes it names, and the norms that run without Apex
+or Transformer Engine. Each family's module (gpt.py, t5.py, bert.py) builds its model on it."""
 
 from __future__ import annotations
 
@@ -7,19 +9,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from megatron.core import parallel_state
 from megatron.core.activations import squared_relu
-from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import (
-    get_gpt_layer_local_spec,
-    get_gpt_layer_with_transformer_engine_spec,
-)
 from megatron.core.transformer import TransformerConfig
-from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.transformer_block import (
-    TransformerBlockSubmodules,
-    get_num_layers_to_build,
-)
 
 from launcher_scripts.costmodel import estimates
 from launcher_scripts.formats.portable_check import GATED_ACTIVATIONS
@@ -157,62 +148,8 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
     )
 
 
-def layer_spec(
-    config: TransformerConfig, use_te: bool, vp_stage: int | None
-) -> ModuleSpec | TransformerBlockSubmodules:
-    """The layers of this pipeline stage (and virtual stage)."""
-    if use_te:
-        return get_gpt_layer_with_transformer_engine_spec(
-            num_experts=None, qk_layernorm=False, fp8=None
-        )
-    spec = get_gpt_layer_local_spec(normalization=config.normalization)
-    spec.submodules.input_layernorm = LocalNorm
-    spec.submodules.pre_mlp_layernorm = LocalNorm
-    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=LocalNorm)
-
-
 def padded_vocab_size(vocab_size: int, cfg: Any) -> int:
     return estimates.padded_vocab(vocab_size, cfg.model, recipe.parallelism(cfg).tensor)
-
-
-def build_chunks(
-    cfg: Any, config: TransformerConfig, vocab_size: int, use_te: bool
-) -> list[GPTModel]:
-    """This rank's model chunks: one, or one per virtual pipeline stage."""
-    model = cfg.model
-    vp = config.virtual_pipeline_model_parallel_size
-    chunks = []
-    for vp_stage in range(vp or 1):
-        stage = vp_stage if vp else None
-        spec = layer_spec(config, use_te, stage)
-        chunks.append(
-            GPTModel(
-                config=config,
-                transformer_layer_spec=spec,
-                vocab_size=padded_vocab_size(vocab_size, cfg),
-                max_sequence_length=model.max_position_embeddings,
-                pre_process=parallel_state.is_pipeline_first_stage(
-                    ignore_virtual=False, vp_stage=stage
-                ),
-                post_process=parallel_state.is_pipeline_last_stage(
-                    ignore_virtual=False, vp_stage=stage
-                ),
-                fp16_lm_cross_entropy=bool(model.get("fp16_lm_cross_entropy", False)),
-                parallel_output=True,
-                share_embeddings_and_output_weights=bool(
-                    model.get("share_embeddings_and_output_weights", True)
-                ),
-                position_embedding_type=model.position_embedding_type,
-                rotary_percent=float(model.get("rotary_percentage", 1.0)),
-                rotary_base=float(model.get("rotary_base", 10000)),
-                # Llama 3's scaling of the low frequencies (megatron-core's, by its factor)
-                rope_scaling=model.get("rope_scaling_factor") is not None,
-                rope_scaling_factor=float(model.get("rope_scaling_factor") or 8.0),
-                vp_stage=stage,
-            )
-        )
-    return chunks
 
 
 def count_parameters(chunks: list[torch.nn.Module]) -> int:

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from auto_configurator.inference_runs import Point
-from auto_configurator.inference_settings import InferenceSettings
+from auto_configurator.inference.runs import Point
+from auto_configurator.inference.settings import InferenceSettings
 from auto_configurator.report import pyplot
 from launcher_scripts.files import write_atomic
 

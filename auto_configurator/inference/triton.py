@@ -2,7 +2,7 @@
 (`main.py stages=[export]`) writes the Triton model repository, `python3 -m launcher_scripts
 serve` starts a real Triton server on it, and each measurement is one HTTP request holding
 `batch` prompts. The served Triton model builds its runner at TP = PP = 1 only, so larger
-layouts are measured with the runner alone (inference_runs).
+layouts are measured with the runner alone (runs.py).
 
 The export's `max_batch_size` is the largest batch size (Triton refuses larger requests) and
 its queue delay 0 (a request waits for no other: one request is in flight at a time). A latency
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from auto_configurator.inference_prompts import continuation_tokens
-from auto_configurator.inference_runs import (
+from auto_configurator.inference.prompts import continuation_tokens
+from auto_configurator.inference.runs import (
     SEED,
     Point,
     last_error_line,
@@ -34,7 +34,7 @@ from auto_configurator.inference_runs import (
     start,
     stop,
 )
-from auto_configurator.inference_settings import PREFIX, InferenceSettings
+from auto_configurator.inference.settings import PREFIX, InferenceSettings
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.inference.text_tokenizer import TextTokenizer
 
