@@ -39,12 +39,6 @@ LORA_LINEARS = {
 }
 LORA_TARGET_NAMES = tuple(LORA_LINEARS)
 CROSS_ATTENTION_TARGETS = tuple(t for t in LORA_TARGET_NAMES if t.startswith("cross_"))
-# stage -> the scheme its recipes train ("peft" reads model.peft.peft_scheme)
-STAGE_METHODS = {
-    "fine_tuning": "sft",
-    "adapter_learning": "adapter",
-    "ia3_learning": "ia3",
-}
 PROMPT_STYLES = {"p-tuning": "ptuning", "prompt-tuning": "prompt_tuning"}
 
 # The recipe keys that replace the base model's for the tuning run (finetune.training_cfg).
