@@ -16,7 +16,7 @@ import torch
 from tests.support import REPO
 from tests.support.commands import run_main
 from tests.support.conversion import convert, hf_computes_our_logits_each, run_conversion_job
-from tests.support.training import train, write_config
+from tests.support.training import train, write_small_gpt_config
 
 IMPROVED = (
     "training.model.position_embedding_type=rope",
@@ -54,7 +54,7 @@ def converted(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         folder = tmp_path_factory.mktemp(variant)
         run = folder / "run"
         processes = 4 if variant == "gpt2-style" else 1
-        train(write_config(prepared, run, *overrides), processes=processes)
+        train(write_small_gpt_config(prepared, run, *overrides), processes=processes)
         convert(prepared, run, folder / "converted")
         folders[variant] = folder
     return folders

@@ -21,7 +21,7 @@ from tests.support.training import (
     losses,
     stop_with_signal,
     train,
-    write_config,
+    write_small_gpt_config,
 )
 
 LAYOUT_STEPS = ("training.trainer.max_steps=6",)
@@ -34,7 +34,7 @@ def layouts(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     test_interleaved_pipeline_matches_the_plain_pipeline."""
     folder = tmp_path_factory.mktemp("layouts")
     index = f"training.model.data.index_mapping_dir={folder}/i"
-    train(write_config(prepared, folder / "single", *LAYOUT_STEPS, index))
+    train(write_small_gpt_config(prepared, folder / "single", *LAYOUT_STEPS, index))
     return folder
 
 
@@ -53,7 +53,7 @@ def test_parallel_layouts_match_a_single_process(
 ) -> None:
     # One index cache for both runs: see test_interleaved_pipeline_matches_the_plain_pipeline.
     steps = (*LAYOUT_STEPS, f"training.model.data.index_mapping_dir={layouts}/i")
-    parallel = write_config(
+    parallel = write_small_gpt_config(
         prepared, tmp_path / "parallel", *steps, "training.trainer.devices=2", *layout
     )
     train(parallel, processes=2)
@@ -80,9 +80,9 @@ def test_interleaved_pipeline_matches_the_plain_pipeline(prepared: Path, tmp_pat
         "training.model.pipeline_model_parallel_size=2",
         f"training.model.data.index_mapping_dir={tmp_path / 'index'}",
     )
-    train(write_config(prepared, tmp_path / "plain", *improved), processes=2)
+    train(write_small_gpt_config(prepared, tmp_path / "plain", *improved), processes=2)
     interleaved = ("training.model.virtual_pipeline_model_parallel_size=2",)
-    train(write_config(prepared, tmp_path / "vp", *improved, *interleaved), processes=2)
+    train(write_small_gpt_config(prepared, tmp_path / "vp", *improved, *interleaved), processes=2)
     assert_same_losses(tmp_path / "plain", tmp_path / "vp", 1e-4)
 
 
@@ -129,7 +129,7 @@ STOP_AND_RESUME_STEPS = (
 def uninterrupted(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The 20 steps trained without a stop: the log folder both resume cases compare with."""
     reference = tmp_path_factory.mktemp("uninterrupted") / "reference"
-    train(write_config(prepared, reference, *STOP_AND_RESUME_STEPS))
+    train(write_small_gpt_config(prepared, reference, *STOP_AND_RESUME_STEPS))
     return reference
 
 
@@ -140,7 +140,7 @@ def test_signal_stop_and_resume_match_an_uninterrupted_run(
 ) -> None:
     steps = STOP_AND_RESUME_STEPS
 
-    first = write_config(
+    first = write_small_gpt_config(
         prepared, tmp_path / "resumed", *steps, f"training.trainer.devices={first_processes}"
     )
     assert stop_with_signal(first, tmp_path / "resumed", first_processes) in (
@@ -152,7 +152,7 @@ def test_signal_stop_and_resume_match_an_uninterrupted_run(
     assert stopped_at < 20
     # The same command again resumes, here with one process (a different data-parallel size
     # when the first part ran on two).
-    second = write_config(prepared, tmp_path / "resumed", *steps)
+    second = write_small_gpt_config(prepared, tmp_path / "resumed", *steps)
     result = train(second)
     assert "resumed from" in result.stdout
 
@@ -180,7 +180,7 @@ def checkpointed(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     """4 steps with checkpoints at steps 2 and 4, trained once: the log folder the resume tests
     below each copy, then tear or damage."""
     log_dir = tmp_path_factory.mktemp("checkpointed") / "run"
-    train(write_config(prepared, log_dir, "training.trainer.max_steps=4", *EVERY_TWO))
+    train(write_small_gpt_config(prepared, log_dir, "training.trainer.max_steps=4", *EVERY_TWO))
     return log_dir
 
 
@@ -201,7 +201,9 @@ def test_torn_checkpoints_are_ignored_on_resume(
     torn = checkpoints / "megatron_gpt--val_loss=1.00-step=8-consumed_samples=32.0"
     torn.mkdir()
     (torn / "common.pt").write_bytes(b"partial")
-    result = train(write_config(prepared, log_dir, "training.trainer.max_steps=6", *EVERY_TWO))
+    result = train(
+        write_small_gpt_config(prepared, log_dir, "training.trainer.max_steps=6", *EVERY_TWO)
+    )
     assert "resumed from" in result.stdout and "step=4-" in result.stdout
     assert not (checkpoints / ".tmp-megatron_gpt--step=8").exists()
     assert min(s for s in losses(log_dir) if s > 4) == 5
@@ -221,7 +223,9 @@ def test_a_damaged_checkpoint_is_passed_over_on_resume_saying_so(
     shard = sorted(step4.glob("*.distcp"))[-1]
     shard.write_bytes(shard.read_bytes()[:1000])
 
-    result = train(write_config(prepared, log_dir, "training.trainer.max_steps=6", *EVERY_TWO))
+    result = train(
+        write_small_gpt_config(prepared, log_dir, "training.trainer.max_steps=6", *EVERY_TWO)
+    )
 
     assert f"checkpoint {step4} is damaged (its file {shard.name} has 1000 bytes" in result.stdout
     assert f"resuming from the previous complete checkpoint {step2}" in result.stdout
@@ -241,7 +245,7 @@ def test_a_damaged_only_checkpoint_stops_resume_in_one_line(
     [checkpoint] = (log_dir / "checkpoints").iterdir()  # step 2's
     (checkpoint / "common.pt").unlink()
     metrics = (log_dir / "metrics.jsonl").read_bytes()
-    config = write_config(prepared, log_dir, "training.trainer.max_steps=6", *EVERY_TWO)
+    config = write_small_gpt_config(prepared, log_dir, "training.trainer.max_steps=6", *EVERY_TWO)
 
     result = subprocess.run(
         command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
@@ -258,7 +262,7 @@ def test_a_damaged_only_checkpoint_stops_resume_in_one_line(
 
 @pytest.mark.slow
 def test_an_empty_split_is_one_clear_error(prepared: Path, tmp_path: Path) -> None:
-    config = write_config(
+    config = write_small_gpt_config(
         prepared, tmp_path / "run", 'training.model.data.splits_string="99990,8,2"'
     )
     result = subprocess.run(
@@ -393,7 +397,9 @@ def test_a_tokenizer_smaller_than_the_data_stops_the_job_at_its_start(
     """Where the preflight could not look (data written by an earlier stage of the same run),
     the job checks before its first step: one line, not megatron-core's IndexError."""
     small = small_tokenizer(tmp_path / "tok")
-    config = write_config(prepared, tmp_path / "run", f"training.model.tokenizer.model={small}")
+    config = write_small_gpt_config(
+        prepared, tmp_path / "run", f"training.model.tokenizer.model={small}"
+    )
     result = subprocess.run(
         command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
     )
@@ -441,7 +447,7 @@ def test_fewer_processes_than_the_recipe_asks_for_is_one_line(
     prepared: Path, tmp_path: Path
 ) -> None:
     """The job started by hand with one process where the recipe has two devices."""
-    config = write_config(prepared, tmp_path / "run", *TWO_DEVICES)
+    config = write_small_gpt_config(prepared, tmp_path / "run", *TWO_DEVICES)
     result = subprocess.run(
         command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300, env=ONE_THREAD
     )
@@ -459,7 +465,7 @@ def test_a_missing_process_fails_the_rendezvous_instead_of_hanging(
     prepared: Path, tmp_path: Path
 ) -> None:
     """Rank 0 of two started by srun (no torchrun) while rank 1 never comes: one clear line."""
-    config = write_config(
+    config = write_small_gpt_config(
         prepared, tmp_path / "run", *TWO_DEVICES, "training.run.rendezvous_timeout_seconds=3"
     )
     env = {k: v for k, v in ONE_THREAD.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

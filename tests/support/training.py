@@ -118,7 +118,7 @@ def in_process_check(script: str, log_dir: Path, *args: str, stage: str = "peft"
 
 # Small and quick; a vocabulary padded to 8192 at TP 1 and TP 2 alike (8000 real tokens), so
 # layouts compute the same logits.
-SMALL = (
+SMALL_GPT = (
     "training.model.make_vocab_size_divisible_by=4096",
     "training.model.num_layers=2",
     "training.model.hidden_size=64",
@@ -132,5 +132,5 @@ SMALL = (
 )
 
 
-def write_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
-    return write_training_config(prepared, log_dir, *SMALL, *overrides)
+def write_small_gpt_config(prepared: Path, log_dir: Path, *overrides: str) -> Path:
+    return write_training_config(prepared, log_dir, *SMALL_GPT, *overrides)
