@@ -17,8 +17,8 @@ from tests.support import REPO
 from tests.support.commands import ONE_THREAD, run_main
 from tests.support.training import (
     assert_same_losses,
-    command,
     losses,
+    pretrain_command,
     stop_with_signal,
     train,
     write_small_gpt_config,
@@ -248,7 +248,7 @@ def test_a_damaged_only_checkpoint_stops_resume_in_one_line(
     config = write_small_gpt_config(prepared, log_dir, "training.trainer.max_steps=6", *EVERY_TWO)
 
     result = subprocess.run(
-        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
+        pretrain_command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
     )
 
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
@@ -266,7 +266,7 @@ def test_an_empty_split_is_one_clear_error(prepared: Path, tmp_path: Path) -> No
         prepared, tmp_path / "run", 'training.model.data.splits_string="99990,8,2"'
     )
     result = subprocess.run(
-        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
+        pretrain_command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
     )
     assert result.returncode == 1
     assert (
@@ -401,7 +401,7 @@ def test_a_tokenizer_smaller_than_the_data_stops_the_job_at_its_start(
         prepared, tmp_path / "run", f"training.model.tokenizer.model={small}"
     )
     result = subprocess.run(
-        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
+        pretrain_command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300
     )
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "IndexError" not in result.stderr
@@ -449,7 +449,12 @@ def test_fewer_processes_than_the_recipe_asks_for_is_one_line(
     """The job started by hand with one process where the recipe has two devices."""
     config = write_small_gpt_config(prepared, tmp_path / "run", *TWO_DEVICES)
     result = subprocess.run(
-        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300, env=ONE_THREAD
+        pretrain_command(config, 1),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env=ONE_THREAD,
     )
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stderr
@@ -480,7 +485,7 @@ def test_a_missing_process_fails_the_rendezvous_instead_of_hanging(
         MASTER_PORT=str(port),
     )
     result = subprocess.run(
-        command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300, env=env
+        pretrain_command(config, 1), capture_output=True, text=True, cwd=REPO, timeout=300, env=env
     )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "rank 0/2 local_rank 0" in result.stdout and "launcher slurm" in result.stdout

@@ -17,7 +17,7 @@ from tests.support.commands import ONE_THREAD
 PRETRAIN = "launcher_scripts.jobs.training.pretrain"
 
 
-def command(config: Path, processes: int) -> list[str]:
+def pretrain_command(config: Path, processes: int) -> list[str]:
     program = ["-m", PRETRAIN, "--config", str(config)]
     if processes == 1:
         return [sys.executable, *program]
@@ -27,7 +27,7 @@ def command(config: Path, processes: int) -> list[str]:
 
 def train(config: Path, processes: int = 1, timeout: float = 600) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        command(config, processes),
+        pretrain_command(config, processes),
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -61,7 +61,7 @@ def assert_same_losses(a: Path, b: Path, tolerance: float) -> None:
 def stop_with_signal(config: Path, log_dir: Path, processes: int) -> int:
     """Start training, send SIGTERM once a few steps are logged, return the exit code."""
     process = subprocess.Popen(
-        command(config, processes),
+        pretrain_command(config, processes),
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
