@@ -39,11 +39,13 @@ def imported_test_modules(path: Path) -> list[str]:
         names += [
             f"{path.relative_to(REPO)}:{node.lineno} imports {module}"
             for module in modules
-            if module == "tests.conftest" or module.startswith("tests.test_")
+            if module.rsplit(".", 1)[-1] == "conftest" or module.startswith("tests.test_")
         ]
     return names
 
 
 def test_helpers_are_imported_from_support_not_from_conftest_or_test_modules() -> None:
+    """A conftest holds what pytest reads (hooks, fixtures), a test module its tests: what a
+    module imports lives in tests/support/, in a module named for what it holds."""
     found = [hit for path in python_files() for hit in imported_test_modules(path)]
     assert found == [], "move what these import into tests/support/: " + "; ".join(found)

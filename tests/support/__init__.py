@@ -1,4 +1,4 @@
-"""Helpers the tests share; fixtures and pytest hooks stay in tests/conftest.py.
+"""Helpers the tests share; fixtures and pytest hooks stay in the conftest beside them.
 
 Each module holds one kind of helper: `commands` (running main.py, the ops commands and the
 checkout's programs), `slurm`, `triton`, `training`, `conversion`, `golden_cases`, `packaging`,
