@@ -23,10 +23,14 @@ pytest_plugins = ["tests.support.http_site"]  # the `site` fixture: a local HTTP
 
 # One OpenMP thread for torch in the test processes and in everything they start (job programs,
 # tests/scripts, Slurm jobs through sbatch's exported environment), set before anything imports
-# torch. With torch's default, a thread per core, while the other xdist worker keeps a core
-# busy, the threads spin-wait for each other: 60 steps of a small model took 9.7 CPU-s (13 s)
-# with two threads against 5.1 (4 s) with one on this 2-core machine.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch, whatever the shell had. With torch's default, a thread per core, while the other
+# xdist worker keeps a core busy, the threads spin-wait for each other: 60 steps of a small
+# model took 9.7 CPU-s (13 s) with two threads against 5.1 (4 s) with one on this 2-core
+# machine; a 15 s fine-tuning took 7 minutes on a busy runner. And torchrun gives each of
+# several processes one thread: a lone process with the same compares layouts, not matrix
+# kernels blocked for different thread counts (seen on CI: a two-thread single process 1.8e-4
+# away from the same model on two ranks).
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 # tryfirst: xdist's worker names each grouped test `<id>@<group>` in its own hook of this name,

@@ -11,12 +11,9 @@ from pathlib import Path
 
 from tests.support import REPO
 
-# The environment for the jobs and programs tests start: one OpenMP thread per process. With
-# torch's default (a thread per core) and another program busy on one of the two cores, the
-# threads spin-wait for each other: a 15 s fine-tuning took 7 minutes on a busy runner. And
-# torchrun gives each of several processes one thread: a lone process with the same compares
-# layouts, not matrix kernels blocked for different thread counts (seen on CI: a two-thread
-# single process 1.8e-4 away from the same model on two ranks).
+# The environment a test gives a program it starts: this process's, with one OpenMP thread per
+# process (why: tests/conftest.py, which sets it for the whole session; here for a helper used
+# outside a test session too).
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -26,7 +23,7 @@ def run_main(
     """`python3 main.py overrides...` as a user runs it, capturing its output. Its jobs run
     one thread per process (see ONE_THREAD)."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env["OMP_NUM_THREADS"] = "1"
     return subprocess.run(
         [sys.executable, str(REPO / "main.py"), *overrides],
         capture_output=True,
