@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from launcher_scripts.main import main
+from tests.support.dry_runs import DRY_RUN_DONE, as_dry_run, continued
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
@@ -220,11 +221,8 @@ def page_commands(page: Path) -> list[Command]:
         line = lines[index]
         shell = line.fence in SHELL_FENCES and not FENCE.match(line.text)
         if shell and MAIN.search(line.text):
-            joined = line.text
-            while joined.rstrip().endswith("\\") and index + 1 < len(lines):
-                index += 1
-                joined = joined.rstrip()[:-1] + " " + lines[index].text
-            commands.append(Command(page, line.number, joined.strip()))
+            joined, index = continued([each.text for each in lines], index)
+            commands.append(Command(page, line.number, joined))
         index += 1
     return commands
 
@@ -300,11 +298,7 @@ def adapted(command: Command, root: Path) -> list[str]:
         elif key == "launcher_scripts_path" and paths:
             Path(paths[0]).parent.mkdir(parents=True, exist_ok=True)
             Path(paths[0]).symlink_to(REPO, target_is_directory=True)
-    if not any(arg.startswith("base_results_dir=") for arg in args):
-        args.append(f"base_results_dir={root}/results")
-    if not any(arg.startswith("data_dir=") for arg in args):
-        args.append(f"data_dir={root}/data")
-    return [*args, "dry_run=true"]
+    return as_dry_run(args, root)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=str)
@@ -321,7 +315,7 @@ def test_documented_command_dry_runs(
     refused = command.refused()
     if refused is None:
         assert code == 0, f"{command}: {command.text}\n{args}\n{err}"
-        assert "nothing was run or submitted" in out, out
+        assert DRY_RUN_DONE in out, out
     else:
         # It composes and is refused in one line at the check it cannot pass here.
         assert code == 2, f"{command} dry-runs now: take it out of CANNOT_DRY_RUN ({refused.why})"

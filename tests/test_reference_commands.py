@@ -23,6 +23,7 @@ import yaml
 from launcher_scripts.config.compose import compose_config, config_groups
 from launcher_scripts.main import main
 from tests.support import REPO, missing
+from tests.support.dry_runs import DRY_RUN_DONE, as_dry_run, continued
 
 REFERENCE = REPO.parent / "shared" / "reference" / "launcher-reference.md"
 IMAGE = "nvcr.io/nvidia/nemo:24.05"
@@ -146,10 +147,8 @@ def reference_commands(text: str) -> list[Command]:
             if heading:
                 section, settings = heading.group(1), ()
         elif COMMAND.match(line):
-            start, joined = index, line
-            while joined.rstrip().endswith("\\") and index + 1 < len(lines):
-                index += 1
-                joined = joined.rstrip()[:-1] + " " + lines[index]
+            start = index
+            joined, index = continued(lines, index)
             words = section.split(".")
             extra = next(
                 (
@@ -159,7 +158,7 @@ def reference_commands(text: str) -> list[Command]:
                 ),
                 (),
             )
-            commands.append(Command(start + 1, section, joined.strip(), (*extra, *settings)))
+            commands.append(Command(start + 1, section, joined, (*extra, *settings)))
         else:
             block.append(line)
         index += 1
@@ -206,11 +205,7 @@ def adapted(command: Command, root: Path) -> list[str]:
     if "cluster_type=bcp" in args:
         # NeMo's conf/config.yaml names its container; this launcher ships none.
         args.append(f"container={IMAGE}")
-    if not any(arg.startswith("base_results_dir=") for arg in args):
-        args.append(f"base_results_dir={root}/results")
-    if not any(arg.startswith("data_dir=") for arg in args):
-        args.append(f"data_dir={root}/data")
-    return [*args, "dry_run=true"]
+    return as_dry_run(args, root)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[f"line{c.line}" for c in COMMANDS])
@@ -226,7 +221,7 @@ def test_reference_command_dry_runs(
     out, err = capsys.readouterr()
     if outside is None:
         assert code == 0, f"{command.text}\n{args}\n{err}"
-        assert "nothing was run or submitted" in out
+        assert DRY_RUN_DONE in out
     else:
         # Outside by design, and said so in one line that names what to use.
         assert code == 2, f"{command.text}\n{out}\n{err}"
