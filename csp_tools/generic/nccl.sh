@@ -12,6 +12,13 @@ set -euo pipefail
 command="$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=//p' | head -n 1)"
 # shellcheck source=csp_tools/generic/job_root.sh
 source "$(dirname "$command")/../generic/job_root.sh"
+ranks="${SLURM_NTASKS:-$SLURM_JOB_NUM_NODES}"
+if ((ranks < 2)); then
+    # One rank all-reduces with nothing: its busbw would read 0 whatever the link.
+    echo "nccl.sh: $ranks rank: an all-reduce measures links between 2 ranks or more; submit" \
+        "it on 2 nodes or more (sbatch -w NODE1,NODE2 ...), or with a task per GPU" >&2
+    exit 2
+fi
 min_bytes="${MIN_BYTES:-$(python3 -m csp_tools.validation.settings --csp="$csp" --get=interconnect.min_bytes)}"
 max_bytes="${MAX_BYTES:-$(python3 -m csp_tools.validation.settings --csp="$csp" --get=interconnect.max_bytes)}"
 built="$root/csp_tools/nccl-tests/build/all_reduce_perf"

@@ -25,6 +25,10 @@ from datetime import timedelta
 from csp_tools.validation.bandwidth import Measurement
 
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+ONE_RANK = (
+    "1 rank: an all-reduce measures a link between 2 ranks or more; run it on 2 nodes or more "
+    "(srun -w NODE1,NODE2 ...), or with a task per GPU"
+)
 
 
 def size(text: str) -> int:
@@ -81,10 +85,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+    if world < 2:
+        # One rank all-reduces with nothing: its busbw is 0 whatever the link.
+        print(f"allreduce_sweep: {ONE_RANK}", file=sys.stderr)
+        return 2
     import torch
     import torch.distributed as dist
 
-    rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     on_gpu = torch.cuda.is_available()
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("SLURM_LOCALID", "0")))

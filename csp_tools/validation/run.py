@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -29,6 +30,16 @@ from pathlib import Path
 from csp_tools.validation import report
 from csp_tools.validation.bandwidth import Measurement, parse_nccl_tests, peak_busbw
 from csp_tools.validation.node_probe import INJECT_ENV, Check
+from csp_tools.validation.preflight import (
+    UsageError,
+    check_commands,
+    check_partition,
+    check_results_dir,
+    check_time_limit,
+    check_with_slurm,
+    closest,
+    srun_reason,
+)
 from csp_tools.validation.screening import (
     Limits,
     Pair,
@@ -42,10 +53,6 @@ from csp_tools.validation.screening import (
 from csp_tools.validation.settings import CSP_ROOT, Settings, SettingsError, load, providers
 
 CODE_ROOT = Path(__file__).resolve().parents[2]  # what the steps import csp_tools from
-
-
-class UsageError(ValueError):
-    """One line: what is wrong with the command and how to fix it."""
 
 
 def default_results_dir() -> Path:
@@ -77,6 +84,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         help="fail that node's check on purpose (to try the report and the exclusion)",
     )
     args = parser.parse_args(argv)
+    if args.nodes < 1:
+        raise UsageError(f"--nodes={args.nodes}: give the number of nodes the list has")
+    check_time_limit(args.time_limit)
     for fault in args.inject_fault:
         if fault.count(":") != 1 or not all(fault.split(":")):
             raise UsageError(f"--inject-fault={fault}: give NODE:CHECK, e.g. node-3:memory_cpu")
@@ -101,6 +111,17 @@ def expand(nodelist: str, expected: int) -> list[str]:
     return nodes
 
 
+def check_faults(faults: Sequence[str], nodes: Sequence[str]) -> None:
+    """An injected fault names a listed node: one for another node would be ignored."""
+    for fault in faults:
+        node = fault.split(":")[0]
+        if node not in nodes:
+            raise UsageError(
+                f"--inject-fault={fault}: {node} is not in --nodelist{closest(node, nodes)}; "
+                f"name one of {','.join(nodes)}"
+            )
+
+
 @dataclass
 class Step:
     nodes: tuple[str, ...]
@@ -109,10 +130,47 @@ class Step:
     env: dict[str, str] | None = None
 
 
+class StepRefused(UsageError):
+    """srun could not start a step (no allocation, so no task ran): the command's fault or
+    Slurm's, never the nodes'."""
+
+
+# srun --verbose prints this once Slurm has allocated the step's nodes; a step without it
+# failed before any task could run on them.
+_ALLOCATED = re.compile(r"^srun: jobid \d+: nodes\(", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str  # without srun's --verbose lines
+
+    @staticmethod
+    def of(returncode: int, stdout: str, stderr: str, step: Step) -> Finished:
+        if returncode != 0 and not _ALLOCATED.search(stderr):
+            raise StepRefused(
+                f"srun could not start a step on {','.join(step.nodes)}: "
+                f"{srun_reason(stderr, returncode)}; no node was judged, fix the command"
+            )
+        return Finished(returncode, stdout, _without_srun_notes(stderr))
+
+
+def _without_srun_notes(stderr: str) -> str:
+    """The step's stderr less srun's informational lines (its errors stay)."""
+    kept = [
+        line
+        for line in stderr.splitlines()
+        if not line.startswith("srun: ") or line.startswith(("srun: error:", "srun: fatal:"))
+    ]
+    return "\n".join(kept)
+
+
 def srun(step: Step, args: argparse.Namespace) -> list[str]:
     gpus = [f"--gpus-per-node={args.gpus_per_node}"] if args.gpus_per_node else []
     return [
-        *("srun", f"--partition={args.partition}", f"--nodelist={','.join(step.nodes)}"),
+        *("srun", "--verbose", f"--partition={args.partition}"),
+        f"--nodelist={','.join(step.nodes)}",
         *(f"--nodes={len(step.nodes)}", f"--ntasks-per-node={step.tasks_per_node}", *gpus),
         *(f"--time={args.time_limit}", "--job-name=cluster-validation", f"--chdir={CODE_ROOT}"),
         "--export=ALL",
@@ -120,9 +178,14 @@ def srun(step: Step, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def run_all(steps: Sequence[Step], args: argparse.Namespace, settings: Settings) -> list[tuple]:
-    """Every step at once; (returncode, stdout, stderr) of each, in order."""
-    base = {**os.environ, **settings.env, "PYTHONPATH": str(CODE_ROOT)}
+def step_env(settings: Settings) -> dict[str, str]:
+    return {**os.environ, **settings.env, "PYTHONPATH": str(CODE_ROOT)}
+
+
+def run_all(steps: Sequence[Step], args: argparse.Namespace, settings: Settings) -> list[Finished]:
+    """Every step at once, each as it finished, in order. StepRefused when srun could not
+    start one (after all have ended)."""
+    base = step_env(settings)
     running = [
         subprocess.Popen(
             srun(step, args),
@@ -133,11 +196,11 @@ def run_all(steps: Sequence[Step], args: argparse.Namespace, settings: Settings)
         )
         for step in steps
     ]
-    finished = []
-    for process in running:
-        out, err = process.communicate()
-        finished.append((process.returncode, out, err))
-    return finished
+    ended = [(process, *process.communicate()) for process in running]
+    return [
+        Finished.of(process.returncode, out, err, step)
+        for step, (process, out, err) in zip(steps, ended, strict=True)
+    ]
 
 
 def json_lines(stdout: str) -> list[dict]:
@@ -165,10 +228,10 @@ def diagnose(nodes: list[str], args: argparse.Namespace, settings: Settings) -> 
         Step((node,), probe, env={INJECT_ENV: ",".join(faults.get(node, []))}) for node in nodes
     ]
     reports = {}
-    for node, (code, out, err) in zip(nodes, run_all(steps, args, settings), strict=True):
-        found = json_lines(out)
+    for node, ran in zip(nodes, run_all(steps, args, settings), strict=True):
+        found = json_lines(ran.stdout)
         if not found:
-            detail = f"the probe gave no report: {why_not(code, err)}"
+            detail = f"the probe gave no report: {why_not(ran.returncode, ran.stderr)}"
             failed = asdict(Check("probe", "fail", detail))
             found = [{"node": node, "passed": False, "checks": [failed]}]
         reports[node] = found[-1]
@@ -221,15 +284,29 @@ def sweep_command(args: argparse.Namespace, settings: Settings) -> tuple[list[st
     return builtin, "built-in"
 
 
+def sweep_tasks(args: argparse.Namespace) -> int:
+    """Tasks per node of a sweep: one per GPU, or one on nodes without GPUs."""
+    return max(1, args.gpus_per_node)
+
+
 def measure(pairs: Sequence[Pair], args: argparse.Namespace, settings: Settings) -> list:
     command, _ = sweep_command(args, settings)
-    tasks = max(1, args.gpus_per_node)
     results = []
     for wave in waves(pairs):
-        steps = [Step(pair, command, tasks_per_node=tasks) for pair in wave]
-        for pair, (code, out, err) in zip(wave, run_all(steps, args, settings), strict=True):
-            results.append(pair_result(pair, code, out, err))
+        steps = [Step(pair, command, tasks_per_node=sweep_tasks(args)) for pair in wave]
+        for pair, ran in zip(wave, run_all(steps, args, settings), strict=True):
+            results.append(pair_result(pair, ran.returncode, ran.stdout, ran.stderr))
     return results
+
+
+def check_steps(nodes: list[str], args: argparse.Namespace, settings: Settings) -> None:
+    """Before any step: the partition, its nodes and their GPUs, then a probe's and a pair's
+    srun as Slurm takes them (nothing runs)."""
+    check_partition(args.partition, nodes, args.gpus_per_node)
+    shapes = [] if args.nccl else [Step((nodes[0],), ["true"])]
+    shapes += [] if args.dcgm else [Step((nodes[0], nodes[1]), ["true"], sweep_tasks(args))]
+    for shape in shapes:
+        check_with_slurm(srun(shape, args), step_env(settings))
 
 
 def pair_result(pair: Pair, code: int, out: str, err: str) -> PairResult:
@@ -249,14 +326,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
         settings = load(args.csp, args.settings)
+        results_dir = args.results_dir or default_results_dir()
+        check_results_dir(results_dir)
+        check_commands()
         nodes = expand(args.nodelist, args.nodes)
+        check_faults(args.inject_fault, nodes)
         if len(nodes) < 2 and not args.dcgm:
             raise UsageError("the interconnect sweep needs 2 nodes or more: list more, or --dcgm")
+        check_steps(nodes, args, settings)
+        return validate(args, settings, nodes, results_dir)
     except (UsageError, SettingsError) as error:
         print(f"cluster_validation: {error}", file=sys.stderr)
         return 2
+
+
+def validate(
+    args: argparse.Namespace, settings: Settings, nodes: list[str], results_dir: Path
+) -> int:
+    """The steps, then the report; StepRefused (before anything is written) when srun could
+    not start one."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")  # sorts as time does: newest last
-    folder = (args.results_dir or default_results_dir()) / stamp
+    folder = results_dir / stamp
     print(f"cluster_validation: {len(nodes)} nodes of {args.partition} ({args.csp}); {folder}")
     node_reports: dict[str, dict] = {}
     node_failures: dict[str, list[str]] = {}

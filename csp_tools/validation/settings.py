@@ -9,6 +9,7 @@ key.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import shlex
 import sys
@@ -23,6 +24,7 @@ from csp_tools.validation.allreduce_sweep import size
 
 CSP_ROOT = Path(__file__).resolve().parents[1]
 BASE = "generic"
+FREE_FORM = ("env",)  # sections whose keys are the user's own (variable names)
 
 
 class SettingsError(ValueError):
@@ -67,16 +69,59 @@ def _read(path: Path) -> dict[str, Any]:
     return loaded
 
 
+def _paths(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every key of the tree by its dotted path ('interconnect.min_bytes'), sections too."""
+    found: dict[str, Any] = {}
+    for key, value in tree.items():
+        found[f"{prefix}{key}"] = value
+        if isinstance(value, dict) and key not in FREE_FORM:
+            found.update(_paths(value, f"{prefix}{key}."))
+    return found
+
+
+def _meant(path: str, known: list[str]) -> str | None:
+    """The setting a mistyped path most likely meant: the same name in another section, else
+    the closest spelling within its own section."""
+    section, _, name = path.rpartition(".")
+    same_name = [k for k in known if k.rpartition(".")[2] == name]
+    if same_name:
+        return same_name[0]
+    siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == section}
+    close = difflib.get_close_matches(name, list(siblings), n=1, cutoff=0.6)
+    return siblings[close[0]] if close else None
+
+
+def _check_keys(loaded: dict[str, Any], schema: dict[str, Any], path: Path) -> None:
+    """Every key of a file is a setting (the generic file's keys): a mistyped one would be
+    ignored, and its default used, without a word."""
+    known = _paths(schema)
+    for key in _paths(loaded):
+        if key in known or (key.split(".")[0] in FREE_FORM and "." in key):
+            continue
+        section = key.rpartition(".")[0]
+        meant = _meant(key, list(known))
+        if meant:
+            hint = f"did you mean {meant}?"
+        else:
+            keys = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == section]
+            hint = f"the {section or 'top-level'} keys are {', '.join(keys)}"
+        raise SettingsError(f"{path}: {key} is not a setting; {hint}")
+
+
 def raw_settings(csp: str, site_file: Path | None = None) -> tuple[dict[str, Any], Path]:
     """The merged settings files as read, and the last file read (for messages)."""
     if csp not in providers():
         raise SettingsError(f"--csp={csp}: no such provider; use one of {', '.join(providers())}")
-    raw = _read(CSP_ROOT / BASE / "validation.yaml")
-    if csp != BASE:
-        raw = _merged(raw, _read(CSP_ROOT / csp / "validation.yaml"))
+    raw = schema = _read(CSP_ROOT / BASE / "validation.yaml")
     where = CSP_ROOT / csp / "validation.yaml"
+    over = [where] if csp != BASE else []
     if site_file is not None:
-        raw, where = _merged(raw, _read(site_file)), site_file
+        over.append(site_file)
+        where = site_file
+    for path in over:
+        loaded = _read(path)
+        _check_keys(loaded, schema, path)
+        raw = _merged(raw, loaded)
     return raw, where
 
 
