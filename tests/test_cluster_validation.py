@@ -2,20 +2,30 @@
 command users run (`csp_tools/<csp>/cluster_validation.sh`): healthy nodes pass and get their
 report; a node whose link is rate-limited with `tbf` is named (not its pair); a node whose
 diagnostic fails (the fault-injection setting) is listed; bad input is one line. The built-in
-sweep measures a pair, and a rendezvous that cannot form ends in one line."""
+sweep measures a pair, and a rendezvous that cannot form ends in one line. A command Slurm
+refuses (an unknown partition or node, a bad time limit, GPUs the nodes lack) is a usage error,
+never a verdict that drains the nodes."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from csp_tools.validation import run
+from csp_tools.validation.allreduce_sweep import ONE_RANK
+from csp_tools.validation.preflight import UsageError, check_time_limit, gpu_count
+from csp_tools.validation.settings import load
 from tests.support import REPO
 from tests.support.slurm import MULTI_PARTITION, srun_on_nodes, submit_to_nodes
+
+SCRIPT = REPO / "csp_tools" / "generic" / "cluster_validation.sh"
 
 SWEEP = ("--min-bytes", "64K", "--max-bytes", "256K", "--iters", "3", "--warmup", "1")
 
@@ -151,6 +161,22 @@ def test_a_node_whose_diagnostic_fails_is_listed_and_kept_out_of_jobs(
     assert f"ExcNodeList={faulty}" in shown, shown
 
 
+def cluster_validation(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env
+    )
+
+
+def assert_usage_error(result: subprocess.CompletedProcess, message: str, results: Path) -> None:
+    """Exit 2, one line saying `message`, and no results folder (so no verdict)."""
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("cluster_validation: ") and message in line, line
+    assert not results.exists(), sorted(results.rglob("*"))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -161,26 +187,109 @@ def test_a_node_whose_diagnostic_fails_is_listed_and_kept_out_of_jobs(
             ("--nodes=3", "--nodelist=n[1-3]", "--inject-fault=n1"),
             "--inject-fault=n1: give NODE:CHECK",
         ),
+        (  # a fault for a node not validated would be ignored
+            ("--nodes=3", "--nodelist=n[1-3]", "--inject-fault=n11:memory_cpu"),
+            "--inject-fault=n11:memory_cpu: n11 is not in --nodelist (did you mean n1?)",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
     slurm: None, tmp_path: Path, args: tuple[str, ...], message: str
 ) -> None:
-    result = subprocess.run(
-        [
-            *("bash", str(REPO / "csp_tools" / "generic" / "cluster_validation.sh")),
-            *args,
-            f"--partition={MULTI_PARTITION}",
-            f"--results-dir={tmp_path / 'validation'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    results = tmp_path / "validation"
+    result = cluster_validation(*args, f"--partition={MULTI_PARTITION}", f"--results-dir={results}")
+    assert_usage_error(result, message, results)
+
+
+# Commands srun refuses before any task runs; each fails on every node it names, so counted as
+# node failures it would drain healthy nodes.
+REFUSED = [
+    pytest.param(
+        ("--nodes=8", "--nodelist=node-[0-7]", f"--partition={MULTI_PARTITION}"),
+        f"node-0,node-1,node-2,node-3,node-4,node-5,node-6,node-7 are not in partition "
+        f"{MULTI_PARTITION}",
+        "Invalid node name specified",
+        id="unknown-nodes",
+    ),
+    pytest.param(
+        ("--nodes=2", "--nodelist=n[1-2]", "--partition=gpu"),
+        "--partition=gpu: no such partition",
+        "Invalid partition name specified",
+        id="unknown-partition",
+    ),
+    pytest.param(
+        ("--nodes=2", "--nodelist=n[1-2]", f"--partition={MULTI_PARTITION}", "--time-limit=abc"),
+        "--time-limit=abc: not a Slurm time limit",
+        "Invalid --time specification",
+        id="bad-time-limit",
+    ),
+    pytest.param(
+        ("--nodes=2", "--nodelist=n[1-2]", f"--partition={MULTI_PARTITION}", "--gpus-per-node=8"),
+        "--gpus-per-node=8: Slurm's GRES of n1,n2 is (null), without 8 GPUs",
+        "Invalid generic resource (gres) specification",
+        id="gpus-without-gres",
+    ),
+    pytest.param(
+        ("--nodes=2", "--nodelist=vm,n1", f"--partition={MULTI_PARTITION}"),
+        f"vm is not in partition {MULTI_PARTITION}",
+        "Requested node configuration is not available",
+        id="node-of-another-partition",
+    ),
+]
+
+
+@pytest.mark.parametrize("stage", ["--dcgm", "--nccl"])
+@pytest.mark.parametrize(("args", "message", "refusal"), REFUSED)
+def test_a_command_slurm_refuses_is_one_line_and_no_verdict(
+    slurm_nodes: list[str],
+    tmp_path: Path,
+    stage: str,
+    args: tuple[str, ...],
+    message: str,
+    refusal: str,
+) -> None:
+    results = tmp_path / "validation"
+    assert_usage_error(
+        cluster_validation(*args, stage, f"--results-dir={results}"), message, results
     )
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("cluster_validation: ") and message in line
-    assert not (tmp_path / "validation").exists()
+
+
+# The same refusals as the steps' own srun meets them: each step's shape with one bad option.
+STEP_REFUSED = [
+    pytest.param({"partition": "gpu"}, None, "Invalid partition name", id="unknown-partition"),
+    pytest.param({"time_limit": "abc"}, None, "Invalid --time specification", id="bad-time"),
+    pytest.param({"gpus_per_node": 8}, None, "Invalid generic resource", id="gpus-without-gres"),
+    pytest.param({}, ["node-0", "node-1"], "Invalid node name specified", id="unknown-nodes"),
+    pytest.param(
+        {}, ["vm", "n1"], "Requested node configuration is not available", id="other-partition"
+    ),
+]
+
+
+@pytest.mark.parametrize("stage", ["--dcgm", "--nccl"])
+@pytest.mark.parametrize(("bad", "nodes", "refusal"), STEP_REFUSED)
+def test_a_step_srun_cannot_start_judges_no_node(
+    slurm_nodes: list[str],
+    tmp_path: Path,
+    stage: str,
+    bad: dict[str, object],
+    nodes: list[str] | None,
+    refusal: str,
+) -> None:
+    """Past the checks made before the steps (as a refusal they do not foresee would be), the
+    steps' own srun is refused: the run stops with srun's reason, judging no node and writing
+    nothing."""
+    nodes = nodes or slurm_nodes[:2]
+    results = tmp_path / "validation"
+    args = run.parse(
+        ["--nodes=2", f"--nodelist={','.join(nodes)}", f"--partition={MULTI_PARTITION}", stage]
+    )
+    vars(args).update(bad)
+    with pytest.raises(run.UsageError) as refused:
+        run.validate(args, load("generic"), nodes, results)
+    assert str(refused.value).startswith("srun could not start a step on ")
+    assert refusal in str(refused.value)
+    assert not results.exists(), sorted(results.rglob("*"))
 
 
 @pytest.mark.slow
@@ -211,3 +320,137 @@ def test_the_manual_job_scripts_run_each_step_by_hand(
     sweep = reports["nccl.sh"]
     assert [r["size_bytes"] for r in sweep] == [2**16, 2**18]
     assert all(r["hosts"] == pair and r["busbw_gbps"] > 0 for r in sweep), sweep
+
+
+def test_without_slurms_commands_it_is_one_line(tmp_path: Path) -> None:
+    """On a machine without Slurm (srun, sinfo, scontrol not on PATH): no traceback."""
+    results = tmp_path / "validation"
+    result = subprocess.run(
+        [sys.executable, "-m", "csp_tools.validation", "--nodes=2", "--nodelist=n[1-2]"]
+        + [f"--partition={MULTI_PARTITION}", f"--results-dir={results}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PATH": str(tmp_path)},
+        timeout=120,
+    )
+    assert_usage_error(result, "Slurm's srun, sinfo, scontrol are not on PATH", results)
+
+
+@pytest.mark.parametrize("where", ["file", "under-a-file"])
+def test_a_results_dir_that_cannot_be_written_is_one_line_before_any_step(
+    tmp_path: Path, where: str
+) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("a file, not a folder\n")
+    results = taken if where == "file" else taken / "validation"
+    result = cluster_validation(
+        "--nodes=2",
+        "--nodelist=n[1-2]",
+        f"--partition={MULTI_PARTITION}",
+        f"--results-dir={results}",
+    )
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stdout == ""  # no step ran
+    (line,) = result.stderr.strip().splitlines()
+    assert line == (
+        f"cluster_validation: --results-dir={results}: {taken} is not a folder; give a folder "
+        "to write the results in"
+    )
+    assert taken.read_text() == "a file, not a folder\n"
+
+
+@pytest.mark.parametrize(
+    ("site", "message"),
+    [
+        (
+            "interconnect: {pair_flor_gbps: 5}",
+            "interconnect.pair_flor_gbps is not a setting; the interconnect keys are "
+            "min_busbw_gbps, straggler_fraction, min_bytes, max_bytes",
+        ),
+        (
+            "node: {stragler_fraction: 0.1}",
+            "node.stragler_fraction is not a setting; did you mean node.straggler_fraction?",
+        ),
+        (
+            "node: {min_busbw_gbps: 5}",
+            "node.min_busbw_gbps is not a setting; did you mean interconnect.min_busbw_gbps?",
+        ),
+        (
+            "interconect: {min_bytes: 1M}",
+            "interconect is not a setting; did you mean interconnect?",
+        ),
+    ],
+)
+def test_a_mistyped_settings_key_is_refused_with_a_suggestion(
+    tmp_path: Path, site: str, message: str
+) -> None:
+    """A key no setting has would leave its default in force without a word: the command and
+    the job scripts' settings reader refuse it."""
+    settings = tmp_path / "site.yaml"
+    settings.write_text(site + "\n")
+    results = tmp_path / "validation"
+    result = cluster_validation(
+        "--nodes=2",
+        "--nodelist=n[1-2]",
+        f"--partition={MULTI_PARTITION}",
+        f"--settings={settings}",
+        f"--results-dir={results}",
+    )
+    assert_usage_error(result, f"{settings}: {message}", results)
+    exports = subprocess.run(
+        [sys.executable, "-m", "csp_tools.validation.settings", f"--settings={settings}"]
+        + ["--exports"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert exports.returncode == 2 and exports.stdout == ""
+    assert exports.stderr.strip() == f"settings: {settings}: {message}"
+
+
+def test_one_rank_is_refused_not_measured(slurm_nodes: list[str], tmp_path: Path) -> None:
+    """An all-reduce of one rank reads busbw 0: nccl.sh as a job on one node, and the sweep
+    under srun on one node, refuse it in one line."""
+    log = tmp_path / "nccl.log"
+    job = subprocess.run(
+        [
+            *("sbatch", "--wait", "--quiet", f"--partition={MULTI_PARTITION}"),
+            *(f"--nodelist={slurm_nodes[0]}", "--ntasks-per-node=1", f"--output={log}"),
+            "--export=ALL,MIN_BYTES=64K,MAX_BYTES=64K",
+            str(REPO / "csp_tools" / "generic" / "nccl.sh"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert job.returncode == 2, log.read_text() if log.exists() else job.stderr
+    (line,) = log.read_text().strip().splitlines()
+    assert line.startswith("nccl.sh: 1 rank: an all-reduce measures links between 2 ranks")
+
+    alone = sweep((slurm_nodes[0],), *SWEEP)
+    assert alone.returncode == 2 and alone.stdout == ""
+    lines = [x for x in alone.stderr.splitlines() if not x.startswith("srun: ")]
+    assert lines == [f"allreduce_sweep: {ONE_RANK}"]
+
+
+@pytest.mark.parametrize(
+    "limit", ["30", "30:00", "1:30:00", "2-0", "2-12:00", "2-12:00:00", "UNLIMITED", "infinite"]
+)
+def test_slurms_time_limit_forms_are_taken(limit: str) -> None:
+    check_time_limit(limit)
+
+
+@pytest.mark.parametrize("limit", ["abc", "30m", "1:2:3:4", "-5", "1-", ""])
+def test_other_time_limits_are_refused(limit: str) -> None:
+    with pytest.raises(UsageError, match=f"--time-limit={limit}: not a Slurm time limit"):
+        check_time_limit(limit)
+
+
+@pytest.mark.parametrize(
+    ("gres", "gpus"),
+    [("(null)", 0), ("gpu:8", 8), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4,gpu:v100:4", 8)]
+    + [("gpu:h100:4(S:0),nic:2", 4)],
+)
+def test_the_gpus_of_sinfos_gres(gres: str, gpus: int) -> None:
+    assert gpu_count(gres) == gpus
