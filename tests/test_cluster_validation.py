@@ -81,11 +81,11 @@ node: {straggler_fraction: 0}
 
 
 def validate(
-    nodes: list[str], tmp_path: Path, *args: str
+    nodes: list[str], tmp_path: Path, *args: str, site: str = SITE
 ) -> tuple[subprocess.CompletedProcess, dict]:
     """The generic provider's cluster_validation.sh on `nodes`; its output and verdict.json."""
     settings = tmp_path / "site.yaml"
-    settings.write_text(SITE)
+    settings.write_text(site)
     result = subprocess.run(
         [
             *("bash", str(REPO / "csp_tools" / "generic" / "cluster_validation.sh")),
@@ -131,6 +131,25 @@ def test_a_rate_limited_node_is_named_not_its_pair(slurm_nodes: list[str], tmp_p
     assert list(verdict["drain"]) == [slow], verdict
     assert "interconnect:" in verdict["drain"][slow] and "straggler" in verdict["drain"][slow]
     assert f"nodes to drain (1 of 3): {slow}" in result.stdout
+
+
+@pytest.mark.slow
+def test_when_no_pair_passes_no_node_is_said_to_pass(
+    slurm_nodes: list[str], tmp_path: Path
+) -> None:
+    """Every pair under the floor: no good partner to retest with, so every node is
+    unconfirmed. That is a failed validation, not "all nodes passed" with exit 0."""
+    nodes = slurm_nodes[:2]
+    site = SITE.replace(
+        "{straggler_fraction: 0.2", "{min_busbw_gbps: 1000000, straggler_fraction: 0.2"
+    )
+    assert site != SITE
+    result, verdict = validate(nodes, tmp_path, "--nccl", site=site)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "nodes passed" not in result.stdout
+    assert "2 of 2 nodes unconfirmed" in result.stdout
+    assert verdict["drain"] == {} and verdict["passed"] == []
+    assert sorted(verdict["unconfirmed"]) == nodes
 
 
 @pytest.mark.slow

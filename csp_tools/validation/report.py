@@ -109,5 +109,12 @@ def print_summary(
         print(f"nodes to drain ({len(drain)} of {len(nodes)}): {','.join(sorted(drain))}")
         for node, why in sorted(drain.items()):
             print(f"  {node}: {why}")
-    else:
+    if unconfirmed:
+        # No pair passed to retest against: the fault may be any node, or the network itself.
+        print(
+            f"{len(unconfirmed)} of {len(nodes)} nodes unconfirmed (no pair passed, so no node "
+            "could be retested with a good partner): check the interconnect, or rerun with a "
+            "node known to be good added to --nodelist"
+        )
+    if not drain and not unconfirmed:
         print(f"all {len(nodes)} nodes passed")

@@ -388,4 +388,4 @@ def validate(
         unconfirmed=unconfirmed,
     )
     report.print_summary(nodes, drain, unconfirmed, folder)
-    return 1 if drain else 0
+    return 1 if drain or unconfirmed else 0
