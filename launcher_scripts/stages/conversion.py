@@ -13,7 +13,7 @@ from launcher_scripts.config.checks import require_int, require_layout
 from launcher_scripts.errors import ConfigError, HfImportError, RecipeError
 from launcher_scripts.families import DEFAULT, FAMILIES, family_mismatch, family_of
 from launcher_scripts.formats.portable_check import require_peft, require_portable
-from launcher_scripts.formats.safetensors_stream import SafetensorsError
+from launcher_scripts.formats.safetensors_stream import INDEX, SINGLE, SafetensorsError
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes.conversion import (
     TOKENIZER_FILES,
@@ -121,7 +121,10 @@ class Conversion(StageDefaults):
         config = json.loads((directory / "config.json").read_text())  # family_of read it
         try:
             section = family.hf_import_section(config) if family.hf_import_section else None
-            if family.hf_import_check is not None:
+            # The weights against the config and the tokenizer; a directory without weights
+            # is left to the job, which says what to save there.
+            weights = any((directory / name).is_file() for name in (INDEX, SINGLE))
+            if family.hf_import_check is not None and weights:
                 family.hf_import_check(directory, config)
         except (HfImportError, SafetensorsError) as error:
             raise ConfigError(
