@@ -175,7 +175,7 @@ class TensorSource:
             if missing:
                 raise SafetensorsError(
                     f"{index} names the shard {missing[0]}, which is not in {directory} "
-                    f"({len(missing)} of its {len(files)} shards are missing): copy every "
+                    f"({len(missing)} of its {len(files)} shards missing): copy every "
                     "shard save_pretrained wrote there"
                 )
         elif (directory / SINGLE).is_file():

@@ -119,20 +119,24 @@ class Conversion(StageDefaults):
         require_int(f"{stage}.model.make_vocab_size_divisible_by", divisor)
         directory = Path(str(cfg.hf_model_dir))
         config = json.loads((directory / "config.json").read_text())  # family_of read it
+        section = None
         try:
-            section = family.hf_import_section(config) if family.hf_import_section else None
-            # The weights against the config and the tokenizer; a directory without weights
-            # is left to the job, which says what to save there.
-            weights = any((directory / name).is_file() for name in (INDEX, SINGLE))
-            if family.hf_import_check is not None and weights:
-                family.hf_import_check(directory, config)
-        except (HfImportError, SafetensorsError) as error:
+            if family.hf_import_section is not None:
+                section = family.hf_import_section(config)
+        except HfImportError as error:
             raise ConfigError(
                 f"{stage}.hf_model_dir",
                 f"{directory}: {error}",
-                "Import a model this version computes exactly, from files that agree with "
-                "each other",
+                "Import a model without it (this version refuses what it cannot compute exactly)",
             ) from None
+        # The weights against the config and the tokenizer; a directory without weights is
+        # left to the job, which says what to save there. The message says how to fix it.
+        weights = any((directory / name).is_file() for name in (INDEX, SINGLE))
+        if family.hf_import_check is not None and weights:
+            try:
+                family.hf_import_check(directory, config)
+            except (HfImportError, SafetensorsError) as error:
+                raise RecipeError(f"{stage}.hf_model_dir: {directory}: {error}") from None
         # The vocabulary rows need not divide over TP: the import pads them (hf_import).
         if section is not None:
             require_layout(OmegaConf.create(section), tp, pp, f"{stage}.model")
