@@ -99,8 +99,8 @@ def stacked(source: TensorSource, pieces: dict[str, Piece], layers: int) -> list
 # megatron-core splits a table with a row per vocabulary entry over tensor-parallel ranks, so
 # an import pads the checkpoint's rows to a multiple of TP (times make_vocab_size_divisible_by),
 # and records how many were the checkpoint's (the model section's portable.HF_VOCAB_SIZE) for
-# the export to write back exactly those. The rows past the tokenizer's are no token: generation and
-# evaluation read the logits of the tokenizer's ids only.
+# the export to write back exactly those. The rows past the tokenizer's are no token:
+# generation and evaluation read the logits of the tokenizer's ids only.
 
 VOCAB_TABLES = (
     "embedding.word_embeddings.weight",
