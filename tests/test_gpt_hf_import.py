@@ -22,9 +22,10 @@ import pytest
 
 # The families register the tensor shapes the portable file checks compare weights with.
 import launcher_scripts.families  # noqa: F401
-from tests.support import REPO
+from tests.support import REPO, hf_dirs
 from tests.support.commands import ONE_THREAD, one_error_line, run_main, run_module
-from tests.support.conversion import hf_imported
+from tests.support.conversion import assert_padded_and_unpadded_exactly, hf_imported
+from tests.support.hf_dirs import Alteration
 
 CLASSES = {
     "llama3": "LlamaForCausalLM",
@@ -117,16 +118,65 @@ def test_imported_models_compute_what_transformers_does_and_go_back_exactly(
         assert report["class"] == CLASSES[variant], (variant, report)
 
 
+# Imports whose vocabulary rows are padded for TP: variant -> (TP, make_vocab_size_divisible_by,
+# the padded rows, our tables with a row per vocabulary entry -> the checkpoint's).
+PADDED = {
+    "gpt2_odd": (2, 1, 1002, {"embedding.word_embeddings.weight": "transformer.wte.weight"}),
+    "llama3": (
+        2,
+        3,
+        516,
+        {
+            "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+            "output_layer.weight": "lm_head.weight",
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def padded_imports(hf_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each of PADDED imported through main.py at its TP and divisor."""
+    results = tmp_path_factory.mktemp("padded")
+    return {
+        variant: hf_imported(
+            hf_models / variant,
+            results,
+            f"conversion.model.tensor_model_parallel_size={tensor}",
+            f"conversion.model.make_vocab_size_divisible_by={divisor}",
+        )
+        for variant, (tensor, divisor, *_) in PADDED.items()
+    }
+
+
+@pytest.mark.parametrize("variant", PADDED)
+def test_a_vocabulary_tp_does_not_divide_is_padded_and_goes_back_exactly(
+    variant: str, hf_models: Path, padded_imports: dict[str, Path]
+) -> None:
+    """GPT-2's 1001 rows at TP2 (tied), Llama 3's 512 to a multiple of 3 x TP2 (its own output
+    layer too): the checkpoint's rows as they are, then copies of the last one (Megatron's
+    padding); the file records the checkpoint's count, and the export's tensors drop the rest."""
+    assert_padded_and_unpadded_exactly(
+        padded_imports[variant], hf_models / variant, *PADDED[variant]
+    )
+
+
 @pytest.mark.slow
-def test_imported_models_compute_the_same_split_over_ranks(hf_models: Path, imported: Path) -> None:
+def test_imported_models_compute_the_same_split_over_ranks(
+    hf_models: Path, imported: Path, padded_imports: dict[str, Path], tmp_path: Path
+) -> None:
     """Llama 3 (GQA: two query groups, one per rank) and StableLM (partial rotary, Q/K/V
-    biases) at TP2; Qwen2 (tied) and GPT-2 (learned positions) at PP2."""
+    biases) at TP2; Qwen2 (tied) and GPT-2 (learned positions) at PP2; the padded imports at
+    TP2, on the checkpoint's rows, and written back exactly."""
     cases = [("llama3", 2, 1), ("stablelm", 2, 1), ("qwen2", 1, 2), ("gpt2", 1, 2)]
+    padded = [(padded_imports[v], hf_models / v, tmp_path / v, 2, 1) for v in PADDED]
     reports = checks(
-        *((model_file(imported, v), hf_models / v, "-", tp, pp) for v, tp, pp in cases)
+        *((model_file(imported, v), hf_models / v, "-", tp, pp) for v, tp, pp in cases), *padded
     )
     for report in reports:
         assert_computes_what_transformers_does(report)
+    for variant, report in zip(PADDED, reports[len(cases) :], strict=True):
+        assert report["keys_equal"] and report["tensors_equal"], (variant, report)
 
 
 def write_mapping_task(folder: Path) -> dict[str, Path]:
@@ -379,6 +429,107 @@ def test_what_cannot_be_imported_exactly_is_one_line_before_anything_runs(
     )
     one_error_line(result, "conversion.hf_model_dir", named)
     assert not results.exists()
+
+
+EMBEDDING = {v: "model.embed_tokens.weight" for v in CLASSES} | {"gpt2": "transformer.wte.weight"}
+FEED_FORWARD = {v: ("intermediate_size", "96") for v in CLASSES} | {"gpt2": ("n_inner", "256")}
+
+
+def disagreements() -> dict[str, tuple[str, list[Alteration], list[str]]]:
+    """Each case: (variant, how its directory is altered, what the one line says). The sizes
+    are every variant's (all have 512 rows, 64 wide, a feed-forward of 96, GPT-2's 4 x 64)."""
+    cases: dict[str, tuple[str, list[Alteration], list[str]]] = {}
+    for variant in CLASSES:
+        cases[f"vocab_size {variant}"] = (
+            variant,
+            [hf_dirs.config(vocab_size=500)],
+            ["vocab_size is 500", f"{EMBEDDING[variant]} has 512 rows"],
+        )
+        field, held = FEED_FORWARD[variant]
+        cases[f"{field} {variant}"] = (
+            variant,
+            [hf_dirs.config(**{field: 128})],
+            [f"{field} is 128", "mlp.", f"has {held} "],
+        )
+    for variant in ("llama3", "gpt2"):
+        cases[f"tokenizer past the rows {variant}"] = (
+            variant,
+            [hf_dirs.more_tokens(20)],
+            ["tokenizer.json has 520 tokens", f"more than the 512 rows of {EMBEDDING[variant]}"],
+        )
+        cases[f"corrupt tokenizer.json {variant}"] = (
+            variant,
+            [hf_dirs.corrupt("tokenizer.json")],
+            ["tokenizer.json is not a readable tokenizer"],
+        )
+    cases["corrupt tokenizer.model mistral"] = (
+        "mistral",
+        [hf_dirs.corrupt("tokenizer.model")],
+        ["tokenizer.model is not a readable tokenizer"],
+    )
+    for variant in ("llama3", "stablelm"):
+        cases[f"no lm_head {variant}"] = (
+            variant,
+            [hf_dirs.without_tensor("lm_head.weight")],
+            ["tie_word_embeddings is false", "no lm_head.weight"],
+        )
+    cases["a shard missing"] = (
+        "qwen2",
+        [hf_dirs.sharded_without_its_second_shard],
+        [f"names the shard {hf_dirs.MISSING_SHARD}", "is not in"],
+    )
+    cases["layers past the config's"] = (
+        "llama3",
+        [hf_dirs.config(num_hidden_layers=3)],
+        ["num_hidden_layers is 3", "the checkpoint has 4 layers"],
+    )
+    return cases
+
+
+DISAGREEMENTS = disagreements()
+
+
+@pytest.mark.parametrize("case", DISAGREEMENTS)
+def test_a_checkpoint_whose_files_disagree_is_one_line_before_anything_runs(
+    case: str, hf_models: Path, tmp_path: Path
+) -> None:
+    """config.json, the tensors and the tokenizer must describe one model: each field against
+    the tensor it sizes, the tokenizer against the embedding's rows, an untied model's output
+    layer, the index's shards."""
+    variant, alterations, fragments = DISAGREEMENTS[case]
+    odd = hf_dirs.altered(hf_models / variant, tmp_path / "odd", *alterations)
+    results = tmp_path / "results"
+    result = run_main(
+        "stages=[conversion]",
+        "conversion=hf_import",
+        f"conversion.hf_model_dir={odd}",
+        f"base_results_dir={results}",
+    )
+    one_error_line(result, "conversion.hf_model_dir", *fragments)
+    assert "Traceback" not in result.stderr
+    assert not results.exists()
+
+
+def test_a_sentencepiece_tokenizer_past_the_rows_is_one_line(
+    hf_models: Path, tmp_path: Path
+) -> None:
+    """Mistral's tokenizer.model, with more pieces than the embedding has rows."""
+    from tests.scripts.make_hf_gpt import sentencepiece_tokenizer
+
+    (tmp_path / "scratch").mkdir()
+    larger = sentencepiece_tokenizer(tmp_path / "scratch", 612)  # 600 pieces
+    odd = hf_dirs.altered(
+        hf_models / "mistral", tmp_path / "odd", hf_dirs.replaced_by("tokenizer.model", larger)
+    )
+    result = run_main(
+        "stages=[conversion]",
+        "conversion=hf_import",
+        f"conversion.hf_model_dir={odd}",
+        f"base_results_dir={tmp_path / 'results'}",
+    )
+    one_error_line(
+        result, "tokenizer.model has 600 tokens", "more than the 512 rows of model.embed_tokens"
+    )
 
 
 def test_a_layout_the_model_cannot_take_is_one_line(hf_models: Path, tmp_path: Path) -> None:

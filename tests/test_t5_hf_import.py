@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import hf_dirs
 from tests.support.commands import one_error_line, run_main, run_module
-from tests.support.conversion import hf_imported
+from tests.support.conversion import assert_padded_and_unpadded_exactly, hf_imported
+from tests.support.hf_dirs import Alteration
 
 VARIANTS = ["t5_v1", "t5_v1.1", "mt5"]
 
@@ -146,3 +148,100 @@ def test_what_cannot_be_imported_is_one_line(hf_models: Path, tmp_path: Path) ->
     assert "error: config.json feed_forward_proj 'gated-softplus': this version imports" in log
     assert not (results / "odd" / "convert_nemo" / "model.nemo").exists()
     assert run_main(*base).returncode != 0  # hf_model_dir is asked for
+
+
+def disagreements() -> dict[str, tuple[str, list[Alteration], list[str]]]:
+    """Each case: (variant, how its directory is altered, what the one line says). Every
+    variant has 512 rows of 64, a feed-forward of 96, 2 encoder and 3 decoder layers."""
+    cases: dict[str, tuple[str, list[Alteration], list[str]]] = {}
+    for variant in VARIANTS:
+        cases[f"vocab_size {variant}"] = (
+            variant,
+            [hf_dirs.config(vocab_size=500)],
+            ["vocab_size is 500", "shared.weight has 512 rows"],
+        )
+        cases[f"d_ff {variant}"] = (
+            variant,
+            [hf_dirs.config(d_ff=128)],
+            ["d_ff is 128", "encoder.block.0.layer.1.DenseReluDense.", "has 96 "],
+        )
+    cases["tokenizer past the rows"] = (
+        "t5_v1",
+        [hf_dirs.more_tokens(20)],
+        ["tokenizer.json has 530 tokens", "more than the 512 rows of shared.weight"],
+    )
+    cases["corrupt tokenizer.json"] = (
+        "mt5",
+        [hf_dirs.corrupt("tokenizer.json")],
+        ["tokenizer.json is not a readable tokenizer"],
+    )
+    cases["no lm_head"] = (
+        "t5_v1.1",
+        [hf_dirs.config(tie_word_embeddings=False), hf_dirs.without_tensor("lm_head.weight")],
+        ["tie_word_embeddings is false", "no lm_head.weight"],
+    )
+    cases["a shard missing"] = (
+        "t5_v1.1",
+        [hf_dirs.sharded_without_its_second_shard],
+        [f"names the shard {hf_dirs.MISSING_SHARD}", "is not in"],
+    )
+    cases["decoder layers past the config's"] = (
+        "mt5",
+        [hf_dirs.config(num_decoder_layers=2)],
+        ["num_decoder_layers is 2", "the checkpoint has 3 layers"],
+    )
+    return cases
+
+
+DISAGREEMENTS = disagreements()
+
+
+@pytest.mark.parametrize("case", DISAGREEMENTS)
+def test_a_checkpoint_whose_files_disagree_is_one_line_before_anything_runs(
+    case: str, hf_models: Path, tmp_path: Path
+) -> None:
+    variant, alterations, fragments = DISAGREEMENTS[case]
+    odd = hf_dirs.altered(hf_models / variant, tmp_path / "odd", *alterations)
+    results = tmp_path / "results"
+    result = run_main(
+        "stages=[conversion]",
+        "conversion=hf_import",
+        f"conversion.hf_model_dir={odd}",
+        f"base_results_dir={results}",
+    )
+    one_error_line(result, "conversion.hf_model_dir", *fragments)
+    assert "Traceback" not in result.stderr
+    assert not results.exists()
+
+
+# variant -> (TP, make_vocab_size_divisible_by, the padded rows, our tables with a row per
+# vocabulary entry -> the checkpoint's)
+PADDED = {
+    "t5_v1": (1, 3, 513, {"embedding.word_embeddings.weight": "shared.weight"}),
+    "t5_v1.1": (
+        2,
+        3,
+        516,
+        {
+            "embedding.word_embeddings.weight": "shared.weight",
+            "lm_head.output_layer.weight": "lm_head.weight",
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", PADDED)
+def test_a_vocabulary_tp_does_not_divide_is_padded_and_goes_back_exactly(
+    variant: str, hf_models: Path, tmp_path: Path
+) -> None:
+    """T5 v1.0 (one table, and the zero bias of megatron-core's output layer) and v1.1 (an
+    output layer of its own), padded to a multiple of 3 x TP: the checkpoint's rows, then
+    copies of the last one; the export's tensors drop the padding."""
+    tensor, divisor, *_ = PADDED[variant]
+    model = hf_imported(
+        hf_models / variant,
+        tmp_path,
+        f"conversion.model.tensor_model_parallel_size={tensor}",
+        f"conversion.model.make_vocab_size_divisible_by={divisor}",
+    )
+    assert_padded_and_unpadded_exactly(model, hf_models / variant, *PADDED[variant])

@@ -87,6 +87,10 @@ class ModelFamily:
     # naming the field it cannot import: the conversion stage's preflight asks it. None: the
     # import job alone checks the directory.
     hf_import_section: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # (the directory, its config.json) -> None, or errors.HfImportError naming the field, the
+    # tensor and both values where the checkpoint's tensors or tokenizer disagree with the
+    # config (families/hf_checkpoint.py); torch-free: preflight asks it, and the import job.
+    hf_import_check: Callable[[Path, dict[str, Any]], None] | None = None
     # The module whose `import_hf(directory, config.json, its tensors (a safetensors_stream
     # TensorSource), the recipe's model section)` returns (our model section, our full tensors
     # as StreamedTensors, made a layer at a time). Apart from `runtime`: the import job needs

@@ -8,7 +8,7 @@ from launcher_scripts.costmodel.plan import decoder_stack_costs
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families.base import PROGRAMS, ModelFamily, register
 from launcher_scripts.families.gpt_architectures import ARCHITECTURES, hf_architecture
-from launcher_scripts.families.gpt_hf_config import model_section
+from launcher_scripts.families.gpt_hf_config import check_checkpoint, model_section
 from launcher_scripts.formats.portable_check import expected_shapes
 from launcher_scripts.recipes import training as recipe
 
@@ -41,6 +41,7 @@ GPT = register(
         portable_shapes=expected_shapes,
         hf_model_types=tuple(architecture.model_type for architecture in ARCHITECTURES),
         hf_import_section=model_section,
+        hf_import_check=check_checkpoint,
         hf_importer="launcher_scripts.jobs.models.gpt_hf_import",
     )
 )

@@ -10,15 +10,26 @@ section (jobs/models/gpt_hf_import.py).
     GPT2LMHeadModel      LayerNorm, GeLU (exact or tanh), learned positions, biases everywhere
 
 A setting that changes what the model computes and that megatron-core's GPT cannot compute the
-same way is refused in one line naming the config.json field; nothing is approximated.
+same way is refused in one line naming the config.json field; nothing is approximated. So is a
+checkpoint whose tensors or tokenizer disagree with its config.json (check_checkpoint).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from launcher_scripts.errors import HfImportError
 from launcher_scripts.families.gpt_architectures import GPT2, LLAMA, MISTRAL, QWEN2, STABLELM
+from launcher_scripts.families.hf_checkpoint import (
+    Dimension,
+    check_dimensions,
+    check_layer_count,
+    check_output_layer,
+    check_tokenizer,
+    tokenizer_size,
+)
+from launcher_scripts.formats.safetensors_stream import TensorSource
 
 ROTARY_TYPES = (LLAMA.model_type, MISTRAL.model_type, QWEN2.model_type, STABLELM.model_type)
 MODEL_TYPES = (*ROTARY_TYPES, GPT2.model_type)
@@ -163,3 +174,112 @@ def model_section(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(error, HfImportError):
             raise
         raise HfImportError(f"config.json: a field is not a number ({error})") from None
+
+
+# ----- the checkpoint against its config.json -----------------------------------------------
+
+
+def tokenizer_files(directory: Path) -> tuple[Path, Path | None]:
+    """The directory's tokenizer: tokenizer.json where there is one, else a SentencePiece
+    tokenizer.model, else GPT-2's vocab.json with its merges.txt (the second path)."""
+    for name in ("tokenizer.json", "tokenizer.model"):
+        if (directory / name).is_file():
+            return directory / name, None
+    vocab, merges = directory / "vocab.json", directory / "merges.txt"
+    if vocab.is_file() and merges.is_file():
+        return vocab, merges
+    raise HfImportError(
+        f"{directory} has no tokenizer.json, tokenizer.model, or vocab.json with merges.txt: "
+        "save the model's tokenizer there (tokenizer.save_pretrained)"
+    )
+
+
+def _rotary_dimensions(config: dict[str, Any], section: dict[str, Any]) -> list[Dimension]:
+    hidden, ffn = section["hidden_size"], section["ffn_hidden_size"]
+    heads, groups = section["num_attention_heads"], section["num_query_groups"]
+    channels = section["kv_channels"]
+    # (the field, its value): the sizes several fields make together
+    queries = ("num_attention_heads x head_dim", heads * channels)
+    keys = ("num_key_value_heads x head_dim", groups * channels)
+    vocab = int(config["vocab_size"])
+    dims = [
+        Dimension("vocab_size", vocab, "model.embed_tokens.weight", 0),
+        Dimension("vocab_size", vocab, "lm_head.weight", 0),
+        Dimension("hidden_size", hidden, "model.embed_tokens.weight", 1),
+        Dimension("hidden_size", hidden, "lm_head.weight", 1),
+        Dimension("hidden_size", hidden, "model.norm.weight", 0),
+    ]
+    for i in range(section["num_layers"]):
+        layer = f"model.layers.{i}."
+        dims += [
+            Dimension("hidden_size", hidden, f"{layer}input_layernorm.weight", 0),
+            Dimension("hidden_size", hidden, f"{layer}post_attention_layernorm.weight", 0),
+            Dimension("hidden_size", hidden, f"{layer}self_attn.q_proj.weight", 1),
+            Dimension("hidden_size", hidden, f"{layer}self_attn.o_proj.weight", 0),
+            Dimension(*queries, f"{layer}self_attn.o_proj.weight", 1),
+            Dimension("hidden_size", hidden, f"{layer}mlp.down_proj.weight", 0),
+            Dimension("intermediate_size", ffn, f"{layer}mlp.down_proj.weight", 1),
+        ]
+        for kind in ("weight", "bias"):
+            dims.append(Dimension(*queries, f"{layer}self_attn.q_proj.{kind}", 0))
+            dims += [Dimension(*keys, f"{layer}self_attn.{p}_proj.{kind}", 0) for p in "kv"]
+        for projection in ("gate", "up"):
+            dims += [
+                Dimension("intermediate_size", ffn, f"{layer}mlp.{projection}_proj.weight", 0),
+                Dimension("hidden_size", hidden, f"{layer}mlp.{projection}_proj.weight", 1),
+            ]
+    return dims
+
+
+def _gpt2_dimensions(
+    config: dict[str, Any], section: dict[str, Any], prefix: str
+) -> list[Dimension]:
+    hidden, positions = section["hidden_size"], section["max_position_embeddings"]
+    ffn = ("n_inner" if config.get("n_inner") else "4 x n_embd", section["ffn_hidden_size"])
+    vocab = int(config["vocab_size"])
+    dims = [
+        Dimension("vocab_size", vocab, f"{prefix}wte.weight", 0),
+        Dimension("vocab_size", vocab, "lm_head.weight", 0),
+        Dimension("n_embd", hidden, f"{prefix}wte.weight", 1),
+        Dimension("n_embd", hidden, "lm_head.weight", 1),
+        Dimension("n_positions", positions, f"{prefix}wpe.weight", 0),
+        Dimension("n_embd", hidden, f"{prefix}wpe.weight", 1),
+    ]
+    for i in range(section["num_layers"]):
+        layer = f"{prefix}h.{i}."  # Conv1D weights are [in, out]
+        dims += [
+            Dimension("n_embd", hidden, f"{layer}attn.c_attn.weight", 0),
+            Dimension("3 x n_embd", 3 * hidden, f"{layer}attn.c_attn.weight", 1),
+            Dimension("3 x n_embd", 3 * hidden, f"{layer}attn.c_attn.bias", 0),
+            Dimension("n_embd", hidden, f"{layer}attn.c_proj.weight", 0),
+            Dimension("n_embd", hidden, f"{layer}attn.c_proj.weight", 1),
+            Dimension("n_embd", hidden, f"{layer}mlp.c_fc.weight", 0),
+            Dimension(*ffn, f"{layer}mlp.c_fc.weight", 1),
+            Dimension(*ffn, f"{layer}mlp.c_fc.bias", 0),
+            Dimension(*ffn, f"{layer}mlp.c_proj.weight", 0),
+            Dimension("n_embd", hidden, f"{layer}mlp.c_proj.weight", 1),
+        ]
+    return dims
+
+
+def check_checkpoint(directory: Path, config: dict[str, Any]) -> None:
+    """The checkpoint's tensors and tokenizer agree with its config.json (ModelFamily
+    .hf_import_check): HfImportError naming the field, the tensor and both values."""
+    section = model_section(config)
+    if "vocab_size" not in config:
+        raise HfImportError("config.json has no vocab_size")
+    source = TensorSource(directory)
+    if config["model_type"] == GPT2.model_type:
+        prefix = "transformer." if "transformer.wte.weight" in source else ""
+        check_dimensions(source, _gpt2_dimensions(config, section, prefix))
+        check_layer_count(source, f"{prefix}h.", "n_layer", section["num_layers"])
+        embedding = f"{prefix}wte.weight"
+    else:
+        check_dimensions(source, _rotary_dimensions(config, section))
+        check_layer_count(source, "model.layers.", "num_hidden_layers", section["num_layers"])
+        embedding = "model.embed_tokens.weight"
+    if embedding not in source:
+        raise HfImportError(f"{directory}: the checkpoint has no tensor {embedding}")
+    check_output_layer(config, source, "lm_head.weight")
+    path, merges = tokenizer_files(directory)
+    check_tokenizer(path, tokenizer_size(path, merges), source, embedding)

@@ -10,6 +10,7 @@ from typing import Any
 from launcher_scripts.config.checks import require_choice, require_int
 from launcher_scripts.costmodel.plan import encoder_decoder_costs
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.families import t5_hf_config
 from launcher_scripts.families.base import Architecture, ModelFamily, register
 from launcher_scripts.families.encoder_checks import ENCODER_ACTIVATIONS, common_checks
 from launcher_scripts.formats.portable_check import expected_shapes
@@ -224,6 +225,7 @@ T5 = register(
         check_base=check_base,
         portable_shapes=portable_shapes,
         hf_model_types=("t5", "mt5"),
+        hf_import_check=t5_hf_config.check_checkpoint,
         hf_importer="launcher_scripts.jobs.models.t5_hf",
     )
 )

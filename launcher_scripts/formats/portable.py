@@ -31,6 +31,10 @@ if TYPE_CHECKING:  # torch is imported where tensors are written or read: read_c
 CONFIG = "model_config.yaml"
 WEIGHTS = "model_weights.safetensors"
 EMBEDDINGS = "embedding.word_embeddings.weight"  # its rows: the model's (padded) vocabulary
+# An imported model's config key: how many rows of EMBEDDINGS (and of an output layer of its
+# own) were the Hugging Face checkpoint's before the import padded them for TP; the export
+# writes back that many.
+HF_VOCAB_SIZE = "hf_vocab_size"
 TOKENIZER_DIR = "tokenizer"
 # The tokenizer's files (hf_config: an imported model's own tokenizer_config.json, which its
 # Hugging Face export writes back).

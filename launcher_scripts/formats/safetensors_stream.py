@@ -171,6 +171,13 @@ class TensorSource:
             except (OSError, ValueError, KeyError) as error:
                 raise SafetensorsError(f"{index}: unreadable ({error})") from None
             files = sorted(set(weight_map.values()))
+            missing = [name for name in files if not (directory / name).is_file()]
+            if missing:
+                raise SafetensorsError(
+                    f"{index} names the shard {missing[0]}, which is not in {directory} "
+                    f"({len(missing)} of its {len(files)} shards missing): copy every "
+                    "shard save_pretrained wrote there"
+                )
         elif (directory / SINGLE).is_file():
             files = [SINGLE]
         else:
@@ -182,6 +189,13 @@ class TensorSource:
         for name in files:
             shard = TensorFile(directory / name)
             self.files |= dict.fromkeys(shard.entries, shard)
+        if index.is_file():
+            for tensor, name in weight_map.items():
+                if tensor not in self.files:
+                    raise SafetensorsError(
+                        f"{index} puts {tensor} in {name}, which does not hold it: the shards "
+                        "are not the ones the index was written with"
+                    )
 
     @property
     def names(self) -> set[str]:
@@ -194,6 +208,10 @@ class TensorSource:
         if name not in self.files:
             raise SafetensorsError(f"{self.directory}: the checkpoint has no tensor {name}")
         return self.files[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's shape, from its file's header (nothing is read)."""
+        return self._file(name).shape(name)
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor's bytes, read into memory of its own (no mapping of the file)."""

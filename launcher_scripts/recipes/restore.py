@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.config.checks import require_row_split
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.formats.portable import HF_VOCAB_SIZE
 
 RESTORE_KEY = "model.restore_from_path"
 
@@ -122,4 +123,7 @@ def restored_model(recipe_model: Any, file_model: Any, rows: int, stage: str) ->
     section["tokenizer"] = OmegaConf.to_container(file_model.tokenizer, resolve=True)
     section["make_vocab_size_divisible_by"] = 1
     section["padded_vocab_size"] = rows
+    if file_model.get(HF_VOCAB_SIZE) is not None:
+        # An imported model's rows before the import's padding: its export drops the rest.
+        section[HF_VOCAB_SIZE] = int(file_model[HF_VOCAB_SIZE])
     return OmegaConf.create(section)

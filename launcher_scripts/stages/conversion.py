@@ -9,10 +9,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from launcher_scripts.config import nemo_keys
-from launcher_scripts.config.checks import require_int, require_layout, require_row_split
+from launcher_scripts.config.checks import require_int, require_layout
 from launcher_scripts.errors import ConfigError, HfImportError, RecipeError
 from launcher_scripts.families import DEFAULT, FAMILIES, family_mismatch, family_of
 from launcher_scripts.formats.portable_check import require_peft, require_portable
+from launcher_scripts.formats.safetensors_stream import INDEX, SINGLE, SafetensorsError
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes.conversion import (
     TOKENIZER_FILES,
@@ -114,20 +115,31 @@ class Conversion(StageDefaults):
             require_int(f"{stage}.model.{name}", cfg.model[name])
             for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size")
         )
-        if family.hf_import_section is None:
-            return
+        divisor = cfg.model.get("make_vocab_size_divisible_by", 1)
+        require_int(f"{stage}.model.make_vocab_size_divisible_by", divisor)
         directory = Path(str(cfg.hf_model_dir))
         config = json.loads((directory / "config.json").read_text())  # family_of read it
+        section = None
         try:
-            section = family.hf_import_section(config)
+            if family.hf_import_section is not None:
+                section = family.hf_import_section(config)
         except HfImportError as error:
             raise ConfigError(
                 f"{stage}.hf_model_dir",
                 f"{directory}: {error}",
                 "Import a model without it (this version refuses what it cannot compute exactly)",
             ) from None
-        require_layout(OmegaConf.create(section), tp, pp, f"{stage}.model")
-        require_row_split(int(config.get("vocab_size") or 0), tp, f"{stage}.model", "the model's")
+        # The weights against the config and the tokenizer; a directory without weights is
+        # left to the job, which says what to save there. The message says how to fix it.
+        weights = any((directory / name).is_file() for name in (INDEX, SINGLE))
+        if family.hf_import_check is not None and weights:
+            try:
+                family.hf_import_check(directory, config)
+            except (HfImportError, SafetensorsError) as error:
+                raise RecipeError(f"{stage}.hf_model_dir: {directory}: {error}") from None
+        # The vocabulary rows need not divide over TP: the import pads them (hf_import).
+        if section is not None:
+            require_layout(OmegaConf.create(section), tp, pp, f"{stage}.model")
 
     @staticmethod
     def _validate_export(ctx: StageContext) -> None:

@@ -5,11 +5,12 @@ python -m tests.scripts.hf_gpt_check MODEL.nemo HF_DIR EXPORT_DIR TP PP [MODEL H
 
 Several models in one launch (five arguments each; TP x PP the processes for each). For each,
 rank 0 prints `report: ` and JSON: `logits` the largest difference of every row's logits (the
-checkpoint's rows, padding rows included) over a batch of token ids; `greedy` both sides'
-greedy tokens for the same prompts; `token_ids` whether our tokenizer encodes the corpus as
-transformers' does (no special tokens added); `keys_equal`/`tensors_equal` whether the
-portable file written back as a Hugging Face directory (EXPORT_DIR; `-`: not written, and
-these left out) holds exactly the original tensors; `class` the class transformers loads it as.
+checkpoint's rows, its rows past the tokenizer's included; not those an import padded for TP)
+over a batch of token ids; `greedy` both sides' greedy tokens for the same prompts;
+`token_ids` whether our tokenizer encodes the corpus as transformers' does (no special tokens
+added); `keys_equal`/`tensors_equal` whether the portable file written back as a Hugging Face
+directory (EXPORT_DIR; `-`: not written, and these left out) holds exactly the original
+tensors; `class` the class transformers loads it as.
 """
 
 from __future__ import annotations
@@ -49,15 +50,16 @@ def main() -> None:
 def ours_of(model_file: Path, tensor: int, pipeline: int) -> dict[str, Any]:
     from megatron.core import parallel_state
 
+    from launcher_scripts.formats import portable
     from launcher_scripts.jobs.inference.generation import GenerationParams, generate
     from launcher_scripts.jobs.inference.runner import open_runner
     from tests.scripts.make_hf_gpt import corpus
 
     runner = open_runner(model_file, tensor, pipeline, on_gpu=False)
     every_row = dataclasses.replace(runner, vocab_size=int(runner.chunks[0].vocab_size))
-    batch = torch.randint(
-        0, every_row.vocab_size, (3, 20), generator=torch.Generator().manual_seed(1)
-    )
+    # Ids of the checkpoint's rows (not of those the import padded, which transformers lacks).
+    checkpoint_rows = portable.read_config(model_file).get("hf_vocab_size", every_row.vocab_size)
+    batch = torch.randint(0, checkpoint_rows, (3, 20), generator=torch.Generator().manual_seed(1))
     logits = every_row.logits(batch.tolist())
     prompts = [runner.tokenizer.encode(text) for text in PROMPTS]
     params = GenerationParams(tokens_to_generate=TOKENS, top_k=1)
@@ -86,6 +88,8 @@ def against_transformers(ours: dict[str, Any], hf_dir: Path) -> dict[str, Any]:
     batch, prompts, eod = ours["batch"], ours["prompts"], ours["eod"]
     tokenizer_rows, model_rows = ours["rows"]
     theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    # The checkpoint's rows; ours has the import's padding past them (rows TP needs).
+    model_rows = min(model_rows, int(theirs.config.vocab_size))
     with torch.no_grad():
         reference = theirs(input_ids=batch).logits
         theirs_greedy = []
@@ -107,7 +111,7 @@ def against_transformers(ours: dict[str, Any], hf_dir: Path) -> dict[str, Any]:
     theirs_ids = [tokenizer(text, add_special_tokens=False).input_ids for text in ours["texts"]]
 
     return {
-        "logits": float((ours["logits"] - reference).abs().max()),
+        "logits": float((ours["logits"][..., :model_rows] - reference).abs().max()),
         "greedy": [ours["greedy"], theirs_greedy],
         "token_ids": ours["ids"] == theirs_ids,
     }

@@ -7,8 +7,9 @@ writes OUT_DIR/<variant> for each of VARIANTS: Llama 3 style (GQA, its own outpu
 rope_theta and Llama 3's rope scaling), Llama with one table for the embedding and the output
 layer and a head size of its own, Mistral (its tokenizer a SentencePiece tokenizer.model),
 Qwen2 (biases on Q, K and V), StableLM (LayerNorm, a quarter of each head rotated, Q/K/V
-biases) and GPT-2 (tanh GeLU, learned positions). The norms and biases are not zeros and ones,
-so that a swapped or dropped tensor shows.
+biases) and GPT-2 (tanh GeLU, learned positions; also with 1001 rows, which no TP above 1
+divides). The norms and biases are not zeros and ones, so that a swapped or dropped tensor
+shows.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),  # fmt: skip
 }
+# GPT-2 with a vocabulary no TP above 1 divides: the import pads its rows.
+VARIANTS["gpt2_odd"] = ("GPT2", {**VARIANTS["gpt2"][1], "vocab_size": 1001})
 EOS = "<|endoftext|>"
 
 
@@ -143,7 +146,7 @@ def save_tokenizer(name: str, folder: Path, scratch: Path) -> None:
         fast = transformers.PreTrainedTokenizerFast(
             tokenizer_object=trained, eos_token=EOS, bos_token=EOS
         )
-    if name == "gpt2":
+    if name.startswith("gpt2"):
         fast = transformers.GPT2TokenizerFast(tokenizer_object=fast.backend_tokenizer)
     fast.save_pretrained(folder)
 

@@ -13,14 +13,15 @@ from tests.support import REPO
 from tests.support.commands import ONE_THREAD, run_main
 
 
-def hf_imported(hf_dir: Path, results: Path) -> Path:
-    """`conversion=hf_import` of a Hugging Face directory through main.py: the portable file,
-    results/<directory name>/convert_nemo/model.nemo."""
+def hf_imported(hf_dir: Path, results: Path, *overrides: str) -> Path:
+    """`conversion=hf_import` of a Hugging Face directory through main.py (with the recipe's
+    `overrides`): the portable file, results/<directory name>/convert_nemo/model.nemo."""
     result = run_main(
         "stages=[conversion]",
         "conversion=hf_import",
         f"conversion.hf_model_dir={hf_dir}",
         f"base_results_dir={results}",
+        *overrides,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return results / hf_dir.name / "convert_nemo" / "model.nemo"
@@ -179,3 +180,42 @@ def reshard_checks(
     assert check.stdout.count(" 0 mismatched") == processes * sum(
         len(layouts) for _, _, layouts in groups
     ), check.stdout
+
+
+def assert_padded_and_unpadded_exactly(
+    model_file: Path, hf_dir: Path, tensor: int, divisor: int, rows: int, tables: dict[str, str]
+) -> None:
+    """The portable file of an import at TP `tensor` and make_vocab_size_divisible_by
+    `divisor` holds `rows` rows in each table with a row per vocabulary entry: the
+    checkpoint's rows as they are (`tables`: ours -> the checkpoint's), then copies of the last
+    one, as Megatron pads them; it records the checkpoint's count, and the export's tensors
+    (hf_common.unpadded_vocabulary) are the checkpoint's exactly."""
+    import tarfile
+
+    import torch
+    from safetensors.torch import load, load_file
+
+    from launcher_scripts.formats import portable
+    from launcher_scripts.jobs.models.hf_common import VOCAB_TABLES, unpadded_vocabulary
+
+    config = portable.read_config(model_file)
+    original = load_file(hf_dir / "model.safetensors")
+    with tarfile.open(model_file) as tar:
+        member = tar.extractfile(portable.WEIGHTS)
+        assert member is not None
+        ours = load(member.read())
+    held = original[next(iter(tables.values()))].shape[0]
+    assert config[portable.HF_VOCAB_SIZE] == held, config
+    assert config.tensor_model_parallel_size == tensor, config
+    assert rows % (tensor * divisor) == 0 and 0 < rows - held < tensor * divisor, (rows, held)
+    assert {name: ours[name].shape[0] for name in VOCAB_TABLES if name in ours} == dict.fromkeys(
+        (name for name in VOCAB_TABLES if name in ours), rows
+    )
+    for name, theirs in tables.items():
+        table = ours[name]
+        assert torch.equal(table[:held], original[theirs]), name
+        last_and_padding = table[held - 1 :]
+        assert torch.equal(last_and_padding, table[held - 1].expand_as(last_and_padding)), name
+    back = unpadded_vocabulary(config, ours)
+    for name, theirs in tables.items():
+        assert torch.equal(back[name], original[theirs]), name

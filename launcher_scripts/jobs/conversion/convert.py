@@ -57,10 +57,12 @@ def write_hf_files(directory: Path, model: DictConfig, tensors: dict[str, Any]) 
     from launcher_scripts.families import family_of
     from launcher_scripts.jobs.conversion import hf_tokenizer
     from launcher_scripts.jobs.models.base import runtime_of
+    from launcher_scripts.jobs.models.hf_common import unpadded_vocabulary
 
     to_hf = runtime_of(family_of(model, "conversion")).to_hf
     assert to_hf is not None, "preflight checks the family's hf_architecture"
-    exported = to_hf(model, tensors)
+    # An imported model goes back with its checkpoint's rows, without the import's padding.
+    exported = to_hf(model, unpadded_vocabulary(model, tensors))
     config = exported.config | hf_tokenizer.write(model, directory, exported.added_tokens)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     # Own storage for each: per-layer slices of one stacked tensor must not share memory.

@@ -10,10 +10,9 @@ from typing import Any
 
 import torch
 
-from launcher_scripts.errors import HfImportError
 from launcher_scripts.families.gpt import GPT
 from launcher_scripts.families.gpt_architectures import GPT2
-from launcher_scripts.families.gpt_hf_config import PRECISIONS, model_section
+from launcher_scripts.families.gpt_hf_config import PRECISIONS, model_section, tokenizer_files
 from launcher_scripts.formats.safetensors_stream import Reader, StreamedTensor, TensorSource
 from launcher_scripts.jobs.models.hf_common import Piece, copied, merge_qkv, stacked
 
@@ -33,7 +32,7 @@ def rotary_tensors(
     source: TensorSource, section: dict[str, Any], tied: bool
 ) -> list[StreamedTensor]:
     heads, groups = section["num_attention_heads"], section["num_query_groups"]
-    channels, ffn = section["kv_channels"], section["ffn_hidden_size"]
+    channels = section["kv_channels"]
     bias = section["normalization"] == "layernorm"  # StableLM's LayerNorm has a bias
     layer = "model.layers.{}."
 
@@ -49,7 +48,6 @@ def rotary_tensors(
 
     def fc1(read: Reader, i: int) -> torch.Tensor:  # [gate; up]: megatron's SwiGLU halves
         gate, up = (read(f"{layer.format(i)}mlp.{p}_proj.weight") for p in ("gate", "up"))
-        assert gate.shape[0] == ffn, gate.shape
         return torch.cat([gate, up])
 
     per_layer: dict[str, Piece] = {
@@ -130,27 +128,20 @@ def tokenizer_section(directory: Path) -> dict[str, Any]:
     SentencePiece tokenizer.model, else GPT-2's vocab.json and merges.txt. Documents end with
     the model's end-of-sequence token."""
     eos = _eos_token(directory)
-    files = {name: directory / name for name in ("tokenizer.json", "tokenizer.model")}
     settings = directory / "tokenizer_config.json"
     section = {"library": None, "type": None, "model": None, "vocab_file": None}
     section |= {"merge_file": None, "delimiter": None, "eod_token": eos}
     section["hf_config"] = str(settings) if settings.is_file() else None
-    if files["tokenizer.json"].is_file():
-        return section | {"library": "huggingface", "model": str(files["tokenizer.json"])}
-    if files["tokenizer.model"].is_file():
-        return section | {"library": "sentencepiece", "model": str(files["tokenizer.model"])}
-    vocab, merges = directory / "vocab.json", directory / "merges.txt"
-    if vocab.is_file() and merges.is_file():
+    path, merges = tokenizer_files(directory)
+    if merges is not None:
         return section | {
             "library": "megatron",
             "type": "GPT2BPETokenizer",
-            "vocab_file": str(vocab),
+            "vocab_file": str(path),
             "merge_file": str(merges),
         }
-    raise HfImportError(
-        f"{directory} has no tokenizer.json, tokenizer.model, or vocab.json with merges.txt: "
-        "save the model's tokenizer there (tokenizer.save_pretrained)"
-    )
+    library = "huggingface" if path.suffix == ".json" else "sentencepiece"
+    return section | {"library": library, "model": str(path)}
 
 
 def _eos_token(directory: Path) -> str | None:

@@ -51,9 +51,10 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from omegaconf import OmegaConf
 
+from launcher_scripts.families.t5_hf_config import SENTINEL, hf_t5_tokens
 from launcher_scripts.jobs.models import t5_hf, t5_tuning, transformer
 from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
-from launcher_scripts.jobs.models.t5_hf import HF_T5_TOKENIZER, SENTINEL, hf_t5_tokens
+from launcher_scripts.jobs.models.t5_hf import HF_T5_TOKENIZER
 from launcher_scripts.jobs.models.t5_masks import attention_masks
 from launcher_scripts.jobs.models.transformer import LocalNorm
 from launcher_scripts.jobs.training import data

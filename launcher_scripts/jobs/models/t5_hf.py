@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from launcher_scripts.families import t5_hf_config
 from launcher_scripts.families.t5 import HF_FEED_FORWARD, MT5_CLASS, T5, hf_architecture
+from launcher_scripts.families.t5_hf_config import hf_t5_tokens
 from launcher_scripts.formats.safetensors_stream import Reader, StreamedTensor, TensorSource
 from launcher_scripts.jobs.models.base import HfImportError, HfModel
 from launcher_scripts.jobs.models.hf_common import (
@@ -322,26 +324,6 @@ def _layer_pieces(stack: str, heads: int, head_dim: int, gated: bool) -> dict[st
     return pieces
 
 
-def hf_t5_tokens(model_file: Path) -> list[str]:
-    """Every token of a Hugging Face T5 tokenizer, in id order."""
-    if model_file.suffix == ".json":
-        from tokenizers import Tokenizer
-
-        table = Tokenizer.from_file(str(model_file)).get_vocab(with_added_tokens=True)
-        names = [""] * len(table)
-        for name, index in table.items():
-            names[index] = name
-        return names
-    import sentencepiece  # spiece.model: the pieces, then T5Tokenizer's 100 sentinels
-
-    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
-    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-    pieces[0], pieces[processor.eos_id()] = "<pad>", "</s>"
-    return pieces + [SENTINEL.format(i) for i in reversed(range(100))]
-
-
-SENTINEL = "<extra_id_{}>"  # T5's names of the masked spans' stand-ins
-
 # tokenizer.type of a Hugging Face T5 tokenizer (tokenizer.model: its tokenizer.json or
 # spiece.model), whose ids an imported model has
 HF_T5_TOKENIZER = "hf_t5"
@@ -353,19 +335,9 @@ def import_hf(
     """The T5 family's import (ModelFamily.hf_importer): the directory's tokenizer
     (tokenizer.json, else spiece.model) goes with the model, its ids unchanged; the lengths
     come from the recipe, else the tokenizer."""
-    files = [directory / name for name in ("tokenizer.json", "spiece.model")]
-    tokenizer_file = next((f for f in files if f.is_file()), None)
-    if tokenizer_file is None:
-        raise HfImportError(
-            f"{directory} has neither tokenizer.json nor spiece.model: save the model's "
-            "tokenizer there (tokenizer.save_pretrained)"
-        )
+    tokenizer_file = t5_hf_config.tokenizer_file(directory)
+    # The family's check (the job's and preflight's) compared them with the embedding's rows.
     names = hf_t5_tokens(tokenizer_file)
-    rows = int(config["vocab_size"])
-    if len(names) > rows:
-        raise HfImportError(
-            f"{tokenizer_file} has {len(names)} tokens, more than config.json's vocab_size {rows}"
-        )
     positions = settings.get("max_position_embeddings")
     if positions is None:
         stated = _tokenizer_settings(directory).get("model_max_length")
