@@ -17,7 +17,13 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from launcher_scripts.families.t5 import HF_FEED_FORWARD, MT5_CLASS, T5, hf_architecture
+from launcher_scripts.families.t5 import (
+    HF_FEED_FORWARD,
+    HF_T5_TOKENIZER,
+    MT5_CLASS,
+    T5,
+    hf_architecture,
+)
 from launcher_scripts.formats.safetensors_stream import Reader, StreamedTensor, TensorSource
 from launcher_scripts.jobs.models.base import HfImportError, HfModel
 from launcher_scripts.jobs.models.hf_common import (
@@ -341,10 +347,6 @@ def hf_t5_tokens(model_file: Path) -> list[str]:
 
 
 SENTINEL = "<extra_id_{}>"  # T5's names of the masked spans' stand-ins
-
-# tokenizer.type of a Hugging Face T5 tokenizer (tokenizer.model: its tokenizer.json or
-# spiece.model), whose ids an imported model has
-HF_T5_TOKENIZER = "hf_t5"
 
 
 def import_hf(
