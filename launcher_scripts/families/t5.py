@@ -86,11 +86,14 @@ def _positions(model: Any, stage: str) -> None:
     distance. megatron-core's T5Model takes one setting for both blocks, so a block's own
     value (NeMo's recipes repeat them per block) must be the model's: a different one would be
     ignored by the job yet recorded in the model's config."""
-    kind = model.get("position_embedding_type", SHARED_POSITION_KEYS["position_embedding_type"])
-    require_choice(key(stage, "model.position_embedding_type"), kind, POSITION_EMBEDDINGS)
-    if kind == "relative":
-        for name in ("relative_attention_num_buckets", "relative_attention_max_distance"):
-            require_int(key(stage, f"model.{name}"), model.get(name, SHARED_POSITION_KEYS[name]))
+    for prefix, section in (("model", model), *((f"model.{b}", model[b]) for b in BLOCKS)):
+        if "position_embedding_type" not in section:
+            continue
+        kind = section.position_embedding_type
+        require_choice(key(stage, f"{prefix}.position_embedding_type"), kind, POSITION_EMBEDDINGS)
+        if kind == "relative":
+            for name in ("relative_attention_num_buckets", "relative_attention_max_distance"):
+                require_int(key(stage, f"{prefix}.{name}"), section.get(name))
     for name, default in SHARED_POSITION_KEYS.items():
         used = model.get(name, default)
         for block in BLOCKS:
@@ -116,6 +119,9 @@ def _span_corruption_room(
     if model.tokenizer.get("type") == HF_T5_TOKENIZER:
         return
     masked = masked_tokens_at_most(float(model.data.masked_lm_prob), seq)
+    max_ngram = require_int(
+        key(stage, "model.data.max_ngram_size"), model.data.get("max_ngram_size", 10), minimum=1
+    )
     if sentinels < masked:
         raise ConfigError(
             key(stage, "model.tokenizer.num_sentinel_tokens"),
@@ -123,13 +129,17 @@ def _span_corruption_room(
             f"can hold (masked_lm_prob x (seq_length - 2), each span possibly one token)",
             f"Set it to at least {masked}",
         )
-    # Every full sample masks that many tokens, in at least one span.
-    least = 1 + masked + 1
+    # A full sample masks that many tokens, in spans of at most max_ngram_size tokens (words,
+    # with whole-word masking: of any number of tokens).
+    longest_span = 0 if model.data.get("whole_word_masking", True) else max_ngram
+    spans = math.ceil(masked / longest_span) if longest_span else min(masked, 1)
+    least = 1 + masked + spans
     if decoder_seq < least:
         raise ConfigError(
             key(stage, "model.data.seq_length_dec"),
             f"{decoder_seq} is shorter than the decoder input of a sample of seq_length {seq}: "
-            f"a start token, {masked} masked tokens and a sentinel per span",
+            f"a start token, {masked} masked tokens and a sentinel for each of at least "
+            f"{spans} span(s)",
             f"Set it to at least {least} ({1 + 2 * masked} holds even a sample whose spans "
             "are all one token long)",
         )
@@ -281,6 +291,7 @@ T5 = register(
             }
         ),
         hf_architecture=hf_architecture,
+        sentence_data=True,
         runtime="launcher_scripts.jobs.models.t5",
         check_base=check_base,
         portable_shapes=portable_shapes,
