@@ -170,10 +170,14 @@ def test_the_data_preparations_own_values_win(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_t5_tiny_prepares_its_data_and_trains_with_no_data_flags(tmp_path: Path) -> None:
-    """The README's command for T5 without the four data_preparation flags it once needed."""
+@pytest.mark.parametrize("recipe", ["t5/tiny", "bert/tiny"])
+def test_encoder_tiny_recipes_prepare_their_data_and_train_with_no_data_flags(
+    recipe: str, tmp_path: Path
+) -> None:
+    """docs/training.md's commands for T5 and BERT without the data_preparation flags they
+    once needed (a few steps each)."""
     result = run_main(
-        "stages=[data_preparation,training]", "training=t5/tiny", f"data_dir={tmp_path}/data",
+        "stages=[data_preparation,training]", f"training={recipe}", f"data_dir={tmp_path}/data",
         f"base_results_dir={tmp_path}/results", "training.trainer.max_steps=4",
         "training.trainer.val_check_interval=4", "training.trainer.log_every_n_steps=2",
     )  # fmt: skip
