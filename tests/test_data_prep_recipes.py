@@ -233,7 +233,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
         ("mt5/download_mc4", ["download_mc4=false", "languages=lv"],
          [f"{STAGE}.c4_dir", "256 files are missing", f"{STAGE}.download_mc4=true"]),
         ("generic/custom_dataset", ["split_sentences=yes"],
-         [f"{STAGE}.split_sentences", "is not true or false"]),
+         [f"{STAGE}.split_sentences", "is not true, false or null"]),
         ("generic/custom_dataset", ["train_tokenizer_args.model_type=wordpiece",
                                     "vocab_file=/elsewhere/vocab.txt"],
          [f"{STAGE}.vocab_file", "custom_sp_tokenizer.vocab.txt", "train_tokenizer=false"]),

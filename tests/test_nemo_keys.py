@@ -213,15 +213,38 @@ def test_t5_position_embedding_type_sets_both_blocks(recipe: str, tmp_path: Path
     model = resolved.training.model
     assert model.encoder.position_embedding_type == "relative"
     assert model.decoder.position_embedding_type == "relative"
-    _, resolved, _ = dry_plan(
+
+
+# megatron-core's T5Model's own values where a recipe leaves the model's out.
+T5_POSITION_DEFAULTS = {
+    "position_embedding_type": "learned_absolute",
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+}
+
+
+@pytest.mark.parametrize("recipe", ["t5/220m", "t5/tiny", "mt5/390m"])
+@pytest.mark.parametrize("block", ["encoder", "decoder"])
+@pytest.mark.parametrize("name", sorted(T5_POSITION_DEFAULTS))
+def test_t5_block_position_settings_other_than_the_models_are_refused(
+    recipe: str, block: str, name: str, tmp_path: Path
+) -> None:
+    """megatron-core's T5Model takes one position setting for both blocks: a block's other
+    value would be ignored by the job, and recorded in the model's config as if it were not."""
+    _, resolved, _ = dry_plan(tmp_path, "stages=[training]", f"training={recipe}")
+    used = resolved.training.model.get(name, T5_POSITION_DEFAULTS[name])
+    if name == "position_embedding_type":
+        other = "learned_absolute" if used == "relative" else "relative"
+    else:
+        other = int(used) // 2
+    error = refused(
         tmp_path,
         "stages=[training]",
         f"training={recipe}",
-        "training.model.decoder.position_embedding_type=relative",
+        f"training.model.{block}.{name}={other}",
     )
-    model = resolved.training.model
-    assert model.encoder.position_embedding_type == "learned_absolute"
-    assert model.decoder.position_embedding_type == "relative"
+    assert error.key == f"training.model.{block}.{name}", str(error)
+    assert f"model.{name} {used!r}" in error.problem and "both blocks" in error.problem
 
 
 @pytest.mark.parametrize("value", ["alibi", "bogus", "rope"])

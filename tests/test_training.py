@@ -368,8 +368,8 @@ def small_tokenizer(folder: Path, vocab_size: int = 64) -> Path:
 def test_a_tokenizer_smaller_than_the_data_is_refused_in_preflight(
     prepared: Path, tmp_path: Path, statistics: str
 ) -> None:
-    """The largest token id comes from the record data preparation wrote beside the shard,
-    or, for data prepared elsewhere, from the .bin itself."""
+    """The record data preparation wrote beside the shard names the tokenizer it was made
+    with; for data prepared elsewhere, the largest token id comes from the .bin itself."""
     shutil.copytree(prepared / "data", tmp_path / "data")
     prefix = tmp_path / "data" / "custom_dataset" / "preprocessed" / "tiny_corpus_text_document"
     if statistics == "missing":
@@ -382,8 +382,13 @@ def test_a_tokenizer_smaller_than_the_data_is_refused_in_preflight(
     assert refused.returncode == 2, refused.stdout + refused.stderr
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1, refused.stderr
-    assert lines[0].startswith(f"error: training.model.tokenizer.model: {small} has "), lines[0]
-    assert f"training.model.data.data_prefix {prefix} holds token id" in lines[0]
+    if statistics == "recorded":
+        start = f"error: training.model.tokenizer.model: the recipe's tokenizer (model {small} "
+        assert lines[0].startswith(start), lines[0]
+        assert f"data_prefix {prefix} was tokenized with (model " in lines[0]
+    else:
+        assert lines[0].startswith(f"error: training.model.tokenizer.model: {small} has "), lines[0]
+        assert f"training.model.data.data_prefix {prefix} holds token id" in lines[0]
     assert not (tmp_path / "results").exists()
     # The tokenizer the data was made with passes.
     planned = run_main(*paths, "stages=[training]", "dry_run=true")

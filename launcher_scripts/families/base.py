@@ -96,6 +96,10 @@ class ModelFamily:
     # as StreamedTensors, made a layer at a time). Apart from `runtime`: the import job needs
     # torch and the checkpoint's files, not megatron-core.
     hf_importer: str | None = None
+    # Whether its training data is documents split into sentences (megatron-core's masked
+    # datasets build samples from whole sentences), with no end-of-document token: what
+    # data_preparation writes for a recipe of this family unless told otherwise.
+    sentence_data: bool = False
 
     def runs(self, program: str) -> bool:
         assert program in PROGRAMS, program

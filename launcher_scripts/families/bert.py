@@ -121,6 +121,7 @@ BERT = register(
         pile_tokenizers=("BertWordPieceLowerCase", "BertWordPieceCase"),
         programs=frozenset({"training", "conversion"}),
         hf_architecture=hf_architecture,
+        sentence_data=True,
         runtime="launcher_scripts.jobs.models.bert",
     )
 )

@@ -4,6 +4,7 @@ pipeline split rank. mT5 is T5 with a SentencePiece tokenizer and multilingual d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,9 @@ POSITION_EMBEDDINGS = ("learned_absolute", "relative")
 BLOCKS = ("encoder", "decoder")
 # megatron-core's T5 layers normalise before attention and MLP.
 BLOCK_TYPES = ("pre_ln",)
+# tokenizer.type of a Hugging Face T5 tokenizer (tokenizer.model: its tokenizer.json or
+# spiece.model), whose ids an imported model has
+HF_T5_TOKENIZER = "hf_t5"
 
 
 def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
@@ -65,12 +69,24 @@ def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     sentinels = model.tokenizer.get("num_sentinel_tokens", 0)
     require_int(key(stage, "model.tokenizer.num_sentinel_tokens"), sentinels)
     common_checks(cfg, stage, will_exist)
+    _span_corruption_room(model, seq, decoder_seq, int(sentinels), stage)
+
+
+# The model-level position settings megatron-core's T5Model takes once for both blocks, and
+# the values the job builds it with when the recipe leaves them out (jobs/models/t5.py).
+SHARED_POSITION_KEYS = {
+    "position_embedding_type": "learned_absolute",
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+}
 
 
 def _positions(model: Any, stage: str) -> None:
-    """The model's position embeddings (NeMo's top-level model.position_embedding_type) and
-    each block's (which follow it unless set): a documented type, and for the relative bias
-    whole numbers of buckets and of the largest distance."""
+    """The model's position embeddings (NeMo's top-level model.position_embedding_type): a
+    documented type, and for the relative bias whole numbers of buckets and of the largest
+    distance. megatron-core's T5Model takes one setting for both blocks, so a block's own
+    value (NeMo's recipes repeat them per block) must be the model's: a different one would be
+    ignored by the job yet recorded in the model's config."""
     for prefix, section in (("model", model), *((f"model.{b}", model[b]) for b in BLOCKS)):
         if "position_embedding_type" not in section:
             continue
@@ -79,6 +95,61 @@ def _positions(model: Any, stage: str) -> None:
         if kind == "relative":
             for name in ("relative_attention_num_buckets", "relative_attention_max_distance"):
                 require_int(key(stage, f"{prefix}.{name}"), section.get(name))
+    for name, default in SHARED_POSITION_KEYS.items():
+        used = model.get(name, default)
+        for block in BLOCKS:
+            if name in model[block] and model[block][name] != used:
+                raise ConfigError(
+                    key(stage, f"model.{block}.{name}"),
+                    f"{model[block][name]!r} differs from model.{name} {used!r}, which "
+                    "megatron-core's T5 uses for both blocks",
+                    f"Set model.{name} (the blocks follow it: ${{..{name}}}) and leave "
+                    f"model.{block}.{name} equal to it",
+                )
+
+
+def _span_corruption_room(
+    model: Any, seq: int, decoder_seq: int, sentinels: int, stage: str
+) -> None:
+    """Room for what megatron-core's T5MaskedWordPieceDataset writes for a sample: it takes up
+    to seq_length - 2 tokens and masks at most masked_lm_prob of them, each masked span
+    replaced by the next sentinel (an IndexError when they run out); the decoder reads a start
+    token, and a sentinel then the tokens for each span (an AssertionError when it is longer
+    than seq_length_dec). An imported Hugging Face T5 tokenizer brings its own sentinels and
+    is not pretrained on span corruption (the job says so)."""
+    if model.tokenizer.get("type") == HF_T5_TOKENIZER:
+        return
+    masked = masked_tokens_at_most(float(model.data.masked_lm_prob), seq)
+    max_ngram = require_int(
+        key(stage, "model.data.max_ngram_size"), model.data.get("max_ngram_size", 10), minimum=1
+    )
+    if sentinels < masked:
+        raise ConfigError(
+            key(stage, "model.tokenizer.num_sentinel_tokens"),
+            f"{sentinels} is fewer than the {masked} masked spans a sample of seq_length {seq} "
+            f"can hold (masked_lm_prob x (seq_length - 2), each span possibly one token)",
+            f"Set it to at least {masked}",
+        )
+    # A full sample masks that many tokens, in spans of at most max_ngram_size tokens (words,
+    # with whole-word masking: of any number of tokens).
+    longest_span = 0 if model.data.get("whole_word_masking", True) else max_ngram
+    spans = math.ceil(masked / longest_span) if longest_span else min(masked, 1)
+    least = 1 + masked + spans
+    if decoder_seq < least:
+        raise ConfigError(
+            key(stage, "model.data.seq_length_dec"),
+            f"{decoder_seq} is shorter than the decoder input of a sample of seq_length {seq}: "
+            f"a start token, {masked} masked tokens and a sentinel for each of at least "
+            f"{spans} span(s)",
+            f"Set it to at least {least} ({1 + 2 * masked} holds even a sample whose spans "
+            "are all one token long)",
+        )
+
+
+def masked_tokens_at_most(probability: float, seq: int) -> int:
+    """The most tokens megatron-core's T5 masking replaces in a sample: its count is at most
+    masked_lm_prob x the sample's target length (seq_length - 2: room for <bos> and <eos>)."""
+    return math.floor(probability * (seq - 2))
 
 
 def check_base(base: Any, model: Any, par: Any, stage: str, name: str) -> None:
@@ -221,6 +292,7 @@ T5 = register(
             }
         ),
         hf_architecture=hf_architecture,
+        sentence_data=True,
         runtime="launcher_scripts.jobs.models.t5",
         check_base=check_base,
         portable_shapes=portable_shapes,

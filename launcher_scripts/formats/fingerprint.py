@@ -6,6 +6,8 @@ The record of an output `X` (a file, or a dataset prefix) is `X.meta.json`, a JS
 
     {"settings": {...},                       what changes the output: a vocab size, a flag
      "tokenizer": {"<role>": "<sha256>"},     content hashes of the tokenizer files used
+     "tokenizer_files": {"<role>": "<path>"}, where they were (for messages only: a moved
+                                              tokenizer is the same tokenizer)
      "inputs": {"<path>": {"size", "mtime_ns"}}}  each input as it was (a folder: a summary)
 
 A record is written before the file that marks the output complete (a .model, an .idx, the
@@ -105,13 +107,15 @@ def make(
     tokenizer: Mapping[str, str | Path | None] | None = None,
 ) -> Fingerprint:
     """The fingerprint of an output made now from `inputs` with `tokenizer` (role -> file)."""
-    return {
+    files = {role: path for role, path in (tokenizer or {}).items() if path is not None}
+    made: Fingerprint = {
         "settings": dict(settings),
-        "tokenizer": {
-            role: file_hash(path) for role, path in (tokenizer or {}).items() if path is not None
-        },
+        "tokenizer": {role: file_hash(path) for role, path in files.items()},
         "inputs": {str(path): input_state(path) for path in inputs},
     }
+    if files:
+        made["tokenizer_files"] = {role: str(path) for role, path in files.items()}
+    return made
 
 
 def stale_reasons(recorded: Fingerprint | None, current: Fingerprint) -> list[str]:

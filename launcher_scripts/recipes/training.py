@@ -483,6 +483,7 @@ def check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
         return  # the tokenizer is the file's
     tokenizer = cfg.model.tokenizer
     library = tokenizer.get("library")
+    check_tokenizer_library(tokenizer, stage)
     files = [("model", tokenizer.get("model"))]
     if library == "megatron" or tokenizer.get("vocab_file"):
         files = [("vocab_file", tokenizer.get("vocab_file"))]
@@ -500,6 +501,30 @@ def check_inputs(cfg: Any, stage: str, will_exist: Any) -> None:
                 "Run the data_preparation recipe that writes it first (or in the same run), "
                 "or fix the path",
             )
+
+
+def check_tokenizer_library(tokenizer: Any, stage: str) -> None:
+    """The job reads the files the tokenizer section names (a `model` first), the export and
+    the serving read `library`: both must mean one tokenizer. A SentencePiece library with a
+    WordPiece vocab_file trains on WordPiece ids, then cannot export its tokenizer."""
+    library, model = tokenizer.get("library"), tokenizer.get("model")
+    if library == "sentencepiece" and not model:
+        given = tokenizer.get("vocab_file")
+        raise ConfigError(
+            key(stage, "model.tokenizer.model"),
+            "is not set, but tokenizer.library is sentencepiece, which reads a SentencePiece "
+            f".model{f', not the vocab_file {given} it names' if given else ''}",
+            "Set model to the .model file, or for a WordPiece vocab.txt set "
+            "tokenizer.library=megatron and tokenizer.type=BertWordPieceLowerCase (or "
+            "BertWordPieceCase)",
+        )
+    if library == "megatron" and model:
+        raise ConfigError(
+            key(stage, "model.tokenizer.model"),
+            f"is {model}, but tokenizer.library is megatron, which reads vocab_file (and "
+            "merge_file)",
+            "Set model=null, or for a SentencePiece model set tokenizer.library=sentencepiece",
+        )
 
 
 def check_restore(cfg: Any, stage: str, will_exist: Any) -> None:

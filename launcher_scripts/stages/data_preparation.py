@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from omegaconf import DictConfig
+
 from launcher_scripts.config.checks import (
     require_choice,
     require_file,
@@ -16,7 +18,9 @@ from launcher_scripts.config.checks import (
 )
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.families import family_of
+from launcher_scripts.families import DEFAULT as DEFAULT_FAMILY
+from launcher_scripts.families import FAMILIES, family_of
+from launcher_scripts.families.encoder_checks import WORDPIECE_TYPES
 from launcher_scripts.formats.shards import parse_file_numbers
 from launcher_scripts.formats.tokenizer import trained_tokenizer_file
 from launcher_scripts.jobspec import Command, JobSpec
@@ -42,10 +46,26 @@ INPUT_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 TOKENIZER_MODEL_TYPES = ("unigram", "bpe", "word", "char", "wordpiece")
 
 
+# A dataset prefix the stage writes -> the tokenizer files it tokenizes it with, by the role
+# preprocess records them under (model, vocab_file, merge_file).
+TokenizedWith = dict[str, dict[str, str]]
+# The preprocess program's option for each role.
+PREPROCESS_FLAGS = {
+    "model": "--tokenizer-model",
+    "vocab_file": "--vocab-file",
+    "merge_file": "--merge-file",
+}
+
+
 class Dataset(Protocol):
     def validate(self, ctx: StageContext) -> None: ...
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]: ...
+
+    def tokenized_with(self, ctx: StageContext) -> TokenizedWith:
+        """The indexed datasets its jobs write and the tokenizer of each (the training stage
+        compares it with its recipe's)."""
+        ...
 
 
 def output_stem(source: Path) -> str:
@@ -54,6 +74,36 @@ def output_stem(source: Path) -> str:
     for suffix in (".gz", ".jsonl", ".json"):
         name = name.removesuffix(suffix)
     return name
+
+
+@dataclass(frozen=True)
+class TextSettings:
+    """How custom_dataset tokenizes: its recipe's values, where null the training recipe's."""
+
+    split_sentences: bool
+    append_eod: bool
+    lower_case: bool
+    model_type: str  # of the tokenizer it trains
+
+
+def text_settings(cfg: DictConfig) -> TextSettings:
+    """The recipe's values, its nulls following `for_training` (the run's training recipe, or
+    GPT's when there is none): its family's kind of data, its tokenizer's kind and casing."""
+    follow = cfg.get("for_training") or {}
+    family = FAMILIES.get(str(follow.get("model_family") or DEFAULT_FAMILY))
+    tokenizer = follow.get("tokenizer_type")
+    wordpiece = follow.get("tokenizer_library") == "megatron" and tokenizer in WORDPIECE_TYPES
+    split, append_eod = cfg.get("split_sentences"), cfg.get("append_eod")
+    lower_case, model_type = cfg.get("lower_case"), cfg.train_tokenizer_args.get("model_type")
+    if split is None:
+        split = family is not None and family.sentence_data
+    if append_eod is None:
+        append_eod = not split  # sentence-split data marks a document by its sentences
+    if lower_case is None:
+        lower_case = tokenizer == "BertWordPieceLowerCase"
+    if model_type is None:
+        model_type = "wordpiece" if wordpiece else "bpe"
+    return TextSettings(bool(split), bool(append_eod), bool(lower_case), str(model_type))
 
 
 class CustomDataset:
@@ -75,9 +125,9 @@ class CustomDataset:
                 )
             seen[stem] = source
         require_fraction(stage_key(ctx, "max_bad_fraction"), cfg.max_bad_fraction)
-        for name in ("split_sentences", "lower_case"):
-            if not isinstance(cfg.get(name, False), bool):
-                raise ConfigError(stage_key(ctx, name), "is not true or false", "Fix it")
+        for name in ("split_sentences", "lower_case", "append_eod"):
+            if not isinstance(cfg.get(name), bool | None):
+                raise ConfigError(stage_key(ctx, name), "is not true, false or null", "Fix it")
         workers_args(ctx)
         if cfg.train_tokenizer:
             self._validate_training(ctx)
@@ -87,7 +137,8 @@ class CustomDataset:
     def _validate_training(self, ctx: StageContext) -> None:
         args = ctx.cfg.train_tokenizer_args
         prefix = stage_key(ctx, "train_tokenizer_args")
-        require_choice(f"{prefix}.model_type", args.model_type, TOKENIZER_MODEL_TYPES)
+        model_type = text_settings(ctx.cfg).model_type
+        require_choice(f"{prefix}.model_type", model_type, TOKENIZER_MODEL_TYPES)
         require_choice(f"{prefix}.input_format", args.input_format, ("text", "tsv"))
         require_int(f"{prefix}.vocab_size", args.vocab_size, minimum=8)
         for index, source in enumerate(self._tokenizer_inputs(ctx)):
@@ -134,17 +185,18 @@ class CustomDataset:
         """Whether the data is tokenized with a BERT WordPiece vocabulary (trained or given)."""
         cfg = ctx.cfg
         if cfg.train_tokenizer:
-            return str(cfg.train_tokenizer_args.model_type) == "wordpiece"
+            return text_settings(cfg).model_type == "wordpiece"
         return bool(cfg.vocab_file) and not cfg.merge_file
 
     @staticmethod
     def _trained_model(ctx: StageContext) -> Path:
         cfg, args = ctx.cfg, ctx.cfg.train_tokenizer_args
         prefix = Path(str(cfg.bpe_save_dir)) / str(args.model_prefix)
-        return trained_tokenizer_file(str(prefix), str(args.model_type))
+        return trained_tokenizer_file(str(prefix), text_settings(cfg).model_type)
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg, name = ctx.cfg, str(ctx.cfg.run.name)
+        settings = text_settings(cfg)
         files = [str(p) for p in self._inputs(ctx)]
         jobs = []
         if cfg.train_tokenizer:
@@ -155,17 +207,11 @@ class CustomDataset:
             args += self._tokenizer_args(ctx)
             args += workers_args(ctx)
             args += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
-            if not cfg.append_eod:
+            if not settings.append_eod:
                 args.append("--no-append-eod")
-            split = bool(cfg.get("split_sentences", False))
-            if split:
+            if settings.split_sentences:
                 args.append("--split-sentences")
-            # Megatron's names: sentence-split data ends in _sentence, other data in _document.
-            level = "sentence" if split else "document"
-            folder = Path(str(cfg.preprocessed_dir))
-            outputs = tuple(
-                str(folder / f"{output_stem(Path(f))}_{cfg.text_key}_{level}") for f in files
-            )
+            outputs = self._outputs(ctx)
             jobs.append(
                 make_job(
                     ctx,
@@ -179,17 +225,40 @@ class CustomDataset:
             )
         return jobs
 
-    def _tokenizer_args(self, ctx: StageContext) -> list[str]:
+    def _outputs(self, ctx: StageContext) -> tuple[str, ...]:
+        cfg = ctx.cfg
+        # Megatron's names: sentence-split data ends in _sentence, other data in _document.
+        level = "sentence" if text_settings(cfg).split_sentences else "document"
+        folder = Path(str(cfg.preprocessed_dir))
+        return tuple(
+            str(folder / f"{output_stem(source)}_{cfg.text_key}_{level}")
+            for source in self._inputs(ctx)
+        )
+
+    def tokenized_with(self, ctx: StageContext) -> TokenizedWith:
+        if not ctx.cfg.preprocess_data:
+            return {}
+        files = self._tokenizer_files(ctx)
+        return {output: files for output in self._outputs(ctx)}
+
+    def _tokenizer_files(self, ctx: StageContext) -> dict[str, str]:
+        """The tokenizer's files by the role preprocess takes them in (PREPROCESS_FLAGS)."""
         cfg = ctx.cfg
         if self._wordpiece(ctx):
             vocab = self._trained_model(ctx) if cfg.train_tokenizer else cfg.vocab_file
-            lower = ["--lower-case"] if cfg.get("lower_case", False) else []
-            return ["--vocab-file", str(vocab), *lower]
+            return {"vocab_file": str(vocab)}
         if cfg.train_tokenizer:
-            return ["--tokenizer-model", str(self._trained_model(ctx))]
+            return {"model": str(self._trained_model(ctx))}
         if cfg.merge_file:
-            return ["--vocab-file", str(cfg.vocab_file), "--merge-file", str(cfg.merge_file)]
-        return ["--tokenizer-model", str(cfg.tokenizer_model)]
+            return {"vocab_file": str(cfg.vocab_file), "merge_file": str(cfg.merge_file)}
+        return {"model": str(cfg.tokenizer_model)}
+
+    def _tokenizer_args(self, ctx: StageContext) -> list[str]:
+        files = self._tokenizer_files(ctx)
+        args = [arg for role, path in files.items() for arg in (PREPROCESS_FLAGS[role], path)]
+        if self._wordpiece(ctx) and text_settings(ctx.cfg).lower_case:
+            args.append("--lower-case")
+        return args
 
     def _train_tokenizer_job(self, ctx: StageContext, name: str) -> JobSpec:
         cfg, args = ctx.cfg, ctx.cfg.train_tokenizer_args
@@ -197,10 +266,11 @@ class CustomDataset:
         inputs = [str(p) for p in self._tokenizer_inputs(ctx)]
         argv = ["--input", *inputs, "--text-key", str(cfg.text_key)]
         argv += ["--model-prefix", str(Path(str(cfg.bpe_save_dir)) / str(args.model_prefix))]
-        argv += ["--input-format", str(args.input_format), "--model-type", str(args.model_type)]
+        settings = text_settings(cfg)
+        argv += ["--input-format", str(args.input_format), "--model-type", settings.model_type]
         for option in ("vocab_size", "character_coverage", "unk_id", "bos_id", "eos_id", "pad_id"):
             argv += [f"--{option.replace('_', '-')}", str(args[option])]
-        if cfg.get("lower_case", False):
+        if settings.lower_case:
             argv.append("--lower-case")
         return make_job(
             ctx,
@@ -317,11 +387,7 @@ class PileDataset:
         numbers = self._numbers(ctx)
         array = array_size(ctx, len(numbers))
         shards = ("--file-numbers", spec, "--name-format", self.shard_name)
-        tokenizer = TOKENIZER_TYPES[cfg.tokenizer_type]
-        vocab = str(Path(str(cfg.vocab_save_dir)) / tokenizer.vocab_name)
-        merges = None
-        if tokenizer.merges_name:
-            merges = str(Path(str(cfg.merges_save_dir)) / tokenizer.merges_name)
+        vocab, merges = self._tokenizer_files(ctx)
         downloaded = tuple(str(Path(data_dir) / self.shard_name.format(n)) for n in numbers)
         extracted = tuple(str(self._extracted(ctx, n)) for n in numbers)
         jobs = []
@@ -345,6 +411,30 @@ class PileDataset:
             jobs.append(self._preprocess_job(ctx, extracted, numbers, vocab, merges, array))
         return jobs
 
+    @staticmethod
+    def _tokenizer_files(ctx: StageContext) -> tuple[str, str | None]:
+        """Where the tokenizer's vocabulary (and merges, if its type has them) are saved."""
+        cfg = ctx.cfg
+        tokenizer = TOKENIZER_TYPES[cfg.tokenizer_type]
+        vocab = str(Path(str(cfg.vocab_save_dir)) / tokenizer.vocab_name)
+        merges = None
+        if tokenizer.merges_name:
+            merges = str(Path(str(cfg.merges_save_dir)) / tokenizer.merges_name)
+        return vocab, merges
+
+    def _outputs(self, ctx: StageContext, numbers: list[int]) -> tuple[str, ...]:
+        data_dir, prefix = str(ctx.root.data_dir), self._output_prefix(ctx)
+        # Megatron's names: sentence-split data ends in _sentence, other data in _document.
+        level = "sentence" if ctx.cfg.split_sentences else "document"
+        return tuple(str(Path(data_dir) / f"{prefix}{n:02d}_text_{level}") for n in numbers)
+
+    def tokenized_with(self, ctx: StageContext) -> TokenizedWith:
+        if not ctx.cfg.preprocess_data:
+            return {}
+        vocab, merges = self._tokenizer_files(ctx)
+        files = {"vocab_file": vocab, **({"merge_file": merges} if merges else {})}
+        return {output: files for output in self._outputs(ctx, self._numbers(ctx))}
+
     def _preprocess_job(
         self,
         ctx: StageContext,
@@ -364,9 +454,7 @@ class PileDataset:
         args += ("--split-sentences",) if split else ()
         args += workers_args(ctx)
         args += ("--remove-inputs",) if cfg.rm_extracted else ()
-        # Megatron's names: sentence-split data ends in _sentence, other data in _document.
-        level = "sentence" if split else "document"
-        outputs = tuple(str(Path(data_dir) / f"{prefix}{n:02d}_text_{level}") for n in numbers)
+        outputs = self._outputs(ctx, numbers)
         # Task i tokenizes exactly the shards extract task i wrote (both share by rank).
         chained = bool(cfg.download_the_pile)
         name = f"{cfg.run.name}-preprocess"
@@ -404,3 +492,12 @@ class DataPreparation(StageDefaults):
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         return self._dataset(ctx).jobs(ctx)
+
+
+def tokenized_with(root: DictConfig) -> TokenizedWith:
+    """The indexed datasets the run's data_preparation stage writes, each with the tokenizer it
+    is made with; none when the run has no such stage."""
+    if DataPreparation.name not in root:
+        return {}
+    ctx = StageContext(root, DataPreparation.name)
+    return DataPreparation()._dataset(ctx).tokenized_with(ctx)

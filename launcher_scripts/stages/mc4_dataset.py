@@ -155,6 +155,14 @@ class Mc4Dataset:
     def _dirs(ctx: StageContext) -> tuple[Path, Path]:
         return Path(str(ctx.cfg.c4_dir)), Path(str(ctx.cfg.preprocessed_dir))
 
+    def tokenized_with(self, ctx: StageContext) -> dict[str, dict[str, str]]:
+        """Each language's dataset, made with the recipe's SentencePiece model."""
+        if not ctx.cfg.preprocess_data:
+            return {}
+        _, output = self._dirs(ctx)
+        files = {"model": str(ctx.cfg.tokenizer_model)}
+        return {str(dataset_prefix(output, lang)): files for lang, _ in self.languages(ctx)}
+
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg, name = ctx.cfg, str(ctx.cfg.run.name)
         languages = self.languages(ctx)

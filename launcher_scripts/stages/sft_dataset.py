@@ -162,6 +162,9 @@ class SquadSftDataset:
         self._conversions(ctx)
         require_fraction(stage_key(ctx, "max_bad_fraction"), ctx.cfg.max_bad_fraction)
 
+    def tokenized_with(self, ctx: StageContext) -> dict[str, dict[str, str]]:
+        return {}  # JSONL records, tokenized by the tuning job
+
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         return squad_jobs(ctx, self._conversions(ctx))
 
@@ -200,6 +203,9 @@ class XquadSftDataset:
                     key, f"{source} (language {language}) does not exist", self.FIX.format(key=key)
                 )
         require_fraction(stage_key(ctx, "max_bad_fraction"), ctx.cfg.max_bad_fraction)
+
+    def tokenized_with(self, ctx: StageContext) -> dict[str, dict[str, str]]:
+        return {}  # JSONL records, tokenized by the tuning job
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         return squad_jobs(ctx, self._conversions(ctx))
@@ -266,6 +272,9 @@ class DollySftDataset:
         self._outputs(ctx, source)
         require_int(stage_key(ctx, "seed"), ctx.cfg.seed, minimum=0)
         require_fraction(stage_key(ctx, "max_bad_fraction"), ctx.cfg.max_bad_fraction)
+
+    def tokenized_with(self, ctx: StageContext) -> dict[str, dict[str, str]]:
+        return {}  # JSONL records, tokenized by the tuning job
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg

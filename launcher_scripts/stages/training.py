@@ -11,8 +11,9 @@ from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import ModelFamily, family_of, running
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.recipes import data_tokenizer, vocabulary
 from launcher_scripts.recipes import training as recipe
-from launcher_scripts.recipes import vocabulary
+from launcher_scripts.stages import data_preparation
 from launcher_scripts.stages.base import (
     StageContext,
     StageDefaults,
@@ -43,6 +44,12 @@ class Training(StageDefaults):
             raise _naming_the_runs_data(error, ctx, family) from None
         require_job_program(ctx, "model_family", family.name, family.runs("training"))
         prefixes = recipe.data_blend(ctx.cfg, ctx.stage).prefixes
+        planned = {
+            prefix: files
+            for prefix, files in data_preparation.tokenized_with(ctx.root).items()
+            if ctx.written_upstream(prefix)
+        }
+        data_tokenizer.check_data_tokenizer(ctx.cfg, ctx.stage, prefixes, planned)
         vocabulary.check_training_data(ctx.cfg, ctx.stage, prefixes)
         plan = family.plan(ctx.root, ctx.stage)
         training_plan.check_fits(plan, ctx.stage)

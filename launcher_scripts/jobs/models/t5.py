@@ -51,10 +51,10 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from omegaconf import OmegaConf
 
+from launcher_scripts.families.t5 import HF_T5_TOKENIZER, masked_tokens_at_most
 from launcher_scripts.families.t5_hf_config import SENTINEL, hf_t5_tokens
 from launcher_scripts.jobs.models import t5_hf, t5_tuning, transformer
 from launcher_scripts.jobs.models.base import ModelRuntime, token_loss
-from launcher_scripts.jobs.models.t5_hf import HF_T5_TOKENIZER
 from launcher_scripts.jobs.models.t5_masks import attention_masks
 from launcher_scripts.jobs.models.transformer import LocalNorm
 from launcher_scripts.jobs.training import data
@@ -187,6 +187,26 @@ def data_tokenizer(cfg: Any) -> SpanCorruptionVocab:
     return _wordpiece(Path(str(tokenizer.vocab_file)), sentinels)
 
 
+class SpanCorruptionDataset(T5MaskedWordPieceDataset):
+    """megatron-core's T5 dataset, whose one reachable assertion (a sample's decoder input
+    longer than seq_length_dec: many short spans) is one line naming the key. Preflight
+    refuses a length no full sample fits; this is the rarer sample whose spans are short."""
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        try:
+            return super().__getitem__(idx)
+        except AssertionError:
+            longest = 1 + 2 * masked_tokens_at_most(
+                self.config.masking_probability, self.config.sequence_length
+            )
+            raise JobError(
+                f"training.model.data.seq_length_dec: {self.config.sequence_length_decoder} "
+                f"does not hold the decoder input of sample {idx} (a start token, and a "
+                f"sentinel and the tokens of each masked span): set it to {longest}, which "
+                "holds any sample"
+            ) from None
+
+
 def build_datasets(
     cfg: Any, vocab: SpanCorruptionVocab, samples: tuple[int, int, int], cache_dir: Path
 ) -> tuple[Any, Any, Any]:
@@ -202,7 +222,7 @@ def build_datasets(
     data_cfg = cfg.model.data
     return data.build_splits(
         cfg,
-        T5MaskedWordPieceDataset,
+        SpanCorruptionDataset,
         T5MaskedWordPieceDatasetConfig,
         vocab,
         samples,

@@ -18,7 +18,13 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher_scripts.families import t5_hf_config
-from launcher_scripts.families.t5 import HF_FEED_FORWARD, MT5_CLASS, T5, hf_architecture
+from launcher_scripts.families.t5 import (
+    HF_FEED_FORWARD,
+    HF_T5_TOKENIZER,
+    MT5_CLASS,
+    T5,
+    hf_architecture,
+)
 from launcher_scripts.families.t5_hf_config import hf_t5_tokens
 from launcher_scripts.formats.safetensors_stream import Reader, StreamedTensor, TensorSource
 from launcher_scripts.jobs.models.base import HfImportError, HfModel
@@ -322,11 +328,6 @@ def _layer_pieces(stack: str, heads: int, head_dim: int, gated: bool) -> dict[st
             f"{ours}cross_attention.linear_proj.weight": fetch("1.EncDecAttention.o.weight"),
         }
     return pieces
-
-
-# tokenizer.type of a Hugging Face T5 tokenizer (tokenizer.model: its tokenizer.json or
-# spiece.model), whose ids an imported model has
-HF_T5_TOKENIZER = "hf_t5"
 
 
 def import_hf(
