@@ -143,6 +143,12 @@ def test_peft_file_holds_only_the_adapters(lora: Path, tiny_portable: Path) -> N
     assert all(".peft." in key for key in loaded.tensors), sorted(loaded.tensors)
     layers = portable.read_config(tiny_portable).num_layers
     assert len(loaded.tensors) == layers * 4 * 2  # A and B for four linears per layer
+    # What its readers compare a base with (families/file_family.py).
+    assert loaded.config.base_model == str(tiny_portable)
+    assert (loaded.config.model_family, loaded.config.base_architecture) == (
+        "gpt",
+        "GPT2LMHeadModel",
+    )
     assert path.stat().st_size < 0.1 * tiny_portable.stat().st_size
 
 

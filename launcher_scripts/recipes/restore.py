@@ -66,18 +66,6 @@ def _value(section: Any, name: str) -> Any:
     return value
 
 
-def check_family(cfg: Any, file_model: Any, stage: str, name: str) -> None:
-    """The file holds a model of the recipe's family (`name`: the file's name, for messages).
-    Files and recipes that name no family are the default one's: they are not compared."""
-    held, trained = file_model.get("model_family"), cfg.get("model_family")
-    if held and trained and held != trained:
-        raise ConfigError(
-            f"{stage}.{RESTORE_KEY}",
-            f"{name} holds a {held} model and this recipe trains {trained} ones",
-            f"Give a {trained} model's file, or a {held} recipe",
-        )
-
-
 def check_architecture(recipe_model: Any, file_model: Any, stage: str, where: str) -> None:
     """ConfigError naming the first architecture key the recipe states differently from the
     file (`where`: how to name the file in the message)."""

@@ -528,8 +528,9 @@ def check_tokenizer_library(tokenizer: Any, stage: str) -> None:
 
 
 def check_restore(cfg: Any, stage: str, will_exist: Any) -> None:
-    """model.restore_from_path: a portable file of this recipe's family and architecture, or
-    one an earlier stage of the run writes (the job checks that one when it starts)."""
+    """model.restore_from_path: a portable file of this recipe's architecture, or one an
+    earlier stage of the run writes (the job checks that one when it starts). Its family the
+    training stage checks first (families/file_family.py)."""
     name = key(stage, restore.RESTORE_KEY)
     path = Path(str(restore.restore_path(cfg.model)))
     if not path.is_file():
@@ -545,7 +546,6 @@ def check_restore(cfg: Any, stage: str, will_exist: Any) -> None:
         summary = inspect_portable(path)
     except PortableFileError as error:
         raise ConfigError(name, str(error), "Give a whole portable .nemo model file") from None
-    restore.check_family(cfg, summary.config, stage, path.name)
     rows = summary.shapes[EMBEDDINGS][0]
     restore.restored_model(cfg.model, summary.config, rows, stage)
 

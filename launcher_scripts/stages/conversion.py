@@ -12,6 +12,7 @@ from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_int, require_layout
 from launcher_scripts.errors import ConfigError, HfImportError, RecipeError
 from launcher_scripts.families import DEFAULT, FAMILIES, family_mismatch, family_of
+from launcher_scripts.families.file_family import HF_EXPORT_READER, require_family, require_pair
 from launcher_scripts.formats.portable_check import require_peft, require_portable
 from launcher_scripts.formats.safetensors_stream import INDEX, SINGLE, SafetensorsError
 from launcher_scripts.jobspec import Command, JobSpec, Resources
@@ -155,21 +156,26 @@ class Conversion(StageDefaults):
                 f"Export a model of one of: {', '.join(exported)}",
             )
         model_file = Path(str(cfg.nemo_file))
+        model = None
         if model_file.exists() or not ctx.will_exist(model_file):
             model = require_portable(model_file, f"{stage}.nemo_file")
+            require_family(model, family, f"{stage}.nemo_file", model_file, HF_EXPORT_READER)
             family.hf_architecture(model, key_prefix=f"{model_file} model")
         peft = cfg.get("peft_file")
         if peft is None:
             return
         peft_path = Path(str(peft))
         if peft_path.exists() or not ctx.will_exist(peft_path):
-            scheme = require_peft(peft_path, f"{stage}.peft_file").peft.get("scheme")
+            tuned = require_peft(peft_path, f"{stage}.peft_file")
+            scheme = tuned.peft.get("scheme")
             if scheme != "lora":
                 raise ConfigError(
                     f"{stage}.peft_file",
                     f"{peft_path} holds {scheme}, and only LoRA folds into the weights",
                     "Give a LoRA PEFT file, or set it to null to export the base model",
                 )
+            if model is not None:
+                require_pair(tuned, f"{stage}.peft_file", peft_path, model, model_file)
 
     @staticmethod
     def _check_checkpoint(ctx: StageContext) -> None:

@@ -10,7 +10,13 @@ from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_choice, require_int, require_layout
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.families import family_of, running
+from launcher_scripts.families import ModelFamily, family_of, running
+from launcher_scripts.families.file_family import (
+    evaluation_reader,
+    require_family,
+    require_pair,
+    require_peft_family,
+)
 from launcher_scripts.formats.portable_check import require_peft
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes import evaluation as recipe
@@ -49,14 +55,15 @@ class Evaluation(StageDefaults):
         runnable = family.runs(f"evaluation:{kind}")
         require_job_program(ctx, "evaluation_kind", f"{kind} evaluation of {family.name}", runnable)
         if runnable and kind == "harness":
-            self._validate_harness(ctx)
+            self._validate_harness(ctx, family)
         elif runnable:
-            self._validate_tuned(ctx)
+            self._validate_tuned(ctx, family)
         else:
             self._validate_layout(ctx)
 
-    def _validate_tuned(self, ctx: StageContext) -> None:
+    def _validate_tuned(self, ctx: StageContext, family: ModelFamily) -> None:
         cfg, stage = ctx.cfg, ctx.stage
+        reader = evaluation_reader("fine_tuned", cfg.get("peft_method"))
         tp, pp = self._validate_layout(ctx)
         for key, path in self._tuned_inputs(cfg):
             if not path.exists() and not ctx.will_exist(path):
@@ -68,13 +75,19 @@ class Evaluation(StageDefaults):
         model_file = evaluate_tuned.model_file_of(cfg.model)
         inputs = dict(self._tuned_inputs(cfg))
         base_key = next(iter(inputs))
+        model = None
         if model_file.is_file():
             model = recipe.portable_model_config(model_file, f"{stage}.{base_key}")
+            require_family(model, family, f"{stage}.{base_key}", model_file, reader)
             require_layout(model, tp, pp, f"{stage}.model")
         for key in evaluate_tuned.PEFT_KEYS:
             path = inputs.get(f"model.{key}")
             if path is not None and path.is_file():
-                require_peft(path, f"{stage}.model.{key}")
+                tuned = require_peft(path, f"{stage}.model.{key}")
+                if model is None:
+                    require_peft_family(tuned, family, f"{stage}.model.{key}", path, reader)
+                else:
+                    require_pair(tuned, f"{stage}.model.{key}", path, model, model_file)
 
     @staticmethod
     def _tuned_inputs(cfg: Any) -> list[tuple[str, Path]]:
@@ -103,7 +116,7 @@ class Evaluation(StageDefaults):
         )
         return tp, pp
 
-    def _validate_harness(self, ctx: StageContext) -> None:
+    def _validate_harness(self, ctx: StageContext, family: ModelFamily) -> None:
         cfg, stage = ctx.cfg, ctx.stage
         self._check_nemo_keys(ctx)
         model_file = ctx.require_input(
@@ -124,6 +137,9 @@ class Evaluation(StageDefaults):
         model = self._model(ctx, model_file)
         if model is None:
             return
+        if model_file.is_file():
+            reader = evaluation_reader("harness", None)
+            require_family(model, family, f"{stage}.model.nemo_model", model_file, reader)
         require_layout(model, tp, pp, f"{stage}.model")
         if model_file.is_file():
             recipe.check_precision(

@@ -8,6 +8,7 @@ from pathlib import Path
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import family_of
+from launcher_scripts.families.file_family import EXPORT_READER, require_family
 from launcher_scripts.formats.portable_check import require_portable
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes.generation_params import GenerationParams
@@ -41,8 +42,10 @@ class Export(StageDefaults):
         )
         if model_file.exists() and not ctx.written_upstream(model_file):
             # Before the job replaces a repository that serves: a file that cannot be served
-            # (cut short, a PEFT file) is refused here.
-            require_portable(model_file, f"{stage}.model.nemo_file")
+            # (cut short, a PEFT file, another family's model) is refused here.
+            key = f"{stage}.model.nemo_file"
+            model = require_portable(model_file, key)
+            require_family(model, family, key, model_file, EXPORT_READER)
         name = str(cfg.triton_deployment.model_name)
         if not MODEL_NAME.fullmatch(name):
             raise ConfigError(

@@ -9,6 +9,7 @@ from typing import Any
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import RecipeError
 from launcher_scripts.families import family_of, running
+from launcher_scripts.families.file_family import require_family, require_pair, tuning_reader
 from launcher_scripts.formats.portable_check import require_peft, require_portable
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
@@ -65,24 +66,25 @@ class TuningStage(StageDefaults):
                     f"{length_key}: {seq} does not split over "
                     f"tensor_model_parallel_size {par.tensor} (sequence_parallel): use a multiple"
                 )
-        if spec.base_model.is_file():
-            self._check_base(spec, family, cfg.model, par, stage)
+        base = self._check_base(spec, family, cfg.model, par, stage)
         if spec.peft_restore is not None and spec.peft_restore.is_file():
-            restore = "peft.restore_from_path" if stage == "peft" else "restore_path"
-            require_peft(spec.peft_restore, f"{stage}.model.{restore}")
+            restore = f"{stage}.model." + (
+                "peft.restore_from_path" if stage == "peft" else "restore_path"
+            )
+            tuned = require_peft(spec.peft_restore, restore)
+            if base is not None:
+                require_pair(tuned, restore, spec.peft_restore, base, spec.base_model)
 
     @staticmethod
-    def _check_base(spec, family, model, par, stage: str) -> None:  # type: ignore[no-untyped-def]
+    def _check_base(spec, family, model, par, stage: str) -> Any:  # type: ignore[no-untyped-def]
+        """The base model's section, checked to take the recipe; None before it exists."""
+        if not spec.base_model.is_file():
+            return None
         base = require_portable(
             spec.base_model, spec.base_key, "Give the .nemo file the conversion stage writes"
         )
-        base_family = family_of(base, spec.base_key)
-        if base_family is not family:
-            raise RecipeError(
-                f"{spec.base_key}: {spec.base_model.name} holds a {base_family.name} model and "
-                f"this recipe tunes {family.name} ones: give a {family.name} model, or the "
-                f"{base_family.name} recipe"
-            )
+        family_of(base, spec.base_key)  # a family this version knows
+        require_family(base, family, spec.base_key, spec.base_model, tuning_reader(stage))
         assert family.check_base is not None, family.name
         family.check_base(base, model, par, stage, f"{spec.base_key} ({spec.base_model.name})")
         if spec.peft is not None:
@@ -95,6 +97,7 @@ class TuningStage(StageDefaults):
                     "attention_qkv, attention_dense, mlp_fc1, mlp_fc2"
                 )
         check_positions(spec, base)
+        return base
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         cfg = ctx.cfg

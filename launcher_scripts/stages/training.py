@@ -9,9 +9,11 @@ from launcher_scripts.config.schema import Declared
 from launcher_scripts.costmodel import plan as training_plan
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import ModelFamily, family_of, running
+from launcher_scripts.families.file_family import RESTORE_READER, require_family
+from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
-from launcher_scripts.recipes import data_tokenizer, vocabulary
+from launcher_scripts.recipes import data_tokenizer, restore, vocabulary
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.stages import data_preparation
 from launcher_scripts.stages.base import (
@@ -27,6 +29,20 @@ TRAINED = (("model_family", running("training")),)  # the families the training 
 RESTORED = (("model_family", running("training:restore")),)
 
 
+def _check_restored_family(ctx: StageContext, family: ModelFamily) -> None:
+    """Continued pretraining's file holds a model of the recipe's family (before the
+    family's checks compare the file's architecture with the recipe's)."""
+    path = restore.restore_path(ctx.cfg.model)
+    if path is None or not Path(path).is_file():
+        return  # the recipe's checks name a missing file, or the job checks it when written
+    try:
+        model = inspect_portable(path).config
+    except PortableFileError:
+        return  # the recipe's checks name the damage and the key
+    where = f"{ctx.stage}.{restore.RESTORE_KEY}"
+    require_family(model, family, where, path, RESTORE_READER)
+
+
 @register
 class Training(StageDefaults):
     name = "training"
@@ -38,6 +54,7 @@ class Training(StageDefaults):
 
     def validate(self, ctx: StageContext) -> None:
         family = family_of(ctx.cfg, ctx.stage)
+        _check_restored_family(ctx, family)
         try:
             family.validate(ctx.cfg, ctx.stage, ctx.will_exist)
         except ConfigError as error:

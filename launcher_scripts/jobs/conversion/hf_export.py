@@ -20,6 +20,8 @@ from launcher_scripts.jobs.config_job import run_config_job
 
 
 def hf_export(cfg: DictConfig) -> None:
+    from launcher_scripts.errors import ConfigError
+    from launcher_scripts.families.file_family import pair_problem
     from launcher_scripts.files import replaced_directory
     from launcher_scripts.formats import portable
     from launcher_scripts.formats.portable_check import inspect_peft, inspect_portable
@@ -31,9 +33,11 @@ def hf_export(cfg: DictConfig) -> None:
     lora_file = Path(str(cfg.peft_file)) if cfg.get("peft_file") else None
     # Both whole before anything is loaded or written (preflight may have run before an
     # earlier stage wrote them).
-    inspect_portable(model_file)
+    base = inspect_portable(model_file).config
     if lora_file is not None:
-        inspect_peft(lora_file)
+        problem = pair_problem(inspect_peft(lora_file).config, lora_file, base, model_file)
+        if problem is not None:
+            raise ConfigError("conversion.peft_file", *problem)
     output = Path(str(cfg.run.output_path))
     with tempfile.TemporaryDirectory() as scratch:
         loaded = portable.read(model_file, Path(scratch))

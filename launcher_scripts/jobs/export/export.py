@@ -24,15 +24,25 @@ from launcher_scripts.recipes.triton_interface import generation_defaults
 
 
 def export(cfg: DictConfig) -> None:
+    from launcher_scripts.errors import ConfigError
+    from launcher_scripts.families import family_of
+    from launcher_scripts.families.file_family import EXPORT_READER, family_problem
+    from launcher_scripts.formats.portable_check import inspect_portable
     from launcher_scripts.jobs.export.repository import MODEL_FILE, VERSION, write_repository
     from launcher_scripts.jobs.inference.generation import GenerationParams, generate
     from launcher_scripts.jobs.inference.runner import close_runner
     from launcher_scripts.jobs.inference.served import open_served
 
+    model_file = Path(str(cfg.model.nemo_file))
+    # The preflight's check again, for a file an earlier stage of the run wrote.
+    problem = family_problem(
+        inspect_portable(model_file).config, family_of(cfg, "export"), model_file, EXPORT_READER
+    )
+    if problem is not None:
+        raise ConfigError("export.model.nemo_file", *problem)
     deployment = cfg.triton_deployment
     defaults = generation_defaults(cfg)
     GenerationParams(**defaults).check()
-    model_file = Path(str(cfg.model.nemo_file))
     repository = Path(str(deployment.model_repository))
     prompt = str(cfg.check.prompt)
     with replaced_directory(repository) as partial:
@@ -65,10 +75,11 @@ def export(cfg: DictConfig) -> None:
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:
+    from launcher_scripts.errors import ConfigError
     from launcher_scripts.formats.tokenizer import TokenizerError
     from launcher_scripts.jobs.inference.runner import InferenceError
 
-    return (InferenceError, TokenizerError, ValueError)
+    return (ConfigError, InferenceError, TokenizerError, ValueError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -91,6 +91,29 @@ def results_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + f"\n\n{results['samples']} samples\n"
 
 
+def _check_families(cfg: DictConfig) -> None:
+    """The preflight's check again, for files an earlier stage of the run wrote: the model
+    file is of the recipe's family, and a PEFT file was tuned on a base of that family."""
+    from launcher_scripts.families import family_of
+    from launcher_scripts.families.file_family import (
+        evaluation_reader,
+        family_problem,
+        pair_problem,
+    )
+    from launcher_scripts.formats.portable_check import inspect_peft, inspect_portable
+    from launcher_scripts.jobs.training.runtime import JobError
+
+    base_file = model_file_of(cfg.model)
+    base = inspect_portable(base_file).config
+    reader = evaluation_reader("fine_tuned", cfg.get("peft_method"))
+    problem = family_problem(base, family_of(cfg, "evaluation"), base_file, reader)
+    tuned = peft_file_of(cfg.model)
+    if problem is None and tuned is not None:
+        problem = pair_problem(inspect_peft(tuned).config, tuned, base, base_file)
+    if problem is not None:
+        raise JobError(". ".join(problem))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the evaluation stage's resolved YAML")
@@ -119,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         int(model.pipeline_model_parallel_size),
     )
     try:
+        _check_families(cfg)
         opened = open_model(model_file_of(model), tensor, pipeline, on_gpu)
         side = runtime_of(family_of(opened.config, "model")).tuning
         if side is None:

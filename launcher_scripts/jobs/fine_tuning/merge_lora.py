@@ -13,6 +13,7 @@ import torch
 
 # The families register the tensor shapes inspect_portable checks a model file's weights against.
 import launcher_scripts.families  # noqa: F401
+from launcher_scripts.families.file_family import pair_problem
 from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable_check import inspect_peft, inspect_portable
 from launcher_scripts.jobs.fine_tuning import peft_file
@@ -49,6 +50,11 @@ def merged(
         base_key, index = base_weight(key)
         if base_key not in out:
             raise MergeError(f"the base model has no {base_key} for {key}")
+        if index >= out[base_key].shape[0]:
+            raise MergeError(
+                f"{key} adapts layer {index + 1}, but the base model's {base_key} has "
+                f"{out[base_key].shape[0]} layers: was the PEFT file tuned on this base model?"
+            )
         b = lora[key.removesuffix("lora_a") + "lora_b"]
         if out[base_key] is tensors[base_key]:  # first update of this weight: copy it
             out[base_key] = tensors[base_key].clone()
@@ -75,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.output.resolve() in (args.base.resolve(), args.peft.resolve()):
             raise MergeError("the output must not overwrite an input: choose another path")
         # Both whole and readable before anything is loaded or written.
-        inspect_portable(args.base)
-        inspect_peft(args.peft)
+        base_model = inspect_portable(args.base).config
+        problem = pair_problem(inspect_peft(args.peft).config, args.peft, base_model, args.base)
+        if problem is not None:
+            raise MergeError(". ".join(problem))
         lora = peft_file.read(args.peft)
         with tempfile.TemporaryDirectory() as scratch:
             base = portable.read(args.base, Path(scratch))

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from launcher_scripts.families import family_of
+from launcher_scripts.families.file_family import peft_record
 from launcher_scripts.files import write_atomic
 from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable import Portable
@@ -269,7 +270,9 @@ class FineTuner(Trainer):
             if self.rank == 0 and tensors is not None:
                 extra = {
                     "stage": spec.stage,
-                    "base_model": str(spec.base_model),
+                    # Its base's path, family and architecture: what readers compare their
+                    # base with (families/file_family.py).
+                    **peft_record(self.base.config, spec.base_model),
                     "data": {
                         "virtual_tokens": spec.virtual_tokens,
                         "prompt_template": str(spec.train.section.get("prompt_template") or ""),

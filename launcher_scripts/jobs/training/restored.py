@@ -14,6 +14,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from launcher_scripts.families import family_of
+from launcher_scripts.families.file_family import RESTORE_READER, family_problem
 from launcher_scripts.files import replaced_directory
 from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable import EMBEDDINGS
@@ -35,7 +37,9 @@ def open_restored(cfg: Any, stage: str = "training") -> portable.Portable | None
         summary = inspect_portable(path)
     except PortableFileError as error:
         raise JobError(f"{where}: {error}") from None
-    restore.check_family(cfg, summary.config, stage, Path(path).name)
+    problem = family_problem(summary.config, family_of(cfg, stage), path, RESTORE_READER)
+    if problem is not None:
+        raise JobError(f"{where}: {'. '.join(problem)}")
     home = Path(str(cfg.exp_manager.explicit_log_dir)) / TOKENIZER_HOME
     if dist.get_rank() == 0:
         with replaced_directory(home) as partial:
