@@ -361,6 +361,22 @@ def test_a_long_document_reaches_the_engine_in_bounded_pieces_with_the_same_ids(
     assert [done for done, _ in reports] == sorted({done for done, _ in reports})
 
 
+def test_a_tokenizer_whose_pieces_span_spaces_gets_long_documents_whole(
+    corpus: list[str], tmp_path: Path
+) -> None:
+    """Cutting at spaces would change the ids of a SentencePiece model trained with
+    split_by_whitespace=false, whatever the probe texts show."""
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=600,
+        character_coverage=1.0, model_type="bpe", split_by_whitespace=False, minloglevel=2,
+    )  # fmt: skip
+    tokenizer = load_tokenizer(TokenizerSpec(model=str(tmp_path / "sp.model")))
+    assert tokenizer.cut_style() is None
+    long = " ".join(corpus * 2)
+    flat, _lengths = tokenizer.encode_documents([long], np.uint32, append_eod=False)
+    assert flat.tolist() == tokenizer.encode_batch([long])[0]
+
+
 def test_gigatoken_check_is_remembered(
     corpus: list[str], bpe: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

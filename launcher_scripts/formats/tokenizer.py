@@ -132,6 +132,17 @@ class SentencePieceEngine:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.processor.encode(texts, out_type=int, num_threads=1)
 
+    def splits_at_spaces(self) -> bool:
+        """Whether no piece spans a space (the trainer's split_by_whitespace, its default):
+        what cutting a long document at spaces needs, beyond what the probe texts show."""
+        try:
+            from sentencepiece import sentencepiece_model_pb2
+        except ImportError:  # protobuf absent: the probe texts alone decide
+            return True
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(self.processor.serialized_model_proto())
+        return bool(model.trainer_spec.split_by_whitespace)
+
     def encode_documents(
         self, texts: list[str], dtype: type[np.number], eod: int | None
     ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
@@ -252,7 +263,8 @@ class DocumentTokenizer:
     def cut_style(self) -> str | None:
         """How a long document may be cut without changing its ids (long_documents.py)."""
         if not hasattr(self, "_cut_style"):
-            self._cut_style = long_documents.cut_style(self.engine.encode_batch)
+            splits = getattr(self.engine, "splits_at_spaces", lambda: True)()
+            self._cut_style = long_documents.cut_style(self.engine.encode_batch) if splits else None
         return self._cut_style
 
     def encode_sentences(
