@@ -315,6 +315,24 @@ def test_a_list_of_prompts_to_generate_says_how_to_send_several(endpoint: str) -
     check_request("/v2/models/gpt3_tiny/generate", b'{"text_input": ["a"]}', {})
 
 
+def test_an_infer_input_without_a_row_per_prompt_says_what_shape_to_send() -> None:
+    """Triton answered "batch size does not match other inputs" to prompts of shape [3, 1]
+    with tokens_to_generate of shape [1, 1]."""
+    from launcher_scripts.jobs.export.http_front import BadRequest, check_request
+    from launcher_scripts.recipes.triton_interface import PARAMETERS
+
+    for parameter in PARAMETERS:
+        body = infer_body(["a", "b", "c"])
+        value = "x" if parameter.client_type == "BYTES" else 1
+        tensor = {"name": parameter.name, "shape": [1, 1], "datatype": parameter.client_type}
+        body["inputs"].append(tensor | {"data": [value]})
+        with pytest.raises(BadRequest) as raised:
+            check_request("/v2/models/gpt3_tiny/infer", json.dumps(body).encode(), {})
+        message = str(raised.value)
+        assert f"input '{parameter.name}' has shape [1, 1] for 3 prompt(s)" in message
+        assert "shape [3, 1]" in message
+
+
 def test_a_request_over_the_generation_limit_is_refused_saying_what_fits() -> None:
     """beam_width=1000 held the server for three minutes while other clients waited."""
     from launcher_scripts.jobs.export.triton_model import Row, too_many_tokens

@@ -135,9 +135,27 @@ def _check_infer(request: Any) -> None:
         if "data" not in tensor:
             raise BadRequest(f'input {name!r} has no "data"')
         _check_values(name, datatype, tensor["data"])
+    _check_batch(inputs)
     for key, kind in (("outputs", list), ("parameters", dict), ("id", str)):
         if key in request and not isinstance(request[key], kind):
             raise BadRequest(f'"{key}" must be {_kind(kind())}')
+
+
+def _check_batch(inputs: list[dict[str, Any]]) -> None:
+    """Every input has a row per prompt (Triton's answer otherwise, "batch size does not
+    match other inputs", says neither which prompts nor what to send)."""
+    shapes = {tensor["name"]: tensor["shape"] for tensor in inputs}
+    prompts = shapes.get(TEXT_INPUT)
+    if not prompts:
+        return
+    for name, shape in shapes.items():
+        if shape and shape[0] != prompts[0]:
+            raise BadRequest(
+                f"input {name!r} has shape {shape} for {prompts[0]} prompt(s) ({TEXT_INPUT} "
+                f"shape {prompts}): give it one row per prompt (shape [{prompts[0]}, "
+                f"{', '.join(str(d) for d in shape[1:]) or '1'}]), or leave it out for the "
+                "model's default"
+            )
 
 
 def _check_generate(request: Any, path: str) -> None:
