@@ -12,6 +12,7 @@ import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -300,6 +301,80 @@ def test_gigatoken_ids_are_identical_to_tokenizers(corpus: list[str], bpe: dict)
         nonempty = [ids + [fast.eod_id] for ids in expected if ids]
         assert lengths.tolist() == [len(ids) for ids in nonempty]
         assert flat.tolist() == [token for ids in nonempty for token in ids]
+
+
+LONG_DOCUMENT_TOKENIZERS = ("sentencepiece", "gigatoken", "tokenizers", "gpt2 files", "wordpiece")
+
+
+def long_document_tokenizer(kind: str, corpus: list[str], bpe: dict, folder: Path) -> Any:
+    """A tokenizer of each kind the job loads."""
+    if kind == "sentencepiece":
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(corpus), model_prefix=str(folder / "sp"), vocab_size=600,
+            character_coverage=1.0, model_type="bpe", minloglevel=2,
+        )  # fmt: skip
+        return load_tokenizer(TokenizerSpec(model=str(folder / "sp.model")))
+    if kind in ("gigatoken", "tokenizers"):
+        return load_tokenizer(TokenizerSpec(model=str(bpe["json"]), engine=kind))
+    if kind == "gpt2 files":
+        return load_tokenizer(
+            TokenizerSpec(vocab_file=str(bpe["vocab"]), merge_file=str(bpe["merges"]))
+        )
+    vocab = wordpiece_corpus.write_vocab(folder / "vocab.txt", cased=True)
+    return load_tokenizer(TokenizerSpec(vocab_file=str(vocab)))
+
+
+@pytest.mark.parametrize("kind", LONG_DOCUMENT_TOKENIZERS)
+def test_a_long_document_reaches_the_engine_in_bounded_pieces_with_the_same_ids(
+    kind: str, corpus: list[str], bpe: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 50 MB one-line document was one engine call: a tenth of the usual speed per byte,
+    and no progress (an ETA of 90,000 hours) until it returned."""
+    from launcher_scripts.formats import long_documents
+
+    monkeypatch.setattr(long_documents, "CALL_CHARS", 1 << 16)  # progress in a small document
+    long = " ".join(corpus * 8)
+    assert len(long) > max(long_documents.LONG_CHARS, 4 * long_documents.CALL_CHARS)
+    texts = [corpus[0], long, corpus[1]]
+    tokenizer = long_document_tokenizer(kind, corpus, bpe, tmp_path)
+    whole = tokenizer.engine.encode_batch(texts)
+    calls: list[list[int]] = []
+    encode = tokenizer.engine.encode_batch
+
+    def recorded(batch: list[str]) -> list[list[int]]:
+        calls.append([len(text) for text in batch])
+        return encode(batch)
+
+    tokenizer.engine.encode_batch = recorded
+    reports: list[tuple[int, int]] = []
+    flat, lengths = tokenizer.encode_documents(
+        texts, np.uint32, progress=lambda done, total: reports.append((done, total))
+    )
+    eod = [] if tokenizer.eod_id is None else [tokenizer.eod_id]
+    assert flat.tolist() == [token for ids in whole for token in [*ids, *eod]]
+    assert lengths.tolist() == [len(ids) + len(eod) for ids in whole]
+    encoded = [length for call in calls for length in call]
+    assert max(encoded) <= long_documents.PIECE_CHARS + 1  # the probe's calls are short too
+    assert sum(encoded) >= len(long)
+    # Progress comes piece by piece, up to the whole batch.
+    assert len(reports) > 4 and reports[-1][0] == reports[-1][1]
+    assert [done for done, _ in reports] == sorted({done for done, _ in reports})
+
+
+def test_a_tokenizer_whose_pieces_span_spaces_gets_long_documents_whole(
+    corpus: list[str], tmp_path: Path
+) -> None:
+    """Cutting at spaces would change the ids of a SentencePiece model trained with
+    split_by_whitespace=false, whatever the probe texts show."""
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=600,
+        character_coverage=1.0, model_type="bpe", split_by_whitespace=False, minloglevel=2,
+    )  # fmt: skip
+    tokenizer = load_tokenizer(TokenizerSpec(model=str(tmp_path / "sp.model")))
+    assert tokenizer.cut_style() is None
+    long = " ".join(corpus * 2)
+    flat, _lengths = tokenizer.encode_documents([long], np.uint32, append_eod=False)
+    assert flat.tolist() == tokenizer.encode_batch([long])[0]
 
 
 def test_gigatoken_check_is_remembered(

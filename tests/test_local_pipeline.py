@@ -116,6 +116,20 @@ def test_default_run_prepares_the_sample_corpus(tmp_path: Path) -> None:
     assert dataset[1].tolist() == tokenizer.encode(texts[1]) + [tokenizer.eos_id()]
 
 
+def test_the_sample_tokenizer_covers_its_corpus(prepared: Path) -> None:
+    """A tokenizer that left characters of the sample corpus out made them the unknown token,
+    and the default run's export check printed runs of "\u2047" (its decoded form)."""
+    tokenizer = sentencepiece.SentencePieceProcessor(
+        model_file=str(prepared / "data" / "custom_dataset" / "bpe" / "custom_sp_tokenizer.model")
+    )
+    texts = sample_texts()
+    characters = sorted(set("".join(texts)))
+    pieces = tokenizer.encode(characters)
+    uncovered = [c for c, ids in zip(characters, pieces, strict=True) if tokenizer.unk_id() in ids]
+    assert not uncovered
+    assert all(tokenizer.unk_id() not in ids for ids in tokenizer.encode(texts))
+
+
 def test_a_failing_job_stops_the_pipeline(tmp_path: Path) -> None:
     results, data = tmp_path / "results", tmp_path / "data"
     broken = tmp_path / "broken.jsonl"

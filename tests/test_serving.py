@@ -273,3 +273,242 @@ def test_batches_are_cut_to_fit_the_memory_a_request_may_use() -> None:
         assert all(too_large(shape, budget, batch) is None for batch in batches)
     assert len(fitting_batches(shape, Budget(None, 100 * one), rows)) == 1
     assert len(fitting_batches(shape, Budget(None, one), rows)) > 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests the front answers itself, and the limit on a request's generation.
+
+
+def misspellings(name: str) -> list[str]:
+    return [name[:-2] + name[-1] + name[-2], name[0] + name[2:], name.upper()]
+
+
+def test_a_misspelled_input_gets_a_400_saying_what_it_resembles() -> None:
+    """`beam_widht` in a generate request was ignored: the request ran with the default."""
+    from launcher_scripts.jobs.export.http_front import INPUT_TYPES, BadRequest, check_request
+
+    for name in INPUT_TYPES:
+        for wrong in misspellings(name):
+            generate = {"text_input": GOOD_PROMPT, wrong: 1}
+            tensor = {"name": wrong, "shape": [1, 1], "datatype": "INT32", "data": [1]}
+            infer = infer_body([GOOD_PROMPT])
+            infer["inputs"].append(tensor)
+            for path, body in (("generate", generate), ("infer", infer)):
+                with pytest.raises(BadRequest, match=f"did you mean '{name}'") as raised:
+                    check_request(f"/v2/models/gpt3_tiny/{path}", json.dumps(body).encode(), {})
+                assert repr(wrong) in str(raised.value)
+    with pytest.raises(BadRequest, match="the inputs are text_input, tokens_to_generate"):
+        check_request("/v2/models/m/generate", b'{"text_input": "a", "colour": 1}', {})
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_a_list_of_prompts_to_generate_says_how_to_send_several(endpoint: str) -> None:
+    """Triton answered "batch size does not match" to a list of prompts."""
+    from launcher_scripts.jobs.export.http_front import BadRequest, check_request
+
+    body = json.dumps({"text_input": ["a", "b", "c"], "tokens_to_generate": 4}).encode()
+    with pytest.raises(BadRequest) as raised:
+        check_request(f"/v2/models/gpt3_tiny/{endpoint}", body, {})
+    message = str(raised.value)
+    assert "one prompt" in message and "send a request each" in message
+    assert "/v2/models/gpt3_tiny/infer with text_input of shape [3, 1]" in message
+    check_request("/v2/models/gpt3_tiny/generate", b'{"text_input": ["a"]}', {})
+
+
+def test_an_infer_input_without_a_row_per_prompt_says_what_shape_to_send() -> None:
+    """Triton answered "batch size does not match other inputs" to prompts of shape [3, 1]
+    with tokens_to_generate of shape [1, 1]."""
+    from launcher_scripts.jobs.export.http_front import BadRequest, check_request
+    from launcher_scripts.recipes.triton_interface import PARAMETERS
+
+    for parameter in PARAMETERS:
+        body = infer_body(["a", "b", "c"])
+        value = "x" if parameter.client_type == "BYTES" else 1
+        tensor = {"name": parameter.name, "shape": [1, 1], "datatype": parameter.client_type}
+        body["inputs"].append(tensor | {"data": [value]})
+        with pytest.raises(BadRequest) as raised:
+            check_request("/v2/models/gpt3_tiny/infer", json.dumps(body).encode(), {})
+        message = str(raised.value)
+        assert f"input '{parameter.name}' has shape [1, 1] for 3 prompt(s)" in message
+        assert "shape [3, 1]" in message
+
+
+def test_a_request_over_the_generation_limit_is_refused_saying_what_fits() -> None:
+    """beam_width=1000 held the server for three minutes while other clients waited."""
+    from launcher_scripts.jobs.export.triton_model import Row, too_many_tokens
+    from launcher_scripts.recipes.generation_params import GenerationParams
+
+    def rows(prompts: int, **params: int) -> list[Row]:
+        return [Row(i, "p", GenerationParams(**params), 3) for i in range(prompts)]
+
+    assert too_many_tokens(rows(2, beam_width=64, tokens_to_generate=32), 4096) is None
+    assert too_many_tokens(rows(1, beam_width=1000, tokens_to_generate=32), None) is None
+    for request, advice in [
+        (rows(1, beam_width=1000, tokens_to_generate=32), "lower beam_width to at most 128"),
+        (rows(4, tokens_to_generate=2000), "lower tokens_to_generate to at most 1024"),
+    ]:
+        message = too_many_tokens(request, 4096)
+        assert message is not None and message.endswith(advice), message
+        assert "more than the 4096" in message and "max_request_tokens" in message
+    message = too_many_tokens(rows(8, tokens_to_generate=1), 4)
+    assert message is not None and message.endswith("send fewer prompts per request")
+
+
+def test_the_limit_is_the_recipe_s_and_preflight_checks_it(tmp_path: Path) -> None:
+    from launcher_scripts.jobs.export.repository import render_config
+    from launcher_scripts.recipes.triton_interface import PARAMETER_NAMES
+    from tests.support.commands import assert_one_line_error, run_main
+
+    defaults = {name: [] if name == "stop_words" else 1 for name in PARAMETER_NAMES}
+    config = render_config(
+        "m",
+        max_batch_size=8,
+        max_queue_delay_microseconds=0,
+        decoupled=False,
+        model_file="1/model.nemo",
+        defaults=defaults,
+        max_request_tokens=512,
+    )
+    assert 'key: "max_request_tokens"\n  value: { string_value: "512" }' in config
+    result = run_main(
+        "stages=[export]",
+        f"base_results_dir={tmp_path}",
+        f"export.model.nemo_file={tmp_path / 'x.nemo'}",
+        "export.triton_deployment.max_request_tokens=0",
+    )
+    assert_one_line_error(result, "export.triton_deployment.max_request_tokens")
+
+
+def test_the_front_marks_the_request_of_a_client_that_went_away_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request runs on after its client gave up: the front must tell the model, which reads
+    the mark between generation steps (here a stand-in backend reads it as the model does)."""
+    import socket
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from launcher_scripts.jobs.export.http_front import Front
+    from launcher_scripts.jobs.export.triton_model import cancellation
+    from launcher_scripts.recipes.triton_interface import (
+        CANCELLED_REQUESTS_VARIABLE,
+        REQUEST_ID_HEADER,
+    )
+
+    monkeypatch.setenv(CANCELLED_REQUESTS_VARIABLE, str(tmp_path))
+    seen: dict[str, object] = {}
+    answered = threading.Event()
+
+    class Model(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            request_id = body["parameters"][REQUEST_ID_HEADER]
+            seen["id"], seen["prompt"] = request_id, body["text_input"]
+            cancelled = cancellation(request_id, lambda: False)
+            for _step in range(3000):  # a long generation, checked before each step
+                if cancelled():
+                    seen["cancelled"] = True
+                    break
+                time.sleep(0.1)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+            answered.set()
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    model = ThreadingHTTPServer(("127.0.0.1", 0), Model)
+    threading.Thread(target=model.serve_forever, daemon=True).start()
+    front = Front(0, model.server_address[1], tmp_path)
+    front.start()
+    try:
+        body = json.dumps({"text_input": GOOD_PROMPT, "beam_width": 64}).encode()
+        client = socket.create_connection(("127.0.0.1", front.server_address[1]))
+        client.sendall(
+            b"POST /v2/models/gpt3_tiny/generate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+            b"\r\n%s" % (len(body), body)
+        )
+        client.close()  # the client gives up
+        answered.wait()
+    finally:
+        front.stop()
+        model.shutdown()
+    assert seen["prompt"] == GOOD_PROMPT
+    assert seen.get("cancelled") is True, seen
+
+
+def test_a_gone_client_s_request_is_dropped_and_ctrl_c_stops_the_server_in_one_line(
+    exported: Path, triton_python: Path, tmp_path: Path
+) -> None:
+    """On a real server: a request within the memory bound but over the generation limit is
+    refused; a big allowed request whose client closes its connection is cancelled (the model
+    says so in the server's log) and the next request is answered; and Ctrl-C, as a terminal
+    sends it to the whole process group, stops the server with one line and no error (it
+    printed "Internal - Exit timeout expired" while a request was generating)."""
+    import os
+    import re
+    import shutil
+    import signal
+    import socket
+    import time
+
+    from tests.support.commands import ctrl_c_as_in_a_terminal
+    from tests.support.triton import READY_TIMEOUT
+
+    export = tmp_path / "export"
+    shutil.copytree(exported, export, copy_function=os.link)
+    log = tmp_path / "serve.log"
+    with log.open("w") as output:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "launcher_scripts", "serve", str(export)]
+            + ["--http-port=auto", "--grpc-port=auto", f"--ready-timeout={READY_TIMEOUT}"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=ONE_THREAD,
+            start_new_session=True,  # its own process group, as a terminal's job
+            preexec_fn=ctrl_c_as_in_a_terminal,
+        )
+    client = None
+    try:
+        while "ready: models" not in log.read_text():
+            assert serve.poll() is None, log.read_text()[-4000:]
+            time.sleep(0.5)
+        port = int(re.search(r"http://localhost:(\d+)", log.read_text()).group(1))
+        generate = "/v2/models/gpt3_tiny/generate"
+        status, answer = post(port, generate, {"text_input": GOOD_PROMPT, "beam_width": 1000})
+        assert status == 400 and "max_request_tokens" in answer["error"], answer
+
+        # 128 beams x 32 tokens: the recipe's limit, a long generation on a CPU.
+        body = json.dumps({"text_input": GOOD_PROMPT, "beam_width": 128}).encode()
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(
+            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+            % (generate.encode(), len(body), body)
+        )
+        client.close()
+        assert served_text(port)
+        cancelled = r"gpt3_tiny: cancelled request\(s\) \w+ after \d+ generation steps"
+        assert re.search(cancelled, log.read_text()), log.read_text()[-3000:]
+
+        # Ctrl-C with a long request in flight: its client waits for the answer.
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(
+            b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+            % (generate.encode(), len(body), body)
+        )
+    finally:
+        os.killpg(serve.pid, signal.SIGINT)
+        code = serve.wait(timeout=300)
+        if client is not None:
+            client.close()
+    after_ready = log.read_text().split("ready: models", 1)[1]
+    assert code == 0, after_ready[-3000:]
+    assert after_ready.rstrip().endswith("stopped: the Triton server has shut down"), after_ready
+    assert "Exit timeout expired" not in after_ready
+    assert not re.search(r"^(E\d{4}|error)", after_ready, re.MULTILINE), after_ready[-3000:]

@@ -190,6 +190,35 @@ def copy_of(run: Path, tmp_path: Path) -> Path:
     return log_dir
 
 
+NAME_TEMPLATE = "megatron_gpt--{val_loss:.2f}-{step}-{consumed_samples}"
+
+
+@pytest.mark.parametrize(
+    ("template", "values", "name"),
+    [
+        (
+            NAME_TEMPLATE,
+            {"step": 8, "consumed_samples": 32.0},
+            "megatron_gpt--step=8-consumed_samples=32.0",
+        ),
+        (
+            NAME_TEMPLATE,
+            {"step": 8, "consumed_samples": 32.0, "val_loss": 1.234},
+            "megatron_gpt--val_loss=1.23-step=8-consumed_samples=32.0",
+        ),
+        ("megatron_gpt--{step}-{val_loss:.2f}", {"step": 8}, "megatron_gpt--step=8"),
+        ("{val_loss:.2f}-{step}", {"step": 8, "val_loss": float("nan")}, "step=8"),
+    ],
+)
+def test_a_metric_without_a_value_is_left_out_of_the_checkpoint_name(
+    template: str, values: dict[str, float], name: str
+) -> None:
+    """A checkpoint saved before the first validation was named `val_loss=nan`."""
+    from launcher_scripts.jobs.training.checkpointing import checkpoint_name
+
+    assert checkpoint_name(template, values) == name
+
+
 @pytest.mark.slow
 def test_torn_checkpoints_are_ignored_on_resume(
     prepared: Path, checkpointed: Path, tmp_path: Path

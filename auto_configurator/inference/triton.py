@@ -114,6 +114,8 @@ def export_argv(session: Session) -> list[str]:
         f"{deployment}.model_name={session.model_name}",
         f"{deployment}.max_batch_size={max(s.batch_sizes)}",
         f"{deployment}.max_queue_delay_microseconds=0",
+        # Every request the benchmark sends must be served, however long it generates.
+        f"{deployment}.max_request_tokens={max(s.batch_sizes) * s.beam_width * s.output_len}",
         f"{generation}.tokens_to_generate={s.output_len}",
         f"{generation}.top_k={s.topk}",
         f"{generation}.top_p={s.topp}",

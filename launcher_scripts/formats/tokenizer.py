@@ -40,7 +40,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -49,6 +49,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from launcher_scripts.formats import long_documents
 from launcher_scripts.formats.sentences import split_sentences
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
@@ -96,6 +97,20 @@ class Engine(Protocol):
     ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]: ...
 
 
+def _groups(pieces: list[str], chars: int) -> Iterator[list[str]]:
+    """Consecutive pieces in groups of about `chars` characters: one engine call each."""
+    group: list[str] = []
+    size = 0
+    for piece in pieces:
+        group.append(piece)
+        size += len(piece)
+        if size >= chars:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
 def _pack_lists(
     ids: Sequence[Sequence[int]], dtype: type[np.number], eod: int | None
 ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
@@ -116,6 +131,17 @@ class SentencePieceEngine:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.processor.encode(texts, out_type=int, num_threads=1)
+
+    def splits_at_spaces(self) -> bool:
+        """Whether no piece spans a space (the trainer's split_by_whitespace, its default):
+        what cutting a long document at spaces needs, beyond what the probe texts show."""
+        try:
+            from sentencepiece import sentencepiece_model_pb2
+        except ImportError:  # protobuf absent: the probe texts alone decide
+            return True
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(self.processor.serialized_model_proto())
+        return bool(model.trainer_spec.split_by_whitespace)
 
     def encode_documents(
         self, texts: list[str], dtype: type[np.number], eod: int | None
@@ -203,14 +229,43 @@ class DocumentTokenizer:
         return self.engine.encode_batch(texts)
 
     def encode_documents(
-        self, texts: list[str], dtype: type[np.number], append_eod: bool = True
+        self,
+        texts: list[str],
+        dtype: type[np.number],
+        append_eod: bool = True,
+        progress: Callable[[int, int], None] | None = None,
     ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
         """Flat token ids and per-document lengths for a batch, ready for the .bin.
 
         Documents that encode to no tokens are dropped (the caller counts them as empty):
         an EOD-only sequence would carry no text, only a spurious document boundary.
+        A document longer than long_documents.LONG_CHARS is encoded in pieces, with
+        `progress(characters encoded, characters in the batch)` after each engine call.
         """
-        return self.engine.encode_documents(texts, dtype, self.eod_id if append_eod else None)
+        eod = self.eod_id if append_eod else None
+        if all(len(text) <= long_documents.LONG_CHARS for text in texts):
+            return self.engine.encode_documents(texts, dtype, eod)
+        pieces, counts = long_documents.pieces_of(texts, self.cut_style())
+        total = sum(len(piece) for piece in pieces)
+        encoded: list[list[int]] = []
+        done = 0
+        for group in _groups(pieces, long_documents.CALL_CHARS):
+            encoded += self.engine.encode_batch(group)
+            done += sum(len(piece) for piece in group)
+            if progress is not None:
+                progress(done, total)
+        documents: list[list[int]] = []
+        for count in counts:
+            documents.append(list(chain.from_iterable(encoded[:count])))
+            del encoded[:count]
+        return _pack_lists(documents, dtype, eod)
+
+    def cut_style(self) -> str | None:
+        """How a long document may be cut without changing its ids (long_documents.py)."""
+        if not hasattr(self, "_cut_style"):
+            splits = getattr(self.engine, "splits_at_spaces", lambda: True)()
+            self._cut_style = long_documents.cut_style(self.engine.encode_batch) if splits else None
+        return self._cut_style
 
     def encode_sentences(
         self, texts: list[str], dtype: type[np.number], append_eod: bool = True

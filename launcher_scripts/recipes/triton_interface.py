@@ -40,6 +40,17 @@ PARAMETERS: tuple[RequestParameter, ...] = (
 )
 PARAMETER_NAMES = tuple(p.name for p in PARAMETERS)
 
+# Dropping the work of a client that went away: `serve`'s HTTP front gives each request an id
+# in this header (Triton passes it to the model as a request parameter), and when the client
+# disconnects before its answer, creates a file of that name in the folder this environment
+# variable names; the model stops generating for a request whose file exists.
+REQUEST_ID_HEADER = "launcher-request-id"
+CANCELLED_REQUESTS_VARIABLE = "LLM_LAUNCHER_CANCELLED_REQUESTS"
+# In that folder: the server is stopping, every request is cancelled (gRPC ones included).
+ALL_CANCELLED = "all-requests"
+# What the config.pbtxt parameter of the limit on a request's generated tokens is called.
+MAX_REQUEST_TOKENS = "max_request_tokens"
+
 
 def generation_defaults(cfg: DictConfig) -> dict[str, Any]:
     section = OmegaConf.to_container(cfg.generation, resolve=True)

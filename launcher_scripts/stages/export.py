@@ -37,6 +37,11 @@ class Export(StageDefaults):
         cfg, stage = ctx.cfg, ctx.stage
         family = family_of(cfg, stage)
         require_job_program(ctx, "model_family", f"{family.name} models", family.runs("export"))
+        require_int(
+            f"{stage}.triton_deployment.max_request_tokens",
+            cfg.triton_deployment.max_request_tokens,
+            minimum=1,
+        )
         model_file = ctx.require_input(
             "nemo_file", "Convert first (stages=[conversion,export]), or point it at a .nemo file"
         )

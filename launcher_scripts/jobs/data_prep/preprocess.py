@@ -409,16 +409,35 @@ def run_unit(
     reported = 0
     with indexed_writer.IndexedDatasetWriter(unit.part_prefix(shard), options.dtype) as writer:
         for texts, consumed in _unit_batches(unit, options.text_key, stats):
+            within_batch = _BatchProgress(consumed - reported, progress)
             if texts:
-                kept = _encode_into(writer, tokenizer, texts, options)
+                kept = _encode_into(writer, tokenizer, texts, options, within_batch.encoded)
                 documents += kept
                 # Documents with no tokens (empty text, or whitespace a SentencePiece model
                 # normalises away) were dropped even though an EOD alone would be a sequence:
                 # it would carry no text, only a document boundary for GPTDataset to sample.
                 empty += len(texts) - kept
-            progress(consumed - reported, len(texts))
+            progress(within_batch.rest(), len(texts))
             reported = consumed
     return UnitResult(unit.shard, unit.part, documents, empty, writer.tokens, stats)
+
+
+@dataclass
+class _BatchProgress:
+    """A batch's bytes reported as its long documents' pieces are encoded (their share of the
+    batch), so that progress and its ETA move within a document of many megabytes."""
+
+    size: int  # the batch's bytes of input
+    progress: Callable[[int, int], None]
+    shown: int = 0
+
+    def encoded(self, done: int, total: int) -> None:
+        share = self.size * done // max(total, 1)
+        self.progress(share - self.shown, 0)
+        self.shown = share
+
+    def rest(self) -> int:
+        return self.size - self.shown
 
 
 def _encode_into(
@@ -426,15 +445,17 @@ def _encode_into(
     tokenizer: DocumentTokenizer,
     texts: list[str],
     options: EncodeOptions,
+    progress: Callable[[int, int], None] | None = None,
 ) -> int:
-    """Encode a batch into `writer`; returns the number of documents kept."""
+    """Encode a batch into `writer`; returns the number of documents kept. `progress`: see
+    DocumentTokenizer.encode_documents."""
     if options.split_sentences:
         flat, lengths, per_document = tokenizer.encode_sentences(
             texts, options.dtype, options.append_eod
         )
         writer.add_documents(flat, lengths, per_document)
         return int(per_document.size)
-    flat, lengths = tokenizer.encode_documents(texts, options.dtype, options.append_eod)
+    flat, lengths = tokenizer.encode_documents(texts, options.dtype, options.append_eod, progress)
     writer.add_documents(flat, lengths)
     return int(lengths.size)
 

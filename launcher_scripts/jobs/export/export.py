@@ -53,6 +53,7 @@ def export(cfg: DictConfig) -> None:
             max_batch_size=int(deployment.max_batch_size),
             max_queue_delay_microseconds=int(deployment.max_queue_delay_microseconds),
             defaults=defaults,
+            max_request_tokens=int(deployment.max_request_tokens),
             # The server imports the code that wrote the repository.
             launcher_path=str(Path(launcher_scripts.__file__).resolve().parent.parent),
         )

@@ -5,28 +5,47 @@ Triton's HTTP server reports its request-JSON parse failures as internal errors:
 body that is not JSON, or for a value of the wrong JSON type ("Unable to parse 'data': attempt
 to access JSON non-signed-integer as signed-integer"), without naming the input. The front
 checks an inference or generate request's JSON before Triton sees it: the syntax, the
-request's structure, and each input's values against its datatype (type and range). A 500
-that Triton's request parsing still returns becomes a 400. Everything else passes through
-unchanged, streamed responses (generate_stream) as they come.
+request's structure, each input's name (a misspelled parameter, which Triton's generate
+endpoint ignores, gets a 400 with the name it resembles) and values against its datatype
+(type and range). A 500 that Triton's request parsing still returns becomes a 400.
+Everything else passes through unchanged, streamed responses (generate_stream) as they come.
+
+A client that disconnects before its answer has come has its request cancelled: the front
+tags each inference request with an id (triton_interface.REQUEST_ID_HEADER), watches the
+client's connection while the model works, and on a disconnect marks the id cancelled in a
+folder the model reads between generation steps, so the server drops the work instead of
+running on for nobody while other clients wait.
 """
 
 from __future__ import annotations
 
+import difflib
 import http.client
 import json
 import math
 import re
+import select
+import socket
 import threading
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-from launcher_scripts.recipes.triton_interface import PARAMETERS, TEXT_INPUT
+from launcher_scripts.recipes.triton_interface import (
+    ALL_CANCELLED,
+    PARAMETERS,
+    REQUEST_ID_HEADER,
+    TEXT_INPUT,
+)
 
 INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
 GENERATE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?$")
 # The datatype of each input the served models take, for generate requests (keys, not inputs).
 INPUT_TYPES = {TEXT_INPUT: "BYTES"} | {p.name: p.client_type for p in PARAMETERS}
+# Keys of a generate request that are no input: Triton's own.
+GENERATE_KEYS = ("id", "parameters")
 # How Triton's HTTP server begins the messages of request-parsing failures it reports as 500.
 PARSE_FAILURES = ("failed to parse the request JSON", "Unable to parse", "attempt to ")
 HOP_BY_HOP = frozenset(
@@ -60,7 +79,7 @@ def check_request(path: str, body: bytes, headers: Mapping[str, str]) -> None:
             body = body[: int(header)]
         _check_infer(_parse(body))
     elif GENERATE.match(path):
-        _check_generate(_parse(body))
+        _check_generate(_parse(body), path)
 
 
 def _parse(body: bytes) -> Any:
@@ -100,6 +119,8 @@ def _check_infer(request: Any) -> None:
         name = tensor.get("name")
         if not isinstance(name, str):
             raise BadRequest(f'inputs[{index}]: "name" must be a string')
+        if name not in INPUT_TYPES:
+            raise BadRequest(f"input {name!r} is not one this model takes: {_suggest(name)}")
         datatype = tensor.get("datatype")
         if not isinstance(datatype, str):
             raise BadRequest(f'input {name!r}: "datatype" must be a string such as "INT32"')
@@ -114,12 +135,30 @@ def _check_infer(request: Any) -> None:
         if "data" not in tensor:
             raise BadRequest(f'input {name!r} has no "data"')
         _check_values(name, datatype, tensor["data"])
+    _check_batch(inputs)
     for key, kind in (("outputs", list), ("parameters", dict), ("id", str)):
         if key in request and not isinstance(request[key], kind):
             raise BadRequest(f'"{key}" must be {_kind(kind())}')
 
 
-def _check_generate(request: Any) -> None:
+def _check_batch(inputs: list[dict[str, Any]]) -> None:
+    """Every input has a row per prompt (Triton's answer otherwise, "batch size does not
+    match other inputs", says neither which prompts nor what to send)."""
+    shapes = {tensor["name"]: tensor["shape"] for tensor in inputs}
+    prompts = shapes.get(TEXT_INPUT)
+    if not prompts:
+        return
+    for name, shape in shapes.items():
+        if shape and shape[0] != prompts[0]:
+            raise BadRequest(
+                f"input {name!r} has shape {shape} for {prompts[0]} prompt(s) ({TEXT_INPUT} "
+                f"shape {prompts}): give it one row per prompt (shape [{prompts[0]}, "
+                f"{', '.join(str(d) for d in shape[1:]) or '1'}]), or leave it out for the "
+                "model's default"
+            )
+
+
+def _check_generate(request: Any, path: str) -> None:
     if not isinstance(request, dict):
         raise BadRequest(
             f"the request body is {_kind(request)}; send a JSON object such as "
@@ -128,6 +167,28 @@ def _check_generate(request: Any) -> None:
     for name, value in request.items():
         if name in INPUT_TYPES:
             _check_values(name, INPUT_TYPES[name], value)
+        elif name not in GENERATE_KEYS:
+            raise BadRequest(f"unknown key {name!r}: {_suggest(name)}")
+    prompts = request.get(TEXT_INPUT)
+    if isinstance(prompts, list) and len(prompts) != 1:
+        infer = re.sub(r"/generate(_stream)?$", "/infer", path)
+        raise BadRequest(
+            f"{TEXT_INPUT} is a list of {len(prompts)}: the generate endpoint takes one prompt "
+            f"(a string) per request. To send several prompts, send a request each, or one "
+            f"request to {infer} with {TEXT_INPUT} of shape [{len(prompts)}, 1] (the KServe v2 "
+            "protocol, as tritonclient's infer sends it)"
+        )
+
+
+def _suggest(name: str) -> str:
+    """Did-you-mean for an input name the served models do not take, and the ones they do."""
+    names = list(INPUT_TYPES)
+    folded = name.lower().replace("-", "_")
+    # Letters swapped first ("topk_" is top_k, though as near to top_p by difflib's measure).
+    close = [known for known in names if sorted(known) == sorted(folded)]
+    close = close or difflib.get_close_matches(folded, names, n=1, cutoff=0.6)
+    known = f"the inputs are {', '.join(names)}"
+    return f"did you mean {close[0]!r}? ({known})" if close else known
 
 
 def _check_values(name: str, datatype: str, data: Any) -> None:
@@ -185,10 +246,28 @@ class Front(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, backend_port: int) -> None:
+    def __init__(self, port: int, backend_port: int, cancelled: Path | None = None) -> None:
+        """`cancelled`: the folder where a request whose client went away is marked (the
+        model's CANCELLED_REQUESTS_VARIABLE); None: requests are not tagged."""
         self.backend_port = backend_port
+        self.cancelled = cancelled
         super().__init__(("", port), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="http-front", daemon=True)
+
+    def cancel(self, request_id: str) -> None:
+        """Mark the request cancelled: its client is gone."""
+        if self.cancelled is not None:
+            (self.cancelled / request_id).touch()
+
+    def cancel_all(self) -> None:
+        """The server is stopping: the model drops every request it is working on."""
+        if self.cancelled is not None:
+            (self.cancelled / ALL_CANCELLED).touch()
+
+    def forget(self, request_id: str) -> None:
+        """The request's answer has come: the model no longer looks for its mark."""
+        if self.cancelled is not None:
+            (self.cancelled / request_id).unlink(missing_ok=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -226,19 +305,59 @@ class _Handler(BaseHTTPRequestHandler):
             except BadRequest as error:
                 self._reply(400, json.dumps({"error": str(error)}).encode())
                 return
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = {
+            k: v
+            for k, v in self.headers.items()
+            if k.lower() not in HOP_BY_HOP and k.lower() != REQUEST_ID_HEADER
+        }
+        request_id, body = self._tag(headers, body)
+        watch = None
+        if request_id is not None:
+            watch = _ClientWatch(self.connection, request_id, self.server)
         backend = http.client.HTTPConnection("127.0.0.1", self.server.backend_port)
         try:
-            backend.request(self.command, self.path, body=body or None, headers=headers)
-            response = backend.getresponse()
-        except OSError:
-            backend.close()
-            self._reply(503, b'{"error":"the Triton server is not accepting requests now"}')
-            return
-        try:
-            self._pass_on(response)
+            try:
+                backend.request(self.command, self.path, body=body or None, headers=headers)
+                response = backend.getresponse()
+            except OSError:
+                self._reply(503, b'{"error":"the Triton server is not accepting requests now"}')
+                return
+            try:
+                self._pass_on(response)
+            except OSError:  # the client went away mid-answer (a stream): drop the rest
+                if request_id is not None:
+                    self.server.cancel(request_id)
+                    while response.read1(65536):
+                        pass  # until the model has stopped
+                raise
         finally:
             backend.close()
+            if watch is not None:
+                watch.stop()
+                self.server.forget(watch.request_id)
+
+    def _tag(self, headers: dict[str, str], body: bytes) -> tuple[str | None, bytes]:
+        """An inference request's id (None for other requests), and the body to send on.
+
+        Triton passes the id to the model as a request parameter: from the header for an
+        infer request (--http-header-forward-pattern), from the body's "parameters" object
+        for a generate request (whose handler forwards no header)."""
+        path = self.path.split("?", 1)[0]
+        if self.command != "POST" or self.server.cancelled is None:
+            return None, body
+        request_id = uuid.uuid4().hex
+        if INFER.match(path):
+            headers[REQUEST_ID_HEADER] = request_id
+            return request_id, body
+        if not GENERATE.match(path) or self.headers.get("Content-Encoding"):
+            return None, body
+        request = json.loads(body)  # check_request parsed it: an object
+        parameters = request.get("parameters")
+        request["parameters"] = {
+            **(parameters if isinstance(parameters, dict) else {}),
+            REQUEST_ID_HEADER: request_id,
+        }
+        return request_id, json.dumps(request).encode()
 
     def _body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -283,3 +402,35 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+class _ClientWatch:
+    """Watches a client's connection while its request is with the model: a connection that
+    the client closed reads as end-of-file, and the request is marked cancelled."""
+
+    POLL_SECONDS = 0.2
+
+    def __init__(self, connection: socket.socket, request_id: str, front: Front) -> None:
+        self.request_id = request_id
+        self._connection = connection
+        self._gone: Callable[[str], None] = front.cancel
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="client-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                readable, _, _ = select.select([self._connection], [], [], self.POLL_SECONDS)
+                if not readable:
+                    continue
+                ahead = self._connection.recv(1, socket.MSG_PEEK)
+            except (OSError, ValueError):  # reset, or closed by the handler meanwhile
+                ahead = b""
+            if not ahead and not self._stopped.is_set():
+                self._gone(self.request_id)
+            return  # gone, or it sent its next request: it is there
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()

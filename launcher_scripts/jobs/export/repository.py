@@ -25,6 +25,7 @@ from typing import Any
 
 from launcher_scripts.recipes.triton_interface import (
     FINISH_REASON,
+    MAX_REQUEST_TOKENS,
     PARAMETERS,
     STREAM_SUFFIX,
     TEXT_INPUT,
@@ -62,8 +63,10 @@ def render_config(
     decoupled: bool,
     model_file: str,
     defaults: Mapping[str, Any],
+    max_request_tokens: int,
 ) -> str:
-    """config.pbtxt for one model; `defaults` holds every request parameter's default value."""
+    """config.pbtxt for one model; `defaults` holds every request parameter's default value;
+    `max_request_tokens` bounds prompts x beam_width x tokens_to_generate per request."""
     inputs = [_tensor(TEXT_INPUT, "TYPE_STRING", [1], optional=False)]
     inputs += [
         _tensor(p.name, p.triton_type, [-1] if p.many else [1], optional=True) for p in PARAMETERS
@@ -88,6 +91,7 @@ def render_config(
             f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_microseconds} }}"
         )
     parts.append(_parameter("model_file", model_file))
+    parts.append(_parameter(MAX_REQUEST_TOKENS, str(max_request_tokens)))
     for parameter in PARAMETERS:
         value = defaults[parameter.name]
         if parameter.many:
@@ -118,6 +122,7 @@ def write_repository(
     max_batch_size: int,
     max_queue_delay_microseconds: int,
     defaults: Mapping[str, Any],
+    max_request_tokens: int,
     launcher_path: str,
 ) -> list[Path]:
     """Write both models into the (new, empty) folder `repository`. Returns the model
@@ -134,6 +139,7 @@ def write_repository(
             decoupled=decoupled,
             model_file=weights,
             defaults=defaults,
+            max_request_tokens=max_request_tokens,
         )
         (repository / model / "config.pbtxt").write_text(config)
         (version / "model.py").write_text(MODEL_PY.format(paths=[launcher_path]))

@@ -24,10 +24,10 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,10 @@ from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobs.export.http_front import Front
 from launcher_scripts.jobs.export.install import bundled_server, default_venv, site_packages
 from launcher_scripts.ports import free_port
+from launcher_scripts.recipes.triton_interface import (
+    CANCELLED_REQUESTS_VARIABLE,
+    REQUEST_ID_HEADER,
+)
 
 # Each served model is a process of its own, not a rank of the job that started the server.
 JOB_VARIABLES = frozenset(RANK_VARIABLES) | {"SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT"}
@@ -133,6 +137,8 @@ def server_command(
         "--strict-readiness=true",
         "--exit-timeout-secs=10",
         "--disable-auto-complete-config",
+        # The front's request ids reach the model as request parameters (http_front.py).
+        f"--http-header-forward-pattern=^{REQUEST_ID_HEADER}$",
     ]
 
 
@@ -208,21 +214,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
-    try:  # before Triton starts, so that a port in use fails at once
-        front = Front(args.http_port, free_port())
-    except OSError as error:
-        print(f"error: --http-port {args.http_port}: {error.strerror}", file=sys.stderr)
-        return 2
-    print(f"starting Triton from {install.source} on {repository}", flush=True)
-    command = server_command(install, repository, front.backend_port, args.grpc_port)
-    env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES} | install.env
-    process = subprocess.Popen(command, env=env)
-    stop = _forward_signals(process)
-    front.start()
-    try:
-        return _serve(process, front, args, models, stop)
-    finally:
-        front.stop()
+    with tempfile.TemporaryDirectory(prefix="serve-cancelled-") as cancelled:
+        try:  # before Triton starts, so that a port in use fails at once
+            front = Front(args.http_port, free_port(), Path(cancelled))
+        except OSError as error:
+            print(f"error: --http-port {args.http_port}: {error.strerror}", file=sys.stderr)
+            return 2
+        print(f"starting Triton from {install.source} on {repository}", flush=True)
+        command = server_command(install, repository, front.backend_port, args.grpc_port)
+        env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES} | install.env
+        env[CANCELLED_REQUESTS_VARIABLE] = cancelled
+        process = subprocess.Popen(command, env=env)
+        stopper = _Stopper(process, front)
+        front.start()
+        try:
+            return _serve(process, front, args, models, stopper)
+        finally:
+            front.stop()
 
 
 def _serve(
@@ -230,7 +238,7 @@ def _serve(
     front: Front,
     args: argparse.Namespace,
     models: list[str],
-    stop: Callable[[int, object], None],
+    stopper: _Stopper,
 ) -> int:
     try:
         wait_ready(process, front.backend_port, args.ready_timeout)
@@ -241,24 +249,45 @@ def _serve(
         )
         if args.endpoint_file:
             write_endpoint(args.endpoint_file, args.http_port, args.grpc_port)
-        return process.wait()
+        code = process.wait()
     except ServeError as error:
+        if stopper.asked:  # stopped while it was starting
+            return stopper.stopped(process.wait())
         print(f"error: {error}", file=sys.stderr)
-        stop(signal.SIGTERM, None)
+        stopper.stop(signal.SIGTERM, None)
         process.wait()
         return 1
-    except KeyboardInterrupt:
-        return process.wait()
+    except KeyboardInterrupt:  # SIGINT arrived before the handler was in place
+        stopper.stop(signal.SIGINT, None)
+        code = process.wait()
+    return stopper.stopped(code) if stopper.asked else code
 
 
-def _forward_signals(process: subprocess.Popen):  # type: ignore[no-untyped-def]
-    def forward(signum: int, _frame: object) -> None:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
+class _Stopper:
+    """Ctrl-C (SIGINT, to the whole process group from a terminal) or SIGTERM (scancel, a
+    container's stop): the model drops the requests it is generating for, so that Triton's
+    wait for in-flight requests (--exit-timeout-secs) ends at once instead of running out,
+    and the server stops with one line."""
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, forward)
-    return forward
+    def __init__(self, process: subprocess.Popen, front: Front) -> None:
+        self.process = process
+        self.front = front
+        self.asked = False
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.stop)
+
+    def stop(self, _signum: int, _frame: object) -> None:
+        self.asked = True
+        self.front.cancel_all()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def stopped(self, code: int) -> int:
+        if code == 0:
+            print("stopped: the Triton server has shut down", flush=True)
+            return 0
+        print(f"stopped: tritonserver exited with code {code} (its log is above)", flush=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ Requests are checked one by one (a bad one gets its own INVALID_ARG error, HTTP 
 others are served); rows that ask for the same generation parameters are decoded together, in as
 few batches as the memory free for a request allows. A request whose generation alone would not
 fit (many beams, say) is refused before anything is allocated: the process that serves the
-valid requests must not be the one the kernel kills.
+valid requests must not be the one the kernel kills. A request that asks for more generated
+tokens (prompts x beams x tokens_to_generate) than the export's `max_request_tokens` is refused
+too: it would hold the model, and every client waiting, for minutes. A request whose client went
+away (http_front.py marks it; a gRPC client cancels it) stops at the next generation step.
 The streaming twin (a decoupled model) sends the text as it is generated, one response per
 piece, then an empty final one.
 """
@@ -14,7 +17,8 @@ from __future__ import annotations
 
 import json
 import locale
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +26,12 @@ from typing import Any
 import numpy as np
 
 from launcher_scripts.recipes.triton_interface import (
+    ALL_CANCELLED,
+    CANCELLED_REQUESTS_VARIABLE,
     FINISH_REASON,
+    MAX_REQUEST_TOKENS,
     PARAMETERS,
+    REQUEST_ID_HEADER,
     TEXT_INPUT,
     TEXT_OUTPUT,
 )
@@ -52,6 +60,17 @@ except ImportError:  # imported by tests and tools outside the server
 
 class RequestError(ValueError):
     """A request the model cannot serve, with the message the client sees."""
+
+
+class Cancelled(Exception):
+    """Every request of a generation was cancelled: stop generating."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(f"cancelled after {steps} generation steps")
+        self.steps = steps
+
+
+CANCELLED_MESSAGE = "cancelled: the client went away or the server is stopping"
 
 
 @dataclass
@@ -108,6 +127,69 @@ def too_large(shape: Any, budget: Any, group: Sequence[Row]) -> str | None:
     params = group[0].params
     _rows, width = peak_batch([row.tokens for row in group], params)
     return exceeds(shape, budget, len(group), params.beam_width, width)
+
+
+def too_many_tokens(rows: Sequence[Row], limit: int | None) -> str | None:
+    """Why a request's rows ask for more generation than one request may (the export's
+    max_request_tokens), or None. Generation keeps no cache, so its time grows with every
+    beam's every token: a request over the limit would hold the model for minutes."""
+    total = sum(row.params.beam_width * row.params.tokens_to_generate for row in rows)
+    if limit is None or total <= limit:
+        return None
+    beams = max(row.params.beam_width for row in rows)
+    tokens = max(row.params.tokens_to_generate for row in rows)
+    prompts = len(rows)
+    if beams > 1 and limit // (prompts * tokens) >= 1:
+        advice = f"lower beam_width to at most {limit // (prompts * tokens)}"
+    elif limit // (prompts * beams) >= 1:
+        advice = f"lower tokens_to_generate to at most {limit // (prompts * beams)}"
+    else:
+        advice = "send fewer prompts per request"
+    return (
+        f"the request asks for {total} generated tokens ({prompts} prompt(s) x beam_width "
+        f"{beams} x tokens_to_generate {tokens}), more than the {limit} one request may ask "
+        f"for on this server (the export's triton_deployment.{MAX_REQUEST_TOKENS}): {advice}"
+    )
+
+
+def cancellation(
+    request_id: str | None, client_cancelled: Callable[[], bool]
+) -> Callable[[], bool]:
+    """Whether a request is cancelled now: marked by the HTTP front (its client went away, or
+    the server is stopping), or cancelled by its gRPC client."""
+    folder = os.environ.get(CANCELLED_REQUESTS_VARIABLE)
+    marks = [] if not folder else [Path(folder) / ALL_CANCELLED]
+    if folder and request_id:
+        marks.append(Path(folder) / request_id)
+
+    def cancelled() -> bool:
+        return any(mark.exists() for mark in marks) or client_cancelled()
+
+    return cancelled
+
+
+def stoppable(logits: Callable[..., Any], cancelled: Callable[[], bool]) -> Callable[..., Any]:
+    """`logits` that raises Cancelled instead of running once `cancelled()`: generation calls
+    it once per step, so a cancelled generation ends within one step."""
+    steps = 0
+
+    def run(batch: Any) -> Any:
+        nonlocal steps
+        if cancelled():
+            raise Cancelled(steps)
+        steps += 1
+        return logits(batch)
+
+    return run
+
+
+def request_id_of(parameters_json: str) -> str | None:
+    """The front's id among a request's parameters (Triton's JSON of them)."""
+    try:
+        value = json.loads(parameters_json or "{}").get(REQUEST_ID_HEADER)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value.isalnum() else None
 
 
 def fitting_batches(shape: Any, budget: Any, group: Sequence[Row]) -> list[list[Row]]:
@@ -175,8 +257,10 @@ class TritonPythonModel:
         self.defaults = defaults_from(parameters)
         self.model = open_served(model_file)
         self.shape = self.model.shape
-        name = args["model_name"]
-        print(f"{name}: serving {model_file} (decoupled={self.decoupled})", flush=True)
+        limit = parameters.get(MAX_REQUEST_TOKENS, {}).get("string_value")
+        self.max_request_tokens = None if limit is None else int(limit)
+        self.name = args["model_name"]
+        print(f"{self.name}: serving {model_file} (decoupled={self.decoupled})", flush=True)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self.decoupled:
@@ -195,7 +279,24 @@ class TritonPythonModel:
             problem = too_large(self.shape, budget, group)
             if problem:
                 raise RequestError(problem)
+        problem = too_many_tokens(rows, self.max_request_tokens)
+        if problem:
+            raise RequestError(problem)
         return rows
+
+    def _cancellation(self, request: Any) -> tuple[str | None, Callable[[], bool]]:
+        request_id = request_id_of(request.parameters())
+        is_cancelled = getattr(request, "is_cancelled", None)
+        client = (lambda: bool(is_cancelled())) if is_cancelled else (lambda: False)
+        return request_id, cancellation(request_id, client)
+
+    def _say_cancelled(self, request_ids: Sequence[str | None], stop: Cancelled) -> None:
+        named = ", ".join(str(request_id) for request_id in request_ids)
+        print(
+            f"{self.name}: cancelled request(s) {named} after {stop.steps} generation steps: "
+            "the client went away or the server is stopping",
+            flush=True,
+        )
 
     def _batch(self, requests: list[Any]) -> list[Any]:
         from launcher_scripts.jobs.inference.generation import generate
@@ -205,6 +306,8 @@ class TritonPythonModel:
         results: list[dict[int, Any]] = [{} for _ in requests]
         errors: dict[int, str] = {}
         rows: list[Row] = []
+        watched = [self._cancellation(request) for request in requests]
+        cancelled: set[int] = set()
         for number, request in enumerate(requests):
             try:
                 rows += [
@@ -219,9 +322,11 @@ class TritonPythonModel:
             for batch in fitting_batches(self.shape, budget, group)
         ]
         for group in batches:
+            numbers = sorted({row.request[0] for row in group})
+            checks = [watched[number][1] for number in numbers]
             try:
                 completions = generate(
-                    self.model.logits,
+                    stoppable(self.model.logits, lambda checks=checks: all(c() for c in checks)),
                     self.model.tokenizer,
                     [row.prompt for row in group],
                     group[0].params,
@@ -231,11 +336,17 @@ class TritonPythonModel:
                 for row in group:
                     errors[row.request[0]] = str(error)
                 continue
+            except Cancelled as stop:
+                self._say_cancelled([watched[number][0] for number in numbers], stop)
+                cancelled.update(numbers)
+                continue
             for row, completion in zip(group, completions, strict=True):
                 number, index = row.request
                 results[number][index] = completion
         return [
-            _error_response(errors[number])
+            _error_response(CANCELLED_MESSAGE, "CANCELLED")
+            if number in cancelled
+            else _error_response(errors[number])
             if number in errors
             else _response(
                 [results[number][i].text for i in sorted(results[number])],
@@ -257,8 +368,9 @@ class TritonPythonModel:
             row = rows[0]
             if row.params.beam_width != 1:
                 raise RequestError("streaming needs beam_width 1: use the non-streaming model")
+            request_id, cancelled = self._cancellation(request)
             pieces = stream(
-                self.model.logits,
+                stoppable(self.model.logits, cancelled),
                 self.model.tokenizer,
                 row.prompt,
                 row.params,
@@ -268,6 +380,10 @@ class TritonPythonModel:
                 sender.send(_response([piece], [""]))
         except ValueError as error:  # RequestError included
             sender.send(_error_response(str(error)), flags=final)
+            return
+        except Cancelled as stop:
+            self._say_cancelled([request_id], stop)
+            sender.send(_error_response(CANCELLED_MESSAGE, "CANCELLED"), flags=final)
             return
         sender.send(flags=final)
 
@@ -287,7 +403,7 @@ def _response(texts: list[str], reasons: list[str]) -> Any:
     )
 
 
-def _error_response(message: str) -> Any:
-    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+def _error_response(message: str, kind: str = "INVALID_ARG") -> Any:
+    code = getattr(pb_utils.TritonError, kind, None)
     error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
     return pb_utils.InferenceResponse(output_tensors=[], error=error)

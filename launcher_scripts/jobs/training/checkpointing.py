@@ -40,18 +40,25 @@ from launcher_scripts.formats.progress import (
 
 RNG_DIR = "rng_state"
 OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
-FIELD = re.compile(r"\{(\w+)(:[^}]*)?\}")
+# A template field and the "-" that follows it, which goes with the field when it is left out.
+FIELD = re.compile(r"\{(\w+)(:[^}]*)?\}(-?)")
 
 
 def checkpoint_name(template: str, values: dict[str, float]) -> str:
-    """Lightning's file-name template: "{val_loss:.2f}" becomes "val_loss=2.34"."""
+    """Lightning's file-name template: "{val_loss:.2f}" becomes "val_loss=2.34".
+
+    A metric with no value yet (val_loss before the first validation) is left out of the name
+    with its separator, "megatron_gpt--step=5-consumed_samples=40.0": "val_loss=nan" read as a
+    diverged run, and Lightning's 0 in its place as a perfect one."""
 
     def replace(match: re.Match[str]) -> str:
-        name, spec = match.group(1), (match.group(2) or ":")[1:]
-        value = values.get(name, math.nan)
-        return f"{name}={format(value, spec)}"
+        name, spec, separator = match.group(1), (match.group(2) or ":")[1:], match.group(3)
+        value = values.get(name)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return ""
+        return f"{name}={format(value, spec)}{separator}"
 
-    return FIELD.sub(replace, template)
+    return FIELD.sub(replace, template).rstrip("-") or "checkpoint"
 
 
 def _world() -> dict[str, int]:

@@ -25,7 +25,7 @@ srun \
     --input-format text \
     --model-type bpe \
     --vocab-size 8000 \
-    --character-coverage 0.9995 \
+    --character-coverage 1.0 \
     --unk-id 1 \
     --bos-id 2 \
     --eos-id 3 \

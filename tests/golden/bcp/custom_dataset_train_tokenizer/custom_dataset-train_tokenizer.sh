@@ -24,4 +24,4 @@ exec bcprun \
     --env "MASTER_ADDR=$MASTER_ADDR" \
     --env "MASTER_PORT=$MASTER_PORT" \
     --env "LAUNCHER_NNODES=$nodes" \
-    -c 'python3 -u -m launcher_scripts.jobs.data_prep.train_tokenizer --input /data/raw/a.jsonl /data/raw/b.jsonl.gz --text-key text --model-prefix /data/custom_dataset/bpe/custom_sp_tokenizer --input-format text --model-type bpe --vocab-size 8000 --character-coverage 0.9995 --unk-id 1 --bos-id 2 --eos-id 3 --pad-id 0'
+    -c 'python3 -u -m launcher_scripts.jobs.data_prep.train_tokenizer --input /data/raw/a.jsonl /data/raw/b.jsonl.gz --text-key text --model-prefix /data/custom_dataset/bpe/custom_sp_tokenizer --input-format text --model-type bpe --vocab-size 8000 --character-coverage 1.0 --unk-id 1 --bos-id 2 --eos-id 3 --pad-id 0'

@@ -17,7 +17,7 @@ exec python3 -u -m launcher_scripts.jobs.data_prep.train_tokenizer \
     --input-format text \
     --model-type bpe \
     --vocab-size 8000 \
-    --character-coverage 0.9995 \
+    --character-coverage 1.0 \
     --unk-id 1 \
     --bos-id 2 \
     --eos-id 3 \
