@@ -120,6 +120,8 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
                 tuple(dict.fromkeys(ctx.missing_inputs)),
             )
         )
+    # What this cluster cannot run, any stage's job (more nodes than it has): once, here.
+    backend.check_jobs([job.spec for stage in planned for job in stage.jobs])
     return backend, resolved, planned
 
 
@@ -184,6 +186,8 @@ def run(cfg: DictConfig, argv: list[str]) -> int:
             print(f"start the {backend.name} job that runs this pipeline with: {path}")
         print("dry run: every script is rendered and checked; nothing was run or submitted.")
         return 0
+    for line in backend.plan_notes():  # what the dry run says first about the cluster
+        print(line)
     run_id = new_run_id()
     manifest = Manifest(
         run_id=run_id,

@@ -68,7 +68,8 @@ class Backend(Protocol):
         """The script text. Deterministic: the same JobSpec gives the same bytes."""
 
     def plan_notes(self) -> list[str]:
-        """What the dry run says about this cluster beyond the scripts."""
+        """What a run says about this cluster before its jobs (a dry run, beyond the
+        scripts)."""
 
     def outer_launch(
         self, jobs: Sequence[JobSpec], overrides: Sequence[str]
@@ -82,9 +83,14 @@ class Backend(Protocol):
         """Whether jobs import their packages from the launcher's own Python environment (no
         container image), so that preflight can check those packages here."""
 
+    def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
+        """Raise ConfigError when this cluster cannot run these jobs as they ask (more nodes
+        than it has, say). Dry runs ask too: a scheduler that does not answer here (no Slurm
+        on this machine) is not asked."""
+
     def check_submission(self, jobs: Sequence[JobSpec]) -> None:
         """Raise ConfigError when these jobs could not be submitted or run here (no scheduler,
-        say, or more CPUs than any node has)."""
+        say, or more CPUs than any node has). Real runs only, after check_jobs."""
 
     def submit(
         self,
@@ -131,6 +137,9 @@ class BackendDefaults:
         self, jobs: Sequence[JobSpec], overrides: Sequence[str]
     ) -> tuple[str, str] | None:
         return None
+
+    def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
+        return None  # nothing known here about the cluster's size
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ class LocalBackend(BackendDefaults):
             lines += ["", f"exec {argv}" if position == len(job.commands) else argv]
         return "\n".join(lines) + "\n"
 
-    def check_submission(self, jobs: Sequence[JobSpec]) -> None:
+    def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
         """The jobs run on this machine alone: a job of several nodes would start one node's
         processes and wait for the rest."""
         for job in jobs:
@@ -94,6 +94,9 @@ class LocalBackend(BackendDefaults):
                     f"Set {nodes_key(job)}=1 (trainer.devices processes run here), or use a "
                     "cluster backend (cluster_type=bcm, bcp or k8s)",
                 )
+
+    def check_submission(self, jobs: Sequence[JobSpec]) -> None:
+        return None  # no scheduler to ask: check_jobs said what this machine cannot run
 
     def log_path(self, job: JobSpec, run_id: str) -> str:
         return str(Path(job.results_dir) / f"log-{job.name}_{run_id}.out")

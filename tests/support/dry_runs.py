@@ -3,8 +3,11 @@ their code blocks and dry-run in this process."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
+
+import pytest
 
 # What a dry run prints last when every script was rendered and checked.
 DRY_RUN_DONE = "nothing was run or submitted"
@@ -29,3 +32,13 @@ def as_dry_run(overrides: Sequence[str], root: Path) -> list[str]:
     if not any(arg.startswith("data_dir=") for arg in args):
         args.append(f"data_dir={root}/data")
     return [*args, "dry_run=true"]
+
+
+def without_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dry-run as on a machine without Slurm (no sinfo on PATH), where a dry run cannot ask
+    the cluster about its partitions. The pages' commands are written for the reader's
+    cluster: this machine's Slurm is the tests' own, whose default partition has one node, so
+    it would refuse a published recipe's node count."""
+    folders = os.environ.get("PATH", "").split(os.pathsep)
+    kept = [folder for folder in folders if not (Path(folder) / "sinfo").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(kept))
