@@ -92,6 +92,32 @@ def test_several_nodes_are_refused_by_the_local_backend(results: Path) -> None:
     assert not results.exists()
 
 
+# Each stage that takes a node count, asking for several nodes (tuning stages: of one device).
+SEVERAL_NODES = {
+    "training": ("stages=[training]", "training.trainer.num_nodes=2"),
+    "published training recipe": ("stages=[training]", "training=gpt3/5b"),
+    **{
+        stage: (f"stages=[{stage}]", f"{stage}.trainer.num_nodes=2", f"{stage}.trainer.devices=1")
+        for stage in ("fine_tuning", "peft", "prompt_learning", "adapter_learning", "ia3_learning")
+    },
+}
+
+
+@pytest.mark.parametrize("overrides", SEVERAL_NODES.values(), ids=SEVERAL_NODES.keys())
+def test_a_dry_run_refuses_several_nodes_on_the_local_backend_as_the_run_does(
+    results: Path, overrides: tuple[str, ...]
+) -> None:
+    result = launch(results, *overrides, "dry_run=true")
+    stage = overrides[0].removeprefix("stages=[").removesuffix("]")
+    assert_one_line_error(
+        result,
+        f"error: {stage}.trainer.num_nodes: job ",
+        " nodes but cluster_type=local runs on this machine",
+        f"Set {stage}.trainer.num_nodes=1",
+    )
+    assert not results.exists()
+
+
 def test_empty_input_file(results: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl.gz"
     empty.write_bytes(b"")
