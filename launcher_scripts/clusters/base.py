@@ -184,12 +184,18 @@ def shutdown_env(job: JobSpec, grace: int) -> list[tuple[str, str]]:
     return [(TORCHRUN_SHUTDOWN_TIMEOUT, str(grace))]
 
 
+# torchrun as the job programs' refusals need it (launcher_scripts/jobs/torchrun.py): named, not
+# imported, as the stages name job programs.
+TORCHRUN = "launcher_scripts.jobs.torchrun"
+
+
 def python_argv(command: Command, python: str = "python3") -> list[str]:
-    """The argv that starts a command's program, through torchrun when it has several processes."""
+    """The argv that starts a command's program on this machine, through torchrun (TORCHRUN)
+    when it has several processes."""
     argv = [python, "-u", "-m"]
     if command.nproc_per_node > 1:
         argv += [
-            "torch.distributed.run",
+            TORCHRUN,
             "--standalone",
             f"--nproc-per-node={command.nproc_per_node}",
         ]
