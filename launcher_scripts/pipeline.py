@@ -89,7 +89,9 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     written: set[str] = set()  # artifacts earlier stages of this run produce
     previous: JobSpec | None = None
     for stage in stages:
-        ctx = StageContext(resolved, stage, frozenset(written))
+        ctx = StageContext(
+            resolved, stage, frozenset(written), jobs_find_gpus=backend.jobs_find_gpus
+        )
         STAGES[stage].validate(ctx)
         results_dir = Path(str(ctx.cfg.run.results_dir))
         jobs = []

@@ -92,6 +92,10 @@ class Backend(Protocol):
         """Raise ConfigError when these jobs could not be submitted or run here (no scheduler,
         say, or more CPUs than any node has). Real runs only, after check_jobs."""
 
+    def jobs_find_gpus(self) -> bool | None:
+        """Whether the jobs' processes will find a CUDA GPU (a recipe asking for GPUs falls back
+        to the CPU without one): known where they run on this machine, else None."""
+
     def submit(
         self,
         script: str,
@@ -140,6 +144,9 @@ class BackendDefaults:
 
     def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
         return None  # nothing known here about the cluster's size
+
+    def jobs_find_gpus(self) -> bool | None:
+        return None  # the jobs run elsewhere
 
 
 @dataclass(frozen=True)
