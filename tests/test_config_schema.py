@@ -24,6 +24,7 @@ from launcher_scripts.errors import ConfigError
 from launcher_scripts.stages import STAGES
 from tests.support import REPO
 from tests.support.commands import assert_one_line_error, run_main
+from tests.support.dry_runs import without_slurm
 from tests.support.recipe_fills import FILLS
 
 KINDS = ("dataset", "model_family", "evaluation_kind", "peft_method")
@@ -397,7 +398,8 @@ def plan_lines(*overrides: str) -> list[str]:
     return plan.describe(family.plan(resolved, "training"))
 
 
-def test_plan_settings_reach_the_plan() -> None:
+def test_plan_settings_reach_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    without_slurm(monkeypatch)  # gpt3/126m's 8 nodes, for a cluster, not this machine's Slurm
     default = next(line for line in plan_lines() if "time to train" in line)
     assert "at 140 model TFLOP/s" in default
     faster = next(line for line in plan_lines("plan.tflops_per_gpu=280") if "time to train" in line)

@@ -30,7 +30,8 @@ def refused(tmp_path: Path, *overrides: str) -> ConfigError:
 
 # ----- conversion ---------------------------------------------------------------------------
 
-GPT2_RUN = ("stages=[training,conversion]", "training=gpt3/126m")
+# One node: the local backend runs one machine's processes (the published recipe has 8).
+GPT2_RUN = ("stages=[training,conversion]", "training=gpt3/126m", "training.trainer.num_nodes=1")
 
 
 def test_conversion_packs_the_tokenizer_files_it_is_given(tmp_path: Path) -> None:
@@ -204,10 +205,12 @@ def test_bert_merges_save_dir_is_accepted(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("recipe", ["t5/220m", "mt5/390m"])
 def test_t5_position_embedding_type_sets_both_blocks(recipe: str, tmp_path: Path) -> None:
+    one_node = "training.trainer.num_nodes=1"  # the local backend runs one machine's processes
     _, resolved, _ = dry_plan(
         tmp_path,
         "stages=[training]",
         f"training={recipe}",
+        one_node,
         "training.model.position_embedding_type=relative",
     )
     model = resolved.training.model
@@ -217,6 +220,7 @@ def test_t5_position_embedding_type_sets_both_blocks(recipe: str, tmp_path: Path
         tmp_path,
         "stages=[training]",
         f"training={recipe}",
+        one_node,
         "training.model.decoder.position_embedding_type=relative",
     )
     model = resolved.training.model
