@@ -11,6 +11,7 @@ that dry-runs as on a machine without Slurm.
 from __future__ import annotations
 
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -75,19 +76,23 @@ def test_more_nodes_than_the_partition_has_is_refused_in_the_dry_run(
 def test_more_nodes_than_the_partition_has_is_not_submitted(slurm: None, tmp_path: Path) -> None:
     """The real run: refused before any file is written or any job submitted (it used to be
     submitted and stay PENDING, reason PartitionNodeLimit)."""
+    prefix = f"node-count-{uuid.uuid4().hex[:8]}:"
     result = launch(
         tmp_path,
         "stages=[data_preparation,training]",
         f"cluster.partition={MULTI_PARTITION}",
         "training.trainer.num_nodes=4",
         "training.model.global_batch_size=48",
-        "cluster.job_name_prefix=node-count-test:",
+        f"cluster.job_name_prefix={prefix}",
         dry_run=False,
     )
+    queue = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True)
+    submitted = [line.split()[0] for line in queue.stdout.splitlines() if prefix in line]
+    if submitted:  # a pending job would wait forever: end it, then fail
+        subprocess.run(["scancel", *submitted], check=True)
+    assert submitted == []
     assert_one_line_error(result, "training.trainer.num_nodes: job gpt3_tiny asks for 4 nodes")
     assert not (tmp_path / "results").exists()
-    queue = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True).stdout
-    assert "node-count-test:" not in queue
 
 
 def test_a_dry_run_without_slurm_leaves_the_node_counts_unchecked(
