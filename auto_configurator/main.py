@@ -9,6 +9,7 @@ figures for one recipe.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -41,6 +42,28 @@ measure the layouts the memory and throughput model predicts fastest. Examples:
 """
 
 
+# The command words, each with its usage; without one, the arguments are overrides.
+COMMANDS = {"estimate": "estimate [--json] [KEY=VALUE ...]"}
+
+
+def is_override(word: str) -> bool:
+    """Hydra overrides hold "=" (key=value, +key=value, ~key=value) or start with "~" (~key
+    deletes); flags start with "-". Any other word would be a command."""
+    return "=" in word or word.startswith(("~", "-"))
+
+
+def unknown_command(word: str) -> str:
+    """The one line for a first word that is neither a command nor an override (Hydra's own
+    error is "missing EQUAL")."""
+    close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    usages = "; ".join(f"python3 auto_configurator/main.py {usage}" for usage in COMMANDS.values())
+    return (
+        f"error: unknown command {word!r}: {hint}the commands are {', '.join(COMMANDS)} "
+        f"({usages}); to recommend a size and search layouts, give KEY=VALUE overrides only"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["estimate"]:
@@ -50,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         print(USAGE)
         return 0
+    if argv and not is_override(argv[0]):
+        print(unknown_command(argv[0]), file=sys.stderr)
+        return 2
     try:
         from auto_configurator.config import compose_config
 

@@ -89,7 +89,9 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     written: set[str] = set()  # artifacts earlier stages of this run produce
     previous: JobSpec | None = None
     for stage in stages:
-        ctx = StageContext(resolved, stage, frozenset(written))
+        ctx = StageContext(
+            resolved, stage, frozenset(written), jobs_find_gpus=backend.jobs_find_gpus
+        )
         STAGES[stage].validate(ctx)
         results_dir = Path(str(ctx.cfg.run.results_dir))
         jobs = []
@@ -120,6 +122,8 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
                 tuple(dict.fromkeys(ctx.missing_inputs)),
             )
         )
+    # What this cluster cannot run, any stage's job (more nodes than it has): once, here.
+    backend.check_jobs([job.spec for stage in planned for job in stage.jobs])
     return backend, resolved, planned
 
 
@@ -184,6 +188,8 @@ def run(cfg: DictConfig, argv: list[str]) -> int:
             print(f"start the {backend.name} job that runs this pipeline with: {path}")
         print("dry run: every script is rendered and checked; nothing was run or submitted.")
         return 0
+    for line in backend.plan_notes():  # what the dry run says first about the cluster
+        print(line)
     run_id = new_run_id()
     manifest = Manifest(
         run_id=run_id,

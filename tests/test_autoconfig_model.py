@@ -32,6 +32,7 @@ from launcher_scripts.costmodel.throughput import (
     predict_step,
 )
 from launcher_scripts.errors import ConfigError
+from tests.support.autoconfig import run_autoconfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -708,3 +709,17 @@ def test_t5_step_time_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
     assert step["pp_comm_s"] == pytest.approx(sends, rel=1e-12)
     assert step["dp_comm_s"] == 0  # DP 1
     assert step["step_time_s"] == pytest.approx(m * stage_0 + stage_1 + sends, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("word", "hint"),
+    [("estimat", "did you mean 'estimate'? "), ("recommend", "")],
+)
+def test_a_word_that_is_no_command_names_the_commands(word: str, hint: str) -> None:
+    """Hydra alone says "missing EQUAL" of a word without "=" (a misspelt command)."""
+    result = run_autoconfig(word, "training=gpt3/126m")
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: unknown command {word!r}: {hint}the commands are estimate ")
+    assert "auto_configurator/main.py estimate [--json] [KEY=VALUE ...]" in line

@@ -24,6 +24,7 @@ from launcher_scripts.errors import ConfigError
 from launcher_scripts.stages import STAGES
 from tests.support import REPO
 from tests.support.commands import assert_one_line_error, run_main
+from tests.support.dry_runs import without_slurm
 from tests.support.recipe_fills import FILLS
 
 KINDS = ("dataset", "model_family", "evaluation_kind", "peft_method")
@@ -174,6 +175,33 @@ def test_root_and_cluster_keys_are_checked(override: str, key: str, fragment: st
     with pytest.raises(ConfigError) as error:
         pipeline.plan(pipeline.compose(["stages=[training]", "dry_run=true", override]))
     assert error.value.key == key and fragment in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("stage", "override", "meant"),
+    [
+        ("data_preparation", "data_preparation.run.nodes=2", "run.node_array_size"),
+        ("data_preparation", "+data_preparation.run.nodes=2", "run.node_array_size"),
+        ("data_preparation", "+data_preparation.run.ntasks_per_node=4", "run.workers_per_node"),
+        ("data_preparation", "+data_preparation.run.time=4:00:00", "run.time_limit"),
+        ("training", "+training.run.nodes=2", "trainer.num_nodes"),
+        ("training", "+training.trainer.gpus=8", "trainer.devices"),
+        ("training", "+training.run.accelerator=cpu", "trainer.accelerator"),
+        ("fine_tuning", "+fine_tuning.run.num_nodes=2", "trainer.num_nodes"),
+        ("evaluation", "evaluation.trainer.accelerator=cpu", "run.accelerator"),
+    ],
+)
+def test_a_key_of_a_setting_this_recipe_names_otherwise_names_its_key(
+    stage: str, override: str, meant: str
+) -> None:
+    """A key no program reads, that names a setting the recipe has under another name (another
+    stage's, NeMo's or Lightning's): use this recipe's key instead."""
+    with pytest.raises(ConfigError) as error:
+        pipeline.plan(pipeline.compose([f"stages=[{stage}]", "dry_run=true", override]))
+    key = override.lstrip("+").partition("=")[0]
+    assert error.value.key == key, str(error.value)
+    assert "no program reads it" in str(error.value)
+    assert f"Use {stage}.{meant} instead" in str(error.value), str(error.value)
 
 
 def test_a_key_the_stage_reads_but_the_recipe_leaves_out_is_added_with_plus() -> None:
@@ -397,7 +425,8 @@ def plan_lines(*overrides: str) -> list[str]:
     return plan.describe(family.plan(resolved, "training"))
 
 
-def test_plan_settings_reach_the_plan() -> None:
+def test_plan_settings_reach_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    without_slurm(monkeypatch)  # gpt3/126m's 8 nodes, for a cluster, not this machine's Slurm
     default = next(line for line in plan_lines() if "time to train" in line)
     assert "at 140 model TFLOP/s" in default
     faster = next(line for line in plan_lines("plan.tflops_per_gpu=280") if "time to train" in line)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from launcher_scripts.main import main
-from tests.support.dry_runs import DRY_RUN_DONE, as_dry_run, continued
+from tests.support.dry_runs import DRY_RUN_DONE, as_dry_run, continued, without_slurm
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
@@ -309,6 +309,7 @@ def test_documented_command_dry_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.chdir(tmp_path)  # relative paths (results/..., data/...) land here
+    without_slurm(monkeypatch)
     args = adapted(command, tmp_path)
     code = main(args)
     out, err = capsys.readouterr()

@@ -5,6 +5,7 @@ a dry run's planning, in process (nothing is written, run or submitted).
 Inputs a recipe reads (datasets, tokenizers) need not exist: a dry run lists the missing ones
 and goes on with every other check, so a recipe whose settings are wrong still fails here.
 Checkpoints come from the stages that write them, put before the stage in the same run.
+On the local backend a recipe of several nodes is refused, after every other check passed.
 New recipes, stage groups and cluster types are picked up without edits.
 """
 
@@ -20,9 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.compose import compose_config, config_groups, recipe_options
+from launcher_scripts.errors import ConfigError
 from launcher_scripts.pipeline import plan
 from launcher_scripts.stages import STAGES
 from tests.support import REPO
+from tests.support.dry_runs import without_slurm
 from tests.support.recipe_fills import FILLS
 
 GROUPS = [group for group in config_groups() if group != "cluster"]
@@ -134,15 +137,32 @@ def overrides(group: str, recipe: str, cluster_type: str, root: Path) -> list[st
     ]
 
 
+def several_nodes(cfg: DictConfig) -> list[str]:
+    """The requested stages whose recipe asks for more than one node."""
+    return [
+        str(stage)
+        for stage in cfg.stages
+        if int(OmegaConf.select(cfg[stage], "trainer.num_nodes", default=1) or 1) > 1
+    ]
+
+
 @pytest.mark.parametrize(("group", "recipe", "cluster_type"), backend_cases(RUNNABLE))
 def test_recipe_validates_and_renders(
-    group: str, recipe: str, cluster_type: str, tmp_path: Path
+    group: str, recipe: str, cluster_type: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if cluster_type not in BACKENDS:
         pytest.fail(f"cluster_type {cluster_type} has no backend")
-    backend, _resolved, planned = plan(
-        compose_config(overrides(group, recipe, cluster_type, tmp_path))
-    )
+    # The recipes are for any cluster: not checked against this machine's Slurm (the tests').
+    without_slurm(monkeypatch)
+    cfg = compose_config(overrides(group, recipe, cluster_type, tmp_path))
+    if cluster_type == "local" and several_nodes(cfg):
+        # One machine's processes: a recipe of several nodes (or the training run before the
+        # stage) passes every other check, and is refused by the last, the backend's.
+        with pytest.raises(ConfigError, match="runs on this machine") as refused:
+            plan(cfg)
+        assert refused.value.key == f"{several_nodes(cfg)[0]}.trainer.num_nodes"
+        return
+    backend, _resolved, planned = plan(cfg)
     jobs = [job for stage in planned for job in stage.jobs]
     assert jobs, "the stage rendered no job"
     for job in jobs:

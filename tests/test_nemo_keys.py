@@ -30,7 +30,8 @@ def refused(tmp_path: Path, *overrides: str) -> ConfigError:
 
 # ----- conversion ---------------------------------------------------------------------------
 
-GPT2_RUN = ("stages=[training,conversion]", "training=gpt3/126m")
+# One node: the local backend runs one machine's processes (the published recipe has 8).
+GPT2_RUN = ("stages=[training,conversion]", "training=gpt3/126m", "training.trainer.num_nodes=1")
 
 
 def test_conversion_packs_the_tokenizer_files_it_is_given(tmp_path: Path) -> None:
@@ -201,6 +202,8 @@ def test_bert_merges_save_dir_is_accepted(tmp_path: Path) -> None:
 
 # ----- T5 position embeddings ----------------------------------------------------------------
 
+ONE_NODE = "training.trainer.num_nodes=1"  # the local backend runs one machine's processes
+
 
 @pytest.mark.parametrize("recipe", ["t5/220m", "mt5/390m"])
 def test_t5_position_embedding_type_sets_both_blocks(recipe: str, tmp_path: Path) -> None:
@@ -208,6 +211,7 @@ def test_t5_position_embedding_type_sets_both_blocks(recipe: str, tmp_path: Path
         tmp_path,
         "stages=[training]",
         f"training={recipe}",
+        ONE_NODE,
         "training.model.position_embedding_type=relative",
     )
     model = resolved.training.model
@@ -231,7 +235,7 @@ def test_t5_block_position_settings_other_than_the_models_are_refused(
 ) -> None:
     """megatron-core's T5Model takes one position setting for both blocks: a block's other
     value would be ignored by the job, and recorded in the model's config as if it were not."""
-    _, resolved, _ = dry_plan(tmp_path, "stages=[training]", f"training={recipe}")
+    _, resolved, _ = dry_plan(tmp_path, "stages=[training]", f"training={recipe}", ONE_NODE)
     used = resolved.training.model.get(name, T5_POSITION_DEFAULTS[name])
     if name == "position_embedding_type":
         other = "learned_absolute" if used == "relative" else "relative"
@@ -241,6 +245,7 @@ def test_t5_block_position_settings_other_than_the_models_are_refused(
         tmp_path,
         "stages=[training]",
         f"training={recipe}",
+        ONE_NODE,
         f"training.model.{block}.{name}={other}",
     )
     assert error.key == f"training.model.{block}.{name}", str(error)

@@ -1,7 +1,8 @@
-"""Keeping jobs off bad nodes, without a cluster: the nodes cluster validation drains
-(`cluster.exclude_unhealthy`), and the node a failed multi-node attempt is requeued without
-(`launcher_scripts.jobs.failed_node`, which the training script runs). The Slurm side of both
-runs on CI's namespace nodes (test_cluster_validation.py, test_slurm_nodes.py)."""
+"""Keeping jobs off bad nodes: the nodes cluster validation drains (`cluster.exclude_unhealthy`),
+and the node a failed multi-node attempt is requeued without (`launcher_scripts.jobs.failed_node`,
+which the training script runs). Dry runs, without a cluster, and against this machine's Slurm
+for what sinfo tells (the nodes it has); the Slurm side of both runs on CI's namespace nodes
+(test_cluster_validation.py, test_slurm_nodes.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from launcher_scripts.jobs.failed_node import first_failed_node
 from tests.support.commands import run_main
+from tests.support.dry_runs import without_slurm
 
 KILLED = """\
 rank 2/4 local_rank 0 host n2 device cpu launcher slurm: joining 4 processes at n1:20616
@@ -95,7 +97,10 @@ def dry_run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_newest_validation_drains_nodes_from_every_job(tmp_path: Path) -> None:
+def test_the_newest_validation_drains_nodes_from_every_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    without_slurm(monkeypatch)  # its nodes n3, n4 and n9 are no cluster's: none is checked
     old = '{"drain": {"n1": "old"}, "unconfirmed": {}, "passed": []}'
     verdict(tmp_path / "validation", "20261101-100000-000000", old)
     new = '{"drain": {"n3": "x", "n4": "y"}, "unconfirmed": {"n5": "z"}, "passed": ["n1"]}'

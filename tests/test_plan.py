@@ -12,6 +12,7 @@ from launcher_scripts.costmodel.plan import check_fits
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import family_of
 from tests.support.commands import run_main
+from tests.support.dry_runs import without_slurm
 
 # GPT-3 126m: h 768, 12 layers, 12 heads, FFN 3072, sequence 2048, learned positions, GeLU,
 # LayerNorm, biases, tied embeddings; the GPT-2 vocabulary 50257 padded to 50304 (128).
@@ -136,7 +137,8 @@ def test_a_recipe_that_cannot_fit_is_refused_naming_the_key(tmp_path: Path) -> N
     assert "exceeds cluster.gpu_memory_gb=80" in str(error.value)
 
 
-def test_dry_run_prints_the_plan(tmp_path: Path) -> None:
+def test_dry_run_prints_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    without_slurm(monkeypatch)  # gpt3/126m's 8 nodes, for a cluster, not this machine's Slurm
     data = tmp_path / "data"
     (data / "bpe").mkdir(parents=True)
     for shard in range(30):

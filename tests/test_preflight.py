@@ -92,6 +92,88 @@ def test_several_nodes_are_refused_by_the_local_backend(results: Path) -> None:
     assert not results.exists()
 
 
+# Each stage that takes a node count, asking for several nodes (tuning stages: of one device).
+SEVERAL_NODES = {
+    "training": ("stages=[training]", "training.trainer.num_nodes=2"),
+    "published training recipe": ("stages=[training]", "training=gpt3/5b"),
+    **{
+        stage: (f"stages=[{stage}]", f"{stage}.trainer.num_nodes=2", f"{stage}.trainer.devices=1")
+        for stage in ("fine_tuning", "peft", "prompt_learning", "adapter_learning", "ia3_learning")
+    },
+}
+
+
+@pytest.mark.parametrize("overrides", SEVERAL_NODES.values(), ids=SEVERAL_NODES.keys())
+def test_a_dry_run_refuses_several_nodes_on_the_local_backend_as_the_run_does(
+    results: Path, overrides: tuple[str, ...]
+) -> None:
+    result = launch(results, *overrides, "dry_run=true")
+    stage = overrides[0].removeprefix("stages=[").removesuffix("]")
+    assert_one_line_error(
+        result,
+        f"error: {stage}.trainer.num_nodes: job ",
+        " nodes but cluster_type=local runs on this machine",
+        f"Set {stage}.trainer.num_nodes=1",
+    )
+    assert not results.exists()
+
+
+CONTEXT_PARALLEL = ("stages=[training]", "training.model.context_parallel_size=2")
+
+
+def test_context_parallelism_on_cpu_is_refused_before_the_job(results: Path) -> None:
+    result = launch(results, *CONTEXT_PARALLEL, "training.trainer.devices=2", "dry_run=true")
+    assert_one_line_error(
+        result,
+        "error: training.model.context_parallel_size: is 2 but this run is on CPU "
+        "(training.trainer.accelerator=cpu) and context parallelism needs Transformer Engine",
+        "Set training.model.context_parallel_size=1",
+    )
+    assert not results.exists()
+
+
+def test_context_parallelism_asking_for_gpus_this_machine_lacks_is_refused(
+    results: Path,
+) -> None:
+    """A recipe asking for GPUs on the local backend runs on the CPU of a machine without one:
+    preflight asks the launcher's Python, which runs the jobs, whether torch finds a GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the jobs would run on it")
+    result = launch(
+        results,
+        *CONTEXT_PARALLEL,
+        "training.trainer.devices=2",
+        "training.trainer.accelerator=gpu",
+        "training.model.transformer_engine=true",
+        "dry_run=true",
+    )
+    assert_one_line_error(
+        result,
+        "error: training.model.context_parallel_size: is 2 but the jobs run on this machine, "
+        "where torch finds no GPU",
+        "Set training.model.context_parallel_size=1",
+    )
+
+
+def test_context_parallelism_without_transformer_engine_is_refused(results: Path) -> None:
+    result = launch(
+        results,
+        *CONTEXT_PARALLEL,
+        "training.trainer.devices=2",
+        "training.trainer.accelerator=gpu",
+        "cluster_type=bcm",
+        "dry_run=true",
+    )
+    assert_one_line_error(
+        result,
+        "error: training.model.context_parallel_size: is 2 but "
+        "training.model.transformer_engine is not true",
+        "Set training.model.transformer_engine=true",
+    )
+
+
 def test_empty_input_file(results: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl.gz"
     empty.write_bytes(b"")

@@ -23,7 +23,7 @@ import yaml
 from launcher_scripts.config.compose import compose_config, config_groups
 from launcher_scripts.main import main
 from tests.support import REPO, missing
-from tests.support.dry_runs import DRY_RUN_DONE, as_dry_run, continued
+from tests.support.dry_runs import DRY_RUN_DONE, as_dry_run, continued, without_slurm
 
 REFERENCE = REPO.parent / "shared" / "reference" / "launcher-reference.md"
 IMAGE = "nvcr.io/nvidia/nemo:24.05"
@@ -109,7 +109,9 @@ def config_settings(block: str) -> tuple[str, ...] | None:
     root_keys = {"stages", "cluster_type", *config_groups()}
     if not isinstance(loaded, dict) or not loaded or not set(loaded) <= root_keys:
         return None
-    overrides = []
+    # The block edits NeMo's conf/config.yaml, whose cluster_type is bcm (this launcher's is
+    # local, which runs no job of several nodes).
+    overrides = [] if {"cluster", "cluster_type"} & set(loaded) else ["cluster_type=bcm"]
     for key, value in loaded.items():
         if key == "stages" and isinstance(value, list) and all(isinstance(v, str) for v in value):
             overrides.append(f"stages=[{','.join(value)}]")
@@ -210,12 +212,16 @@ def adapted(command: Command, root: Path) -> list[str]:
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[f"line{c.line}" for c in COMMANDS])
 def test_reference_command_dry_runs(
-    command: Command, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    command: Command,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     outside = command.outside()
     if outside is not None and outside[1] is None:
         return  # not main.py: see OUTSIDE
     assert command.words[1].endswith("launcher_scripts/main.py") or command.words[1] == "main.py"
+    without_slurm(monkeypatch)
     args = adapted(command, tmp_path)
     code = main(args)
     out, err = capsys.readouterr()

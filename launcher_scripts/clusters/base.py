@@ -68,7 +68,8 @@ class Backend(Protocol):
         """The script text. Deterministic: the same JobSpec gives the same bytes."""
 
     def plan_notes(self) -> list[str]:
-        """What the dry run says about this cluster beyond the scripts."""
+        """What a run says about this cluster before its jobs (a dry run, beyond the
+        scripts)."""
 
     def outer_launch(
         self, jobs: Sequence[JobSpec], overrides: Sequence[str]
@@ -82,9 +83,18 @@ class Backend(Protocol):
         """Whether jobs import their packages from the launcher's own Python environment (no
         container image), so that preflight can check those packages here."""
 
+    def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
+        """Raise ConfigError when this cluster cannot run these jobs as they ask (more nodes
+        than it has, say). Dry runs ask too: a scheduler that does not answer here (no Slurm
+        on this machine) is not asked."""
+
     def check_submission(self, jobs: Sequence[JobSpec]) -> None:
         """Raise ConfigError when these jobs could not be submitted or run here (no scheduler,
-        say, or more CPUs than any node has)."""
+        say, or more CPUs than any node has). Real runs only, after check_jobs."""
+
+    def jobs_find_gpus(self) -> bool | None:
+        """Whether the jobs' processes will find a CUDA GPU (a recipe asking for GPUs falls back
+        to the CPU without one): known where they run on this machine, else None."""
 
     def submit(
         self,
@@ -132,6 +142,12 @@ class BackendDefaults:
     ) -> tuple[str, str] | None:
         return None
 
+    def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
+        return None  # nothing known here about the cluster's size
+
+    def jobs_find_gpus(self) -> bool | None:
+        return None  # the jobs run elsewhere
+
 
 @dataclass(frozen=True)
 class JobLog:
@@ -175,12 +191,18 @@ def shutdown_env(job: JobSpec, grace: int) -> list[tuple[str, str]]:
     return [(TORCHRUN_SHUTDOWN_TIMEOUT, str(grace))]
 
 
+# torchrun as the job programs' refusals need it (launcher_scripts/jobs/torchrun.py): named, not
+# imported, as the stages name job programs.
+TORCHRUN = "launcher_scripts.jobs.torchrun"
+
+
 def python_argv(command: Command, python: str = "python3") -> list[str]:
-    """The argv that starts a command's program, through torchrun when it has several processes."""
+    """The argv that starts a command's program on this machine, through torchrun (TORCHRUN)
+    when it has several processes."""
     argv = [python, "-u", "-m"]
     if command.nproc_per_node > 1:
         argv += [
-            "torch.distributed.run",
+            TORCHRUN,
             "--standalone",
             f"--nproc-per-node={command.nproc_per_node}",
         ]

@@ -102,6 +102,12 @@ class BcpBackend(LocalBackend):
 
     # ----- checks before running ---------------------------------------------------------
 
+    def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
+        return None  # the BCP job's replicas are known on its node 0: check_submission
+
+    def jobs_find_gpus(self) -> bool | None:
+        return None  # the jobs run on the BCP job's nodes, not here
+
     def check_submission(self, jobs: Sequence[JobSpec]) -> None:
         if shutil.which("bcprun") is None:
             raise ConfigError(

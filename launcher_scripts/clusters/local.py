@@ -17,6 +17,7 @@ process group is ended. Other jobs get SIGTERM on the whole group.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import signal
@@ -82,7 +83,7 @@ class LocalBackend(BackendDefaults):
             lines += ["", f"exec {argv}" if position == len(job.commands) else argv]
         return "\n".join(lines) + "\n"
 
-    def check_submission(self, jobs: Sequence[JobSpec]) -> None:
+    def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
         """The jobs run on this machine alone: a job of several nodes would start one node's
         processes and wait for the rest."""
         for job in jobs:
@@ -94,6 +95,12 @@ class LocalBackend(BackendDefaults):
                     f"Set {nodes_key(job)}=1 (trainer.devices processes run here), or use a "
                     "cluster backend (cluster_type=bcm, bcp or k8s)",
                 )
+
+    def check_submission(self, jobs: Sequence[JobSpec]) -> None:
+        return None  # no scheduler to ask: check_jobs said what this machine cannot run
+
+    def jobs_find_gpus(self) -> bool | None:
+        return _torch_finds_cuda()
 
     def log_path(self, job: JobSpec, run_id: str) -> str:
         return str(Path(job.results_dir) / f"log-{job.name}_{run_id}.out")
@@ -189,6 +196,23 @@ class LocalBackend(BackendDefaults):
     def logs(self, record: JobRecord) -> list[JobLog]:
         log = Path(record.log)
         return [JobLog(log)] if log.exists() else []
+
+
+@functools.cache
+def _torch_finds_cuda() -> bool | None:
+    """Whether torch finds a CUDA GPU in this Python, which runs the jobs: asked of a child
+    process, so the launcher itself does not import torch (None: no answer)."""
+    try:
+        answer = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    words = answer.stdout.split()
+    return {"True": True, "False": False}.get(words[-1]) if words else None
 
 
 def _tee(pipe: IO[bytes], log: IO[bytes]) -> None:

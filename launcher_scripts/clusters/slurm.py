@@ -6,6 +6,7 @@ byte the same each time. Submission, status and cancel call sbatch, squeue/sacct
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import shlex
@@ -22,9 +23,11 @@ from launcher_scripts.clusters.base import (
     ShellVar,
     export_lines,
     format_argv,
+    nodes_key,
     shell_word,
     utc_now,
 )
+from launcher_scripts.clusters.slurm_nodes import SinfoAnswer, SlurmNodes, ask_sinfo
 from launcher_scripts.clusters.slurm_settings import slurm_settings
 from launcher_scripts.clusters.unhealthy import Unhealthy, unhealthy_nodes
 from launcher_scripts.errors import ConfigError, LauncherError
@@ -132,27 +135,121 @@ class SlurmBackend(BackendDefaults):
         if self.settings.validation_results is not None:
             self.unhealthy = unhealthy_nodes(self.settings.validation_results)
 
+    @functools.cached_property
+    def sinfo(self) -> SinfoAnswer:
+        """What sinfo says of the cluster's partitions and nodes, asked once."""
+        return ask_sinfo()
+
+    @property
+    def cluster_nodes(self) -> SlurmNodes | None:
+        """The cluster's partitions and nodes where sinfo answers, else None."""
+        return self.sinfo.nodes
+
+    def drained(self) -> list[str]:
+        """The nodes validation drains that this cluster has: sbatch refuses an --exclude
+        naming a node it does not know (a verdict of another cluster, a node since removed).
+        All of them where sinfo does not answer."""
+        if self.unhealthy is None:
+            return []
+        cluster = self.cluster_nodes if self.unhealthy.nodes else None
+        if cluster is None:
+            return list(self.unhealthy.nodes)
+        return [node for node in self.unhealthy.nodes if node in cluster.known]
+
     def excluded(self) -> str:
         """Every submission's --exclude: cluster.exclude and the nodes validation drains."""
-        parts = [self.settings.exclude]
-        parts += self.unhealthy.nodes if self.unhealthy else []
+        parts = [self.settings.exclude, *self.drained()]
         return ",".join(part for part in parts if part)
 
     def plan_notes(self) -> list[str]:
-        """What the dry run says about this cluster beyond the scripts."""
+        """What a run says about this cluster before its jobs."""
         if self.unhealthy is None:
             return []
-        nodes = ", ".join(self.unhealthy.nodes) or "none"
-        return [
+        drained = self.drained()
+        notes = [
             f"cluster: exclude_unhealthy: every job excludes the nodes to drain in "
-            f"{self.unhealthy.verdict}: {nodes}"
+            f"{self.unhealthy.verdict}: {', '.join(drained) or 'none'}"
         ]
+        unknown = [node for node in self.unhealthy.nodes if node not in drained]
+        if unknown:
+            notes.append(
+                f"cluster: exclude_unhealthy: left out {', '.join(unknown)}, which "
+                f"{self.unhealthy.verdict} drains but this cluster does not have (sinfo lists "
+                "no such node; sbatch would refuse the --exclude)"
+            )
+        return notes
 
     def jobs_use_launcher_environment(self) -> bool:
         # Without a container, the nodes run the launcher's installation (a shared file system).
         return not (self.root is not None and self.root.get("container"))
 
     # ----- checks before submitting -----------------------------------------------------
+
+    def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
+        """A job asking for more nodes than its partition has, or than are left of it once
+        cluster.exclude and the nodes validation drains are taken out, would wait forever
+        (PENDING, PartitionNodeLimit) or be refused by sbatch. Checked where sinfo answers;
+        an unknown partition is check_submission's to name."""
+        cluster = self.cluster_nodes
+        partition = cluster.partition(self.settings.partition) if cluster else None
+        if partition is None:
+            return
+        excluded_here = set(_node_names(self.settings.exclude)) & set(partition.nodes)
+        drained_here = [node for node in self.drained() if node in partition.nodes]
+        left = [n for n in partition.nodes if n not in excluded_here and n not in drained_here]
+        for job in jobs:
+            asked, key = job.resources.nodes, nodes_key(job)
+            where = f"partition {partition.name}"
+            limit = partition.max_job_nodes
+            if limit is not None and asked > limit:
+                raise ConfigError(
+                    key,
+                    f"job {job.name} asks for {asked} nodes but {where} takes jobs of at most "
+                    f"{limit} (its MaxNodes)",
+                    f"Set {key}={limit} or fewer, or use another partition (cluster.partition)",
+                )
+            if asked > len(partition.nodes):
+                raise ConfigError(
+                    key,
+                    f"job {job.name} asks for {asked} nodes but {where} has "
+                    f"{len(partition.nodes)} ({', '.join(partition.nodes)}): Slurm would keep "
+                    "it pending forever (PartitionNodeLimit)",
+                    f"Set {key}={len(partition.nodes)} or fewer, or use a partition with more "
+                    "nodes (cluster.partition; sinfo lists them)",
+                )
+            if asked > len(left):
+                raise self._too_few_left(job, where, partition.nodes, left, drained_here)
+
+    def _too_few_left(
+        self,
+        job: JobSpec,
+        where: str,
+        nodes: tuple[str, ...],
+        left: list[str],
+        drained: list[str],
+    ) -> ConfigError:
+        asked, key = job.resources.nodes, nodes_key(job)
+        remaining = (
+            f"which leaves none of {where}'s {len(nodes)} nodes"
+            if not left
+            else f"which leaves {len(left)} of {where}'s {len(nodes)} nodes "
+            f"({', '.join(left)}) for job {job.name}'s {asked}"
+        )
+        fewer = f", ask for fewer nodes ({key}={len(left)})" if left else ""
+        if not drained:
+            return ConfigError(
+                "cluster.exclude",
+                f"excludes {self.settings.exclude}, {remaining}",
+                f"Exclude fewer nodes{fewer}, or use another partition (cluster.partition)",
+            )
+        assert self.unhealthy is not None
+        also = f" (and cluster.exclude {self.settings.exclude})" if self.settings.exclude else ""
+        return ConfigError(
+            "cluster.exclude_unhealthy",
+            f"{self.unhealthy.verdict} drains {', '.join(drained)}{also}, {remaining}",
+            f"Repair those nodes and validate the cluster again{fewer}, use another partition "
+            "(cluster.partition), or set cluster.exclude_unhealthy=false",
+        )
 
     def check_submission(self, jobs: Sequence[JobSpec]) -> None:
         if shutil.which("sbatch") is None:
@@ -161,7 +258,16 @@ class SlurmBackend(BackendDefaults):
                 "is bcm but sbatch is not on PATH",
                 "Run from a Slurm login node, or use cluster_type=local, or dry_run=true",
             )
-        known = _partitions()
+        if self.cluster_nodes is None:
+            # sbatch would fail after earlier stages' jobs had been written, or submitted.
+            problem = self.sinfo.problem or "sinfo is not on PATH"
+            raise ConfigError(
+                "cluster_type",
+                f"is bcm but Slurm does not answer ({problem})",
+                "Check that slurmctld is up (scontrol ping) and that SLURM_CONF names this "
+                "cluster's slurm.conf, or use dry_run=true to render the scripts",
+            )
+        known = list(self.cluster_nodes.partitions)
         partition = self.settings.partition
         if partition and known and partition not in known:
             raise ConfigError(
@@ -566,25 +672,24 @@ SLURM_STATES = {
 }
 
 
-def _partitions() -> list[str]:
-    """This cluster's partitions; ConfigError when its controller does not answer (sbatch
-    would fail after earlier stages' jobs had been written, or submitted)."""
-    try:
-        result = subprocess.run(
-            ["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=60
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        problem = f"sinfo did not answer: {error}"
-    else:
-        if result.returncode == 0:
-            return result.stdout.split()
-        problem = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[0]
-    raise ConfigError(
-        "cluster_type",
-        f"is bcm but Slurm does not answer ({problem})",
-        "Check that slurmctld is up (scontrol ping) and that SLURM_CONF names this cluster's "
-        "slurm.conf, or use dry_run=true to render the scripts",
-    )
+def _node_names(hostlist: str) -> list[str]:
+    """The node names of a Slurm host list ("n1,n[3-4]"): scontrol expands ranges; without
+    it, the plain names only."""
+    if not hostlist:
+        return []
+    if "[" in hostlist:
+        try:
+            expanded = subprocess.run(
+                ["scontrol", "show", "hostnames", hostlist],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            expanded = None
+        if expanded is not None and expanded.returncode == 0:
+            return expanded.stdout.split()
+    return [name.strip() for name in hostlist.split(",") if name.strip() and "[" not in name]
 
 
 def _run(argv: list[str]) -> str:

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.config import nemo_keys, yaml_loader
 from launcher_scripts.config.compose import conf_dir, config_groups
+from launcher_scripts.config.equivalents import equivalent
 from launcher_scripts.errors import ConfigError
 
 # The recipe keys that select a job program or a code path: recipes of one group that differ
@@ -299,6 +300,13 @@ def unknown_key_error(section: Section, path: str) -> ConfigError:
                 f"{section.source}; only {shown} {'has' if len(having) == 1 else 'have'} it",
                 f"Choose one of those (e.g. {section.group}={having[0]}), or leave the key out",
             )
+    same_setting = equivalent(path, set(paths(section.tree)))
+    if same_setting is not None:
+        return ConfigError(
+            full,
+            f"no program reads it: {section.source}",
+            f"Use {section.prefix}{same_setting} instead, this recipe's name for that setting",
+        )
     meant = suggestion(path, section.tree)
     hint = f"Did you mean {section.prefix}{meant}?" if meant else "Check the spelling"
     return ConfigError(full, f"no program reads it: {section.source}", hint)

@@ -5,13 +5,13 @@ for bugs)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import family_of
+from launcher_scripts.jobs.refusal import refuse
 
 
 def run_config_job(
@@ -34,20 +34,15 @@ def run_config_job(
     try:
         family = family_of(cfg, stage)
     except ConfigError as error:  # an `auto` recipe's Hugging Face directory, gone since
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 1
+        return refuse(error)
     if not family.runs(program or stage):
-        print(
-            f"error: {stage}.model_family: this launcher version has no {stage} job program for "
-            f"{family.name} models yet",
-            file=sys.stderr,
-            flush=True,
+        return refuse(
+            f"{stage}.model_family: this launcher version has no {stage} job program for "
+            f"{family.name} models yet"
         )
-        return 1
     errors = input_errors()
     try:
         job(cfg)
     except errors as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 1
+        return refuse(error)
     return 0

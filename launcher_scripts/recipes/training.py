@@ -7,6 +7,7 @@ through this module, so a recipe the launcher accepts is one the job understands
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -401,6 +402,39 @@ def _check_warmup(cfg: Any, stage: str) -> None:
             f"warmup {schedule_.warmup_steps} + constant {schedule_.constant_steps} steps "
             f"exceed max_steps {cfg.trainer.max_steps}",
             "Lower the warm-up or raise trainer.max_steps",
+        )
+
+
+def check_context_parallel(cfg: Any, stage: str, jobs_find_gpus: Callable[[], bool | None]) -> None:
+    """Context parallelism runs on Transformer Engine's attention, on GPUs: the job refuses it
+    otherwise when it starts (jobs/training/trainer.py), so preflight does first.
+    `jobs_find_gpus`: whether the jobs' processes will find a GPU (None: not known here); a
+    recipe asking for GPUs runs on the CPU without one."""
+    name = key(stage, "model.context_parallel_size")
+    context = require_int(name, cfg.model.get("context_parallel_size", 1))
+    if context <= 1:
+        return
+    needs = "context parallelism needs Transformer Engine on GPUs"
+    if str(cfg.trainer.get("accelerator", "gpu")) == "cpu":
+        raise ConfigError(
+            name,
+            f"is {context} but this run is on CPU ({key(stage, 'trainer.accelerator')}=cpu) and "
+            f"{needs}",
+            f"Set {name}=1 for CPU runs",
+        )
+    if jobs_find_gpus() is False:
+        raise ConfigError(
+            name,
+            f"is {context} but the jobs run on this machine, where torch finds no GPU (they "
+            f"would run on CPU), and {needs}",
+            f"Set {name}=1 here, or run on a machine or cluster with GPUs",
+        )
+    if not cfg.model.get("transformer_engine", False):
+        raise ConfigError(
+            name,
+            f"is {context} but {key(stage, 'model.transformer_engine')} is not true, and {needs}",
+            f"Set {key(stage, 'model.transformer_engine')}=true (Transformer Engine installed "
+            f"where the jobs run), or {name}=1",
         )
 
 

@@ -28,6 +28,9 @@ class StageContext:
     # Inputs a dry run found missing: it goes on (so a run can be planned before its data
     # exists) and lists them; a real run stops at the first one.
     missing_inputs: list[str] = field(default_factory=list)
+    # Whether the jobs' processes will find a CUDA GPU (None: not known here), asked of the
+    # backend only by a check that needs it (Backend.jobs_find_gpus).
+    jobs_find_gpus: Callable[[], bool | None] = lambda: None
 
     @property
     def cfg(self) -> DictConfig:

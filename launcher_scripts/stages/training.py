@@ -60,6 +60,7 @@ class Training(StageDefaults):
         except ConfigError as error:
             raise _naming_the_runs_data(error, ctx, family) from None
         require_job_program(ctx, "model_family", family.name, family.runs("training"))
+        recipe.check_context_parallel(ctx.cfg, ctx.stage, ctx.jobs_find_gpus)
         prefixes = recipe.data_blend(ctx.cfg, ctx.stage).prefixes
         planned = {
             prefix: files

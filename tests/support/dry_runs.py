@@ -3,8 +3,15 @@ their code blocks and dry-run in this process."""
 
 from __future__ import annotations
 
+import atexit
+import functools
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+import pytest
 
 # What a dry run prints last when every script was rendered and checked.
 DRY_RUN_DONE = "nothing was run or submitted"
@@ -29,3 +36,34 @@ def as_dry_run(overrides: Sequence[str], root: Path) -> list[str]:
     if not any(arg.startswith("data_dir=") for arg in args):
         args.append(f"data_dir={root}/data")
     return [*args, "dry_run=true"]
+
+
+# Slurm's commands, which a machine without Slurm lacks.
+SLURM_COMMANDS = frozenset(
+    {"sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", "scancel", "scontrol"}
+    | {"sdiag", "sinfo", "sprio", "squeue", "sreport", "srun", "sshare", "sstat", "strigger"}
+)
+
+
+@functools.cache
+def _without_slurm_commands(folder: str) -> str:
+    """A folder of links to `folder`'s programs but Slurm's."""
+    links = Path(tempfile.mkdtemp(prefix="no-slurm-"))
+    atexit.register(shutil.rmtree, links, True)
+    for program in Path(folder).iterdir():
+        if program.name not in SLURM_COMMANDS:
+            (links / program.name).symlink_to(program)
+    return str(links)
+
+
+def without_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dry-run as on a machine without Slurm (no Slurm command on PATH), where a dry run cannot
+    ask the cluster about its partitions. The pages' commands are written for the reader's
+    cluster: this machine's Slurm is the tests' own, whose default partition has one node, so
+    it would refuse a published recipe's node count."""
+    folders = os.environ.get("PATH", "").split(os.pathsep)
+    kept = [
+        _without_slurm_commands(folder) if (Path(folder) / "sinfo").exists() else folder
+        for folder in folders
+    ]
+    monkeypatch.setenv("PATH", os.pathsep.join(kept))

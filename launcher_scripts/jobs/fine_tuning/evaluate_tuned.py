@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher_scripts.jobs.refusal import refuse
 from launcher_scripts.recipes.tuned_evaluation import model_file_of, peft_file_of, test_files
 
 
@@ -148,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         if side is None:
             raise JobError("this version has no tuned-model evaluation for the model's family")
     except (InferenceError, JobError, OSError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        return refuse(error)
     try:
         chunks = opened.chunks
         tokenizer = side.text_tokenizer(opened.config)
@@ -243,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     except (sft_data.SftDataError, ValueError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 1
+        return refuse(error)
     finally:
         close_runner()
 

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import DEFAULT as DEFAULT_FAMILY  # also: shape tables
 from launcher_scripts.jobs.fine_tuning import sft_data
+from launcher_scripts.jobs.refusal import refuse
 from launcher_scripts.recipes.tuning import (
     BLOCK_SECTIONS,
     LAYOUT_KEYS,
@@ -154,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 tuner.write_outputs()
             return code
     except (JobError, TokenizerError, ConfigError, sft_data.SftDataError) as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 1
+        return refuse(error)
     finally:
         runtime.shutdown()
 

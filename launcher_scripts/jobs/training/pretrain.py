@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.formats.progress import STOP_SIGNALS
+from launcher_scripts.jobs.refusal import refuse
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return trainer.fit()
     except (JobError, TokenizerError, ConfigError) as error:
         # Problems with the inputs, not bugs: one line that says what to change.
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 1
+        return refuse(error)
     finally:
         runtime.shutdown()
 

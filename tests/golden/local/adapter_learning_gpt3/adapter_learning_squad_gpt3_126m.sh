@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE=1
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120
 cd /results/gpt3_126m/adapter_learning_squad
 
-exec python3 -u -m torch.distributed.run \
+exec python3 -u -m launcher_scripts.jobs.torchrun \
     --standalone \
     --nproc-per-node=8 -m launcher_scripts.jobs.numa_binding \
     --mode=unique_contiguous \

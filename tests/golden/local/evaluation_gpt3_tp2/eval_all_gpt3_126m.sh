@@ -10,7 +10,7 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 export TRANSFORMERS_OFFLINE=1
 cd /results/gpt3_126m/eval_all
 
-exec python3 -u -m torch.distributed.run \
+exec python3 -u -m launcher_scripts.jobs.torchrun \
     --standalone \
     --nproc-per-node=2 -m launcher_scripts.jobs.numa_binding \
     --mode=unique_contiguous \
