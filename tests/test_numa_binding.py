@@ -346,7 +346,11 @@ def test_the_wrapper_options_round_trip() -> None:
 
 
 def planned_jobs(backend: str, case: str, *overrides: str) -> list:
-    _, composed = case_overrides(case, backend)
+    stage, composed = case_overrides(case, backend)
+    if stage == "training":
+        # One node of the recipe's eight: the local backend runs one machine, and this
+        # machine's test Slurm partition has one node (the scripts' binding is per node).
+        composed = [*composed, "training.trainer.num_nodes=1"]
     _, _, planned = plan(compose_config([*composed, "dry_run=true", *overrides]))
     return [job for stage in planned for job in stage.jobs]
 
