@@ -92,6 +92,8 @@ class Hostile:
             f"container_mounts=[{','.join(hydra_text(mount) for mount in mounts)}]",
             "dry_run=true",
         ]
+        if self.backend == "local" and stage == "training":
+            composed.append("training.trainer.num_nodes=1")  # local runs this machine alone
         return composed + self.cluster_overrides()
 
     def cluster_overrides(self) -> list[str]:
