@@ -24,7 +24,11 @@ import pytest
 import launcher_scripts.families  # noqa: F401
 from tests.support import REPO, hf_dirs
 from tests.support.commands import ONE_THREAD, one_error_line, run_main, run_module
-from tests.support.conversion import assert_padded_and_unpadded_exactly, hf_imported
+from tests.support.conversion import (
+    assert_import_refused,
+    assert_padded_and_unpadded_exactly,
+    hf_imported,
+)
 from tests.support.hf_dirs import Alteration
 
 CLASSES = {
@@ -420,15 +424,7 @@ def test_what_cannot_be_imported_exactly_is_one_line_before_anything_runs(
             (odd / source.name).symlink_to(source)
     config = json.loads((hf_models / variant / "config.json").read_text())
     (odd / "config.json").write_text(json.dumps(config | fields))
-    results = tmp_path / "results"
-    result = run_main(
-        "stages=[conversion]",
-        "conversion=hf_import",
-        f"conversion.hf_model_dir={odd}",
-        f"base_results_dir={results}",
-    )
-    one_error_line(result, "conversion.hf_model_dir", named)
-    assert not results.exists()
+    assert_import_refused(odd, tmp_path / "results", named)
 
 
 EMBEDDING = {v: "model.embed_tokens.weight" for v in CLASSES} | {"gpt2": "transformer.wte.weight"}
@@ -498,16 +494,7 @@ def test_a_checkpoint_whose_files_disagree_is_one_line_before_anything_runs(
     layer, the index's shards."""
     variant, alterations, fragments = DISAGREEMENTS[case]
     odd = hf_dirs.altered(hf_models / variant, tmp_path / "odd", *alterations)
-    results = tmp_path / "results"
-    result = run_main(
-        "stages=[conversion]",
-        "conversion=hf_import",
-        f"conversion.hf_model_dir={odd}",
-        f"base_results_dir={results}",
-    )
-    one_error_line(result, "conversion.hf_model_dir", *fragments)
-    assert "Traceback" not in result.stderr
-    assert not results.exists()
+    assert_import_refused(odd, tmp_path / "results", *fragments)
 
 
 def test_a_sentencepiece_tokenizer_past_the_rows_is_one_line(

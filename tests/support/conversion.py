@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import REPO
-from tests.support.commands import ONE_THREAD, run_main
+from tests.support.commands import ONE_THREAD, one_error_line, run_main
 
 
 def hf_imported(hf_dir: Path, results: Path, *overrides: str) -> Path:
@@ -25,6 +25,20 @@ def hf_imported(hf_dir: Path, results: Path, *overrides: str) -> Path:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return results / hf_dir.name / "convert_nemo" / "model.nemo"
+
+
+def assert_import_refused(hf_dir: Path, results: Path, *fragments: str) -> None:
+    """`conversion=hf_import` of `hf_dir` is refused in preflight: one line naming
+    conversion.hf_model_dir and each fragment, no traceback, nothing written under `results`."""
+    result = run_main(
+        "stages=[conversion]",
+        "conversion=hf_import",
+        f"conversion.hf_model_dir={hf_dir}",
+        f"base_results_dir={results}",
+    )
+    one_error_line(result, "conversion.hf_model_dir", *fragments)
+    assert "Traceback" not in result.stderr
+    assert not results.exists()
 
 
 def run_conversion_job(
