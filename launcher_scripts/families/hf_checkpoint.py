@@ -12,7 +12,8 @@ config.json field, the tensor and both values.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ def tokenizer_size(path: Path, merges: Path | None = None) -> int:
     """One more than the largest id of a tokenizer's file: tokenizer.json, a SentencePiece
     .model, or GPT-2's vocab.json (with its merges.txt); HfImportError naming the file when
     it is not one."""
-    try:
+    with reading_tokenizer(path):
         if path.suffix == ".json" and merges is not None:
             return _gpt2_size(path, merges)
         if path.suffix == ".json":
@@ -99,6 +100,13 @@ def tokenizer_size(path: Path, merges: Path | None = None) -> int:
         processor = sentencepiece.SentencePieceProcessor()
         processor.Load(str(path))
         return int(processor.get_piece_size())
+
+
+@contextmanager
+def reading_tokenizer(path: Path) -> Iterator[None]:
+    """Whatever loading the tokenizer file `path` raises, as one HfImportError naming it."""
+    try:
+        yield
     except HfImportError:
         raise
     except Exception as error:  # the Rust and C++ loaders raise plain Exception subclasses

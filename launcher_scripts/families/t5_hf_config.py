@@ -15,6 +15,7 @@ from launcher_scripts.families.hf_checkpoint import (
     check_layer_count,
     check_output_layer,
     check_tokenizer,
+    reading_tokenizer,
 )
 from launcher_scripts.formats.safetensors_stream import TensorSource
 
@@ -37,7 +38,7 @@ def tokenizer_file(directory: Path) -> Path:
 def hf_t5_tokens(model_file: Path) -> list[str]:
     """Every token of a Hugging Face T5 tokenizer, in id order (an id nothing names: "");
     HfImportError naming the file when it is not a tokenizer."""
-    try:
+    with reading_tokenizer(model_file):
         if model_file.suffix == ".json":
             from tokenizers import Tokenizer
 
@@ -50,12 +51,6 @@ def hf_t5_tokens(model_file: Path) -> list[str]:
 
         processor = sentencepiece.SentencePieceProcessor()
         processor.Load(str(model_file))
-    except Exception as error:  # the Rust and C++ loaders raise plain Exception subclasses
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise HfImportError(
-            f"{model_file} is not a readable tokenizer ({reason}): save the model's tokenizer "
-            "again (tokenizer.save_pretrained)"
-        ) from None
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
     pieces[0], pieces[processor.eos_id()] = "<pad>", "</s>"
     return pieces + [SENTINEL.format(i) for i in reversed(range(100))]
