@@ -1,0 +1,298 @@
+"""The GPU suite's steps (bench/gpu/suite.py runs each in its own time-boxed child process).
+
+A step takes a Context and returns {"status": passed|failed|skipped, "figures": {...},
+"reason": ...}; the commands it ran are recorded through Context.run. Every figure is measured in
+this run; none is copied from elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Context:
+    scratch: Path  # steps/<name>.json, logs/<name>.log, work/
+    work: Path
+    rehearse: bool
+    commands: list[str] = field(default_factory=list)
+
+    def run(self, command: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """Run a command from the repository root, echo its output into the step's log."""
+        self.commands.append(shlex.join(command))
+        print(f"$ {shlex.join(command)}", flush=True)
+        result = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        print(result.stdout[-20000:], result.stderr[-20000:], sep="\n", flush=True)
+        return result
+
+    def earlier(self, step: str) -> dict:
+        """An earlier step's record in this run ({} when it has none)."""
+        path = self.scratch / "steps" / f"{step}.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+@dataclass
+class Step:
+    run: Callable[[Context], dict]
+    budget_s: float  # on the GPU machine
+    rehearsal_s: float  # on CPU
+
+
+def cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({platform_cpu()})"
+
+
+def platform_cpu() -> str:
+    import os
+
+    return f"{os.cpu_count()} cores"
+
+
+# --- the matmul ceiling ---------------------------------------------------------------------
+
+
+def ceiling(context: Context) -> dict:
+    """Dense matmul TFLOP/s: bf16 8192^3 on the GPU; fp32 512^3 on CPU in the rehearsal."""
+    import torch
+
+    if context.rehearse or not torch.cuda.is_available():
+        size, dtype, device, repeats = 512, torch.float32, "cpu", 10
+    else:
+        size, dtype, device, repeats = 8192, torch.bfloat16, "cuda", 50
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+
+    def timed(n: int) -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(n):
+            torch.matmul(a, b)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    timed(3)
+    best = min(timed(repeats) / repeats for _ in range(3))
+    tflops = 2 * size**3 / best / 1e12
+    figures = {"matmul_tflops": round(tflops, 3), "dtype": str(dtype).split(".")[-1]}
+    figures.update(size=size, device=device)
+    context.commands.append(f"torch.matmul {size}x{size}x{size} {figures['dtype']} on {device}")
+    return {"status": "passed", "figures": figures}
+
+
+# --- training through main.py ---------------------------------------------------------------
+
+STEPS_GPU, WARMUP_GPU = 120, 20
+STEPS_CPU, WARMUP_CPU = 12, 4
+
+
+def training_overrides(context: Context, log_dir: Path, gpu: bool) -> list[str]:
+    data = context.work / "data"
+    common = [
+        f"data_dir={data}",
+        f"base_results_dir={context.work}/results",
+        f"training.exp_manager.explicit_log_dir={log_dir}",
+        "training.trainer.log_every_n_steps=1",
+        "training.exp_manager.resume_if_exists=false",
+        "training.trainer.num_nodes=1",
+        "training.trainer.devices=1",
+    ]
+    steps = STEPS_GPU if gpu else STEPS_CPU
+    common += [
+        f"training.trainer.max_steps={steps}",
+        f"training.trainer.val_check_interval={steps + 1}",
+        f"training.exp_manager.checkpoint_callback_params.every_n_train_steps={steps + 1}",
+        "training.model.optim.sched.warmup_steps=2",
+    ]
+    if not gpu:
+        return ["training=gpt3/tiny", *common]
+    # gpt3/126m on one GPU, reading the tiny corpus and its SentencePiece tokenizer.
+    document = f"{data}/custom_dataset/preprocessed/tiny_corpus_text_document"
+    return [
+        "training=gpt3/126m",
+        *common,
+        "training.trainer.accelerator=gpu",
+        "training.trainer.precision=bf16",
+        "training.model.micro_batch_size=4",
+        "training.model.global_batch_size=32",
+        "training.model.tokenizer.library=sentencepiece",
+        "training.model.tokenizer.type=null",
+        f"training.model.tokenizer.model={data}/custom_dataset/bpe/custom_sp_tokenizer.model",
+        "training.model.tokenizer.vocab_file=null",
+        "training.model.tokenizer.merge_file=null",
+        f"training.model.data.data_prefix=[1.0,{document}]",
+        "training.model.data.splits_string=\\'80,10,10\\'",
+    ]
+
+
+def prepare_data(context: Context) -> None:
+    if (context.work / "data" / "custom_dataset" / "preprocessed").is_dir():
+        return
+    command = [sys.executable, "main.py", "stages=[data_preparation]", "cluster_type=local"]
+    command += [f"data_dir={context.work}/data", f"base_results_dir={context.work}/results"]
+    result = context.run(command, timeout=120)
+    if result.returncode:
+        raise RuntimeError(f"data preparation failed (exit {result.returncode})")
+
+
+def records(log_dir: Path) -> list[dict]:
+    lines = (log_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def write_recipe(overrides: list[str], path: Path) -> Path:
+    """The resolved training recipe the job reads, for bench/bare_mcore_loop.py."""
+    from omegaconf import OmegaConf
+
+    from launcher_scripts.config.compose import compose_config
+
+    cfg = compose_config([o.replace("\\'", "") for o in overrides])
+    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.training, resolve=True)), path)
+    return path
+
+
+def train_once(context: Context, name: str, gpu: bool, extra: list[str]) -> dict:
+    """One training run through main.py; its figures from metrics.jsonl."""
+    log_dir = context.work / name
+    overrides = training_overrides(context, log_dir, gpu) + extra
+    command = [sys.executable, "main.py", "stages=[training]", "cluster_type=local", *overrides]
+    result = context.run(command, timeout=300 if gpu else 120)
+    if result.returncode:
+        raise RuntimeError(f"{name}: main.py exited {result.returncode}")
+    steps, warmup = (STEPS_GPU, WARMUP_GPU) if gpu else (STEPS_CPU, WARMUP_CPU)
+    logged = {r["step"]: r for r in records(log_dir) if "reduced_train_loss" in r}
+    timed = [logged[s] for s in range(warmup + 1, steps + 1)]
+    first = logged[1]["reduced_train_loss"]
+    last = statistics.mean(r["reduced_train_loss"] for r in timed[-5:])
+    step_s = (logged[steps]["wall_time"] - logged[warmup]["wall_time"]) / (steps - warmup)
+    return {
+        "steps": len(logged),
+        "loss_first": round(first, 4),
+        "loss_last5": round(last, 4),
+        "loss_falls": last < first,
+        "step_s": round(step_s, 5),
+        "tokens_per_s": round(statistics.median(r["tokens_per_sec"] for r in timed)),
+        "model_tflops_per_gpu": round(
+            statistics.median(r["model_tflops_per_gpu"] for r in timed), 3
+        ),
+        "peak_memory_gb": round(max(r["peak_memory_gb"] for r in timed), 3),
+        "overrides": overrides,
+    }
+
+
+def bare_step_s(context: Context, recipe: Path, gpu: bool) -> float:
+    steps, warmup = (STEPS_GPU, WARMUP_GPU) if gpu else (STEPS_CPU, WARMUP_CPU)
+    command = [sys.executable, "bench/bare_mcore_loop.py", "--config", str(recipe)]
+    command += ["--steps", str(steps), "--warmup", str(warmup)]
+    result = context.run(command, timeout=240 if gpu else 120)
+    if result.returncode:
+        raise RuntimeError(f"bare megatron-core loop exited {result.returncode}")
+    line = [ln for ln in result.stdout.splitlines() if ln.startswith("seconds_per_step ")][-1]
+    return float(line.split()[1])
+
+
+def transformer_engine() -> bool:
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # noqa: BLE001  (absent or broken: the TE runs are not made)
+        return False
+    return True
+
+
+def training(context: Context) -> dict:
+    """gpt3/126m (rehearsal: gpt3/tiny, fp32, CPU) through main.py: the loss falls; tokens/s,
+    model TFLOP/s and its fraction of the matmul ceiling; the bare megatron-core loop's step time
+    on the same recipe (overhead goal <= 1.03); then the TE spec and FP8 where TE imports."""
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    prepare_data(context)
+    ours = train_once(context, "gpt-train", gpu, [])
+    figures = {k: v for k, v in ours.items() if k != "overrides"}
+    roof = context.earlier("ceiling").get("figures", {}).get("matmul_tflops")
+    if roof:
+        figures["fraction_of_ceiling"] = round(ours["model_tflops_per_gpu"] / roof, 4)
+    recipe = write_recipe(ours["overrides"], context.work / "gpt-train.yaml")
+    bare = bare_step_s(context, recipe, gpu)
+    figures["bare_step_s"] = round(bare, 5)
+    figures["overhead_ratio"] = round(ours["step_s"] / bare, 4)
+    figures["overhead_goal_met"] = figures["overhead_ratio"] <= 1.03
+    reasons = []
+    if gpu and transformer_engine():
+        te = ["training.model.transformer_engine=true"]
+        for name, extra in (("te", te), ("te-fp8", [*te, "training.model.fp8=true"])):
+            try:
+                run = train_once(context, f"gpt-{name}", gpu, extra)
+                figures[f"{name}_tokens_per_s"] = run["tokens_per_s"]
+                figures[f"{name}_loss_falls"] = run["loss_falls"]
+            except Exception as error:  # noqa: BLE001  (reported; the bf16 figures stand)
+                reasons.append(f"{name}: {error}")
+    else:
+        figures["transformer_engine"] = "not importable" if gpu else "not tried on CPU"
+    passed = ours["loss_falls"] and not reasons
+    record = {"status": "passed" if passed else "failed", "figures": figures}
+    if not ours["loss_falls"]:
+        reasons.append("the loss did not fall")
+    if reasons:
+        record["reason"] = "; ".join(reasons)
+    return record
+
+
+# --- cluster validation's GPU probe -----------------------------------------------------------
+
+
+def probe(context: Context) -> dict:
+    """csp_tools.validation.node_probe on this node: on the GPU its bf16 matmul and copy bandwidth
+    against the published figures and against this run's ceiling; on CPU its CPU checks."""
+    gpu = not context.rehearse and cuda()
+    command = [sys.executable, "-m", "csp_tools.validation.node_probe"]
+    command += ["--expect-gpus", "1"] if gpu else []
+    result = context.run(command, timeout=180)
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"status": "failed", "reason": f"no report (exit {result.returncode})"}
+    report = json.loads(lines[-1])
+    figures = {}
+    for check in report["checks"]:
+        figures[check["name"]] = check["value"] if check["value"] is not None else check["status"]
+        if check.get("limit") is not None:
+            figures[f"{check['name']}_limit"] = check["limit"]
+    roof = context.earlier("ceiling").get("figures", {}).get("matmul_tflops")
+    matmul = next((c["value"] for c in report["checks"] if c["name"].startswith("matmul")), None)
+    if roof and matmul:
+        figures["probe_matmul_over_ceiling"] = round(matmul / roof, 4)
+    failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
+    record = {"status": "passed" if report["passed"] else "failed", "figures": figures}
+    if failed:
+        record["reason"] = "failed checks: " + ", ".join(failed)
+    return record
+
+
+STEPS: dict[str, Step] = {
+    "ceiling": Step(ceiling, budget_s=60, rehearsal_s=30),
+    "training": Step(training, budget_s=300, rehearsal_s=150),
+    "probe": Step(probe, budget_s=90, rehearsal_s=30),
+}
