@@ -271,6 +271,137 @@ def training(context: Context) -> dict:
     return record
 
 
+# --- the memory model ------------------------------------------------------------------------
+
+# A GPT of about 1.3 B parameters (gpt3/126m's recipe, wider and deeper); each layout's micro
+# batch is the largest whose planned memory is at most MEMORY_FILL of the GPU's.
+MEMORY_MODEL = [
+    "training.model.num_layers=24",
+    "training.model.hidden_size=2048",
+    "training.model.ffn_hidden_size=8192",
+    "training.model.num_attention_heads=16",
+]
+MEMORY_FILL = 0.75
+MEMORY_GOAL = 0.10  # |plan - measured| / measured
+RECOMPUTE = "training.model.activations_checkpoint_"
+LAYOUTS: dict[str, list[str]] = {
+    "seq2048": [],
+    "seq2048-selective": [f"{RECOMPUTE}granularity=selective"],
+    "seq4096-full-uniform": [
+        f"{RECOMPUTE}granularity=full",
+        f"{RECOMPUTE}method=uniform",
+        f"{RECOMPUTE}num_layers=1",
+    ],
+    "seq2048-full-block-half": [
+        f"{RECOMPUTE}granularity=full",
+        f"{RECOMPUTE}method=block",
+        f"{RECOMPUTE}num_layers=12",
+    ],
+}
+MEMORY_STEPS = 3
+
+
+def layout_overrides(context: Context, name: str, micro: int, gpu: bool) -> list[str]:
+    seq = 4096 if name.startswith("seq4096") else 2048
+    log_dir = context.work / f"memory-{name}"
+    base = training_overrides(context, log_dir, gpu=True) + MEMORY_MODEL + LAYOUTS[name]
+    base += [
+        f"training.model.micro_batch_size={micro}",
+        f"training.model.global_batch_size={micro}",
+        f"training.model.encoder_seq_length={seq}",
+        f"training.model.max_position_embeddings={seq}",
+        f"training.trainer.max_steps={MEMORY_STEPS}",
+        f"training.trainer.val_check_interval={MEMORY_STEPS + 1}",
+        f"training.exp_manager.checkpoint_callback_params.every_n_train_steps={MEMORY_STEPS + 1}",
+        "training.model.optim.sched.warmup_steps=1",
+    ]
+    if gpu:
+        return base
+    # The rehearsal trains gpt3/tiny's shape, fp32 on CPU, with the layout's batch and sequence.
+    return [
+        *base,
+        "training.trainer.accelerator=cpu",
+        "training.trainer.precision=32",
+        "training.model.num_layers=2",
+        "training.model.hidden_size=64",
+        "training.model.ffn_hidden_size=256",
+        "training.model.num_attention_heads=4",
+        f"training.model.encoder_seq_length={seq // 16}",
+        f"training.model.max_position_embeddings={seq // 16}",
+    ]
+
+
+def planned_gib(overrides: list[str]) -> float:
+    """The plan's memory per GPU (launcher_scripts/costmodel/memory.py through the family)."""
+    from launcher_scripts.config.compose import compose_config
+    from launcher_scripts.families import family_of
+
+    root = compose_config(["stages=[training]", *overrides])
+    return family_of(root, "training").plan(root, "training").memory.total_gib
+
+
+def largest_micro_batch(context: Context, name: str, gpu_gib: float) -> tuple[int, float]:
+    micro, plan = 1, planned_gib(layout_overrides(context, name, 1, True))
+    for candidate in (2, 4, 8, 16, 32, 64):
+        bigger = planned_gib(layout_overrides(context, name, candidate, True))
+        if bigger > MEMORY_FILL * gpu_gib:
+            break
+        micro, plan = candidate, bigger
+    return micro, plan
+
+
+def memory(context: Context) -> dict:
+    """The plan's memory per GPU against torch.cuda.max_memory_allocated, per layout (the
+    training program's peak_memory_gb on the GPU). Rehearsal: each layout's GPU command is
+    planned and dry-run, and the layouts without recomputation (refused on CPU) train tiny."""
+    import torch
+
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    prepare_data(context)
+    figures: dict = {}
+    reasons = []
+    gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if gpu else 80.0
+    figures["gpu_memory_gib"] = round(gpu_gib, 1)
+    command = [sys.executable, "main.py", "stages=[training]", "cluster_type=local"]
+    for name in LAYOUTS:
+        try:
+            micro, plan = largest_micro_batch(context, name, gpu_gib)
+            gpu_command = [*command, *layout_overrides(context, name, micro, True)]
+            if not gpu:
+                planned = context.run([*gpu_command, "dry_run=true"], timeout=120)
+                figures[f"{name}_dry_run"] = "passed" if planned.returncode == 0 else "failed"
+                if planned.returncode:
+                    reasons.append(f"{name}: the dry run exited {planned.returncode}")
+                figures[f"{name}_plan_gib"] = round(plan, 2)
+                figures[f"{name}_micro_batch"] = micro
+                if RECOMPUTE in " ".join(LAYOUTS[name]):
+                    continue  # recomputation needs CUDA
+                gpu_command = [*command, *layout_overrides(context, name, 2, False)]
+            result = context.run(gpu_command, timeout=240 if gpu else 60)
+            if result.returncode:
+                reasons.append(f"{name}: training exited {result.returncode}")
+                continue
+            log_dir = context.work / f"memory-{name}"
+            peak = max(r["peak_memory_gb"] for r in records(log_dir) if "peak_memory_gb" in r)
+            if gpu:
+                error = (plan - peak) / peak
+                figures.update({f"{name}_micro_batch": micro, f"{name}_plan_gib": round(plan, 2)})
+                figures[f"{name}_measured_gib"] = round(peak, 2)
+                figures[f"{name}_error"] = round(error, 4)
+                if abs(error) > MEMORY_GOAL:
+                    reasons.append(f"{name}: plan off by {error:+.1%} (goal {MEMORY_GOAL:.0%})")
+            else:
+                figures[f"{name}_cpu_trained"] = True  # peak RSS is no GPU memory: not compared
+        except Exception as error:  # noqa: BLE001  (this layout fails; the next one runs)
+            reasons.append(f"{name}: {type(error).__name__}: {error}")
+    record = {"status": "failed" if reasons else "passed", "figures": figures}
+    if reasons:
+        record["reason"] = "; ".join(reasons)
+    return record
+
+
 # --- cluster validation's GPU probe -----------------------------------------------------------
 
 
@@ -304,7 +435,8 @@ def probe(context: Context) -> dict:
 
 
 STEPS: dict[str, Step] = {
-    "ceiling": Step(ceiling, budget_s=60, rehearsal_s=30),
-    "training": Step(training, budget_s=300, rehearsal_s=150),
-    "probe": Step(probe, budget_s=90, rehearsal_s=30),
+    "ceiling": Step(ceiling, budget_s=30, rehearsal_s=30),
+    "training": Step(training, budget_s=210, rehearsal_s=150),
+    "memory": Step(memory, budget_s=180, rehearsal_s=150),
+    "probe": Step(probe, budget_s=60, rehearsal_s=30),
 }
