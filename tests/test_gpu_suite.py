@@ -74,4 +74,9 @@ def test_the_whole_rehearsal(tmp_path: Path) -> None:
     for layout in steps.LAYOUTS:  # each GPU layout planned and dry-run
         assert memory[f"{layout}_dry_run"] == "passed" and memory[f"{layout}_plan_gib"] > 0
     assert memory["seq2048_cpu_trained"] is True
+    recompute = next(step for step in summary["steps"] if step["name"] == "recompute")["figures"]
+    for setting in steps.RECOMPUTE_SETTINGS:
+        assert recompute[f"{setting}_dry_run"] == "passed"
+    planned = [recompute[f"{setting}_plan_gib"] for setting in ("none", "selective", "full")]
+    assert planned == sorted(planned, reverse=True), planned
     assert summary["seconds"] < 120  # "under a minute" on a quiet machine; two shared cores here
