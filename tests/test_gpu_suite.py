@@ -79,4 +79,8 @@ def test_the_whole_rehearsal(tmp_path: Path) -> None:
         assert recompute[f"{setting}_dry_run"] == "passed"
     planned = [recompute[f"{setting}_plan_gib"] for setting in ("none", "selective", "full")]
     assert planned == sorted(planned, reverse=True), planned
+    encoders = next(step for step in summary["steps"] if step["name"] == "encoders")["figures"]
+    for family in ("t5", "bert"):
+        assert encoders[f"{family}_loss_last"] < encoders[f"{family}_loss_first"]
+        assert encoders[f"{family}_gpu_dry_run"] == "passed"
     assert summary["seconds"] < 120  # "under a minute" on a quiet machine; two shared cores here

@@ -461,6 +461,66 @@ def recompute(context: Context) -> dict:
     return record
 
 
+# --- T5 and BERT ----------------------------------------------------------------------------
+
+ENCODER_STEPS_GPU, ENCODER_STEPS_CPU = 50, 12
+
+
+def encoders(context: Context) -> dict:
+    """t5/tiny and bert/tiny through main.py (their data preparation, then training): bf16 on
+    the GPU, fp32 on CPU in the rehearsal; each runs and its loss falls."""
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    steps = ENCODER_STEPS_GPU if gpu else ENCODER_STEPS_CPU
+    figures: dict = {}
+    reasons = []
+    for family in ("t5", "bert"):
+        work = context.work / family
+        log_dir = work / "log"
+        overrides = [
+            f"training={family}/tiny",
+            f"data_dir={work}/data",
+            f"base_results_dir={work}/results",
+            f"training.exp_manager.explicit_log_dir={log_dir}",
+            "training.exp_manager.resume_if_exists=false",
+            f"training.trainer.max_steps={steps}",
+            "training.trainer.log_every_n_steps=1",
+            f"training.trainer.val_check_interval={steps + 1}",
+            f"training.exp_manager.checkpoint_callback_params.every_n_train_steps={steps + 1}",
+        ]
+        overrides += ["training.model.optim.sched.warmup_steps=2"] if family == "bert" else []
+        if gpu:
+            overrides += ["training.trainer.accelerator=gpu", "training.trainer.precision=bf16"]
+        stages = "stages=[data_preparation,training]"
+        result = context.run([sys.executable, "main.py", stages, *overrides], timeout=240)
+        if result.returncode:
+            reasons.append(f"{family}: main.py exited {result.returncode}")
+            continue
+        logged = [r for r in records(log_dir) if "reduced_train_loss" in r]
+        first, last = logged[0]["reduced_train_loss"], logged[-1]["reduced_train_loss"]
+        figures[f"{family}_steps"] = len(logged)
+        figures[f"{family}_loss_first"] = round(first, 4)
+        figures[f"{family}_loss_last"] = round(last, 4)
+        figures[f"{family}_tokens_per_s"] = round(
+            statistics.median(r["tokens_per_sec"] for r in logged[len(logged) // 2 :])
+        )
+        if not last < first:
+            reasons.append(f"{family}: the loss did not fall ({first:.3f} -> {last:.3f})")
+        if not gpu:
+            # The GPU run's training command, planned and checked on the data just prepared.
+            gpu_only = ["training.trainer.accelerator=gpu", "training.trainer.precision=bf16"]
+            command = [sys.executable, "main.py", "stages=[training]", "dry_run=true"]
+            planned = context.run([*command, *overrides, *gpu_only], timeout=120)
+            figures[f"{family}_gpu_dry_run"] = "passed" if planned.returncode == 0 else "failed"
+            if planned.returncode:
+                reasons.append(f"{family}: the GPU command's dry run exited {planned.returncode}")
+    record = {"status": "failed" if reasons else "passed", "figures": figures}
+    if reasons:
+        record["reason"] = "; ".join(reasons)
+    return record
+
+
 # --- cluster validation's GPU probe -----------------------------------------------------------
 
 
@@ -495,8 +555,9 @@ def probe(context: Context) -> dict:
 
 STEPS: dict[str, Step] = {
     "ceiling": Step(ceiling, budget_s=20, rehearsal_s=30),
-    "training": Step(training, budget_s=180, rehearsal_s=150),
-    "memory": Step(memory, budget_s=150, rehearsal_s=150),
-    "recompute": Step(recompute, budget_s=90, rehearsal_s=90),
+    "training": Step(training, budget_s=150, rehearsal_s=150),
+    "memory": Step(memory, budget_s=120, rehearsal_s=150),
+    "recompute": Step(recompute, budget_s=70, rehearsal_s=90),
+    "encoders": Step(encoders, budget_s=80, rehearsal_s=120),
     "probe": Step(probe, budget_s=40, rehearsal_s=30),
 }
