@@ -521,6 +521,51 @@ def encoders(context: Context) -> dict:
     return record
 
 
+# --- conversion -------------------------------------------------------------------------------
+
+
+def conversion(context: Context) -> dict:
+    """The training step's last checkpoint through main.py's conversion stage (gpt3/convert_gpt3:
+    the portable file and the Hugging Face export); transformers then loads the export in bf16
+    on the device (fp32 on CPU in the rehearsal) and its logits for a few tokens are finite."""
+    import torch
+
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    trained = context.work / "gpt-train"
+    if not (trained / "checkpoints").is_dir():
+        return {"status": "failed", "reason": "the training step left no checkpoint"}
+    output = context.work / "converted"
+    overrides = training_overrides(context, trained, gpu)
+    command = [sys.executable, "main.py", "stages=[conversion]", "cluster_type=local"]
+    command += ["conversion=gpt3/convert_gpt3", *overrides]
+    command += [
+        f"conversion.model.checkpoint_folder={trained}/checkpoints",
+        f"conversion.model.hparams_file={trained}/hparams.yaml",
+        f"conversion.run.output_path={output}",
+    ]
+    result = context.run(command, timeout=180)
+    if result.returncode:
+        return {"status": "failed", "reason": f"main.py exited {result.returncode}"}
+    figures = {"nemo_mb": round((output / "megatron_gpt.nemo").stat().st_size / 1e6, 1)}
+    from transformers import AutoModelForCausalLM
+
+    dtype, device = (torch.bfloat16, "cuda") if gpu else (torch.float32, "cpu")
+    context.commands.append(f"AutoModelForCausalLM.from_pretrained({output / 'hf'}, {dtype})")
+    model = AutoModelForCausalLM.from_pretrained(output / "hf", torch_dtype=dtype).to(device)
+    tokens = torch.arange(1, 17, device=device).unsqueeze(0)
+    with torch.no_grad():
+        logits = model(tokens).logits
+    figures["hf_dtype"] = str(next(model.parameters()).dtype).split(".")[-1]
+    figures["hf_logits_finite"] = bool(torch.isfinite(logits).all())
+    passed = figures["hf_logits_finite"]
+    record = {"status": "passed" if passed else "failed", "figures": figures}
+    if not passed:
+        record["reason"] = "the Hugging Face export's logits are not finite"
+    return record
+
+
 # --- cluster validation's GPU probe -----------------------------------------------------------
 
 
@@ -555,9 +600,10 @@ def probe(context: Context) -> dict:
 
 STEPS: dict[str, Step] = {
     "ceiling": Step(ceiling, budget_s=20, rehearsal_s=30),
-    "training": Step(training, budget_s=150, rehearsal_s=150),
-    "memory": Step(memory, budget_s=120, rehearsal_s=150),
+    "training": Step(training, budget_s=140, rehearsal_s=150),
+    "conversion": Step(conversion, budget_s=30, rehearsal_s=60),
+    "memory": Step(memory, budget_s=110, rehearsal_s=150),
     "recompute": Step(recompute, budget_s=70, rehearsal_s=90),
-    "encoders": Step(encoders, budget_s=80, rehearsal_s=120),
+    "encoders": Step(encoders, budget_s=70, rehearsal_s=120),
     "probe": Step(probe, budget_s=40, rehearsal_s=30),
 }
