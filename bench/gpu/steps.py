@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -566,6 +567,51 @@ def conversion(context: Context) -> dict:
     return record
 
 
+# --- generation -------------------------------------------------------------------------------
+
+PROMPTS = ("The history of", "In the morning the", "A small village near the river", "We like")
+
+
+def generation(context: Context) -> dict:
+    """The conversion step's portable file served in this process (the serving runner:
+    jobs/inference/served.py, on the GPU when there is one) generating greedily: 8 prompts x
+    32 new tokens at batch 8 (rehearsal: 4 x 8 on CPU); generated tokens/s."""
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    model_file = context.work / "converted" / "megatron_gpt.nemo"
+    if not model_file.exists():
+        return {"status": "failed", "reason": "the conversion step left no portable file"}
+    from launcher_scripts.jobs.inference.generation import GenerationParams, generate
+    from launcher_scripts.jobs.inference.runner import close_runner
+    from launcher_scripts.jobs.inference.served import open_served
+
+    prompts_n, tokens = (8, 32) if gpu else (4, 8)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(prompts_n)]
+    context.commands.append(
+        f"open_served({model_file}, on_gpu={gpu}); generate {prompts_n} prompts x {tokens} "
+        "tokens, greedy, one batch"
+    )
+    served = open_served(model_file, on_gpu=gpu)
+    try:
+        params = GenerationParams(tokens_to_generate=tokens, top_k=1)
+        run = partial(generate, served.logits, served.tokenizer, prompts, params)
+        run(max_length=served.max_length)  # the first call pays for lazy set-up
+        start = time.perf_counter()
+        completions = run(max_length=served.max_length)
+        seconds = time.perf_counter() - start
+    finally:
+        close_runner()
+    generated = sum(len(c.tokens) for c in completions)
+    figures = {"on_gpu": served.on_gpu, "generated_tokens": generated}
+    figures["tokens_per_s"] = round(generated / seconds, 1)
+    passed = generated > 0 and served.on_gpu == gpu
+    record = {"status": "passed" if passed else "failed", "figures": figures}
+    if not passed:
+        record["reason"] = "no tokens generated, or not on the expected device"
+    return record
+
+
 # --- cluster validation's GPU probe -----------------------------------------------------------
 
 
@@ -600,10 +646,11 @@ def probe(context: Context) -> dict:
 
 STEPS: dict[str, Step] = {
     "ceiling": Step(ceiling, budget_s=20, rehearsal_s=30),
-    "training": Step(training, budget_s=140, rehearsal_s=150),
+    "training": Step(training, budget_s=130, rehearsal_s=150),
     "conversion": Step(conversion, budget_s=30, rehearsal_s=60),
-    "memory": Step(memory, budget_s=110, rehearsal_s=150),
+    "generation": Step(generation, budget_s=30, rehearsal_s=60),
+    "memory": Step(memory, budget_s=100, rehearsal_s=150),
     "recompute": Step(recompute, budget_s=70, rehearsal_s=90),
-    "encoders": Step(encoders, budget_s=70, rehearsal_s=120),
+    "encoders": Step(encoders, budget_s=60, rehearsal_s=120),
     "probe": Step(probe, budget_s=40, rehearsal_s=30),
 }
