@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def main() -> int:
     parser.add_argument("--step", choices=sorted(steps.STEPS), help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--only", nargs="*", default=None, help="these steps only")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (data, runs)")
     args = parser.parse_args()
     if args.step:
         return child_main(args.step, args.scratch, args.rehearse)
@@ -149,6 +151,10 @@ def main() -> int:
         archive.add(scratch / "logs", arcname="logs")
         archive.add(scratch / "steps", arcname="steps")
     print(markdown(summary))
+    if args.keep:
+        print(f"[suite] work folder kept: {scratch}")
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
     print(f"[suite] results in {out}")
     return 0
 
