@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite, one command (docs/development.md, "The GPU suite"):
 #
-#   bash bench/gpu/run.sh [--rehearse] [--out DIR] [--only STEP ...]
+#   bash bench/gpu/run.sh [--rehearse] [--out DIR] [--keep] [--only STEP ...]
 #
 # On the GPU machine (no network): makes a venv with --system-site-packages (the machine's torch
 # is kept) and installs the launcher's needs from the wheels in .whl/ (bench/gpu/fetch-wheels.sh
@@ -17,11 +17,12 @@ args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --rehearse) rehearse=1; args+=(--rehearse) ;;
+    --keep) args+=(--keep) ;;
     --out) [ $# -ge 2 ] || { echo "run.sh: --out needs a folder" >&2; exit 2; }
            args+=(--out "$2"); shift ;;
     --only) shift; args+=(--only "$@"); break ;;
     -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}"; exit 0 ;;
-    *) echo "run.sh: unknown argument $1 (--rehearse, --out DIR, --only STEP ...)" >&2; exit 2 ;;
+    *) echo "run.sh: unknown argument $1 (--rehearse, --out DIR, --keep, --only STEP ...)" >&2; exit 2 ;;
   esac
   shift
 done
