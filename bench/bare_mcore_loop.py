@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -45,7 +44,7 @@ def main() -> int:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from launcher_scripts.jobs.training.pretrain import StopSignals
-    from launcher_scripts.jobs.training.trainer import Trainer, token_loss
+    from launcher_scripts.jobs.training.trainer import Trainer
 
     trainer = Trainer(cfg, on_gpu, StopSignals())
     model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
@@ -67,9 +66,8 @@ def main() -> int:
     ]
 
     def forward_step(data_iterator, chunk):  # noqa: ANN001, ANN202
-        batch = next(data_iterator)
-        output = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-        return output, partial(token_loss, batch["loss_mask"])
+        # The family's own forward step (model call and loss), as the training loop calls it.
+        return trainer.runtime.forward_step(next(data_iterator), chunk)
 
     forward_backward = get_forward_backward_func()
     started = 0.0

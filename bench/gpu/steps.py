@@ -1,0 +1,657 @@
+"""The GPU suite's steps (bench/gpu/suite.py runs each in its own time-boxed child process).
+
+A step takes a Context and returns {"status": passed|failed|skipped, "figures": {...},
+"reason": ...}; the commands it ran are recorded through Context.run. Every figure is measured in
+this run; none is copied from elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Context:
+    scratch: Path  # steps/<name>.json, logs/<name>.log, work/
+    work: Path
+    rehearse: bool
+    commands: list[str] = field(default_factory=list)
+
+    def run(self, command: list[str], timeout: float) -> subprocess.CompletedProcess:
+        """Run a command from the repository root, echo its output into the step's log."""
+        self.commands.append(shlex.join(command))
+        print(f"$ {shlex.join(command)}", flush=True)
+        result = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        print(result.stdout[-20000:], result.stderr[-20000:], sep="\n", flush=True)
+        return result
+
+    def earlier(self, step: str) -> dict:
+        """An earlier step's record in this run ({} when it has none)."""
+        path = self.scratch / "steps" / f"{step}.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+@dataclass
+class Step:
+    run: Callable[[Context], dict]
+    budget_s: float  # on the GPU machine
+    rehearsal_s: float  # on CPU
+
+
+def cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({platform_cpu()})"
+
+
+def platform_cpu() -> str:
+    import os
+
+    return f"{os.cpu_count()} cores"
+
+
+# --- the matmul ceiling ---------------------------------------------------------------------
+
+
+def ceiling(context: Context) -> dict:
+    """Dense matmul TFLOP/s: bf16 8192^3 on the GPU; fp32 512^3 on CPU in the rehearsal."""
+    import torch
+
+    if not context.rehearse and not torch.cuda.is_available():
+        return {"status": "skipped", "reason": "needs CUDA"}
+    if context.rehearse:
+        size, dtype, device, repeats = 512, torch.float32, "cpu", 10
+    else:
+        size, dtype, device, repeats = 8192, torch.bfloat16, "cuda", 50
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+
+    def timed(n: int) -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(n):
+            torch.matmul(a, b)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    timed(3)
+    best = min(timed(repeats) / repeats for _ in range(3))
+    tflops = 2 * size**3 / best / 1e12
+    figures = {"matmul_tflops": round(tflops, 3), "dtype": str(dtype).split(".")[-1]}
+    figures.update(size=size, device=device)
+    context.commands.append(f"torch.matmul {size}x{size}x{size} {figures['dtype']} on {device}")
+    return {"status": "passed", "figures": figures}
+
+
+# --- training through main.py ---------------------------------------------------------------
+
+STEPS_GPU, WARMUP_GPU = 120, 20
+STEPS_CPU, WARMUP_CPU = 12, 4
+
+
+def training_overrides(context: Context, log_dir: Path, gpu: bool) -> list[str]:
+    data = context.work / "data"
+    common = [
+        f"data_dir={data}",
+        f"base_results_dir={context.work}/results",
+        f"training.exp_manager.explicit_log_dir={log_dir}",
+        "training.trainer.log_every_n_steps=1",
+        "training.exp_manager.resume_if_exists=false",
+        "training.trainer.num_nodes=1",
+        "training.trainer.devices=1",
+    ]
+    steps = STEPS_GPU if gpu else STEPS_CPU
+    common += [
+        f"training.trainer.max_steps={steps}",
+        f"training.trainer.val_check_interval={steps + 1}",
+        f"training.exp_manager.checkpoint_callback_params.every_n_train_steps={steps + 1}",
+        "training.model.optim.sched.warmup_steps=2",
+        "training.model.optim.sched.constant_steps=0",
+    ]
+    if not gpu:
+        return ["training=gpt3/tiny", *common]
+    # gpt3/126m on one GPU, reading the tiny corpus and its SentencePiece tokenizer.
+    document = f"{data}/custom_dataset/preprocessed/tiny_corpus_text_document"
+    return [
+        "training=gpt3/126m",
+        *common,
+        "training.trainer.accelerator=gpu",
+        "training.trainer.precision=bf16",
+        "training.model.micro_batch_size=4",
+        "training.model.global_batch_size=32",
+        "training.model.tokenizer.library=sentencepiece",
+        "training.model.tokenizer.type=null",
+        f"training.model.tokenizer.model={data}/custom_dataset/bpe/custom_sp_tokenizer.model",
+        "training.model.tokenizer.vocab_file=null",
+        "training.model.tokenizer.merge_file=null",
+        f"training.model.data.data_prefix=[1.0,{document}]",
+        "training.model.data.splits_string='80,10,10'",
+    ]
+
+
+def prepare_data(context: Context) -> None:
+    if (context.work / "data" / "custom_dataset" / "preprocessed").is_dir():
+        return
+    command = [sys.executable, "main.py", "stages=[data_preparation]", "cluster_type=local"]
+    command += [f"data_dir={context.work}/data", f"base_results_dir={context.work}/results"]
+    result = context.run(command, timeout=120)
+    if result.returncode:
+        raise RuntimeError(f"data preparation failed (exit {result.returncode})")
+
+
+def records(log_dir: Path) -> list[dict]:
+    lines = (log_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def write_recipe(overrides: list[str], path: Path) -> Path:
+    """The resolved training recipe the job reads, for bench/bare_mcore_loop.py."""
+    from omegaconf import OmegaConf
+
+    from launcher_scripts.config.compose import compose_config
+
+    cfg = compose_config(overrides)
+    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg.training, resolve=True)), path)
+    return path
+
+
+def train_once(context: Context, name: str, gpu: bool, extra: list[str]) -> dict:
+    """One training run through main.py; its figures from metrics.jsonl."""
+    log_dir = context.work / name
+    overrides = training_overrides(context, log_dir, gpu) + extra
+    command = [sys.executable, "main.py", "stages=[training]", "cluster_type=local", *overrides]
+    result = context.run(command, timeout=300 if gpu else 120)
+    if result.returncode:
+        raise RuntimeError(f"{name}: main.py exited {result.returncode}")
+    steps, warmup = (STEPS_GPU, WARMUP_GPU) if gpu else (STEPS_CPU, WARMUP_CPU)
+    logged = {r["step"]: r for r in records(log_dir) if "reduced_train_loss" in r}
+    timed = [logged[s] for s in range(warmup + 1, steps + 1)]
+    first = logged[1]["reduced_train_loss"]
+    last = statistics.mean(r["reduced_train_loss"] for r in timed[-5:])
+    step_s = (logged[steps]["wall_time"] - logged[warmup]["wall_time"]) / (steps - warmup)
+    return {
+        "steps": len(logged),
+        "loss_first": round(first, 4),
+        "loss_last5": round(last, 4),
+        "loss_falls": last < first,
+        "step_s": round(step_s, 5),
+        "tokens_per_s": round(statistics.median(r["tokens_per_sec"] for r in timed)),
+        "model_tflops_per_gpu": round(
+            statistics.median(r["model_tflops_per_gpu"] for r in timed), 3
+        ),
+        "peak_memory_gb": round(max(r["peak_memory_gb"] for r in timed), 3),
+        "overrides": overrides,
+    }
+
+
+def bare_step_s(context: Context, recipe: Path, gpu: bool) -> float:
+    steps, warmup = (STEPS_GPU, WARMUP_GPU) if gpu else (STEPS_CPU, WARMUP_CPU)
+    command = [sys.executable, "bench/bare_mcore_loop.py", "--config", str(recipe)]
+    command += ["--steps", str(steps), "--warmup", str(warmup)]
+    result = context.run(command, timeout=240 if gpu else 120)
+    if result.returncode:
+        raise RuntimeError(f"bare megatron-core loop exited {result.returncode}")
+    line = [ln for ln in result.stdout.splitlines() if ln.startswith("seconds_per_step ")][-1]
+    return float(line.split()[1])
+
+
+def transformer_engine() -> bool:
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # noqa: BLE001  (absent or broken: the TE runs are not made)
+        return False
+    return True
+
+
+def training(context: Context) -> dict:
+    """gpt3/126m (rehearsal: gpt3/tiny, fp32, CPU) through main.py: the loss falls; tokens/s,
+    model TFLOP/s and its fraction of the matmul ceiling; the bare megatron-core loop's step time
+    on the same recipe (overhead goal <= 1.03); then the TE spec and FP8 where TE imports."""
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    prepare_data(context)
+    ours = train_once(context, "gpt-train", gpu, [])
+    figures = {k: v for k, v in ours.items() if k != "overrides"}
+    roof = context.earlier("ceiling").get("figures", {}).get("matmul_tflops")
+    if roof:
+        figures["fraction_of_ceiling"] = round(ours["model_tflops_per_gpu"] / roof, 4)
+    recipe = write_recipe(ours["overrides"], context.work / "gpt-train.yaml")
+    bare = bare_step_s(context, recipe, gpu)
+    figures["bare_step_s"] = round(bare, 5)
+    figures["overhead_ratio"] = round(ours["step_s"] / bare, 4)
+    figures["overhead_goal_met"] = figures["overhead_ratio"] <= 1.03
+    reasons = []
+    if gpu and transformer_engine():
+        te = ["training.model.transformer_engine=true"]
+        for name, extra in (("te", te), ("te-fp8", [*te, "training.model.fp8=true"])):
+            try:
+                run = train_once(context, f"gpt-{name}", gpu, extra)
+                figures[f"{name}_tokens_per_s"] = run["tokens_per_s"]
+                figures[f"{name}_loss_falls"] = run["loss_falls"]
+            except Exception as error:  # noqa: BLE001  (reported; the bf16 figures stand)
+                reasons.append(f"{name}: {error}")
+    else:
+        figures["transformer_engine"] = "not importable" if gpu else "not tried on CPU"
+    if context.rehearse:
+        # The GPU run's command, planned and checked (dry run) so that it cannot rot unseen.
+        gpu_overrides = training_overrides(context, context.work / "gpu-plan", gpu=True)
+        command = [sys.executable, "main.py", "stages=[training]", "cluster_type=local"]
+        planned = context.run([*command, "dry_run=true", *gpu_overrides], timeout=120)
+        figures["gpu_recipe_dry_run"] = "passed" if planned.returncode == 0 else "failed"
+        if planned.returncode:
+            reasons.append(f"the GPU recipe's dry run exited {planned.returncode}")
+    if not ours["loss_falls"]:
+        reasons.append("the loss did not fall")
+    record = {"status": "failed" if reasons else "passed", "figures": figures}
+    if reasons:
+        record["reason"] = "; ".join(reasons)
+    return record
+
+
+# --- the memory model ------------------------------------------------------------------------
+
+# A GPT of about 1.3 B parameters (gpt3/126m's recipe, wider and deeper); each layout's micro
+# batch is the largest whose planned memory is at most MEMORY_FILL of the GPU's.
+MEMORY_MODEL = [
+    "training.model.num_layers=24",
+    "training.model.hidden_size=2048",
+    "training.model.ffn_hidden_size=8192",
+    "training.model.num_attention_heads=16",
+]
+MEMORY_FILL = 0.75
+MEMORY_GOAL = 0.10  # |plan - measured| / measured
+RECOMPUTE = "training.model.activations_checkpoint_"
+LAYOUTS: dict[str, list[str]] = {
+    "seq2048": [],
+    "seq2048-selective": [f"{RECOMPUTE}granularity=selective"],
+    "seq4096-full-uniform": [
+        f"{RECOMPUTE}granularity=full",
+        f"{RECOMPUTE}method=uniform",
+        f"{RECOMPUTE}num_layers=1",
+    ],
+    "seq2048-full-block-half": [
+        f"{RECOMPUTE}granularity=full",
+        f"{RECOMPUTE}method=block",
+        f"{RECOMPUTE}num_layers=12",
+    ],
+}
+MEMORY_STEPS = 3
+
+
+def layout_overrides(context: Context, name: str, micro: int, gpu: bool) -> list[str]:
+    seq = 4096 if name.startswith("seq4096") else 2048
+    log_dir = context.work / f"memory-{name}"
+    base = training_overrides(context, log_dir, gpu=True) + MEMORY_MODEL + LAYOUTS[name]
+    base += [
+        f"training.model.micro_batch_size={micro}",
+        f"training.model.global_batch_size={micro}",
+        f"training.model.encoder_seq_length={seq}",
+        f"training.model.max_position_embeddings={seq}",
+        f"training.trainer.max_steps={MEMORY_STEPS}",
+        f"training.trainer.val_check_interval={MEMORY_STEPS + 1}",
+        f"training.exp_manager.checkpoint_callback_params.every_n_train_steps={MEMORY_STEPS + 1}",
+        "training.model.optim.sched.warmup_steps=1",
+    ]
+    if gpu:
+        return base
+    # The rehearsal trains gpt3/tiny's shape, fp32 on CPU, with the layout's batch and sequence.
+    return [
+        *base,
+        "training.trainer.accelerator=cpu",
+        "training.trainer.precision=32",
+        "training.model.num_layers=2",
+        "training.model.hidden_size=64",
+        "training.model.ffn_hidden_size=256",
+        "training.model.num_attention_heads=4",
+        f"training.model.encoder_seq_length={seq // 16}",
+        f"training.model.max_position_embeddings={seq // 16}",
+    ]
+
+
+def planned_gib(overrides: list[str]) -> float:
+    """The plan's memory per GPU (launcher_scripts/costmodel/memory.py through the family)."""
+    from launcher_scripts.config.compose import compose_config
+    from launcher_scripts.families import family_of
+
+    root = compose_config(["stages=[training]", *overrides])
+    return family_of(root, "training").plan(root, "training").memory.total_gib
+
+
+def largest_micro_batch(context: Context, name: str, gpu_gib: float) -> tuple[int, float]:
+    micro, plan = 1, planned_gib(layout_overrides(context, name, 1, True))
+    for candidate in (2, 4, 8, 16, 32, 64):
+        bigger = planned_gib(layout_overrides(context, name, candidate, True))
+        if bigger > MEMORY_FILL * gpu_gib:
+            break
+        micro, plan = candidate, bigger
+    return micro, plan
+
+
+def memory(context: Context) -> dict:
+    """The plan's memory per GPU against torch.cuda.max_memory_allocated, per layout (the
+    training program's peak_memory_gb on the GPU). Rehearsal: each layout's GPU command is
+    planned and dry-run, and the layouts without recomputation (refused on CPU) train tiny."""
+    import torch
+
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    prepare_data(context)
+    figures: dict = {}
+    reasons = []
+    gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if gpu else 80.0
+    # Rehearsal: the micro batches are planned for an 80 GiB GPU (an assumption, not measured).
+    figures["gpu_memory_gib" if gpu else "assumed_gpu_memory_gib"] = round(gpu_gib, 1)
+    command = [sys.executable, "main.py", "stages=[training]", "cluster_type=local"]
+    for name in LAYOUTS:
+        try:
+            micro, plan = largest_micro_batch(context, name, gpu_gib)
+            gpu_command = [*command, *layout_overrides(context, name, micro, True)]
+            if not gpu:
+                planned = context.run([*gpu_command, "dry_run=true"], timeout=120)
+                figures[f"{name}_dry_run"] = "passed" if planned.returncode == 0 else "failed"
+                if planned.returncode:
+                    reasons.append(f"{name}: the dry run exited {planned.returncode}")
+                figures[f"{name}_plan_gib"] = round(plan, 2)
+                figures[f"{name}_micro_batch"] = micro
+                if RECOMPUTE in " ".join(LAYOUTS[name]):
+                    continue  # recomputation needs CUDA
+                gpu_command = [*command, *layout_overrides(context, name, 2, False)]
+            result = context.run(gpu_command, timeout=240 if gpu else 60)
+            if result.returncode:
+                reasons.append(f"{name}: training exited {result.returncode}")
+                continue
+            log_dir = context.work / f"memory-{name}"
+            peak = max(r["peak_memory_gb"] for r in records(log_dir) if "peak_memory_gb" in r)
+            if gpu:
+                error = (plan - peak) / peak
+                figures.update({f"{name}_micro_batch": micro, f"{name}_plan_gib": round(plan, 2)})
+                figures[f"{name}_measured_gib"] = round(peak, 2)
+                figures[f"{name}_error"] = round(error, 4)
+                if abs(error) > MEMORY_GOAL:
+                    reasons.append(f"{name}: plan off by {error:+.1%} (goal {MEMORY_GOAL:.0%})")
+            else:
+                figures[f"{name}_cpu_trained"] = True  # peak RSS is no GPU memory: not compared
+        except Exception as error:  # noqa: BLE001  (this layout fails; the next one runs)
+            reasons.append(f"{name}: {type(error).__name__}: {error}")
+    record = {"status": "failed" if reasons else "passed", "figures": figures}
+    if reasons:
+        record["reason"] = "; ".join(reasons)
+    return record
+
+
+# --- recomputation and context parallelism ---------------------------------------------------
+
+RECOMPUTE_SETTINGS: dict[str, list[str]] = {
+    "none": [],
+    "selective": [f"{RECOMPUTE}granularity=selective"],
+    "full": [
+        f"{RECOMPUTE}granularity=full",
+        f"{RECOMPUTE}method=uniform",
+        f"{RECOMPUTE}num_layers=1",
+    ],
+}
+
+
+def recompute(context: Context) -> dict:
+    """The memory model's GPT at one micro batch (2, sequence 2048) without, with selective and
+    with full recomputation: each trains, and the measured peak falls in the order the plan
+    says. Context parallelism needs two GPUs: with one it is reported skipped. Rehearsal:
+    recomputation is refused on CPU, so each GPU command is planned and dry-run."""
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    prepare_data(context)
+    figures: dict = {}
+    reasons = []
+    command = [sys.executable, "main.py", "stages=[training]", "cluster_type=local"]
+    for name, extra in RECOMPUTE_SETTINGS.items():
+        overrides = layout_overrides(context, "seq2048", 2, True) + extra
+        overrides = [o.replace("memory-seq2048", f"recompute-{name}") for o in overrides]
+        figures[f"{name}_plan_gib"] = round(planned_gib(overrides), 2)
+        if not gpu:
+            planned = context.run([*command, "dry_run=true", *overrides], timeout=120)
+            figures[f"{name}_dry_run"] = "passed" if planned.returncode == 0 else "failed"
+            if planned.returncode:
+                reasons.append(f"{name}: the dry run exited {planned.returncode}")
+            continue
+        result = context.run([*command, *overrides], timeout=240)
+        if result.returncode:
+            reasons.append(f"{name}: training exited {result.returncode}")
+            continue
+        peaks = records(context.work / f"recompute-{name}")
+        figures[f"{name}_measured_gib"] = round(max(r["peak_memory_gb"] for r in peaks), 2)
+        figures[f"{name}_loss_last"] = round(peaks[-1]["reduced_train_loss"], 4)
+    if gpu and not reasons:
+        measured = [figures[f"{name}_measured_gib"] for name in RECOMPUTE_SETTINGS]
+        planned = [figures[f"{name}_plan_gib"] for name in RECOMPUTE_SETTINGS]
+        figures["measured_falls"] = measured[0] > measured[1] > measured[2]
+        figures["plan_falls"] = planned[0] > planned[1] > planned[2]
+        if not figures["measured_falls"]:
+            reasons.append(f"the measured peak does not fall none > selective > full: {measured}")
+    import torch
+
+    gpus = torch.cuda.device_count() if gpu else 0
+    figures["context_parallel"] = "not run: needs 2 GPUs" if gpus < 2 else "not written yet"
+    record = {"status": "failed" if reasons else "passed", "figures": figures}
+    if reasons:
+        record["reason"] = "; ".join(reasons)
+    return record
+
+
+# --- T5 and BERT ----------------------------------------------------------------------------
+
+ENCODER_STEPS_GPU, ENCODER_STEPS_CPU = 50, 12
+
+
+def encoders(context: Context) -> dict:
+    """t5/tiny and bert/tiny through main.py (their data preparation, then training): bf16 on
+    the GPU, fp32 on CPU in the rehearsal; each runs and its loss falls."""
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    steps = ENCODER_STEPS_GPU if gpu else ENCODER_STEPS_CPU
+    figures: dict = {}
+    reasons = []
+    for family in ("t5", "bert"):
+        work = context.work / family
+        log_dir = work / "log"
+        overrides = [
+            f"training={family}/tiny",
+            f"data_dir={work}/data",
+            f"base_results_dir={work}/results",
+            f"training.exp_manager.explicit_log_dir={log_dir}",
+            "training.exp_manager.resume_if_exists=false",
+            f"training.trainer.max_steps={steps}",
+            "training.trainer.log_every_n_steps=1",
+            f"training.trainer.val_check_interval={steps + 1}",
+            f"training.exp_manager.checkpoint_callback_params.every_n_train_steps={steps + 1}",
+        ]
+        overrides += ["training.model.optim.sched.warmup_steps=2"] if family == "bert" else []
+        if gpu:
+            overrides += ["training.trainer.accelerator=gpu", "training.trainer.precision=bf16"]
+        stages = "stages=[data_preparation,training]"
+        result = context.run([sys.executable, "main.py", stages, *overrides], timeout=240)
+        if result.returncode:
+            reasons.append(f"{family}: main.py exited {result.returncode}")
+            continue
+        logged = [r for r in records(log_dir) if "reduced_train_loss" in r]
+        first, last = logged[0]["reduced_train_loss"], logged[-1]["reduced_train_loss"]
+        figures[f"{family}_steps"] = len(logged)
+        figures[f"{family}_loss_first"] = round(first, 4)
+        figures[f"{family}_loss_last"] = round(last, 4)
+        figures[f"{family}_tokens_per_s"] = round(
+            statistics.median(r["tokens_per_sec"] for r in logged[len(logged) // 2 :])
+        )
+        if not last < first:
+            reasons.append(f"{family}: the loss did not fall ({first:.3f} -> {last:.3f})")
+        if not gpu:
+            # The GPU run's training command, planned and checked on the data just prepared.
+            gpu_only = ["training.trainer.accelerator=gpu", "training.trainer.precision=bf16"]
+            command = [sys.executable, "main.py", "stages=[training]", "dry_run=true"]
+            planned = context.run([*command, *overrides, *gpu_only], timeout=120)
+            figures[f"{family}_gpu_dry_run"] = "passed" if planned.returncode == 0 else "failed"
+            if planned.returncode:
+                reasons.append(f"{family}: the GPU command's dry run exited {planned.returncode}")
+    record = {"status": "failed" if reasons else "passed", "figures": figures}
+    if reasons:
+        record["reason"] = "; ".join(reasons)
+    return record
+
+
+# --- conversion -------------------------------------------------------------------------------
+
+
+def conversion(context: Context) -> dict:
+    """The training step's last checkpoint through main.py's conversion stage (gpt3/convert_gpt3:
+    the portable file and the Hugging Face export); transformers then loads the export in bf16
+    on the device (fp32 on CPU in the rehearsal) and its logits for a few tokens are finite."""
+    import torch
+
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    trained = context.work / "gpt-train"
+    if not (trained / "checkpoints").is_dir():
+        return {"status": "failed", "reason": "the training step left no checkpoint"}
+    output = context.work / "converted"
+    overrides = training_overrides(context, trained, gpu)
+    command = [sys.executable, "main.py", "stages=[conversion]", "cluster_type=local"]
+    command += ["conversion=gpt3/convert_gpt3", *overrides]
+    command += [
+        f"conversion.model.checkpoint_folder={trained}/checkpoints",
+        f"conversion.model.hparams_file={trained}/hparams.yaml",
+        f"conversion.run.output_path={output}",
+    ]
+    result = context.run(command, timeout=180)
+    if result.returncode:
+        return {"status": "failed", "reason": f"main.py exited {result.returncode}"}
+    figures = {"nemo_mb": round((output / "megatron_gpt.nemo").stat().st_size / 1e6, 1)}
+    from transformers import AutoModelForCausalLM
+
+    dtype, device = (torch.bfloat16, "cuda") if gpu else (torch.float32, "cpu")
+    context.commands.append(f"AutoModelForCausalLM.from_pretrained({output / 'hf'}, {dtype})")
+    model = AutoModelForCausalLM.from_pretrained(output / "hf", torch_dtype=dtype).to(device)
+    tokens = torch.arange(1, 17, device=device).unsqueeze(0)
+    with torch.no_grad():
+        logits = model(tokens).logits
+    figures["hf_dtype"] = str(next(model.parameters()).dtype).split(".")[-1]
+    figures["hf_logits_finite"] = bool(torch.isfinite(logits).all())
+    passed = figures["hf_logits_finite"]
+    record = {"status": "passed" if passed else "failed", "figures": figures}
+    if not passed:
+        record["reason"] = "the Hugging Face export's logits are not finite"
+    return record
+
+
+# --- generation -------------------------------------------------------------------------------
+
+PROMPTS = ("The history of", "In the morning the", "A small village near the river", "We like")
+
+
+def generation(context: Context) -> dict:
+    """The conversion step's portable file served in this process (the serving runner:
+    jobs/inference/served.py, on the GPU when there is one) generating greedily: 8 prompts x
+    32 new tokens at batch 8 (rehearsal: 4 x 8 on CPU); generated tokens/s."""
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    model_file = context.work / "converted" / "megatron_gpt.nemo"
+    if not model_file.exists():
+        return {"status": "failed", "reason": "the conversion step left no portable file"}
+    from launcher_scripts.jobs.inference.generation import GenerationParams, generate
+    from launcher_scripts.jobs.inference.runner import close_runner
+    from launcher_scripts.jobs.inference.served import open_served
+
+    prompts_n, tokens = (8, 32) if gpu else (4, 8)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(prompts_n)]
+    context.commands.append(
+        f"open_served({model_file}, on_gpu={gpu}); generate {prompts_n} prompts x {tokens} "
+        "tokens, greedy, one batch"
+    )
+    served = open_served(model_file, on_gpu=gpu)
+    try:
+        params = GenerationParams(tokens_to_generate=tokens, top_k=1)
+        run = partial(generate, served.logits, served.tokenizer, prompts, params)
+        run(max_length=served.max_length)  # the first call pays for lazy set-up
+        start = time.perf_counter()
+        completions = run(max_length=served.max_length)
+        seconds = time.perf_counter() - start
+    finally:
+        close_runner()
+    generated = sum(len(c.tokens) for c in completions)
+    figures = {"on_gpu": served.on_gpu, "generated_tokens": generated}
+    figures["tokens_per_s"] = round(generated / seconds, 1)
+    passed = generated > 0 and served.on_gpu == gpu
+    record = {"status": "passed" if passed else "failed", "figures": figures}
+    if not passed:
+        record["reason"] = "no tokens generated, or not on the expected device"
+    return record
+
+
+# --- cluster validation's GPU probe -----------------------------------------------------------
+
+
+def probe(context: Context) -> dict:
+    """csp_tools.validation.node_probe on this node: on the GPU its bf16 matmul and copy bandwidth
+    against the published figures and against this run's ceiling; on CPU its CPU checks."""
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    command = [sys.executable, "-m", "csp_tools.validation.node_probe"]
+    command += ["--expect-gpus", "1"] if gpu else []
+    result = context.run(command, timeout=180)
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"status": "failed", "reason": f"no report (exit {result.returncode})"}
+    report = json.loads(lines[-1])
+    figures = {}
+    for check in report["checks"]:
+        figures[check["name"]] = check["value"] if check["value"] is not None else check["status"]
+        if check.get("limit") is not None:
+            figures[f"{check['name']}_limit"] = check["limit"]
+    roof = context.earlier("ceiling").get("figures", {}).get("matmul_tflops")
+    matmul = next((c["value"] for c in report["checks"] if c["name"].startswith("matmul")), None)
+    if roof and matmul:
+        figures["probe_matmul_over_ceiling"] = round(matmul / roof, 4)
+    failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
+    record = {"status": "passed" if report["passed"] else "failed", "figures": figures}
+    if failed:
+        record["reason"] = "failed checks: " + ", ".join(failed)
+    return record
+
+
+STEPS: dict[str, Step] = {
+    "ceiling": Step(ceiling, budget_s=20, rehearsal_s=30),
+    "training": Step(training, budget_s=130, rehearsal_s=150),
+    "conversion": Step(conversion, budget_s=30, rehearsal_s=60),
+    "generation": Step(generation, budget_s=30, rehearsal_s=60),
+    "memory": Step(memory, budget_s=100, rehearsal_s=150),
+    "recompute": Step(recompute, budget_s=70, rehearsal_s=90),
+    "encoders": Step(encoders, budget_s=60, rehearsal_s=120),
+    "probe": Step(probe, budget_s=40, rehearsal_s=30),
+}

@@ -1,0 +1,90 @@
+"""The GPU suite (bench/gpu/run.sh) rehearsed on CPU, so that a change that breaks it fails here
+and not on the rarely lent GPU machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO
+
+sys.path.insert(0, str(REPO))
+
+from bench.gpu import steps, suite  # noqa: E402
+
+
+def rehearse(out: Path, *only: str) -> dict:
+    command = ["bash", "bench/gpu/run.sh", "--rehearse", "--out", str(out)]
+    command += ["--only", *only] if only else []
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+def check_shape(summary: dict, out: Path, names: list[str]) -> None:
+    assert summary["rehearse"] is True
+    assert {"date", "commit", "device", "seconds", "steps"} <= summary.keys()
+    assert [step["name"] for step in summary["steps"]] == names
+    for step in summary["steps"]:
+        assert step["status"] in suite.STATUSES, step
+        assert isinstance(step["figures"], dict) and isinstance(step["commands"], list), step
+        assert step["commands"], step  # every step says what it ran
+    # Only three files come back from the GPU machine: the logs travel in one archive.
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "summary.json", "summary.md"]
+    with tarfile.open(out / "logs.tar.gz") as archive:
+        members = set(archive.getnames())
+    assert {f"logs/{name}.log" for name in names} <= members
+    markdown = (out / "summary.md").read_text()
+    assert all(f"| {name} | " in markdown for name in names)
+
+
+def test_a_step_past_its_time_box_fails_and_the_next_runs(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    for folder in ("steps", "logs", "work"):
+        (scratch / folder).mkdir(parents=True)
+    late = suite.run_step("ceiling", scratch, rehearse=True, budget=0.01)
+    assert late["status"] == "failed" and "timed out" in late["reason"], late
+    on_time = suite.run_step("ceiling", scratch, rehearse=True, budget=120)
+    assert on_time["status"] == "passed", on_time
+    assert on_time["figures"]["matmul_tflops"] > 0
+
+
+def test_the_quick_steps_rehearse(tmp_path: Path) -> None:
+    summary = rehearse(tmp_path, "ceiling", "probe")
+    check_shape(summary, tmp_path, ["ceiling", "probe"])
+    assert all(step["status"] == "passed" for step in summary["steps"]), summary
+
+
+@pytest.mark.slow
+def test_the_whole_rehearsal(tmp_path: Path) -> None:
+    summary = rehearse(tmp_path)
+    check_shape(summary, tmp_path, list(steps.STEPS))
+    # Every step of the suite today runs on CPU in the rehearsal, so each must pass.
+    assert all(step["status"] == "passed" for step in summary["steps"]), summary
+    training = next(step for step in summary["steps"] if step["name"] == "training")["figures"]
+    assert training["loss_falls"] is True
+    assert training["gpu_recipe_dry_run"] == "passed"
+    assert training["tokens_per_s"] > 0 and training["bare_step_s"] > 0
+    converted = next(step for step in summary["steps"] if step["name"] == "conversion")["figures"]
+    assert converted["hf_logits_finite"] is True and converted["nemo_mb"] > 0
+    generated = next(step for step in summary["steps"] if step["name"] == "generation")["figures"]
+    assert generated["generated_tokens"] > 0 and generated["tokens_per_s"] > 0
+    memory = next(step for step in summary["steps"] if step["name"] == "memory")["figures"]
+    for layout in steps.LAYOUTS:  # each GPU layout planned and dry-run
+        assert memory[f"{layout}_dry_run"] == "passed" and memory[f"{layout}_plan_gib"] > 0
+    assert memory["seq2048_cpu_trained"] is True
+    recompute = next(step for step in summary["steps"] if step["name"] == "recompute")["figures"]
+    for setting in steps.RECOMPUTE_SETTINGS:
+        assert recompute[f"{setting}_dry_run"] == "passed"
+    planned = [recompute[f"{setting}_plan_gib"] for setting in ("none", "selective", "full")]
+    assert planned == sorted(planned, reverse=True), planned
+    encoders = next(step for step in summary["steps"] if step["name"] == "encoders")["figures"]
+    for family in ("t5", "bert"):
+        assert encoders[f"{family}_loss_last"] < encoders[f"{family}_loss_first"]
+        assert encoders[f"{family}_gpu_dry_run"] == "passed"
+    assert summary["seconds"] < 120  # "under a minute" on a quiet machine; two shared cores here
