@@ -39,8 +39,9 @@ if [ "$rehearse" = 0 ] && ! python3 -c "$needs" 2>/dev/null; then
       echo "run.sh: no $repo/.whl: run bash bench/gpu/fetch-wheels.sh on a networked machine and copy it here" >&2
       exit 1
     fi
+    # fetch-wheels.sh's list: exactly the wheels it fetched (the rest is on the machine)
     "$python" -m pip install --quiet --no-index --find-links "$repo/.whl" \
-      megatron-core -r "$repo/requirements.txt"
+      -r "$repo/.whl/requirements.txt"
     "$python" -c "$needs"
   fi
 fi
