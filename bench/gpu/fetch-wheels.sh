@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Fills .whl/ (git-ignored, at the repo root) with the Python 3.12 wheels the GPU check machine
 # lacks (docs: /work/shared/GPU-CHECKS.md; issue 38). That machine: Linux x86_64, Python 3.12,
-# torch 2.11 + CUDA 13, transformers, sentencepiece, safetensors, pytest; no network; the wheels
-# may total at most 64 MiB.
+# torch 2.11 + CUDA 13, transformers, sentencepiece, safetensors, pytest; no network. What travels
+# there (the checkout's files and the wheels together) may total at most 64 MiB: the wheels get what
+# the checkout leaves, less a margin.
 #
 # Every wheel is fetched with --no-deps from the explicit lists below: the dependency closure was
 # worked out once (pip show / importlib.metadata requires on Python 3.12 markers) and is written
 # here, so pip can never pull torch, nvidia-* or triton (GBs, and on the machine already).
 # Versions are the ones the CPU test environment runs. Change a pin: re-check its requirements.
 #
-# On the machine there, offline:
+# On the machine there, offline (run.sh does this):
 #   pip install --no-index --find-links .whl -r .whl/requirements.txt
+#   pip install --no-index --find-links .whl --no-deps -r .whl/alone.txt
 # run.sh uses the launcher from the checkout (no launcher wheel is built: it would be stale).
 #
 # Usage: bench/gpu/fetch-wheels.sh    (re-runnable: .whl/ is emptied first)
@@ -18,7 +20,10 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DEST="$ROOT/.whl"
-BUDGET=$((64 * 1024 * 1024))  # bytes: 64 MiB
+TRAVEL=$((64 * 1024 * 1024))  # bytes: all that travels to the machine, 64 MiB
+MARGIN=$((1024 * 1024))       # for files added to the checkout after the wheels are fetched
+checkout=$(cd "$ROOT" && git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
+BUDGET=$((TRAVEL - checkout - MARGIN))
 
 # On the GPU machine already (not fetched): torch and what it pulls (filelock, fsspec, jinja2,
 # networkx, sympy, setuptools, typing-extensions, markupsafe, nvidia-*, triton), transformers and what it pulls
@@ -75,16 +80,24 @@ SDIST_WHEELS=(
     "antlr4-python3-runtime==4.9.3"  # hydra-core's and omegaconf's grammar runtime
 )
 
-# Fetched, group by group in this order, only while the total stays within the budget.
-# A group is one line: "name: wheel wheel ...".
+# Fetched, group by group in this order (the most useful first), only while the total stays
+# within the budget. A group is one line: "name: wheel wheel ...".
 OPTIONAL_GROUPS=(
+    "lm-eval: lm-eval==0.4.13"  # installed alone (INSTALL_ALONE): the evaluation job's model adapter
     "matplotlib: matplotlib==3.11.2 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0 pyparsing==3.3.2 python-dateutil==2.9.0.post0 six==1.17.0"
     "tensorboard: tensorboard==2.21.0 tensorboard-data-server==0.7.2 absl-py==2.5.1 grpcio==1.85.3 markdown==3.11.3 protobuf==7.36.2 werkzeug==3.1.8"
 )
 
+# Installed with --no-deps there: the parts the suite runs import only what the machine has. The
+# evaluation step drives the evaluation job's lm-eval adapter (lm_eval.api: jinja2, numpy, pyyaml,
+# requests); lm-eval's evaluator needs datasets -> pyarrow (~42 MiB), which does not fit.
+INSTALL_ALONE=(
+    lm-eval
+)
+
 # Not fetched: larger than the budget (each with what it leaves unchecked on the GPU machine).
 LEFT_OUT=(
-    "lm-eval: the evaluation job (needs datasets -> pyarrow ~42 MiB, pandas, scikit-learn, scipy ~35 MiB)"
+    "lm-eval's evaluator: the evaluation job's task loading and metrics (needs datasets -> pyarrow ~42 MiB, pandas, scikit-learn, scipy ~35 MiB); its model adapter is checked"
     "transformer-engine: the TE layer spec and FP8 (CUDA wheels of hundreds of MiB)"
     "wandb: W&B logging (~20 MiB wheel plus protobuf, sentry-sdk, gitpython; optional, no network there anyway)"
     "triton: the Triton inference server (not a wheel; the serving checks use the launcher's own server)"
@@ -145,7 +158,8 @@ total=$(total_bytes "$DEST")
 {
     echo "# Wheels for the GPU check machine (Python 3.12, Linux x86_64), by bench/gpu/fetch-wheels.sh"
     echo "# Install there: pip install --no-index --find-links .whl -r .whl/requirements.txt"
-    echo "# total: $total bytes ($(mib "$total")) of a $BUDGET-byte budget"
+    echo "#                pip install --no-index --find-links .whl --no-deps -r .whl/alone.txt"
+    echo "# total: $total bytes ($(mib "$total")) of a $BUDGET-byte budget ($(mib "$TRAVEL") less the checkout's $(mib "$checkout") and a margin)"
     echo
     echo "## wheels"
     for f in "$DEST"/*.whl; do
@@ -162,17 +176,27 @@ total=$(total_bytes "$DEST")
     echo "## on the machine already (not fetched)"
     echo "${ON_MACHINE[*]}"
 } >"$DEST/MANIFEST.txt"
-# The top-level names to install there (pip resolves the rest from .whl/ and the machine).
+# The top-level names to install there (pip resolves the rest from .whl/ and the machine), and
+# those installed alone, without their declared dependencies.
+alone=" $(printf '%s ' "${INSTALL_ALONE[@]}" | tr '[:upper:]_' '[:lower:]-')"
+: >"$DEST/requirements.txt"
+: >"$DEST/alone.txt"
 for f in "$DEST"/*.whl; do
     base="$(basename "$f")"
-    echo "${base%%-*}"
-done >"$DEST/requirements.txt"
+    name="${base%%-*}"
+    canonical="$(tr '[:upper:]_' '[:lower:]-' <<<"$name")"
+    if [[ $alone == *" $canonical "* ]]; then
+        echo "$name" >>"$DEST/alone.txt"
+    else
+        echo "$name" >>"$DEST/requirements.txt"
+    fi
+done
 
 sed -n '/^## wheels/,/^$/p' "$DEST/MANIFEST.txt"
 echo "left out:"
 for s in "${skipped[@]+"${skipped[@]}"}" "${LEFT_OUT[@]}"; do echo "  $s"; done
 echo "total: $total bytes ($(mib "$total")) in $DEST"
 if ((total > BUDGET)); then
-    echo "error: the wheels total $(mib "$total"), over the $(mib "$BUDGET") budget" >&2
+    echo "error: the wheels total $(mib "$total"), over the $(mib "$BUDGET") the checkout leaves of $(mib "$TRAVEL")" >&2
     exit 1
 fi

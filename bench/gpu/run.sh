@@ -42,6 +42,11 @@ if [ "$rehearse" = 0 ] && ! python3 -c "$needs" 2>/dev/null; then
     # fetch-wheels.sh's list: exactly the wheels it fetched (the rest is on the machine)
     "$python" -m pip install --quiet --no-index --find-links "$repo/.whl" \
       -r "$repo/.whl/requirements.txt"
+    # Wheels whose checked parts need none of their declared dependencies (lm-eval's adapter)
+    if [ -s "$repo/.whl/alone.txt" ]; then
+      "$python" -m pip install --quiet --no-index --find-links "$repo/.whl" --no-deps \
+        -r "$repo/.whl/alone.txt"
+    fi
     "$python" -c "$needs"
   fi
 fi

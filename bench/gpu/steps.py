@@ -8,6 +8,7 @@ this run; none is copied from elsewhere.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import statistics
 import subprocess
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import pairwise
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -613,6 +615,294 @@ def generation(context: Context) -> dict:
     return record
 
 
+# --- evaluation -------------------------------------------------------------------------------
+
+EVAL_BATCH = 8
+
+
+@dataclass
+class OfflineRequests:
+    """The shipped offline tasks as lm-eval requests: tiny_choice's (query, " " + choice) pairs,
+    then tiny_lambada's (text but its last word, " " + that word) pairs; tiny_wikitext's texts."""
+
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    questions: list[tuple[range, int]] = field(default_factory=list)  # choices' pairs, gold
+    lambada: range = range(0)
+    documents: list[str] = field(default_factory=list)
+
+
+def offline_requests() -> OfflineRequests:
+    from launcher_scripts.jobs.evaluation.offline_data import read_jsonl
+
+    requests = OfflineRequests()
+    for row in read_jsonl("tiny_choice.jsonl"):
+        first = len(requests.pairs)
+        requests.pairs += [(row["query"], " " + choice) for choice in row["choices"]]
+        requests.questions.append((range(first, len(requests.pairs)), int(row["label"])))
+    first = len(requests.pairs)
+    for row in read_jsonl("tiny_lambada.jsonl"):
+        *words, last = row["text"].split(" ")
+        requests.pairs.append((" ".join(words), " " + last))
+    requests.lambada = range(first, len(requests.pairs))
+    requests.documents = [row["page"] for row in read_jsonl("tiny_wikitext.jsonl")]
+    return requests
+
+
+def picked_choices(requests: OfflineRequests, logprobs: list[float]) -> list[int]:
+    """Each question's choice of highest log-likelihood (lm-eval's acc)."""
+    return [max(span, key=logprobs.__getitem__) - span.start for span, _ in requests.questions]
+
+
+def reference_logprobs(
+    hf_dir: Path, rows: list[tuple[list[int], list[int]]], vocab: int, gpu: bool
+) -> list[float]:
+    """transformers' log-probability of each continuation after its context, on the device
+    and in the dtype of the run (bf16 on the GPU, fp32 on CPU). Normalised over the
+    tokenizer's `vocab` ids, as the serving runner's are: the export keeps the rows that pad
+    the vocabulary to a multiple of make_vocab_size_divisible_by, which no text can hold."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype, device = (torch.bfloat16, "cuda") if gpu else (torch.float32, "cpu")
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=dtype).to(device).eval()
+    scores = []
+    with torch.no_grad():
+        for context, continuation in rows:
+            tokens = torch.tensor([(context + continuation)[:-1]], device=device)
+            logits = model(tokens).logits[0, -len(continuation) :, :vocab].float()
+            target = torch.tensor(continuation, device=device).unsqueeze(-1)
+            picked = torch.log_softmax(logits, dim=-1).gather(-1, target)
+            scores.append(float(picked.double().sum()))
+    return scores
+
+
+def evaluation(context: Context) -> dict:
+    """The evaluation job's model side on the device: its lm-eval adapter (MegatronLM over the
+    serving runner) scores the shipped offline tasks (multiple choice, last word, rolling
+    perplexity) from the conversion step's portable file, and every log-likelihood is compared
+    with transformers' on the Hugging Face export (same device and dtype). lm-eval's evaluator
+    needs datasets and pyarrow, which do not fit the wheels: where it imports, main.py's
+    evaluation stage runs too (in the rehearsal that command is dry-run)."""
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    converted = context.work / "converted"
+    model_file = converted / "megatron_gpt.nemo"
+    if not model_file.exists():
+        return {"status": "failed", "reason": "the conversion step left no portable file"}
+    from lm_eval.api.instance import Instance
+
+    from launcher_scripts.jobs.evaluation.lm_adapter import MegatronLM
+    from launcher_scripts.jobs.inference.runner import close_runner, open_runner
+
+    requests = offline_requests()
+    context.commands.append(
+        f"MegatronLM(open_runner({model_file}, on_gpu={gpu}), batch_size={EVAL_BATCH}): "
+        f"loglikelihood x {len(requests.pairs)}, loglikelihood_rolling x {len(requests.documents)}"
+    )
+    runner = open_runner(model_file, 1, 1, on_gpu=gpu)
+    try:
+        adapter = MegatronLM(runner, EVAL_BATCH, progress=False)
+        asked = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(requests.pairs)]
+        adapter.loglikelihood(asked[:EVAL_BATCH])  # the first call pays for lazy set-up
+        start = time.perf_counter()
+        scored = adapter.loglikelihood(asked)
+        seconds = time.perf_counter() - start
+        documents = requests.documents
+        rolling = adapter.loglikelihood_rolling(
+            [Instance("loglikelihood_rolling", {}, (doc,), i) for i, doc in enumerate(documents)]
+        )
+        encoded = [adapter.encode_pair(*pair) for pair in requests.pairs]
+    finally:
+        close_runner()
+    ours = [logprob for logprob, _ in scored]
+    picks = picked_choices(requests, ours)
+    gold = [label for _, label in requests.questions]
+    words = sum(len(doc.split()) for doc in documents)
+    figures: dict = {"on_gpu": runner.on_gpu, "requests": len(asked)}
+    figures["requests_per_s"] = round(len(asked) / seconds, 1)
+    right = [pick == label for pick, label in zip(picks, gold, strict=True)]
+    figures["choice_acc"] = round(statistics.mean(right), 4)
+    figures["lambada_acc"] = round(statistics.mean(scored[i][1] for i in requests.lambada), 4)
+    figures["wikitext_word_perplexity"] = round(math.exp(-sum(rolling) / words), 3)
+    # transformers on the same token rows: the per-token log-probabilities must agree.
+    context.commands.append(f"AutoModelForCausalLM.from_pretrained({converted / 'hf'}): same rows")
+    rows = [(item.context, item.continuation) for item in encoded]
+    reference = reference_logprobs(converted / "hf", rows, runner.vocab_size, gpu)
+    per_token = [
+        abs(a - b) / len(item.continuation)
+        for a, b, item in zip(ours, reference, encoded, strict=True)
+    ]
+    figures["vs_transformers_mean_token_diff"] = round(statistics.mean(per_token), 6)
+    figures["vs_transformers_max_token_diff"] = round(max(per_token), 6)
+    agree = zip(picks, picked_choices(requests, reference), strict=True)
+    figures["vs_transformers_choice_agreement"] = round(
+        statistics.mean(a == b for a, b in agree), 4
+    )
+    reasons = []
+    # bf16 rounds differently in the two implementations; in fp32 they must agree closely.
+    limit = EVAL_TOKEN_DIFF_BF16 if gpu else EVAL_TOKEN_DIFF_FP32
+    if figures["vs_transformers_mean_token_diff"] > limit:
+        reasons.append(
+            f"log-probs differ from transformers' by {statistics.mean(per_token):.4f} per token "
+            f"on average (limit {limit})"
+        )
+    figures["harness"] = harness(context, model_file, gpu, reasons)
+    record = {"status": "failed" if reasons else "passed", "figures": figures}
+    if reasons:
+        record["reason"] = "; ".join(reasons)
+    return record
+
+
+EVAL_TOKEN_DIFF_BF16 = 0.05  # nats per token, mean over the requests
+EVAL_TOKEN_DIFF_FP32 = 1e-4
+
+
+def harness(context: Context, model_file: Path, gpu: bool, reasons: list[str]) -> str:
+    """main.py's evaluation stage on the offline tasks, where lm-eval's evaluator imports."""
+    command = [sys.executable, "main.py", "stages=[evaluation]", "cluster_type=local"]
+    command += training_overrides(context, context.work / "evaluation-train", gpu)
+    command += [
+        "evaluation=gpt3/evaluate_all",
+        f"evaluation.model.nemo_model={model_file}",
+        f"evaluation.run.results_dir={context.work / 'evaluation'}",
+        "evaluation.run.limit=10",
+        "evaluation.run.bootstrap_iters=0",
+    ]
+    try:
+        import datasets  # noqa: F401
+        import lm_eval.evaluator  # noqa: F401
+    except ImportError:
+        importable = False
+    else:
+        importable = True
+    if context.rehearse or not importable:
+        planned = context.run([*command, "dry_run=true"], timeout=120)
+        if planned.returncode:
+            reasons.append(f"the evaluation stage's dry run exited {planned.returncode}")
+        outcome = "dry run passed" if planned.returncode == 0 else "dry run failed"
+        return outcome + ("" if importable else "; not run: lm-eval's evaluator needs datasets")
+    result = context.run(command, timeout=180)
+    if result.returncode:
+        reasons.append(f"the evaluation stage exited {result.returncode}")
+        return "failed"
+    results = json.loads((context.work / "evaluation" / "results.json").read_text())["results"]
+    shown = []
+    for task, metrics in sorted(results.items()):
+        for name, value in metrics.items():
+            if isinstance(value, float) and "stderr" not in name:
+                shown.append(f"{task} {name.split(',')[0]}={value:.4f}")
+                break
+    return "ran: " + ", ".join(shown)
+
+
+# --- fine-tuning and PEFT -------------------------------------------------------------------
+
+TUNE_STEPS_GPU, TUNE_STEPS_CPU = 40, 10
+TUNING: dict[str, list[str]] = {  # stage -> its overrides besides the shared ones
+    "fine_tuning": ["fine_tuning.model.optim.lr=1e-4"],
+    "peft": [
+        "peft.model.peft.peft_scheme=lora",
+        "peft.model.peft.lora_tuning.adapter_dim=16",
+        "peft.model.optim.lr=1e-3",
+    ],
+}
+
+
+def tuning_overrides(context: Context, stage: str, base: Path, task: dict, gpu: bool) -> list[str]:
+    """SFT or LoRA on the tests' word-mapping task (tests/support/sft_task.py): one device,
+    validation at step 0 and at the end, bf16 on the GPU (fp32 on CPU in the rehearsal)."""
+    steps = TUNE_STEPS_GPU if gpu else TUNE_STEPS_CPU
+    data = f"{stage}.model.data"
+    overrides = [
+        f"stages=[{stage}]",
+        "cluster_type=local",
+        f"base_results_dir={context.work}/results",
+        f"{stage}.exp_manager.explicit_log_dir={context.work / f'tuned-{stage}'}",
+        f"{stage}.exp_manager.resume_if_exists=false",
+        f"{stage}.model.restore_from_path={base}",
+        f"{data}.train_ds.file_names=[{task['train']}]",
+        f"{data}.validation_ds.file_names=[{task['val']}]",
+        f"{data}.test_ds.file_names=[{task['test']}]",
+        f"{data}.train_ds.max_seq_length=32",
+        f"{data}.validation_ds.tokens_to_generate=1",  # the answers are single tokens
+        f"{data}.test_ds.tokens_to_generate=1",
+        f"{stage}.trainer.devices=1",
+        f"{stage}.trainer.max_steps={steps}",
+        f"{stage}.trainer.val_check_interval={steps}",
+        f"{stage}.trainer.log_every_n_steps=1",
+        f"{stage}.model.global_batch_size=8",
+        f"{stage}.model.micro_batch_size=8",
+        f"{stage}.model.hidden_dropout=0.0",
+        f"{stage}.model.attention_dropout=0.0",
+        f"{stage}.model.optim.sched.warmup_steps=2",
+        *TUNING[stage],
+    ]
+    if gpu:
+        return [*overrides, f"{stage}.trainer.accelerator=gpu", f"{stage}.trainer.precision=bf16"]
+    return [*overrides, f"{stage}.trainer.accelerator=cpu", f"{stage}.trainer.precision=32"]
+
+
+def finetuning(context: Context) -> dict:
+    """Full fine-tuning (SFT) and LoRA of the conversion step's portable file through main.py's
+    fine_tuning and peft stages: each trains and its validation loss falls; step time, and the
+    size of the LoRA file."""
+    gpu = not context.rehearse and cuda()
+    if not context.rehearse and not gpu:
+        return {"status": "skipped", "reason": "needs CUDA"}
+    base = context.work / "converted" / "megatron_gpt.nemo"
+    if not base.exists():
+        return {"status": "failed", "reason": "the conversion step left no portable file"}
+    import tempfile
+
+    import launcher_scripts.families  # noqa: F401  (registers the shapes the file reader checks)
+    from launcher_scripts.formats import portable
+    from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
+    from tests.support.sft_task import write_task
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model = portable.read(base, Path(scratch))
+        tokenizer = load_text_tokenizer(model.config.tokenizer)
+        task = write_task(context.work / "sft-task", tokenizer, model.tensors[EMBEDDING])
+    figures: dict = {}
+    reasons = []
+    for stage in TUNING:
+        name = "sft" if stage == "fine_tuning" else "lora"
+        command = [sys.executable, "main.py", *tuning_overrides(context, stage, base, task, gpu)]
+        result = context.run(command, timeout=240)
+        if result.returncode:
+            reasons.append(f"{name}: main.py exited {result.returncode}")
+            continue
+        log_dir = context.work / f"tuned-{stage}"
+        logged = records(log_dir)
+        validation = [(r["step"], r["val_loss"]) for r in logged if "val_loss" in r]
+        train = [r for r in logged if "reduced_train_loss" in r]
+        (first_step, before), (last_step, after) = validation[0], validation[-1]
+        figures[f"{name}_val_loss"] = (
+            f"{before:.4f} (step {first_step}) -> {after:.4f} (step {last_step})"
+        )
+        times = [r["wall_time"] for r in train]
+        figures[f"{name}_step_s"] = round(statistics.median(b - a for a, b in pairwise(times)), 5)
+        if "peak_memory_gb" in train[-1]:
+            figures[f"{name}_peak_memory_gb"] = round(max(r["peak_memory_gb"] for r in train), 3)
+        if stage == "peft":
+            written = sorted((log_dir / "checkpoints").glob("*.nemo"))
+            figures["lora_file_mb"] = (
+                round(written[-1].stat().st_size / 1e6, 3) if written else None
+            )
+        if not (first_step == 0 and after < before):
+            reasons.append(
+                f"{name}: the validation loss did not fall ({before:.3f} -> {after:.3f})"
+            )
+    record = {"status": "failed" if reasons else "passed", "figures": figures}
+    if reasons:
+        record["reason"] = "; ".join(reasons)
+    return record
+
+
+EMBEDDING = "embedding.word_embeddings.weight"
+
+
 # --- cluster validation's GPU probe -----------------------------------------------------------
 
 
@@ -645,13 +935,17 @@ def probe(context: Context) -> dict:
     return record
 
 
+# In this order: what later steps read first (training -> conversion -> the steps on its file),
+# the quick and the most asked-for before the long ones, so a run cut short loses the least.
 STEPS: dict[str, Step] = {
     "ceiling": Step(ceiling, budget_s=20, rehearsal_s=30),
+    "probe": Step(probe, budget_s=40, rehearsal_s=30),
     "training": Step(training, budget_s=130, rehearsal_s=150),
     "conversion": Step(conversion, budget_s=30, rehearsal_s=60),
     "generation": Step(generation, budget_s=30, rehearsal_s=60),
+    "evaluation": Step(evaluation, budget_s=40, rehearsal_s=90),
+    "finetuning": Step(finetuning, budget_s=70, rehearsal_s=150),
     "memory": Step(memory, budget_s=100, rehearsal_s=150),
     "recompute": Step(recompute, budget_s=70, rehearsal_s=90),
     "encoders": Step(encoders, budget_s=60, rehearsal_s=120),
-    "probe": Step(probe, budget_s=40, rehearsal_s=30),
 }

@@ -2,11 +2,14 @@
 time-boxed, recorded as passed, failed or skipped with its figures and the commands it ran; a
 step that fails, raises or runs out of time does not stop the next.
 
-    python3 bench/gpu/suite.py [--rehearse] [--out DIR]
+    python3 bench/gpu/suite.py [--rehearse] [--out DIR] [--deadline SECONDS]
 
-Writes DIR/summary.json, DIR/summary.md and DIR/logs.tar.gz (one log per step). DIR: --out, else
-$OUT, else a new folder under /tmp. --rehearse: every step on CPU with tiny sizes (same code paths
-where the CPU allows; a step that needs CUDA reports "skipped: needs CUDA").
+Writes DIR/summary.json, DIR/summary.md and DIR/logs.tar.gz (one log per step), after every step,
+so a run cut off from outside still returns what it measured. DIR: --out, else $OUT, else a new
+folder under /tmp. --rehearse: every step on CPU with tiny sizes (same code paths where the CPU
+allows; a step that needs CUDA reports "skipped: needs CUDA"). --deadline: the whole suite's
+seconds (default: GPU_DEADLINE_S on the GPU, none in the rehearsal); a step gets at most what is
+left, and one that would start with less than MIN_STEP_S left is skipped.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ sys.path.insert(0, str(REPO))
 from bench.gpu import steps  # noqa: E402
 
 STATUSES = ("passed", "failed", "skipped")
+GPU_DEADLINE_S = 480.0  # the GPU machine runs one command for at most 10 minutes; install first
+MIN_STEP_S = 10.0
 
 
 def run_step(name: str, scratch: Path, rehearse: bool, budget: float) -> dict:
@@ -84,7 +89,8 @@ def markdown(summary: dict) -> str:
         f"# GPU suite ({'rehearsal on CPU' if summary['rehearse'] else 'GPU run'})",
         "",
         f"- date: {summary['date']}; commit: {summary['commit']}; device: {summary['device']}",
-        f"- total: {summary['seconds']} s",
+        f"- total: {summary['seconds']} s"
+        + ("" if summary.get("complete", True) else " (cut off: the steps below ran)"),
         "",
         "| step | status | seconds | figures / reason |",
         "|---|---|---|---|",
@@ -109,6 +115,30 @@ def commit() -> str:
     return result.stdout.strip() or "unknown"
 
 
+def write_results(out: Path, summary: dict, scratch: Path) -> None:
+    """summary.json, summary.md and logs.tar.gz in OUT, each replaced whole."""
+    for name, text in (
+        ("summary.json", json.dumps(summary, indent=1)),
+        ("summary.md", markdown(summary)),
+    ):
+        partial = out / f".{name}.partial"
+        partial.write_text(text)
+        partial.replace(out / name)
+    partial = out / ".logs.tar.gz.partial"
+    with tarfile.open(partial, "w:gz") as archive:
+        archive.add(scratch / "logs", arcname="logs")
+        archive.add(scratch / "steps", arcname="steps")
+    partial.replace(out / "logs.tar.gz")
+
+
+def step_budget(step: steps.Step, rehearse: bool, left: float | None) -> float | None:
+    """The step's time box, cut to what the suite has left; None: too little left to start."""
+    budget = step.rehearsal_s if rehearse else step.budget_s
+    if left is None:
+        return budget
+    return min(budget, left) if left >= MIN_STEP_S else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rehearse", action="store_true", help="CPU, tiny sizes")
@@ -117,9 +147,19 @@ def main() -> int:
     parser.add_argument("--scratch", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--only", nargs="*", default=None, help="these steps only")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (data, runs)")
+    parser.add_argument(
+        "--deadline", type=float, default=None, help="the whole suite's seconds (0: none)"
+    )
     args = parser.parse_args()
     if args.step:
         return child_main(args.step, args.scratch, args.rehearse)
+    unknown = sorted(set(args.only or ()) - set(steps.STEPS))
+    if unknown:
+        parser.error(f"--only: no step {', '.join(unknown)} (steps: {', '.join(steps.STEPS)})")
+    deadline = (
+        args.deadline if args.deadline is not None else (None if args.rehearse else GPU_DEADLINE_S)
+    )
+    deadline = deadline or None  # 0: none
     out = args.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     out = out or Path(tempfile.mkdtemp(prefix="gpu-suite-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -128,28 +168,44 @@ def main() -> int:
     for folder in ("steps", "logs", "work"):
         (scratch / folder).mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    records = []
-    for name, step in steps.STEPS.items():
-        if args.only is not None and name not in args.only:
-            continue
-        budget = step.rehearsal_s if args.rehearse else step.budget_s
-        print(f"[suite] {name} (up to {budget} s) ...", flush=True)
-        records.append(run_step(name, scratch, args.rehearse, budget))
-        print(f"[suite] {name}: {records[-1]['status']} in {records[-1]['seconds']} s", flush=True)
     summary = {
         "rehearse": args.rehearse,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": commit(),
         "device": steps.device_name(),
         "host": platform.node(),
-        "seconds": round(time.monotonic() - started, 1),
-        "steps": records,
+        "deadline_s": deadline,
+        "complete": False,
+        "seconds": 0.0,
+        "steps": [],
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(markdown(summary))
-    with tarfile.open(out / "logs.tar.gz", "w:gz") as archive:
-        archive.add(scratch / "logs", arcname="logs")
-        archive.add(scratch / "steps", arcname="steps")
+    records = summary["steps"]
+    for name, step in steps.STEPS.items():
+        if args.only is not None and name not in args.only:
+            continue
+        left = None if deadline is None else deadline - (time.monotonic() - started)
+        budget = step_budget(step, args.rehearse, left)
+        if budget is None:
+            records.append(
+                {
+                    "name": name,
+                    "status": "skipped",
+                    "figures": {},
+                    "commands": [],
+                    "reason": f"no time left in the suite's {deadline:.0f} s",
+                    "seconds": 0.0,
+                    "budget_s": 0.0,
+                }
+            )
+        else:
+            print(f"[suite] {name} (up to {budget:.0f} s) ...", flush=True)
+            records.append(run_step(name, scratch, args.rehearse, budget))
+        print(f"[suite] {name}: {records[-1]['status']} in {records[-1]['seconds']} s", flush=True)
+        summary["seconds"] = round(time.monotonic() - started, 1)
+        write_results(out, summary, scratch)
+    summary["complete"] = True
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    write_results(out, summary, scratch)
     print(markdown(summary))
     if args.keep:
         print(f"[suite] work folder kept: {scratch}")

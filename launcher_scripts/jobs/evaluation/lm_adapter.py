@@ -86,13 +86,13 @@ class MegatronLM(LM):
     # -- loglikelihood ------------------------------------------------------------------------
 
     def loglikelihood(self, requests: list[Instance]) -> list[tuple[float, bool]]:
-        items = [self._encode_pair(*request.args) for request in requests]
+        items = [self.encode_pair(*request.args) for request in requests]
         results = self.score(items, "loglikelihood")
         for request, result in zip(requests, results, strict=True):
             self.cache_hook.add_partial("loglikelihood", request.args, result)
         return results
 
-    def _encode_pair(self, context: str, continuation: str) -> Scored:
+    def encode_pair(self, context: str, continuation: str) -> Scored:
         """Tokens of the context and of what the continuation adds to it.
 
         The pair is encoded as one text and split where the context's own tokens end, so the
@@ -123,7 +123,7 @@ class MegatronLM(LM):
         results: list[tuple[float, bool]] = [(0.0, False)] * len(items)
         order = sorted(range(len(items)), key=lambda i: -_length(items[i]))
         for batch in self._batches(order, label):
-            rows = [self._window(items[i]) for i in batch]
+            rows = [self.window(items[i]) for i in batch]
             logits = self.runner.logits(rows)
             for position, index in enumerate(batch):
                 results[index] = _continuation_score(
@@ -131,7 +131,7 @@ class MegatronLM(LM):
                 )
         return results
 
-    def _window(self, item: Scored) -> list[int]:
+    def window(self, item: Scored) -> list[int]:
         """The model's input: every token but the last, cut from the left to fit."""
         return (item.context + item.continuation)[-(self.max_length + 1) :][:-1]
 
