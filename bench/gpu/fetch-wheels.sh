@@ -25,10 +25,9 @@ MARGIN=$((1024 * 1024))       # for files added to the checkout after the wheels
 checkout=$(cd "$ROOT" && git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
 BUDGET=$((TRAVEL - checkout - MARGIN))
 
-# On the GPU machine already (not fetched): torch and what it pulls (filelock, fsspec, jinja2,
-# networkx, sympy, setuptools, typing-extensions, markupsafe, nvidia-*, triton), transformers and what it pulls
-# (numpy, packaging, pyyaml, tqdm, tokenizers, huggingface-hub, click, regex, safetensors),
-# sentencepiece, safetensors, pytest (pluggy, iniconfig, pygments, packaging).
+# On the GPU machine already (not fetched), as the device tool's KINDS.md lists its packages (read
+# 2026-11-17), where the launcher or lm-eval's evaluator needs them: torch and what it pulls,
+# transformers and what it pulls, and the scientific stack.
 ON_MACHINE=(
     torch
     transformers
@@ -48,6 +47,19 @@ ON_MACHINE=(
     setuptools
     jinja2
     markupsafe
+    matplotlib
+    tensorboard
+    pandas
+    pyarrow
+    scikit-learn
+    sacrebleu
+    requests
+    xxhash
+    aiohttp
+    absl-py
+    joblib
+    regex
+    six
 )
 
 # Always fetched: the launcher's runtime requirements the machine lacks, megatron-core, and their
@@ -75,29 +87,34 @@ WHEELS=(
     "pytest-xdist==3.8.0"          # [dev]: pyproject's pytest addopts run -n 2
     "execnet==2.1.2"               # pytest-xdist
 )
+# typer, rich, psutil and pytest-xdist are on the machine too, at versions not known here: their
+# wheels are small, and pip keeps what is installed where it satisfies the requirement.
 # Only an sdist on PyPI (hydra-core 1.3 needs ==4.9.*): built here into a pure-Python wheel.
 SDIST_WHEELS=(
     "antlr4-python3-runtime==4.9.3"  # hydra-core's and omegaconf's grammar runtime
+    "rouge-score==0.1.2"             # lm-eval (installed alone, like its group below)
+    "sqlitedict==2.1.0"              # lm-eval
+    "word2number==1.1"               # lm-eval
 )
 
 # Fetched, group by group in this order (the most useful first), only while the total stays
 # within the budget. A group is one line: "name: wheel wheel ...".
 OPTIONAL_GROUPS=(
-    "lm-eval: lm-eval==0.4.13"  # installed alone (INSTALL_ALONE): the evaluation job's model adapter
-    "matplotlib: matplotlib==3.11.2 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0 pyparsing==3.3.2 python-dateutil==2.9.0.post0 six==1.17.0"
-    "tensorboard: tensorboard==2.21.0 tensorboard-data-server==0.7.2 absl-py==2.5.1 grpcio==1.85.3 markdown==3.11.3 protobuf==7.36.2 werkzeug==3.1.8"
+    "lm-eval: lm-eval==0.4.13 datasets==5.2.0 evaluate==0.4.6 dill==0.4.1 multiprocess==0.70.19 pytablewriter==1.2.1 dataproperty==1.1.1 mbstrdecoder==1.1.5 pathvalidate==3.3.1 tabledata==1.3.5 tcolorpy==0.1.7 typepy==1.3.5 chardet==6.0.0.post1 nltk==3.10.4 defusedxml==0.7.1 more-itertools==11.2.1"
 )
 
-# Installed with --no-deps there: the parts the suite runs import only what the machine has. The
-# evaluation step drives the evaluation job's lm-eval adapter (lm_eval.api: jinja2, numpy, pyyaml,
-# requests); lm-eval's evaluator needs datasets -> pyarrow (~42 MiB), which does not fit.
+# Installed with --no-deps there (lm-eval and what it needs beyond the machine's packages): the
+# machine's own versions of pyarrow, pandas and fsspec are kept, whatever datasets' pins say, and
+# an offline resolver cannot fail on a pin. Where they do not import, the evaluation step still
+# checks the evaluation job's model adapter (lm_eval.api needs only jinja2, numpy, pyyaml, requests).
 INSTALL_ALONE=(
-    lm-eval
+    lm-eval datasets evaluate dill multiprocess pytablewriter dataproperty mbstrdecoder
+    pathvalidate tabledata tcolorpy typepy chardet nltk defusedxml more-itertools
+    rouge-score sqlitedict word2number
 )
 
 # Not fetched: larger than the budget (each with what it leaves unchecked on the GPU machine).
 LEFT_OUT=(
-    "lm-eval's evaluator: the evaluation job's task loading and metrics (needs datasets -> pyarrow ~42 MiB, pandas, scikit-learn, scipy ~35 MiB); its model adapter is checked"
     "transformer-engine: the TE layer spec and FP8 (CUDA wheels of hundreds of MiB)"
     "wandb: W&B logging (~20 MiB wheel plus protobuf, sentry-sdk, gitpython; optional, no network there anyway)"
     "triton: the Triton inference server (not a wheel; the serving checks use the launcher's own server)"
