@@ -680,9 +680,9 @@ def evaluation(context: Context) -> dict:
     """The evaluation job's model side on the device: its lm-eval adapter (MegatronLM over the
     serving runner) scores the shipped offline tasks (multiple choice, last word, rolling
     perplexity) from the conversion step's portable file, and every log-likelihood is compared
-    with transformers' on the Hugging Face export (same device and dtype). lm-eval's evaluator
-    needs datasets and pyarrow, which do not fit the wheels: where it imports, main.py's
-    evaluation stage runs too (in the rehearsal that command is dry-run)."""
+    with transformers' on the Hugging Face export (same device and dtype). Then main.py's
+    evaluation stage runs the offline tasks where lm-eval's evaluator imports (datasets needs
+    the machine's pyarrow); in the rehearsal that command is dry-run."""
     gpu = not context.rehearse and cuda()
     if not context.rehearse and not gpu:
         return {"status": "skipped", "reason": "needs CUDA"}
@@ -781,7 +781,7 @@ def harness(context: Context, model_file: Path, gpu: bool, reasons: list[str]) -
         if planned.returncode:
             reasons.append(f"the evaluation stage's dry run exited {planned.returncode}")
         outcome = "dry run passed" if planned.returncode == 0 else "dry run failed"
-        return outcome + ("" if importable else "; not run: lm-eval's evaluator needs datasets")
+        return outcome + ("" if importable else "; not run: lm-eval's evaluator does not import")
     result = context.run(command, timeout=180)
     if result.returncode:
         reasons.append(f"the evaluation stage exited {result.returncode}")
