@@ -137,7 +137,7 @@ def time_in_process(served, prompts: list[str], tokens: int, batch: int) -> tupl
     start = time.perf_counter()
     for first in range(0, len(prompts), batch):
         completions = generate(
-            served.logits,
+            served.decoding,
             served.tokenizer,
             prompts[first : first + batch],
             params,

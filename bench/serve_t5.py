@@ -137,7 +137,7 @@ def same_text(served, hf: HfGreedy, http_port: int, tokens: int) -> str:  # type
     ours = [
         c.text.strip()
         for c in generate(
-            served.logits, served.tokenizer, prompts, params, max_length=served.max_length
+            served.decoding, served.tokenizer, prompts, params, max_length=served.max_length
         )
     ]
     triton = [infer(http_port, p, tokens, MODEL_NAME).strip() for p in prompts]

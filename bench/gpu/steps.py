@@ -598,7 +598,7 @@ def generation(context: Context) -> dict:
     served = open_served(model_file, on_gpu=gpu)
     try:
         params = GenerationParams(tokens_to_generate=tokens, top_k=1)
-        run = partial(generate, served.logits, served.tokenizer, prompts, params)
+        run = partial(generate, served.decoding, served.tokenizer, prompts, params)
         run(max_length=served.max_length)  # the first call pays for lazy set-up
         start = time.perf_counter()
         completions = run(max_length=served.max_length)

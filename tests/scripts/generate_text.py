@@ -26,7 +26,7 @@ def main() -> None:
     served = open_served(Path(model_file))
     prompts = json.loads(Path(prompts_file).read_text())
     completions = generate(
-        served.logits, served.tokenizer, prompts, params, max_length=served.max_length
+        served.decoding, served.tokenizer, prompts, params, max_length=served.max_length
     )
     close_runner()
     print(json.dumps([c.text for c in completions]))

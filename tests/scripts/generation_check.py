@@ -35,13 +35,13 @@ SAMPLED = GenerationParams(tokens_to_generate=24, top_k=50, top_p=0.95, temperat
 
 def run_generate(runner: ModelRunner, prompts: Any, params: GenerationParams) -> list[dict]:
     completions = generate(
-        runner.logits, runner.tokenizer, prompts, params, max_length=runner.max_length
+        runner, runner.tokenizer, prompts, params, max_length=runner.max_length
     )
     return [asdict(c) for c in completions]
 
 
 def run_stream(runner: ModelRunner, prompt: str, params: GenerationParams) -> list[str]:
-    pieces = stream(runner.logits, runner.tokenizer, prompt, params, max_length=runner.max_length)
+    pieces = stream(runner, runner.tokenizer, prompt, params, max_length=runner.max_length)
     return list(pieces)
 
 

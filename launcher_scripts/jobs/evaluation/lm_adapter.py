@@ -181,7 +181,7 @@ class MegatronLM(LM):
             order = sorted(members, key=lambda i: -len(prompts[i]))
             for batch in self._batches(order, "generate_until"):
                 completions = generate(
-                    self.runner.logits,
+                    self.runner,
                     self.tokenizer,
                     [prompts[i] for i in batch],
                     params,

@@ -60,7 +60,7 @@ def export(cfg: DictConfig) -> None:
         served = open_served(models[0] / VERSION / MODEL_FILE)
         try:
             completion = generate(
-                served.logits,
+                served.decoding,
                 served.tokenizer,
                 [prompt],
                 GenerationParams(**defaults),

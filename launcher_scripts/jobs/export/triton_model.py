@@ -168,19 +168,42 @@ def cancellation(
     return cancelled
 
 
-def stoppable(logits: Callable[..., Any], cancelled: Callable[[], bool]) -> Callable[..., Any]:
-    """`logits` that raises Cancelled instead of running once `cancelled()`: generation calls
-    it once per step, so a cancelled generation ends within one step."""
-    steps = 0
+def stoppable(decoding: Any, cancelled: Callable[[], bool]) -> Any:
+    """`decoding` whose caches raise Cancelled instead of running a step once `cancelled()`:
+    generation takes one step per token, so a cancelled generation ends within one step."""
+    return _Stoppable(decoding, cancelled)
 
-    def run(batch: Any) -> Any:
-        nonlocal steps
-        if cancelled():
-            raise Cancelled(steps)
-        steps += 1
-        return logits(batch)
 
-    return run
+class _Stoppable:
+    def __init__(self, decoding: Any, cancelled: Callable[[], bool]) -> None:
+        self.decoding, self.cancelled, self.steps = decoding, cancelled, 0
+
+    def cache(self, slots: int, positions: int) -> Any:
+        return _StoppableCache(self, self.decoding.cache(slots, positions))
+
+    def check(self) -> None:
+        if self.cancelled():
+            raise Cancelled(self.steps)
+        self.steps += 1
+
+
+class _StoppableCache:
+    def __init__(self, owner: _Stoppable, cache: Any) -> None:
+        self.owner, self.inner = owner, cache
+
+    def add(self, prompts: Any) -> Any:
+        self.owner.check()
+        return self.inner.add(prompts)
+
+    def step(self, sequences: Any, tokens: Any) -> Any:
+        self.owner.check()
+        return self.inner.step(sequences, tokens)
+
+    def fork(self, sequence: int) -> int:
+        return self.inner.fork(sequence)
+
+    def drop(self, sequence: int) -> None:
+        self.inner.drop(sequence)
 
 
 def request_id_of(parameters_json: str) -> str | None:
@@ -326,7 +349,7 @@ class TritonPythonModel:
             checks = [watched[number][1] for number in numbers]
             try:
                 completions = generate(
-                    stoppable(self.model.logits, lambda checks=checks: all(c() for c in checks)),
+                    stoppable(self.model.decoding, lambda checks=checks: all(c() for c in checks)),
                     self.model.tokenizer,
                     [row.prompt for row in group],
                     group[0].params,
@@ -370,7 +393,7 @@ class TritonPythonModel:
                 raise RequestError("streaming needs beam_width 1: use the non-streaming model")
             request_id, cancelled = self._cancellation(request)
             pieces = stream(
-                stoppable(self.model.logits, cancelled),
+                stoppable(self.model.decoding, cancelled),
                 self.model.tokenizer,
                 row.prompt,
                 row.params,

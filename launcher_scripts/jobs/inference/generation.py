@@ -1,14 +1,16 @@
-"""Text generation over a model's full-sequence logits: greedy, sampling, beam search, streaming.
+"""Text generation over a model's KV cache: greedy, sampling, beam search, streaming.
 
-The engine sees the model only as `logits_fn(batch) -> [B, T_max, V]` (right-padded rows), so
-the same code serves Triton, evaluation and the benchmarks, at any TP/PP: every rank calls
-`generate` with the same arguments, every rank gets the same logits, and every rank must then
-pick the same tokens. Greedy and beam search are deterministic; sampling draws from a
-`torch.Generator` seeded identically on every rank (`random_seed`, or with no seed one drawn on
-rank 0 and broadcast), never from a per-rank random state.
+The engine sees the model only through a cache (`Decoding.cache(slots, positions)`): `add`
+prompts and get their next-token logits, `step` every live sequence by one token, `fork` a
+sequence (a beam's second child), `drop` a finished one. The GPT family's cache is
+megatron-core's inference context through the model's own modules (kv_cache.py), at any
+TP/PP: every rank calls `generate` with the same arguments, every rank gets the same logits,
+and every rank must then pick the same tokens. Greedy and beam search are deterministic;
+sampling draws from a `torch.Generator` seeded identically on every rank (`random_seed`, or
+with no seed one drawn on rank 0 and broadcast), never from a per-rank random state.
 
-There is no KV cache: each step runs the model on the whole sequences, which is what a small
-model on CPU needs and keeps the engine independent of the model's internals.
+A model given as a bare logits function over whole rows (`LogitsFn`) is wrapped in
+`Recomputing`, which reruns every row at each step: what a family without a cache yet uses.
 """
 
 from __future__ import annotations
@@ -25,6 +27,72 @@ from launcher_scripts.recipes.generation_params import MAX_SEED, GenerationParam
 
 LogitsFn = Callable[[list[list[int]]], torch.Tensor]
 FINISH_REASONS = ("length", "stop", "eod")
+
+
+class Cache(Protocol):
+    """Sequences by handle; every call is collective over a TP/PP group (same order on every
+    rank). Logits are [n, V] float32 on the CPU, one row per sequence named."""
+
+    def add(self, prompts: Sequence[Sequence[int]]) -> tuple[list[int], torch.Tensor]: ...
+
+    def step(self, sequences: Sequence[int], tokens: Sequence[int]) -> torch.Tensor: ...
+
+    def fork(self, sequence: int) -> int: ...
+
+    def drop(self, sequence: int) -> None: ...
+
+
+class Decoding(Protocol):
+    def cache(self, slots: int, positions: int) -> Cache: ...
+
+
+class Recomputing:
+    """A `Decoding` over a logits function of whole right-padded rows: each step reruns every
+    live row (no cache), for models whose family has no KV cache yet."""
+
+    def __init__(self, logits_fn: LogitsFn) -> None:
+        self.logits_fn = logits_fn
+
+    def cache(self, slots: int, positions: int) -> _RecomputedRows:
+        return _RecomputedRows(self.logits_fn)
+
+
+class _RecomputedRows:
+    def __init__(self, logits_fn: LogitsFn) -> None:
+        self.logits_fn = logits_fn
+        self.rows: dict[int, list[int]] = {}
+        self.handles = 0
+
+    def add(self, prompts: Sequence[Sequence[int]]) -> tuple[list[int], torch.Tensor]:
+        added = []
+        for prompt in prompts:
+            self.rows[self.handles] = list(prompt)
+            added.append(self.handles)
+            self.handles += 1
+        return added, self._last(added)
+
+    def step(self, sequences: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+        for sequence, token in zip(sequences, tokens, strict=True):
+            self.rows[sequence].append(token)
+        return self._last(list(sequences))
+
+    def fork(self, sequence: int) -> int:
+        self.rows[self.handles] = list(self.rows[sequence])
+        self.handles += 1
+        return self.handles - 1
+
+    def drop(self, sequence: int) -> None:
+        del self.rows[sequence]
+
+    def _last(self, sequences: list[int]) -> torch.Tensor:
+        rows = [self.rows[s] for s in sequences]
+        logits = self.logits_fn(rows)
+        last = torch.tensor([len(row) - 1 for row in rows])
+        return logits[torch.arange(len(rows)), last].float()
+
+
+def decoding_of(model: Decoding | LogitsFn) -> Decoding:
+    return model if hasattr(model, "cache") else Recomputing(model)  # type: ignore[arg-type]
 
 
 class Tokenizer(Protocol):
@@ -226,15 +294,6 @@ def _encode_prompts(
     return encoded
 
 
-def _last_logits(logits_fn: LogitsFn, sequences: list[list[int]], vocab_size: int) -> torch.Tensor:
-    """[B, V] logits of each sequence's next token, from its own last position."""
-    logits = logits_fn(sequences)
-    last = torch.tensor([len(s) - 1 for s in sequences])
-    rows = logits[torch.arange(len(sequences)), last].float()
-    # Padded vocabulary entries are no tokens.
-    return rows[:, :vocab_size]
-
-
 # ---------------------------------------------------------------------------------------------
 # Greedy and sampling.
 
@@ -268,20 +327,37 @@ class _Row:
         return Completion(self.text, list(self.generated), self.finish_reason or "length")
 
 
+def _positions_needed(prompts: Sequence[_Prompt], params: GenerationParams) -> int:
+    """Cache positions for these prompts: each prompt and all its tokens but the last (which is
+    returned, never fed back)."""
+    return max(len(prompt.ids) for prompt in prompts) + params.tokens_to_generate - 1
+
+
 def _sampling_steps(
-    logits_fn: LogitsFn, tokenizer: Tokenizer, rows: list[_Row], params: GenerationParams
+    model: Decoding, tokenizer: Tokenizer, rows: list[_Row], params: GenerationParams
 ) -> Iterator[None]:
-    """Advance every unfinished row by one token per step, all rows in one logits call."""
+    """Advance every unfinished row by one token per step, all rows in one cache step."""
     generator = None if params.greedy else shared_generator(params.random_seed)
-    for _ in range(params.tokens_to_generate):
-        active = [row for row in rows if row.finish_reason is None]
-        if not active:
-            return
-        logits = _last_logits(logits_fn, [r.seen() for r in active], tokenizer.vocab_size)
-        tokens = next_tokens(logits, [r.seen() for r in active], params, generator)
-        for row, token in zip(active, tokens, strict=True):
+    cache = model.cache(len(rows), _positions_needed([r.prompt for r in rows], params))
+    handles, logits = cache.add([row.prompt.ids for row in rows])
+    active = list(zip(rows, handles, strict=True))
+    while True:
+        seen = [row.seen() for row, _ in active]
+        tokens = next_tokens(logits[:, : tokenizer.vocab_size].float(), seen, params, generator)
+        going: list[tuple[_Row, int]] = []
+        fed: list[int] = []
+        for (row, handle), token in zip(active, tokens, strict=True):
             row.add(token, tokenizer, params)
+            if row.finish_reason is None:
+                going.append((row, handle))
+                fed.append(token)
+            else:
+                cache.drop(handle)
         yield
+        if not going:
+            return
+        logits = cache.step([handle for _, handle in going], fed)
+        active = going
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,10 +374,11 @@ class _Hypothesis:
 
 @dataclass
 class _Beams:
-    """One prompt's beam search: live beams as (generated ids, sum of log-probs)."""
+    """One prompt's beam search: live beams as (generated ids, sum of log-probs, the cache
+    sequence that holds them; during a step, the index of the parent beam instead)."""
 
     prompt: _Prompt
-    live: list[tuple[list[int], float]] = field(default_factory=lambda: [([], 0.0)])
+    live: list[tuple[list[int], float, int]] = field(default_factory=list)
     finished: list[_Hypothesis] = field(default_factory=list)
 
     def finish(self, hypothesis: _Hypothesis, width: int) -> None:
@@ -321,7 +398,7 @@ class _Beams:
             return False
         best = max(
             _bound(total, len(ids), params.tokens_to_generate, params.length_penalty)
-            for ids, total in self.live
+            for ids, total, _ in self.live
         )
         return best <= self.finished[-1].score
 
@@ -344,20 +421,22 @@ def _bound(total: float, length: int, longest: int, length_penalty: float) -> fl
 def _beam_step(
     beams: _Beams, logits: torch.Tensor, tokenizer: Tokenizer, params: GenerationParams
 ) -> None:
-    """Extend the live beams of one prompt by one token, given their [n, V] logits."""
+    """Extend the live beams of one prompt by one token, given their [n, V] logits; each new
+    live beam records its parent's index (see _settle)."""
     width = params.beam_width
-    seen = [[*beams.prompt.ids, *ids] for ids, _ in beams.live]
+    seen = [[*beams.prompt.ids, *ids] for ids, _, _ in beams.live]
     logprobs = apply_repetition_penalty(logits, seen, params.repetition_penalty)
     logprobs = logprobs.log_softmax(dim=-1)
-    totals = logprobs + torch.tensor([total for _, total in beams.live]).unsqueeze(-1)
+    totals = logprobs + torch.tensor([total for _, total, _ in beams.live]).unsqueeze(-1)
     # 2 * width candidates leave `width` to continue even if half of them end in eod.
     values, flat = totals.flatten().topk(min(2 * width, totals.numel()))
     vocab = totals.shape[-1]
-    live: list[tuple[list[int], float]] = []
+    live: list[tuple[list[int], float, int]] = []
     for rank, (value, index) in enumerate(zip(values.tolist(), flat.tolist(), strict=True)):
         if value == -math.inf or len(live) == width:
             break
-        ids = [*beams.live[index // vocab][0], index % vocab]
+        parent = index // vocab
+        ids = [*beams.live[parent][0], index % vocab]
         if ids[-1] == tokenizer.eod_id:
             if rank < width:  # an eod outside the top `width` is no better than a live beam
                 text = _continuation(tokenizer, beams.prompt, ids[:-1])
@@ -374,26 +453,55 @@ def _beam_step(
             score = _score(value, len(ids), params.length_penalty)
             beams.finish(_Hypothesis(score, ids, text, "length"), width)
         else:
-            live.append((ids, value))
+            live.append((ids, value, parent))
     beams.live = live
 
 
+def _settle(beams: _Beams, parents: list[int], cache: Cache) -> None:
+    """Give each new live beam a cache sequence: its parent's for the first child, a fork of
+    it for the others; parents without children are dropped first (so forks find slots)."""
+    children = {parent for _, _, parent in beams.live}
+    for index, handle in enumerate(parents):
+        if index not in children:
+            cache.drop(handle)
+    claimed: set[int] = set()
+    settled = []
+    for ids, total, parent in beams.live:
+        handle = cache.fork(parents[parent]) if parent in claimed else parents[parent]
+        claimed.add(parent)
+        settled.append((ids, total, handle))
+    beams.live = settled
+
+
 def _beam_search(
-    logits_fn: LogitsFn, tokenizer: Tokenizer, prompts: list[_Prompt], params: GenerationParams
+    model: Decoding, tokenizer: Tokenizer, prompts: list[_Prompt], params: GenerationParams
 ) -> list[Completion]:
-    """Beam search for all prompts at once: one logits call per step over every live beam."""
+    """Beam search for all prompts at once: one cache step per token over every live beam."""
     searches = [_Beams(prompt) for prompt in prompts]
+    cache = model.cache(len(prompts) * params.beam_width, _positions_needed(prompts, params))
+    handles, logits = cache.add([prompt.ids for prompt in prompts])
+    for search, handle in zip(searches, handles, strict=True):
+        search.live = [([], 0.0, handle)]
+    active = searches
     while True:
-        active = [s for s in searches if not s.done(params)]
-        if not active:
-            return [s.result() for s in searches]
-        sequences = [[*s.prompt.ids, *ids] for s in active for ids, _ in s.live]
-        logits = _last_logits(logits_fn, sequences, tokenizer.vocab_size)
         start = 0
         for search in active:
             count = len(search.live)
-            _beam_step(search, logits[start : start + count], tokenizer, params)
+            parents = [handle for _, _, handle in search.live]
+            rows = logits[start : start + count, : tokenizer.vocab_size].float()
+            _beam_step(search, rows, tokenizer, params)
+            _settle(search, parents, cache)
             start += count
+        for search in active:
+            if search.done(params):
+                for _, _, handle in search.live:
+                    cache.drop(handle)
+                search.live = []
+        active = [search for search in active if search.live]
+        if not active:
+            return [search.result() for search in searches]
+        beams = [beam for search in active for beam in search.live]
+        logits = cache.step([handle for _, _, handle in beams], [ids[-1] for ids, _, _ in beams])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,14 +517,14 @@ def peak_batch(prompt_tokens: Sequence[int], params: GenerationParams) -> tuple[
 
 
 def generate(
-    logits_fn: LogitsFn,
+    model: Decoding | LogitsFn,
     tokenizer: Tokenizer,
     prompts: Sequence[str],
     params: GenerationParams,
     *,
     max_length: int,
 ) -> list[Completion]:
-    """Continue each prompt; all prompts advance together, one `logits_fn` call per step.
+    """Continue each prompt; all prompts advance together, one cache step per token.
 
     `max_length` is the model's number of positions: a prompt whose tokens plus
     `tokens_to_generate` exceed it is refused. Sampled text depends on the seed and on the batch
@@ -425,15 +533,15 @@ def generate(
     params.check()
     encoded = _encode_prompts(tokenizer, prompts, params, max_length)
     if params.beam_width > 1:
-        return _beam_search(logits_fn, tokenizer, encoded, params)
+        return _beam_search(decoding_of(model), tokenizer, encoded, params)
     rows = [_Row(prompt) for prompt in encoded]
-    for _ in _sampling_steps(logits_fn, tokenizer, rows, params):
+    for _ in _sampling_steps(decoding_of(model), tokenizer, rows, params):
         pass
     return [row.completion() for row in rows]
 
 
 def stream(
-    logits_fn: LogitsFn,
+    model: Decoding | LogitsFn,
     tokenizer: Tokenizer,
     prompt: str,
     params: GenerationParams,
@@ -451,7 +559,7 @@ def stream(
         raise ValueError(f"beam_width: {params.beam_width} cannot stream; use beam_width 1")
     row = _Row(_encode_prompts(tokenizer, [prompt], params, max_length)[0])
     sent = ""
-    for _ in _sampling_steps(logits_fn, tokenizer, [row], params):
+    for _ in _sampling_steps(decoding_of(model), tokenizer, [row], params):
         if row.finish_reason is not None:
             break
         ready = row.text[: len(row.text) - _held_back(row.text, params.stop_words)]

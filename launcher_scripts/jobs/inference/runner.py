@@ -6,15 +6,14 @@ the full-vocabulary logits are gathered over TP and sent from the last pipeline 
 others, so callers (generation, lm-eval) run identical code on every rank and agree on every
 token they pick.
 
-There is no KV cache: each call runs the whole sequences. That keeps the runner correct at
-any layout with plain megatron-core modules; it is the cost a faster server would remove.
+`logits` runs whole rows (scoring); `cache` opens a KV cache for generation (kv_cache.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,7 +43,9 @@ class ModelRunner:
     @torch.no_grad()
     def logits(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
         """[rows, longest row, vocab_size] float32 logits on the CPU; shorter rows are padded
-        on the right with the EOD id (their padded positions hold nothing meaningful)."""
+        on the right with the EOD id (their padded positions hold nothing meaningful). One
+        forward pass over whole rows: what scoring needs; generation uses a KV cache
+        (`cache`)."""
         if not batch or not all(batch):
             raise ValueError("every row of a batch needs at least one token")
         width = max(len(row) for row in batch)
@@ -53,14 +54,39 @@ class ModelRunner:
         tokens = torch.full((len(batch), width), self.tokenizer.eod_id, dtype=torch.long)
         for index, row in enumerate(batch):
             tokens[index, : len(row)] = torch.tensor(row, dtype=torch.long)
-        with self._device_mode():
+        return self.forward(tokens, _positions(tokens))
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        context: Any = None,
+    ) -> torch.Tensor:
+        """The model over [rows, width] tokens at their positions, as float32 CPU logits over
+        the tokenizer's vocabulary: [rows, width, vocab_size], or [rows, 1, vocab_size] with a
+        megatron-core inference context (which keeps only the last position's). `mask`: True
+        where a query must not see a key, [rows, 1, width, keys]; None: causal."""
+        with torch.no_grad(), self._device_mode():
             if self.on_gpu:
-                tokens = tokens.cuda()
+                tokens, positions = tokens.cuda(), positions.cuda()
+                mask = None if mask is None else mask.cuda()
+            step = partial(_call, tokens, positions, mask, context)
+            # megatron-core gathers the TP shards of the logits itself in inference mode.
+            gather = context is None
             if self.pipeline == 1:
-                output = self._gather_vocab(self.chunks[0](tokens, _positions(tokens), None))
+                output = step(self.chunks[0])
+                output = self._gather_vocab(output) if gather else output
             else:
-                output = self._pipelined(tokens)
+                width = tokens.shape[1] if gather else 1
+                output = self._pipelined(step, gather, tokens.shape[0], tokens.shape[1], width)
         return output[..., : self.vocab_size].float().cpu()
+
+    def cache(self, slots: int, positions: int) -> Any:
+        """A KV cache of `slots` sequences of up to `positions` tokens (kv_cache.py)."""
+        from launcher_scripts.jobs.inference.kv_cache import KVCache
+
+        return KVCache(self, slots, positions)
 
     def _gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         if self.tensor == 1:
@@ -69,15 +95,21 @@ class ModelRunner:
 
         return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
 
-    def _pipelined(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _pipelined(
+        self,
+        step: Callable[[Any], torch.Tensor],
+        gather: bool,
+        rows: int,
+        width: int,
+        out_width: int,
+    ) -> torch.Tensor:
         """One forward-only micro-batch through megatron-core's pipeline schedule; the last
-        stage's logits are then broadcast to the other stages."""
+        stage's logits ([rows, out_width, vocab]) are then broadcast to the other stages."""
         from megatron.core import parallel_state
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        rows, width = tokens.shape
         outputs = get_forward_backward_func()(
-            forward_step_func=partial(self._forward_step, tokens),
+            forward_step_func=partial(self._forward_step, step, gather),
             data_iterator=iter([None]),
             model=self.chunks,
             num_microbatches=1,
@@ -89,7 +121,8 @@ class ModelRunner:
         if parallel_state.is_pipeline_last_stage():
             logits = outputs[0]["logits"].contiguous()
         else:
-            logits = torch.empty(rows, width, vocab, device=tokens.device, dtype=self._dtype())
+            device = torch.cuda.current_device() if self.on_gpu else "cpu"
+            logits = torch.empty(rows, out_width, vocab, device=device, dtype=self._dtype())
         dist.broadcast(
             logits,
             src=parallel_state.get_pipeline_model_parallel_last_rank(),
@@ -97,13 +130,16 @@ class ModelRunner:
         )
         return logits
 
-    def _forward_step(self, tokens: torch.Tensor, _iterator: Any, model: Any) -> tuple[Any, Any]:
-        output = model(tokens, _positions(tokens), None)
-        return output, self._keep_logits
+    def _forward_step(
+        self, step: Callable[[Any], torch.Tensor], gather: bool, _iterator: Any, model: Any
+    ) -> tuple[Any, Any]:
+        return step(model), partial(self._keep_logits, gather)
 
-    def _keep_logits(self, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _keep_logits(
+        self, gather: bool, output: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # The schedule expects (loss, reduced dict); the "loss" is unused in forward-only mode.
-        return output.new_zeros(()), {"logits": self._gather_vocab(output)}
+        return output.new_zeros(()), {"logits": self._gather_vocab(output) if gather else output}
 
     def forward_shape(self) -> ForwardShape:
         """What this rank's `logits` call allocates per position depends on (see memory.py)."""
@@ -125,6 +161,18 @@ class ModelRunner:
         from launcher_scripts.jobs.training.cpu_compat import CudaDevicesOnCpu
 
         return CudaDevicesOnCpu()
+
+
+def _call(
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor | None,
+    context: Any,
+    chunk: Any,
+) -> torch.Tensor:
+    if context is None:
+        return chunk(tokens, positions, mask)
+    return chunk(tokens, positions, mask, inference_context=context, runtime_gather_output=True)
 
 
 def _positions(tokens: torch.Tensor) -> torch.Tensor:

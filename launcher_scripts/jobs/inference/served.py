@@ -2,26 +2,25 @@
 whatever its family: text in, text out through the shared generation engine.
 
 The family's runtime (`ModelRuntime.served`) says how its model answers: a decoder stack
-continues the prompt in place; an encoder-decoder reads the prompt with its encoder and writes
-the answer with its decoder (seq2seq.py). Both give `generation.generate` the same thing: a
-logits function over rows of ids and a tokenizer whose `encode` makes a prompt's row.
+continues the prompt in place, through its KV cache (kv_cache.py); an encoder-decoder reads the
+prompt with its encoder and writes the answer with its decoder (seq2seq.py, no cache yet). Both
+give `generation.generate` the same thing: a `Decoding` and a tokenizer whose `encode` makes a
+prompt's row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from launcher_scripts.jobs.inference.memory import ForwardShape
 
 
 @dataclass
 class ServedModel:
-    logits: Callable[[Sequence[Sequence[int]]], torch.Tensor]
+    decoding: Any  # generation.Decoding: what generate and stream continue prompts with
     tokenizer: Any  # generation.Tokenizer: encode gives a prompt's whole row
     max_length: int  # what generate may check a row's prompt + answer against
     shape: ForwardShape  # what a forward pass over rows x width allocates (memory.py)

@@ -128,7 +128,7 @@ def served(opened: OpenedModel) -> ServedModel:
         )
 
     return ServedModel(
-        logits=runner.logits,
+        decoding=runner,
         tokenizer=runner.tokenizer,
         max_length=runner.max_length,
         shape=runner.forward_shape(),

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from launcher_scripts.formats.tokenizer import wordpiece_reference
 from launcher_scripts.jobs.fine_tuning.peft import PeftSites
 from launcher_scripts.jobs.fine_tuning.sft_data import Counts, Encoded, SampleMaker, SftFormat
+from launcher_scripts.jobs.inference.generation import Recomputing
 from launcher_scripts.jobs.inference.runner import OpenedModel
 from launcher_scripts.jobs.inference.seq2seq import Seq2SeqRunner
 from launcher_scripts.jobs.inference.served import ServedModel, forward_shape
@@ -195,7 +196,7 @@ def served(opened: OpenedModel) -> ServedModel:
         return None
 
     return ServedModel(
-        logits=runner.logits,
+        decoding=Recomputing(runner.logits),
         tokenizer=GenerationText(text),
         max_length=2 * positions + 1,  # too_long bounds each part
         shape=forward_shape(opened.chunks[0], opened.tensor, text.vocab_size, opened.on_gpu),
