@@ -54,23 +54,24 @@ class ModelRunner:
         tokens = torch.full((len(batch), width), self.tokenizer.eod_id, dtype=torch.long)
         for index, row in enumerate(batch):
             tokens[index, : len(row)] = torch.tensor(row, dtype=torch.long)
-        return self.forward(tokens, _positions(tokens))
+        causal = torch.ones(width, width, dtype=torch.bool).triu(diagonal=1)
+        return self.forward(tokens, _positions(tokens), causal[None, None])
 
     def forward(
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor,
         context: Any = None,
     ) -> torch.Tensor:
         """The model over [rows, width] tokens at their positions, as float32 CPU logits over
         the tokenizer's vocabulary: [rows, width, vocab_size], or [rows, 1, vocab_size] with a
         megatron-core inference context (which keeps only the last position's). `mask`: True
-        where a query must not see a key, [rows, 1, width, keys]; None: causal."""
-        with torch.no_grad(), self._device_mode():
+        where a query must not see a key, [rows or 1, 1, width, keys]."""
+        with torch.no_grad(), self._device_mode(pipelined=self.pipeline > 1):
             if self.on_gpu:
                 tokens, positions = tokens.cuda(), positions.cuda()
-                mask = None if mask is None else mask.cuda()
+                mask = mask.cuda()
             step = partial(_call, tokens, positions, mask, context)
             # megatron-core gathers the TP shards of the logits itself in inference mode.
             gather = context is None
@@ -153,10 +154,12 @@ class ModelRunner:
     def _dtype(self) -> torch.dtype:
         return next(self.chunks[0].parameters()).dtype
 
-    def _device_mode(self) -> contextlib.AbstractContextManager[Any]:
-        """megatron-core makes "cuda" helper tensors in the schedule; on CPU they are redirected.
-        Entered per call because the mode is thread-local (servers call from worker threads)."""
-        if self.on_gpu:
+    def _device_mode(self, pipelined: bool = True) -> contextlib.AbstractContextManager[Any]:
+        """megatron-core makes "cuda" helper tensors in the pipeline schedule; on CPU they are
+        redirected. Entered per call because the mode is thread-local (servers call from worker
+        threads). A model called directly (no pipeline) makes none, and the mode costs every
+        torch call a Python hop: a decoding step of a small model makes thousands."""
+        if self.on_gpu or not pipelined:
             return contextlib.nullcontext()
         from launcher_scripts.jobs.training.cpu_compat import CudaDevicesOnCpu
 
@@ -166,7 +169,7 @@ class ModelRunner:
 def _call(
     tokens: torch.Tensor,
     positions: torch.Tensor,
-    mask: torch.Tensor | None,
+    mask: torch.Tensor,
     context: Any,
     chunk: Any,
 ) -> torch.Tensor:

@@ -1,0 +1,136 @@
+"""The KV cache (jobs/inference/kv_cache.py) on a real model, one process; prints one JSON
+object for tests/test_kv_cache.py:
+
+python -m tests.scripts.kv_cache_check MODEL.nemo
+
+Every logits row the cache returns is compared with the model's full pass over the sequence
+(ModelRunner.logits, no cache), through joins, forks, drops, a move to the right (a prompt
+longer than the frontier joins) and compactions (the frontier reaches the end).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+import torch
+
+from launcher_scripts.jobs.inference.generation import (
+    GenerationParams,
+    Recomputing,
+    generate,
+)
+from launcher_scripts.jobs.inference.kv_cache import CacheFull
+from launcher_scripts.jobs.inference.runner import ModelRunner, close_runner, open_runner
+
+
+def full_pass(runner: ModelRunner, rows: list[list[int]]) -> torch.Tensor:
+    logits = runner.logits(rows)
+    return torch.stack([logits[i, len(row) - 1] for i, row in enumerate(rows)])
+
+
+def scripted(runner: ModelRunner) -> dict:
+    """A script of cache operations on a 3-slot, 24-position cache; the largest difference
+    from the full pass, and what the cache did."""
+    tokenizer = runner.tokenizer
+    short = tokenizer.encode("We like")
+    long = tokenizer.encode("In the morning the river was near the village")
+    cache = runner.cache(3, 24)
+    handles, logits = cache.add([short])
+    rows = [list(short)]
+    worst = 0.0
+    events = {"moved_right": 0, "compacted": 0, "forked": 0, "dropped": 0, "joined": 0}
+    for step in range(40):
+        tokens = logits.argmax(-1).tolist()
+        for row, token in zip(rows, tokens, strict=True):
+            row.append(token)
+        if step in (2, 20) and len(handles) < 3:  # a longer prompt joins a young frontier
+            before = cache.frontier
+            added, first = cache.add([long])
+            events["moved_right"] += before < len(long)
+            events["joined"] += 1
+            worst = max(worst, float((first - full_pass(runner, [list(long)])).abs().max()))
+            handles += added
+            rows.append([*long, int(first.argmax(-1))])
+            tokens.append(rows[-1][-1])
+        if step == 6 and len(handles) < 3:
+            handles.append(cache.fork(handles[0]))
+            rows.append(list(rows[0]))
+            tokens.append(tokens[0])
+            events["forked"] += 1
+        for index in reversed(range(len(rows))):  # a sequence at its longest ends
+            if len(rows[index]) >= 20 or (step == 12 and index == 1):
+                cache.drop(handles[index])
+                del handles[index], rows[index], tokens[index]
+                events["dropped"] += 1
+        if not handles:
+            handles, logits = cache.add([short])
+            rows = [list(short)]
+            continue
+        frontier = cache.frontier
+        logits = cache.step(handles, tokens)
+        events["compacted"] += cache.frontier <= frontier
+        worst = max(worst, float((logits - full_pass(runner, rows)).abs().max()))
+    return {"max_diff": worst, **events}
+
+
+def partial_step(runner: ModelRunner) -> None:
+    cache = runner.cache(2, 8)
+    handles, _ = cache.add([[5, 6], [7]])
+    cache.step(handles[:1], [5])
+
+
+def refusals(runner: ModelRunner) -> dict[str, str]:
+    found = {}
+    cache = runner.cache(1, 8)
+    handles, _ = cache.add([[5, 6, 7]])
+    for name, call in {
+        "slots": lambda: cache.add([[5]]),
+        "positions": lambda: runner.cache(2, 8).add([list(range(5, 14))]),
+        "partial_step": lambda: partial_step(runner),
+        "unknown": lambda: cache.drop(handles[0] + 99),
+    }.items():
+        try:
+            call()
+        except (CacheFull, ValueError, KeyError) as error:
+            found[name] = f"{type(error).__name__}: {error}"
+    return found
+
+
+def engine(runner: ModelRunner) -> dict:
+    """generate() through the cache against generate() rerunning whole rows (no cache)."""
+    prompts = ["The history of", "A", "In the morning the river was"]
+    same = {}
+    for name, params in {
+        "greedy": GenerationParams(tokens_to_generate=20, top_k=1),
+        "beam": GenerationParams(tokens_to_generate=10, beam_width=3),
+        "sampled": GenerationParams(tokens_to_generate=20, top_k=20, random_seed=7),
+    }.items():
+        ours = generate(runner, runner.tokenizer, prompts, params, max_length=runner.max_length)
+        plain = generate(
+            Recomputing(runner.logits),
+            runner.tokenizer,
+            prompts,
+            params,
+            max_length=runner.max_length,
+        )
+        same[name] = [asdict(c) for c in ours] == [asdict(c) for c in plain]
+    return same
+
+
+def main() -> None:
+    runner = open_runner(sys.argv[1], 1, 1, on_gpu=False)
+    try:
+        report = {
+            "script": scripted(runner),
+            "refusals": refusals(runner),
+            "engine": engine(runner),
+        }
+    finally:
+        close_runner()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The KV cache generation runs on (jobs/inference/kv_cache.py), on the tiny model: every
+logits row it returns equals the model's full pass over the sequence, through the moves that
+in-flight batching and beam search make (joins, forks, drops, moving right, compaction), and
+generate() through it gives what generate() rerunning whole rows gives."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import REPO
+from tests.support.commands import ONE_THREAD
+
+
+@pytest.fixture(scope="module")
+def report(tiny_portable: Path) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.scripts.kv_cache_check", str(tiny_portable)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_cached_logits_are_the_full_pass_through_every_move(report: dict[str, Any]) -> None:
+    script = report["script"]
+    assert script["max_diff"] < 1e-4, script
+    # The script made every move it is meant to check.
+    for move in ("moved_right", "compacted", "forked", "dropped", "joined"):
+        assert script[move] >= 1, (move, script)
+
+
+def test_the_cache_refuses_what_it_cannot_hold(report: dict[str, Any]) -> None:
+    refused = report["refusals"]
+    assert refused["slots"] == "CacheFull: 1 + 1 sequences; 1 slots"
+    assert refused["positions"] == "CacheFull: a prompt of 9 tokens; 8 positions"
+    assert refused["partial_step"].startswith("ValueError: a step appends a token to every live")
+    assert refused["unknown"].startswith("KeyError")
+
+
+def test_generate_through_the_cache_is_generate_over_whole_rows(report: dict[str, Any]) -> None:
+    assert report["engine"] == {"greedy": True, "beam": True, "sampled": True}
