@@ -34,9 +34,7 @@ SAMPLED = GenerationParams(tokens_to_generate=24, top_k=50, top_p=0.95, temperat
 
 
 def run_generate(runner: ModelRunner, prompts: Any, params: GenerationParams) -> list[dict]:
-    completions = generate(
-        runner, runner.tokenizer, prompts, params, max_length=runner.max_length
-    )
+    completions = generate(runner, runner.tokenizer, prompts, params, max_length=runner.max_length)
     return [asdict(c) for c in completions]
 
 

@@ -63,9 +63,7 @@ def ours_of(model_file: Path, tensor: int, pipeline: int) -> dict[str, Any]:
     logits = every_row.logits(batch.tolist())
     prompts = [runner.tokenizer.encode(text) for text in PROMPTS]
     params = GenerationParams(tokens_to_generate=TOKENS, top_k=1)
-    completions = generate(
-        runner, runner.tokenizer, PROMPTS, params, max_length=runner.max_length
-    )
+    completions = generate(runner, runner.tokenizer, PROMPTS, params, max_length=runner.max_length)
     texts = corpus(60)
     ours = {
         "batch": batch,

@@ -131,8 +131,8 @@ def too_large(shape: Any, budget: Any, group: Sequence[Row]) -> str | None:
 
 def too_many_tokens(rows: Sequence[Row], limit: int | None) -> str | None:
     """Why a request's rows ask for more generation than one request may (the export's
-    max_request_tokens), or None. Generation keeps no cache, so its time grows with every
-    beam's every token: a request over the limit would hold the model for minutes."""
+    max_request_tokens), or None. Generation's time grows with every beam's every token: a
+    request over the limit would hold the model for minutes."""
     total = sum(row.params.beam_width * row.params.tokens_to_generate for row in rows)
     if limit is None or total <= limit:
         return None

@@ -1,9 +1,11 @@
 """What one generation request costs in memory, and what a request may use here, so a server
 refuses a request it cannot hold instead of growing until the kernel kills it.
 
-Generation has no KV cache (see runner.py): every step runs the model over the whole
-sequences, so a request's peak is its last step, one forward pass over rows x width positions
-(rows = prompts x beams; width = the longest prompt + tokens_to_generate). What that pass
+The estimate is one forward pass over rows x width positions (rows = prompts x beams; width =
+the longest prompt + tokens_to_generate): a request's peak when generation reran whole
+sequences, which T5's still does. GPT-style generation now keeps a KV cache (kv_cache.py),
+whose peak is smaller in attention scores and adds the cache itself; the estimate has not yet
+been remeasured for it. What that pass
 allocates beside the weights, from megatron-core's GPTModel and the runner:
 
 - logits: the output layer's [width, rows, padded vocab] and GPTModel's batch-first copy of it
@@ -185,9 +187,8 @@ def too_large(
         advice = "lower tokens_to_generate or shorten the prompt"
     return (
         f"the request needs about {_describe(*needed)} for {prompts} prompt(s) x beam_width "
-        f"{beams} x {width} tokens (generation keeps no cache: each step runs every beam's "
-        f"whole sequence), more than the {_describe(budget.device, budget.host)} one request "
-        f"may use on this server now: {advice}"
+        f"{beams} x {width} tokens, more than the {_describe(budget.device, budget.host)} "
+        f"one request may use on this server now: {advice}"
     )
 
 
