@@ -23,6 +23,7 @@ from typing import Protocol
 
 import torch
 
+from launcher_scripts.jobs.inference.engine import Engine
 from launcher_scripts.recipes.generation_params import MAX_SEED, GenerationParams
 
 LogitsFn = Callable[[list[list[int]]], torch.Tensor]
@@ -333,31 +334,50 @@ def _positions_needed(prompts: Sequence[_Prompt], params: GenerationParams) -> i
     return max(len(prompt.ids) for prompt in prompts) + params.tokens_to_generate - 1
 
 
-def _sampling_steps(
-    model: Decoding, tokenizer: Tokenizer, rows: list[_Row], params: GenerationParams
-) -> Iterator[None]:
-    """Advance every unfinished row by one token per step, all rows in one cache step."""
-    generator = None if params.greedy else shared_generator(params.random_seed)
-    cache = model.cache(len(rows), _positions_needed([r.prompt for r in rows], params))
-    handles, logits = cache.add([row.prompt.ids for row in rows])
-    active = list(zip(rows, handles, strict=True))
-    while True:
+class SamplingTask:
+    """Greedy or sampled continuations of prompts that share parameters: one engine task. Its
+    rows draw from one generator in turn (seeded alike on every rank)."""
+
+    def __init__(self, prompts: list[_Prompt], params: GenerationParams, tokenizer: Tokenizer):
+        self.rows = [_Row(prompt) for prompt in prompts]
+        self.params, self.tokenizer = params, tokenizer
+        self.generator = None if params.greedy else shared_generator(params.random_seed)
+        self.live: list[tuple[_Row, int, int]] = []  # row, cache sequence, token to feed
+        self.slots = len(prompts)
+        self.positions = _positions_needed(prompts, params)
+
+    def prompts(self) -> list[list[int]]:
+        return [row.prompt.ids for row in self.rows]
+
+    def begin(self, handles: list[int], logits: torch.Tensor, cache: Cache) -> None:
+        self._take(list(zip(self.rows, handles, strict=True)), logits, cache)
+
+    def feeds(self) -> list[tuple[int, int]]:
+        return [(handle, token) for _, handle, token in self.live]
+
+    def advance(self, logits: dict[int, torch.Tensor], cache: Cache) -> None:
+        active = [(row, handle) for row, handle, _ in self.live]
+        self._take(active, torch.stack([logits[handle] for _, handle in active]), cache)
+
+    @property
+    def done(self) -> bool:
+        return not self.live
+
+    def results(self) -> list[Completion]:
+        return [row.completion() for row in self.rows]
+
+    def _take(self, active: list[tuple[_Row, int]], logits: torch.Tensor, cache: Cache) -> None:
+        """One token per active row from its [V] logits; a finished row leaves the cache."""
         seen = [row.seen() for row, _ in active]
-        tokens = next_tokens(logits[:, : tokenizer.vocab_size].float(), seen, params, generator)
-        going: list[tuple[_Row, int]] = []
-        fed: list[int] = []
+        vocab = self.tokenizer.vocab_size
+        tokens = next_tokens(logits[:, :vocab].float(), seen, self.params, self.generator)
+        self.live = []
         for (row, handle), token in zip(active, tokens, strict=True):
-            row.add(token, tokenizer, params)
+            row.add(token, self.tokenizer, self.params)
             if row.finish_reason is None:
-                going.append((row, handle))
-                fed.append(token)
+                self.live.append((row, handle, token))
             else:
                 cache.drop(handle)
-        yield
-        if not going:
-            return
-        logits = cache.step([handle for _, handle in going], fed)
-        active = going
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,35 +493,48 @@ def _settle(beams: _Beams, parents: list[int], cache: Cache) -> None:
     beams.live = settled
 
 
-def _beam_search(
-    model: Decoding, tokenizer: Tokenizer, prompts: list[_Prompt], params: GenerationParams
-) -> list[Completion]:
-    """Beam search for all prompts at once: one cache step per token over every live beam."""
-    searches = [_Beams(prompt) for prompt in prompts]
-    cache = model.cache(len(prompts) * params.beam_width, _positions_needed(prompts, params))
-    handles, logits = cache.add([prompt.ids for prompt in prompts])
-    for search, handle in zip(searches, handles, strict=True):
-        search.live = [([], 0.0, handle)]
-    active = searches
-    while True:
-        start = 0
-        for search in active:
-            count = len(search.live)
+class BeamTask:
+    """Beam search for prompts that share parameters: one engine task, every live beam of every
+    prompt stepped together."""
+
+    def __init__(self, prompts: list[_Prompt], params: GenerationParams, tokenizer: Tokenizer):
+        self.searches = [_Beams(prompt) for prompt in prompts]
+        self.params, self.tokenizer = params, tokenizer
+        self.slots = len(prompts) * params.beam_width
+        self.positions = _positions_needed(prompts, params)
+
+    def prompts(self) -> list[list[int]]:
+        return [search.prompt.ids for search in self.searches]
+
+    def begin(self, handles: list[int], logits: torch.Tensor, cache: Cache) -> None:
+        for search, handle in zip(self.searches, handles, strict=True):
+            search.live = [([], 0.0, handle)]
+        rows = dict(zip(handles, logits, strict=True))
+        self.advance(rows, cache)
+
+    def feeds(self) -> list[tuple[int, int]]:
+        return [(handle, ids[-1]) for search in self.searches for ids, _, handle in search.live]
+
+    def advance(self, logits: dict[int, torch.Tensor], cache: Cache) -> None:
+        vocab = self.tokenizer.vocab_size
+        for search in self.searches:
+            if not search.live:
+                continue
             parents = [handle for _, _, handle in search.live]
-            rows = logits[start : start + count, : tokenizer.vocab_size].float()
-            _beam_step(search, rows, tokenizer, params)
+            rows = torch.stack([logits[handle] for handle in parents])[:, :vocab].float()
+            _beam_step(search, rows, self.tokenizer, self.params)
             _settle(search, parents, cache)
-            start += count
-        for search in active:
-            if search.done(params):
+            if search.done(self.params):
                 for _, _, handle in search.live:
                     cache.drop(handle)
                 search.live = []
-        active = [search for search in active if search.live]
-        if not active:
-            return [search.result() for search in searches]
-        beams = [beam for search in active for beam in search.live]
-        logits = cache.step([handle for _, _, handle in beams], [ids[-1] for ids, _, _ in beams])
+
+    @property
+    def done(self) -> bool:
+        return not any(search.live for search in self.searches)
+
+    def results(self) -> list[Completion]:
+        return [search.result() for search in self.searches]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -532,12 +565,13 @@ def generate(
     """
     params.check()
     encoded = _encode_prompts(tokenizer, prompts, params, max_length)
-    if params.beam_width > 1:
-        return _beam_search(decoding_of(model), tokenizer, encoded, params)
-    rows = [_Row(prompt) for prompt in encoded]
-    for _ in _sampling_steps(decoding_of(model), tokenizer, rows, params):
-        pass
-    return [row.completion() for row in rows]
+    kind = BeamTask if params.beam_width > 1 else SamplingTask
+    task = kind(encoded, params, tokenizer)
+    engine = Engine(decoding_of(model).cache(task.slots, task.positions))
+    engine.admit(task)
+    while not task.done:
+        engine.step()
+    return task.results()
 
 
 def stream(
@@ -557,15 +591,17 @@ def stream(
     params.check()
     if params.beam_width != 1:
         raise ValueError(f"beam_width: {params.beam_width} cannot stream; use beam_width 1")
-    row = _Row(_encode_prompts(tokenizer, [prompt], params, max_length)[0])
+    task = SamplingTask(_encode_prompts(tokenizer, [prompt], params, max_length), params, tokenizer)
+    row = task.rows[0]
+    engine = Engine(decoding_of(model).cache(task.slots, task.positions))
+    engine.admit(task)
     sent = ""
-    for _ in _sampling_steps(decoding_of(model), tokenizer, [row], params):
-        if row.finish_reason is not None:
-            break
+    while row.finish_reason is None:
         ready = row.text[: len(row.text) - _held_back(row.text, params.stop_words)]
         # A decode that rewrote earlier text (never seen with SentencePiece) waits for the end.
         if len(ready) > len(sent) and ready.startswith(sent):
             yield ready[len(sent) :]
             sent = ready
+        engine.step()
     if row.text.startswith(sent) and len(row.text) > len(sent):
         yield row.text[len(sent) :]
