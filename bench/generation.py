@@ -13,7 +13,9 @@ In one run it
      transformers' `generate` (KV cache on) on the Hugging Face model, repeats interleaved;
   3. checks the generated tokens are identical, and prints tokens/s (medians) and the ratio
      ours / transformers (target >= 1.0);
-  4. times our engine's generated tokens at position ~64 and ~1000 (48 new tokens less 16,
+  4. sends 16 requests (prompt 64, 64 new tokens) through the in-flight loop servers use
+     (engine_loop.py), all at once against one at a time: the ratio of tokens/s (target >= 3);
+  5. times our engine's generated tokens at position ~64 and ~1000 (48 new tokens less 16,
      after prompts of those lengths): the ratio of time per token (target <= 1.5: the cache
      keeps a token's cost from growing with the positions before it).
 """
@@ -35,6 +37,8 @@ sys.path.insert(0, str(REPO))
 
 SPEED_TARGET = 1.0
 GROWTH_TARGET = 1.5
+SERVED_TARGET = 3.0
+CLIENTS = 16
 SHAPE = {"vocab_size": 500, "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4}
 MODELS = {
     "gpt2": (
@@ -188,10 +192,41 @@ def compare(model_file: Path, hf_dir: Path, args: argparse.Namespace) -> dict:
             if counts[1] > counts[0]:
                 runs.append((seconds[1] - seconds[0]) / (counts[1] - counts[0]))
         per_token[length] = statistics.median(runs) if runs else float("nan")
+    figures["served"] = served(runner, args)
     figures["ms_per_token_at_64"] = round(1000 * per_token[64], 2)
     figures["ms_per_token_at_1000"] = round(1000 * per_token[1000], 2)
     figures["growth"] = round(per_token[1000] / per_token[64], 3)
     return figures
+
+
+def served(runner, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
+    """16 requests through the in-flight loop, concurrent against one at a time."""
+    from launcher_scripts.jobs.inference.engine_loop import EngineLoop
+    from launcher_scripts.jobs.inference.generation import GenerationParams
+
+    tokenizer = runner.tokenizer
+    texts = [tokenizer.decode(ids) for ids in token_prompts(tokenizer, 64, CLIENTS)]
+    params = GenerationParams(tokens_to_generate=64, top_k=1)
+    loop = EngineLoop(runner, tokenizer, slots=CLIENTS, positions=runner.max_length)
+    one, many, tokens = [], [], 0
+    try:
+        for _ in range(args.repeat):
+            answers, seconds = timed(lambda: [loop.submit([t], params).result() for t in texts])
+            one.append(seconds)
+            tokens = sum(len(a[0].tokens) for a in answers)
+            futures, _ = timed(lambda: [loop.submit([t], params) for t in texts])
+            _, seconds = timed(lambda futures=futures: [f.result() for f in futures])
+            many.append(seconds)
+    finally:
+        loop.close()
+    rate_one = tokens / statistics.median(one)
+    rate_many = tokens / statistics.median(many)
+    return {
+        "clients": CLIENTS,
+        "one_at_a_time_tokens_per_s": round(rate_one, 1),
+        "concurrent_tokens_per_s": round(rate_many, 1),
+        "ratio": round(rate_many / rate_one, 2),
+    }
 
 
 def main() -> None:
@@ -238,6 +273,13 @@ def main() -> None:
             f"{name}: ms per token at position ~64 {figures['ms_per_token_at_64']}, at ~1000 "
             f"{figures['ms_per_token_at_1000']}: growth {figures['growth']} "
             f"(target <= {GROWTH_TARGET})"
+        )
+    for name, figures in results.items():
+        row = figures["served"]
+        print(
+            f"{name}: {row['clients']} requests through the in-flight loop, concurrent "
+            f"{row['concurrent_tokens_per_s']} tok/s against one at a time "
+            f"{row['one_at_a_time_tokens_per_s']}: {row['ratio']}x (target >= {SERVED_TARGET})"
         )
     ratios = [f[f"batch{b}"]["ratio"] for f in results.values() for b in (1, 8)]
     print(f"lowest ratio ours / transformers: {min(ratios)} (target >= {SPEED_TARGET})")

@@ -27,6 +27,8 @@ class Task(Protocol):
 
     def advance(self, logits: dict[int, torch.Tensor], cache: Any) -> None: ...
 
+    def release(self, cache: Any) -> None: ...
+
     @property
     def done(self) -> bool: ...
 
@@ -35,6 +37,7 @@ class Engine:
     def __init__(self, cache: Any) -> None:
         self.cache = cache
         self.tasks: list[Task] = []
+        self.steps = 0  # cache steps taken
 
     def admit(self, task: Task) -> None:
         """Add the task's prompts to the cache (one pass over them) and its first tokens."""
@@ -50,10 +53,16 @@ class Engine:
             return
         handles = [handle for handle, _ in feeds]
         logits = self.cache.step(handles, [token for _, token in feeds])
+        self.steps += 1
         rows = dict(zip(handles, logits, strict=True))
         for task in self.tasks:
             task.advance(rows, self.cache)
         self.tasks = [task for task in self.tasks if not task.done]
+
+    def remove(self, task: Task) -> None:
+        """Stop a task before its end: its sequences leave the cache."""
+        task.release(self.cache)
+        self.tasks = [other for other in self.tasks if other is not task]
 
     @property
     def idle(self) -> bool:

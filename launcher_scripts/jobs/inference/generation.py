@@ -359,6 +359,11 @@ class SamplingTask:
         active = [(row, handle) for row, handle, _ in self.live]
         self._take(active, torch.stack([logits[handle] for _, handle in active]), cache)
 
+    def release(self, cache: Cache) -> None:
+        for _, handle, _ in self.live:
+            cache.drop(handle)
+        self.live = []
+
     @property
     def done(self) -> bool:
         return not self.live
@@ -529,6 +534,12 @@ class BeamTask:
                     cache.drop(handle)
                 search.live = []
 
+    def release(self, cache: Cache) -> None:
+        for search in self.searches:
+            for _, _, handle in search.live:
+                cache.drop(handle)
+            search.live = []
+
     @property
     def done(self) -> bool:
         return not any(search.live for search in self.searches)
@@ -549,6 +560,16 @@ def peak_batch(prompt_tokens: Sequence[int], params: GenerationParams) -> tuple[
     return rows, max(prompt_tokens) + params.tokens_to_generate - 1
 
 
+def task_for(
+    tokenizer: Tokenizer, prompts: Sequence[str], params: GenerationParams, max_length: int
+) -> SamplingTask | BeamTask:
+    """The engine task that continues these prompts (checked against the model's positions)."""
+    params.check()
+    encoded = _encode_prompts(tokenizer, prompts, params, max_length)
+    kind = BeamTask if params.beam_width > 1 else SamplingTask
+    return kind(encoded, params, tokenizer)
+
+
 def generate(
     model: Decoding | LogitsFn,
     tokenizer: Tokenizer,
@@ -563,10 +584,7 @@ def generate(
     `tokens_to_generate` exceed it is refused. Sampled text depends on the seed and on the batch
     (rows draw from one generator in turn); greedy and beam search depend on neither.
     """
-    params.check()
-    encoded = _encode_prompts(tokenizer, prompts, params, max_length)
-    kind = BeamTask if params.beam_width > 1 else SamplingTask
-    task = kind(encoded, params, tokenizer)
+    task = task_for(tokenizer, prompts, params, max_length)
     engine = Engine(decoding_of(model).cache(task.slots, task.positions))
     engine.admit(task)
     while not task.done:

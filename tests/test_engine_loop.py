@@ -1,0 +1,58 @@
+"""In-flight batching on the tiny model (jobs/inference/engine_loop.py): requests from several
+threads get what each gets alone, requests released together share one step per token, a short
+request that joins a long one answers first, a cancelled one stops and frees its slots, and a
+request the cache can never hold is refused with the numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import REPO
+from tests.support.commands import ONE_THREAD
+
+
+@pytest.fixture(scope="module")
+def report(tiny_portable: Path) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.scripts.engine_loop_check", str(tiny_portable)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_each_request_gets_what_it_gets_alone(report: dict[str, Any]) -> None:
+    assert report["same_as_alone"] == [True, True, True, True]
+
+
+def test_requests_released_together_share_one_step_per_token(report: dict[str, Any]) -> None:
+    together = report["together"]
+    # One at a time, eight requests of up to 24 tokens take up to 8 x 23 steps.
+    assert together["steps"] == max(together["tokens"]) - 1, together
+
+
+def test_a_short_request_joining_a_long_one_answers_first(report: dict[str, Any]) -> None:
+    assert report["short_first"] is True
+
+
+def test_a_cancelled_request_stops_and_frees_its_slots(report: dict[str, Any]) -> None:
+    assert report["cancelled"] == "cancelled by its client"
+    assert report["served_after_cancel"] is True
+    assert report["live_after"] == 0
+
+
+def test_a_request_too_large_for_the_cache_is_refused(report: dict[str, Any]) -> None:
+    assert report["refused"] == (
+        "3 prompt(s) x beam_width 3 need 9 sequences at once; this server holds 8: send fewer "
+        "prompts or beams per request"
+    )
