@@ -56,3 +56,30 @@ def test_a_request_too_large_for_the_cache_is_refused(report: dict[str, Any]) ->
         "3 prompt(s) x beam_width 3 need 9 sequences at once; this server holds 8: send fewer "
         "prompts or beams per request"
     )
+
+
+def served(model: Path, tensor: int, pipeline: int) -> list:
+    """tests/scripts/tp_serving_check.py's answers: the loop on rank 0 of a TP x PP group."""
+    launcher = [sys.executable]
+    if tensor * pipeline > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone"]
+        launcher += [f"--nproc-per-node={tensor * pipeline}"]
+    result = subprocess.run(
+        [*launcher, "-m", "tests.scripts.tp_serving_check", str(model), str(tensor), str(pipeline)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_tp_or_pp_group_serves_what_one_process_serves(tiny_portable: Path) -> None:
+    """Rank 0 schedules concurrent requests and the other ranks repeat its cache calls: the
+    answers (greedy, beam search, seeded sampling) are one process's."""
+    alone = served(tiny_portable, 1, 1)
+    assert [len(answer) for answer in alone] == [2, 1, 1, 2]
+    assert served(tiny_portable, 2, 1) == alone
+    assert served(tiny_portable, 1, 2) == alone

@@ -56,7 +56,7 @@ class EngineLoop:
         """Generation for these prompts; the future's result is generate()'s list."""
         from launcher_scripts.jobs.inference.generation import task_for
 
-        task = task_for(self.tokenizer, prompts, params, self.positions)
+        task = task_for(self.tokenizer, prompts, params, self.positions, replicated=False)
         if task.slots > self.slots:
             raise Refused(
                 f"{len(prompts)} prompt(s) x beam_width {params.beam_width} need {task.slots} "

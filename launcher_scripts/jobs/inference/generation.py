@@ -190,14 +190,16 @@ def next_tokens(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
 
 
-def shared_generator(seed: int | None) -> torch.Generator:
+def shared_generator(seed: int | None, replicated: bool = True) -> torch.Generator:
     """A generator in the same state on every rank, so TP/PP ranks sample the same tokens.
 
-    With no seed, rank 0 draws one and broadcasts it (a collective: all ranks call this).
+    With no seed, rank 0 draws one and broadcasts it (a collective: all ranks call this), unless
+    the generation is not `replicated` (only rank 0 picks tokens; the others follow its cache
+    calls, broadcast_cache.py).
     """
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little") & MAX_SEED
-        seed = _broadcast_seed(seed)
+        seed = _broadcast_seed(seed) if replicated else seed
     return torch.Generator().manual_seed(seed)
 
 
@@ -338,10 +340,17 @@ class SamplingTask:
     """Greedy or sampled continuations of prompts that share parameters: one engine task. Its
     rows draw from one generator in turn (seeded alike on every rank)."""
 
-    def __init__(self, prompts: list[_Prompt], params: GenerationParams, tokenizer: Tokenizer):
+    def __init__(
+        self,
+        prompts: list[_Prompt],
+        params: GenerationParams,
+        tokenizer: Tokenizer,
+        replicated: bool = True,
+    ):
         self.rows = [_Row(prompt) for prompt in prompts]
         self.params, self.tokenizer = params, tokenizer
-        self.generator = None if params.greedy else shared_generator(params.random_seed)
+        seed = params.random_seed
+        self.generator = None if params.greedy else shared_generator(seed, replicated)
         self.live: list[tuple[_Row, int, int]] = []  # row, cache sequence, token to feed
         self.slots = len(prompts)
         self.positions = _positions_needed(prompts, params)
@@ -502,7 +511,13 @@ class BeamTask:
     """Beam search for prompts that share parameters: one engine task, every live beam of every
     prompt stepped together."""
 
-    def __init__(self, prompts: list[_Prompt], params: GenerationParams, tokenizer: Tokenizer):
+    def __init__(
+        self,
+        prompts: list[_Prompt],
+        params: GenerationParams,
+        tokenizer: Tokenizer,
+        replicated: bool = True,
+    ):
         self.searches = [_Beams(prompt) for prompt in prompts]
         self.params, self.tokenizer = params, tokenizer
         self.slots = len(prompts) * params.beam_width
@@ -561,13 +576,18 @@ def peak_batch(prompt_tokens: Sequence[int], params: GenerationParams) -> tuple[
 
 
 def task_for(
-    tokenizer: Tokenizer, prompts: Sequence[str], params: GenerationParams, max_length: int
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    params: GenerationParams,
+    max_length: int,
+    replicated: bool = True,
 ) -> SamplingTask | BeamTask:
-    """The engine task that continues these prompts (checked against the model's positions)."""
+    """The engine task that continues these prompts (checked against the model's positions).
+    `replicated`: every rank of a TP/PP group runs it (generate()); otherwise rank 0 alone."""
     params.check()
     encoded = _encode_prompts(tokenizer, prompts, params, max_length)
     kind = BeamTask if params.beam_width > 1 else SamplingTask
-    return kind(encoded, params, tokenizer)
+    return kind(encoded, params, tokenizer, replicated)
 
 
 def generate(
