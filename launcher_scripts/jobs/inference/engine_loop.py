@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +33,7 @@ class Refused(ValueError):
 class _Waiting:
     task: Any
     future: Future
+    listener: Callable[[Any], None] | None = None  # called with the task after each of its steps
 
 
 class EngineLoop:
@@ -52,8 +53,15 @@ class EngineLoop:
 
     # -- the server's side ---------------------------------------------------------------------
 
-    def submit(self, prompts: Sequence[str], params: Any) -> Future:
-        """Generation for these prompts; the future's result is generate()'s list."""
+    def submit(
+        self,
+        prompts: Sequence[str],
+        params: Any,
+        listener: Callable[[Any], None] | None = None,
+    ) -> Future:
+        """Generation for these prompts; the future's result is generate()'s list. `listener`
+        is called on the loop's thread with the task after each step it takes part in (a
+        stream reads its text there: generation.StreamedText), and once more when it ends."""
         from launcher_scripts.jobs.inference.generation import task_for
 
         task = task_for(self.tokenizer, prompts, params, self.positions, replicated=False)
@@ -68,7 +76,7 @@ class EngineLoop:
         with self._wake:
             if self._closed:
                 raise Refused("the server is stopping")
-            self._waiting.append(_Waiting(task, future))
+            self._waiting.append(_Waiting(task, future, listener))
             self._wake.notify()
         return future
 
@@ -109,12 +117,15 @@ class EngineLoop:
                 for waiting in admitted:
                     self._running[id(waiting.task)] = waiting
                 cancelled = [task for task in self.engine.tasks if id(task) in self._cancelled]
+                listening = [w for w in self._running.values() if w.listener is not None]
             try:
                 for waiting in admitted:
                     self.engine.admit(waiting.task)
                 for task in cancelled:
                     self.engine.remove(task)
                 self.engine.step()
+                for waiting in listening:
+                    waiting.listener(waiting.task)
             except Exception as error:  # noqa: BLE001  (answered to every request it touches)
                 with self._wake:
                     self._fail_all(error)

@@ -630,16 +630,36 @@ def stream(
     if params.beam_width != 1:
         raise ValueError(f"beam_width: {params.beam_width} cannot stream; use beam_width 1")
     task = SamplingTask(_encode_prompts(tokenizer, [prompt], params, max_length), params, tokenizer)
-    row = task.rows[0]
     engine = Engine(decoding_of(model).cache(task.slots, task.positions))
     engine.admit(task)
-    sent = ""
-    while row.finish_reason is None:
-        ready = row.text[: len(row.text) - _held_back(row.text, params.stop_words)]
-        # A decode that rewrote earlier text (never seen with SentencePiece) waits for the end.
-        if len(ready) > len(sent) and ready.startswith(sent):
-            yield ready[len(sent) :]
-            sent = ready
+    text = StreamedText(task)
+    while not task.done:
+        piece = text.ready()
+        if piece:
+            yield piece
         engine.step()
-    if row.text.startswith(sent) and len(row.text) > len(sent):
-        yield row.text[len(sent) :]
+    piece = text.ready()
+    if piece:
+        yield piece
+
+
+class StreamedText:
+    """The text of a one-prompt sampling task as it becomes final: `ready()` after each step
+    gives what was decided since the last call. Text that may still become a stop word, or an
+    incomplete UTF-8 character, is held until it is decided; the pieces join to the row's text."""
+
+    def __init__(self, task: SamplingTask) -> None:
+        if len(task.rows) != 1:
+            raise ValueError("a stream continues one prompt")
+        self.row, self.stop_words = task.rows[0], task.params.stop_words
+        self.sent = ""
+
+    def ready(self) -> str:
+        text = self.row.text
+        if self.row.finish_reason is None:
+            text = text[: len(text) - _held_back(text, self.stop_words)]
+        # A decode that rewrote earlier text (never seen with SentencePiece) waits for the end.
+        if len(text) > len(self.sent) and text.startswith(self.sent):
+            piece, self.sent = text[len(self.sent) :], text
+            return piece
+        return ""
