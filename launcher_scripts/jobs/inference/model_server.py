@@ -1,0 +1,249 @@
+"""A model's ranks as one server: in-flight batching behind a local socket, at any TP/PP.
+
+    python -m launcher_scripts.jobs.inference.model_server --model FILE.nemo --socket PATH
+        [--tensor 1] [--pipeline 1] [--slots 16] [--cpu]
+
+Started as TP x PP processes (torchrun, srun, or one process alone). Rank 0 listens on a Unix
+socket and schedules every request into one EngineLoop; the other ranks repeat its cache calls
+(broadcast_cache.py). A front (Triton's Python model, a benchmark, a test) connects, sends one
+JSON line and reads JSON lines back:
+
+    request:  {"prompts": ["..."], "params": {GenerationParams' fields}, "stream": false}
+    answer:   {"texts": [...], "finish_reasons": [...]}
+    stream:   {"text": "piece"} ... then {"finish_reason": "...", "done": true}
+    error:    {"error": "one line naming the problem", "status": 400}
+    stats:    {"stats": true} -> {"live": sequences in the cache, "steps": cache steps so far}
+
+A client that closes its connection before its answer has its request cancelled: its slots are
+free at the next step. The socket path is written once the model is loaded and listening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import json
+import os
+import queue
+import select
+import signal
+import socket
+import socketserver
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.recipes.generation_params import GenerationParams
+
+PARAMETERS = tuple(field.name for field in dataclasses.fields(GenerationParams))
+
+
+class BadRequest(ValueError):
+    """A request that cannot be served: one line for its client."""
+
+
+def parse(line: bytes) -> tuple[list[str], GenerationParams, bool]:
+    """(prompts, params, stream) of a request line, or BadRequest naming what is wrong."""
+    try:
+        request = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise BadRequest(f"the request is not JSON: {error}") from None
+    if not isinstance(request, dict):
+        raise BadRequest("the request must be a JSON object with prompts and params")
+    unknown = sorted(set(request) - {"prompts", "params", "stream"})
+    if unknown:
+        raise BadRequest(f"unknown key {unknown[0]}: a request has prompts, params and stream")
+    prompts = request.get("prompts")
+    if not isinstance(prompts, list) or not prompts:
+        raise BadRequest("prompts: give a non-empty list of strings")
+    raw = request.get("params") or {}
+    if not isinstance(raw, dict):
+        raise BadRequest("params: give an object of generation parameters")
+    for name in raw:
+        if name not in PARAMETERS:
+            close = difflib.get_close_matches(name, PARAMETERS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(PARAMETERS)})"
+            raise BadRequest(f"params.{name} is not a generation parameter{hint}")
+    if isinstance(raw.get("stop_words"), list):
+        raw = {**raw, "stop_words": tuple(raw["stop_words"])}
+    params = GenerationParams(**raw)
+    try:
+        params.check()
+    except ValueError as error:
+        raise BadRequest(f"params.{error}") from None
+    stream = request.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream: give true or false")
+    if stream and (len(prompts) != 1 or params.beam_width != 1):
+        raise BadRequest("stream: one prompt per request, and beam_width 1")
+    return prompts, params, stream
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        line = self.rfile.readline()
+        if not line.strip():
+            return
+        try:
+            if json.loads(line) == {"stats": True}:
+                self._send(self.server.stats())
+                return
+        except ValueError:
+            pass
+        try:
+            prompts, params, stream = parse(line)
+            pieces: queue.Queue[str | None] = queue.Queue()
+            listener = _stream_listener(pieces) if stream else None
+            future = self.server.loop.submit(prompts, params, listener)
+        except ValueError as error:  # BadRequest, Refused, a prompt too long for the model
+            self._send({"error": str(error), "status": 400})
+            return
+        watcher = threading.Thread(target=self._watch, args=(future,), daemon=True)
+        watcher.start()
+        try:
+            if stream:
+                self._relay(pieces, future)
+            completions = future.result()
+        except Exception as error:  # noqa: BLE001  (the request's own failure, one line)
+            with contextlib.suppress(OSError):
+                self._send({"error": f"{type(error).__name__}: {error}", "status": 500})
+            return
+        with contextlib.suppress(OSError):  # the client may be gone by now
+            if stream:
+                self._send({"finish_reason": completions[0].finish_reason, "done": True})
+            else:
+                self._send(
+                    {
+                        "texts": [c.text for c in completions],
+                        "finish_reasons": [c.finish_reason for c in completions],
+                    }
+                )
+
+    def _relay(self, pieces: queue.Queue[str | None], future: Any) -> None:
+        """Send the stream's pieces as they come, until its end (or its failure)."""
+        while True:
+            try:
+                piece = pieces.get(timeout=0.1)
+            except queue.Empty:
+                if future.done():
+                    return
+                continue
+            if piece is None:
+                return
+            self._send({"text": piece})
+
+    def _watch(self, future: Any) -> None:
+        """Cancel the request if its client closes the connection before the answer."""
+        while not future.done():
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0.2)
+                gone = bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+            except (OSError, ValueError):  # the connection was closed after the answer
+                return
+            if gone:
+                self.server.loop.cancel(future)
+                return
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self.wfile.write(json.dumps(message).encode() + b"\n")
+        self.wfile.flush()
+
+
+def _stream_listener(pieces: queue.Queue[str | None]) -> Any:
+    from launcher_scripts.jobs.inference.generation import StreamedText
+
+    text: list[StreamedText] = []
+
+    def listen(task: Any) -> None:
+        if not text:
+            text.append(StreamedText(task))
+        piece = text[0].ready()
+        if piece:
+            pieces.put(piece)
+        if task.done:
+            pieces.put(None)
+
+    return listen
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    request_queue_size = 256  # clients arrive together; the default 5 refuses the sixth
+
+    def __init__(self, path: Path, loop: Any) -> None:
+        self.loop = loop
+        super().__init__(str(path), _Handler)
+
+    def stats(self) -> dict[str, int]:
+        return {"live": len(self.loop.engine.cache.live), "steps": self.loop.engine.steps}
+
+
+def ask(path: str | Path, request: dict[str, Any], timeout: float = 300) -> list[dict[str, Any]]:
+    """Send one request to a model server; every line it answers, in order."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(timeout)
+        connection.connect(str(path))
+        connection.sendall(json.dumps(request).encode() + b"\n")
+        with connection.makefile("rb") as answers:
+            return [json.loads(line) for line in answers if line.strip()]
+
+
+def serve(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from launcher_scripts.jobs.inference.broadcast_cache import Leader, follow
+    from launcher_scripts.jobs.inference.engine_loop import EngineLoop
+    from launcher_scripts.jobs.inference.runner import close_runner, open_runner
+
+    on_gpu = False if args.cpu else None
+    runner = open_runner(args.model, args.tensor, args.pipeline, on_gpu=on_gpu)
+    try:
+        if dist.get_rank() != 0:
+            follow(runner)
+            return 0
+        leader = Leader(runner)
+        loop = EngineLoop(leader, runner.tokenizer, args.slots, runner.max_length)
+        path = Path(args.socket)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        server = _Server(path, loop)
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        print(f"model server: {args.model} at TP={args.tensor} x PP={args.pipeline}, "
+              f"{args.slots} slots, listening on {path}", flush=True)  # fmt: skip
+        stop.wait()
+        server.shutdown()
+        loop.close()
+        leader.stop()
+        path.unlink(missing_ok=True)
+        return 0
+    finally:
+        close_runner()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--tensor", type=int, default=1)
+    parser.add_argument("--pipeline", type=int, default=1)
+    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
+    args = parser.parse_args(argv)
+    if args.slots < 1:
+        parser.error(f"--slots {args.slots}: give 1 or more")
+    if len(os.fsencode(args.socket)) > 100:
+        parser.error(f"--socket {args.socket}: a Unix socket path must be under 100 bytes")
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
