@@ -46,6 +46,8 @@ PARAMETER_NAMES = tuple(p.name for p in PARAMETERS)
 # variable names; the model stops generating for a request whose file exists.
 REQUEST_ID_HEADER = "launcher-request-id"
 CANCELLED_REQUESTS_VARIABLE = "LLM_LAUNCHER_CANCELLED_REQUESTS"
+# The model server's socket (jobs/inference/model_server.py), for Triton's models to reach it.
+MODEL_SERVER_VARIABLE = "LLM_LAUNCHER_MODEL_SERVER"
 # In that folder: the server is stopping, every request is cancelled (gRPC ones included).
 ALL_CANCELLED = "all-requests"
 # What the config.pbtxt parameter of the limit on a request's generated tokens is called.

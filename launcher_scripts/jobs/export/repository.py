@@ -8,7 +8,8 @@
       <model_name>_stream/1/model.py
 
 Two models because Triton answers plain (HTTP or gRPC) inference only from non-decoupled models
-and streams only from decoupled ones. The streaming twin reads the first one's weights file.
+and streams only from decoupled ones. Both are thin clients of one model server, which `serve`
+starts on the first one's weights file (jobs/inference/model_server.py).
 
 Rendering is pure (`render_config`); `write_repository` fills a folder, which the export job
 builds beside the repository, checks, and swaps in whole only when the check passed.
@@ -33,6 +34,7 @@ from launcher_scripts.recipes.triton_interface import (
 )
 
 MODEL_FILE = "model.nemo"
+PLAIN_INSTANCES = 4
 VERSION = "1"
 
 
@@ -81,8 +83,11 @@ def render_config(
         f"max_batch_size: {max_batch_size}",
         "input [\n" + ",\n".join(inputs) + "\n]",
         "output [\n" + ",\n".join(outputs) + "\n]",
-        # KIND_CPU: the Python backend's process uses the GPU itself when torch sees one.
-        "instance_group [ { count: 1, kind: KIND_CPU } ]",
+        # Thin clients of the model server (which holds the model and its GPUs): KIND_CPU.
+        # A non-decoupled instance answers one batch at a time, so several instances let a
+        # request arrive, and join the model server's running batch, while others generate;
+        # the decoupled twin answers from threads and returns at once.
+        f"instance_group [ {{ count: {1 if decoupled else PLAIN_INSTANCES}, kind: KIND_CPU }} ]",
     ]
     if decoupled:
         parts.append("model_transaction_policy { decoupled: true }")

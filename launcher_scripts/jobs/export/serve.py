@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -38,7 +39,10 @@ from launcher_scripts.jobs.export.install import bundled_server, default_venv, s
 from launcher_scripts.ports import free_port
 from launcher_scripts.recipes.triton_interface import (
     CANCELLED_REQUESTS_VARIABLE,
+    MAX_REQUEST_TOKENS,
+    MODEL_SERVER_VARIABLE,
     REQUEST_ID_HEADER,
+    STREAM_SUFFIX,
 )
 
 # Each served model is a process of its own, not a rank of the job that started the server.
@@ -177,6 +181,12 @@ def server_options() -> argparse.ArgumentParser:
     parser.add_argument(
         "--endpoint-file", type=Path, help="once ready, write the host and ports here (JSON)"
     )
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=16,
+        help="sequences the model generates at once (in-flight batching; default 16)",
+    )
     return parser
 
 
@@ -213,24 +223,95 @@ def run(args: argparse.Namespace) -> int:
     except ServeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.slots < 1:
+        print(f"error: --slots {args.slots}: give 1 or more", file=sys.stderr)
+        return 2
     models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
-    with tempfile.TemporaryDirectory(prefix="serve-cancelled-") as cancelled:
-        try:  # before Triton starts, so that a port in use fails at once
-            front = Front(args.http_port, free_port(), Path(cancelled))
+    with tempfile.TemporaryDirectory(prefix="serve-") as scratch:
+        cancelled = Path(scratch) / "cancelled"
+        cancelled.mkdir()
+        try:  # before anything starts, so that a port in use fails at once
+            front = Front(args.http_port, free_port(), cancelled)
         except OSError as error:
             print(f"error: --http-port {args.http_port}: {error.strerror}", file=sys.stderr)
             return 2
+        env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
+        socket_path = Path(scratch) / "model.sock"
+        model = start_model_server(repository, socket_path, args.slots, env)
+        try:
+            wait_model_server(model, socket_path, args.ready_timeout)
+        except ServeError as error:
+            print(f"error: {error}", file=sys.stderr)
+            stop_process(model)
+            return 1
         print(f"starting Triton from {install.source} on {repository}", flush=True)
         command = server_command(install, repository, front.backend_port, args.grpc_port)
-        env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES} | install.env
-        env[CANCELLED_REQUESTS_VARIABLE] = cancelled
-        process = subprocess.Popen(command, env=env)
+        triton_env = env | install.env
+        triton_env[CANCELLED_REQUESTS_VARIABLE] = str(cancelled)
+        triton_env[MODEL_SERVER_VARIABLE] = str(socket_path)
+        process = subprocess.Popen(command, env=triton_env)
         stopper = _Stopper(process, front)
         front.start()
         try:
             return _serve(process, front, args, models, stopper)
         finally:
             front.stop()
+            stop_process(model)
+
+
+def served_model(repository: Path) -> tuple[Path, str | None]:
+    """The weights the repository's (non-streaming) model serves, and its max_request_tokens:
+    its config.pbtxt's parameters."""
+    for config in sorted(repository.glob("*/config.pbtxt")):
+        if config.parent.name.endswith(STREAM_SUFFIX):
+            continue
+        text = config.read_text()
+        model_file = _config_parameter(text, "model_file")
+        if model_file:
+            return (config.parent / model_file).resolve(), _config_parameter(
+                text, MAX_REQUEST_TOKENS
+            )
+    raise ServeError(f"{repository}: no model's config.pbtxt names its model_file: export again")
+
+
+def _config_parameter(config: str, key: str) -> str | None:
+    found = re.search(
+        rf'key:\s*"{re.escape(key)}"\s*value:\s*\{{\s*string_value:\s*"([^"]+)"', config
+    )
+    return found.group(1) if found else None
+
+
+def start_model_server(
+    repository: Path, socket_path: Path, slots: int, env: dict[str, str]
+) -> subprocess.Popen:
+    """The model's process (jobs/inference/model_server.py): Triton's models ask it."""
+    model_file, max_request_tokens = served_model(repository)
+    command = [sys.executable, "-m", "launcher_scripts.jobs.inference.model_server"]
+    command += ["--model", str(model_file), "--socket", str(socket_path), "--slots", str(slots)]
+    if max_request_tokens is not None:
+        command += ["--max-request-tokens", max_request_tokens]
+    print(f"starting the model server ({slots} slots)", flush=True)
+    return subprocess.Popen(command, env=env)
+
+
+def wait_model_server(process: subprocess.Popen, socket_path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not socket_path.exists():
+        if process.poll() is not None:
+            raise ServeError(f"the model server exited with code {process.returncode} (above)")
+        if time.monotonic() > deadline:
+            raise ServeError(f"the model server was not listening after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _serve(

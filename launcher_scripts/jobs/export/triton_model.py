@@ -1,14 +1,15 @@
 """The model Triton's Python backend runs: each exported repository's `model.py` is a two-line
 file that imports `TritonPythonModel` from here.
 
-Requests are checked one by one (a bad one gets its own INVALID_ARG error, HTTP 400, and the
-others are served); rows that ask for the same generation parameters are decoded together, in as
-few batches as the memory free for a request allows. A request whose generation alone would not
-fit (many beams, say) is refused before anything is allocated: the process that serves the
-valid requests must not be the one the kernel kills. A request that asks for more generated
-tokens (prompts x beams x tokens_to_generate) than the export's `max_request_tokens` is refused
-too: it would hold the model, and every client waiting, for minutes. A request whose client went
-away (http_front.py marks it; a gRPC client cancels it) stops at the next generation step.
+It is a thin client: the model itself runs in the model server (jobs/inference/model_server.py,
+started by `serve` beside Triton: the model's ranks at its TP/PP, one in-flight batch for every
+request of both models). Each request is checked here (a bad one gets its own INVALID_ARG
+error, HTTP 400, and the others are served), its rows with equal parameters go to the server
+as one request, and the answers come back as they are done: a request arriving while others
+generate joins their batch at the next step (the model server refuses what its slots or the
+export's `max_request_tokens` do not allow). A request whose client
+went away (http_front.py marks it; a gRPC client cancels it) is dropped at once: its
+connection to the model server closes, which frees its slots at the next step.
 The streaming twin (a decoupled model) sends the text as it is generated, one response per
 piece, then an empty final one.
 """
@@ -18,6 +19,9 @@ from __future__ import annotations
 import json
 import locale
 import os
+import select
+import socket
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -29,7 +33,7 @@ from launcher_scripts.recipes.triton_interface import (
     ALL_CANCELLED,
     CANCELLED_REQUESTS_VARIABLE,
     FINISH_REASON,
-    MAX_REQUEST_TOKENS,
+    MODEL_SERVER_VARIABLE,
     PARAMETERS,
     REQUEST_ID_HEADER,
     TEXT_INPUT,
@@ -63,11 +67,7 @@ class RequestError(ValueError):
 
 
 class Cancelled(Exception):
-    """Every request of a generation was cancelled: stop generating."""
-
-    def __init__(self, steps: int) -> None:
-        super().__init__(f"cancelled after {steps} generation steps")
-        self.steps = steps
+    """The request's client went away, or the server is stopping: stop waiting for it."""
 
 
 CANCELLED_MESSAGE = "cancelled: the client went away or the server is stopping"
@@ -77,17 +77,16 @@ CANCELLED_MESSAGE = "cancelled: the client went away or the server is stopping"
 class Row:
     """One prompt of a request and the parameters it asked for."""
 
-    request: Any  # its index in the request; (request number, index) once batched
+    request: Any  # its index in the request
     prompt: str
     params: Any  # GenerationParams
-    tokens: int  # the prompt's
 
 
-def parse_request(read: Any, defaults: Any, served: Any) -> list[Row]:
-    """The rows of one request to `served` (a served.ServedModel). `read(name)` returns the
-    input as a numpy array or None.
+def parse_request(read: Any, defaults: Any) -> list[Row]:
+    """The rows of one request. `read(name)` returns the input as a numpy array or None.
 
-    Raises RequestError for anything the client must change.
+    Raises RequestError for anything the client must change (the model server checks the
+    prompts' lengths against the model's positions).
     """
     texts = read(TEXT_INPUT)
     if texts is None:
@@ -110,46 +109,8 @@ def parse_request(read: Any, defaults: Any, served: Any) -> list[Row]:
             raise RequestError(str(error)) from None
         if not prompt:
             raise RequestError(f"{TEXT_INPUT} is empty: send a prompt of at least one token")
-        prompt_tokens = len(served.tokenizer.encode(prompt))
-        problem = served.too_long(prompt_tokens, params.tokens_to_generate)
-        if problem:
-            raise RequestError(problem)
-        rows.append(Row(index, prompt, params, prompt_tokens))
+        rows.append(Row(index, prompt, params))
     return rows
-
-
-def too_large(shape: Any, budget: Any, group: Sequence[Row]) -> str | None:
-    """Why generating these rows (equal parameters) in one batch does not fit the memory a
-    request may use (memory.py), or None."""
-    from launcher_scripts.jobs.inference.generation import peak_batch
-    from launcher_scripts.jobs.inference.memory import too_large as exceeds
-
-    params = group[0].params
-    _rows, width = peak_batch([row.tokens for row in group], params)
-    return exceeds(shape, budget, len(group), params.beam_width, width)
-
-
-def too_many_tokens(rows: Sequence[Row], limit: int | None) -> str | None:
-    """Why a request's rows ask for more generation than one request may (the export's
-    max_request_tokens), or None. Generation's time grows with every beam's every token: a
-    request over the limit would hold the model for minutes."""
-    total = sum(row.params.beam_width * row.params.tokens_to_generate for row in rows)
-    if limit is None or total <= limit:
-        return None
-    beams = max(row.params.beam_width for row in rows)
-    tokens = max(row.params.tokens_to_generate for row in rows)
-    prompts = len(rows)
-    if beams > 1 and limit // (prompts * tokens) >= 1:
-        advice = f"lower beam_width to at most {limit // (prompts * tokens)}"
-    elif limit // (prompts * beams) >= 1:
-        advice = f"lower tokens_to_generate to at most {limit // (prompts * beams)}"
-    else:
-        advice = "send fewer prompts per request"
-    return (
-        f"the request asks for {total} generated tokens ({prompts} prompt(s) x beam_width "
-        f"{beams} x tokens_to_generate {tokens}), more than the {limit} one request may ask "
-        f"for on this server (the export's triton_deployment.{MAX_REQUEST_TOKENS}): {advice}"
-    )
 
 
 def cancellation(
@@ -168,44 +129,6 @@ def cancellation(
     return cancelled
 
 
-def stoppable(decoding: Any, cancelled: Callable[[], bool]) -> Any:
-    """`decoding` whose caches raise Cancelled instead of running a step once `cancelled()`:
-    generation takes one step per token, so a cancelled generation ends within one step."""
-    return _Stoppable(decoding, cancelled)
-
-
-class _Stoppable:
-    def __init__(self, decoding: Any, cancelled: Callable[[], bool]) -> None:
-        self.decoding, self.cancelled, self.steps = decoding, cancelled, 0
-
-    def cache(self, slots: int, positions: int) -> Any:
-        return _StoppableCache(self, self.decoding.cache(slots, positions))
-
-    def check(self) -> None:
-        if self.cancelled():
-            raise Cancelled(self.steps)
-        self.steps += 1
-
-
-class _StoppableCache:
-    def __init__(self, owner: _Stoppable, cache: Any) -> None:
-        self.owner, self.inner = owner, cache
-
-    def add(self, prompts: Any) -> Any:
-        self.owner.check()
-        return self.inner.add(prompts)
-
-    def step(self, sequences: Any, tokens: Any) -> Any:
-        self.owner.check()
-        return self.inner.step(sequences, tokens)
-
-    def fork(self, sequence: int) -> int:
-        return self.inner.fork(sequence)
-
-    def drop(self, sequence: int) -> None:
-        self.inner.drop(sequence)
-
-
 def request_id_of(parameters_json: str) -> str | None:
     """The front's id among a request's parameters (Triton's JSON of them)."""
     try:
@@ -213,18 +136,6 @@ def request_id_of(parameters_json: str) -> str | None:
     except (ValueError, AttributeError):
         return None
     return value if isinstance(value, str) and value.isalnum() else None
-
-
-def fitting_batches(shape: Any, budget: Any, group: Sequence[Row]) -> list[list[Row]]:
-    """`group` cut, in order, into batches that each fit. Each request was checked on its own,
-    so every row fits alone; the dynamic batcher may have gathered more than fit together."""
-    batches: list[list[Row]] = []
-    for row in group:
-        if batches and too_large(shape, budget, [*batches[-1], row]) is None:
-            batches[-1].append(row)
-        else:
-            batches.append([row])
-    return batches
 
 
 def _text(value: Any) -> str:
@@ -270,42 +181,35 @@ class TritonPythonModel:
     """Triton's entry points: initialize, execute, finalize."""
 
     def initialize(self, args: dict[str, str]) -> None:
-        from launcher_scripts.jobs.inference.served import open_served
-
         config = json.loads(args["model_config"])
         parameters = config.get("parameters", {})
-        model_dir = Path(args["model_repository"])
-        model_file = (model_dir / parameters["model_file"]["string_value"]).resolve()
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.defaults = defaults_from(parameters)
-        self.model = open_served(model_file)
-        self.shape = self.model.shape
-        limit = parameters.get(MAX_REQUEST_TOKENS, {}).get("string_value")
-        self.max_request_tokens = None if limit is None else int(limit)
         self.name = args["model_name"]
-        print(f"{self.name}: serving {model_file} (decoupled={self.decoupled})", flush=True)
+        self.server = os.environ.get(MODEL_SERVER_VARIABLE)
+        if not self.server:
+            raise RuntimeError(
+                f"{self.name}: {MODEL_SERVER_VARIABLE} is not set: start the server with "
+                "`python3 -m launcher_scripts serve EXPORT_DIR`, which starts the model server"
+            )
+        self.threads: list[threading.Thread] = []
+        print(f"{self.name}: answering from the model server at {self.server}", flush=True)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self.decoupled:
-            for request in requests:
-                self._stream(request)
+            for request in requests:  # answered from threads: execute returns at once
+                thread = threading.Thread(target=self._stream, args=(request,), daemon=True)
+                thread.start()
+                self.threads = [t for t in self.threads if t.is_alive()] + [thread]
             return None
         return self._batch(requests)
 
-    def _rows(self, request: Any, budget: Any) -> list[Row]:
+    def _rows(self, request: Any) -> list[Row]:
         def read(name: str) -> np.ndarray | None:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
-        rows = parse_request(read, self.defaults, self.model)
-        for group in group_rows(rows):
-            problem = too_large(self.shape, budget, group)
-            if problem:
-                raise RequestError(problem)
-        problem = too_many_tokens(rows, self.max_request_tokens)
-        if problem:
-            raise RequestError(problem)
-        return rows
+        return parse_request(read, self.defaults)
 
     def _cancellation(self, request: Any) -> tuple[str | None, Callable[[], bool]]:
         request_id = request_id_of(request.parameters())
@@ -313,107 +217,131 @@ class TritonPythonModel:
         client = (lambda: bool(is_cancelled())) if is_cancelled else (lambda: False)
         return request_id, cancellation(request_id, client)
 
-    def _say_cancelled(self, request_ids: Sequence[str | None], stop: Cancelled) -> None:
+    def _say_cancelled(self, request_ids: Sequence[str | None]) -> None:
         named = ", ".join(str(request_id) for request_id in request_ids)
         print(
-            f"{self.name}: cancelled request(s) {named} after {stop.steps} generation steps: "
-            "the client went away or the server is stopping",
+            f"{self.name}: cancelled request(s) {named}: the client went away or the server is "
+            "stopping; the model server freed their slots",
             flush=True,
         )
 
     def _batch(self, requests: list[Any]) -> list[Any]:
-        from launcher_scripts.jobs.inference.generation import generate
-        from launcher_scripts.jobs.inference.memory import budget_now
-
-        budget = budget_now(self.model.on_gpu)
-        results: list[dict[int, Any]] = [{} for _ in requests]
+        """Every request's groups of rows (equal parameters) asked of the model server at once,
+        each on its own connection: the server batches them with whatever else is running."""
+        asks: list[tuple[int, list[Row]]] = []
         errors: dict[int, str] = {}
-        rows: list[Row] = []
         watched = [self._cancellation(request) for request in requests]
-        cancelled: set[int] = set()
         for number, request in enumerate(requests):
             try:
-                rows += [
-                    replace(row, request=(number, row.request))
-                    for row in self._rows(request, budget)
-                ]
+                asks += [(number, group) for group in group_rows(self._rows(request))]
             except RequestError as error:
                 errors[number] = str(error)
-        batches = [
-            batch
-            for group in group_rows(rows)
-            for batch in fitting_batches(self.shape, budget, group)
-        ]
-        for group in batches:
-            numbers = sorted({row.request[0] for row in group})
-            checks = [watched[number][1] for number in numbers]
+        results: list[dict[int, tuple[str, str]]] = [{} for _ in requests]
+        cancelled: set[int] = set()
+
+        def ask_group(number: int, group: list[Row]) -> None:
+            message = {"prompts": [row.prompt for row in group], "params": _params(group[0])}
             try:
-                completions = generate(
-                    stoppable(self.model.decoding, lambda checks=checks: all(c() for c in checks)),
-                    self.model.tokenizer,
-                    [row.prompt for row in group],
-                    group[0].params,
-                    max_length=self.model.max_length,
-                )
-            except ValueError as error:
-                for row in group:
-                    errors[row.request[0]] = str(error)
-                continue
-            except Cancelled as stop:
-                self._say_cancelled([watched[number][0] for number in numbers], stop)
-                cancelled.update(numbers)
-                continue
-            for row, completion in zip(group, completions, strict=True):
-                number, index = row.request
-                results[number][index] = completion
-        return [
-            _error_response(CANCELLED_MESSAGE, "CANCELLED")
-            if number in cancelled
-            else _error_response(errors[number])
-            if number in errors
-            else _response(
-                [results[number][i].text for i in sorted(results[number])],
-                [results[number][i].finish_reason for i in sorted(results[number])],
-            )
-            for number in range(len(requests))
-        ]
+                answer = ask_model_server(self.server, message, watched[number][1])
+            except Cancelled:
+                cancelled.add(number)
+                return
+            if "error" in answer:
+                errors[number] = answer["error"]
+                return
+            pairs = zip(answer["texts"], answer["finish_reasons"], strict=True)
+            for row, pair in zip(group, pairs, strict=True):
+                results[number][row.request] = pair
+
+        threads = [threading.Thread(target=ask_group, args=ask) for ask in asks]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if cancelled:
+            self._say_cancelled([watched[number][0] for number in sorted(cancelled)])
+        responses = []
+        for number in range(len(requests)):
+            if number in cancelled:
+                responses.append(_error_response(CANCELLED_MESSAGE, "CANCELLED"))
+            elif number in errors:
+                responses.append(_error_response(errors[number]))
+            else:
+                answers = [results[number][index] for index in sorted(results[number])]
+                responses.append(_response([a[0] for a in answers], [a[1] for a in answers]))
+        return responses
 
     def _stream(self, request: Any) -> None:
-        from launcher_scripts.jobs.inference.generation import stream
-        from launcher_scripts.jobs.inference.memory import budget_now
-
         sender = request.get_response_sender()
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            rows = self._rows(request, budget_now(self.model.on_gpu))
+            rows = self._rows(request)
             if len(rows) != 1:
                 raise RequestError("the streaming model takes one prompt per request")
             row = rows[0]
             if row.params.beam_width != 1:
                 raise RequestError("streaming needs beam_width 1: use the non-streaming model")
             request_id, cancelled = self._cancellation(request)
-            pieces = stream(
-                stoppable(self.model.decoding, cancelled),
-                self.model.tokenizer,
-                row.prompt,
-                row.params,
-                max_length=self.model.max_length,
-            )
-            for piece in pieces:
-                sender.send(_response([piece], [""]))
-        except ValueError as error:  # RequestError included
+            message = {"prompts": [row.prompt], "params": _params(row), "stream": True}
+
+            def piece(line: dict[str, Any]) -> None:
+                if "text" in line:
+                    sender.send(_response([line["text"]], [""]))
+
+            answer = ask_model_server(self.server, message, cancelled, piece)
+            if "error" in answer:
+                raise RequestError(answer["error"])
+        except RequestError as error:
             sender.send(_error_response(str(error)), flags=final)
             return
-        except Cancelled as stop:
-            self._say_cancelled([request_id], stop)
+        except Cancelled:
+            self._say_cancelled([request_id])
             sender.send(_error_response(CANCELLED_MESSAGE, "CANCELLED"), flags=final)
             return
         sender.send(flags=final)
 
     def finalize(self) -> None:
-        from launcher_scripts.jobs.inference.runner import close_runner
+        for thread in self.threads:
+            thread.join(timeout=10)
 
-        close_runner()
+
+def _params(row: Row) -> dict[str, Any]:
+    """A row's parameters as the model server reads them (JSON)."""
+    values = {field.name: getattr(row.params, field.name) for field in fields(row.params)}
+    values["stop_words"] = list(values["stop_words"])
+    return values
+
+
+def ask_model_server(
+    path: str,
+    message: dict[str, Any],
+    cancelled: Callable[[], bool],
+    on_line: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Send one request to the model server and read its answer lines until the last one,
+    passing each to `on_line`; raise Cancelled (closing the connection, which makes the server
+    drop the request) as soon as `cancelled()`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect(path)
+        connection.sendall(json.dumps(message).encode() + b"\n")
+        buffered = b""
+        while True:
+            readable, _, _ = select.select([connection], [], [], 0.1)
+            if cancelled():
+                raise Cancelled()
+            if not readable:
+                continue
+            chunk = connection.recv(65536)
+            if not chunk:
+                raise RequestError("the model server closed the connection without an answer")
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                answer = json.loads(line)
+                if on_line is not None:
+                    on_line(answer)
+                if "text" not in answer:
+                    return answer
 
 
 def _response(texts: list[str], reasons: list[str]) -> Any:

@@ -38,14 +38,15 @@ def _receive() -> tuple[Any, ...]:
 
 
 class Leader:
-    """Rank 0's Decoding: every cache it opens tells the other ranks what it does."""
+    """Rank 0's Decoding over the model's own (the runner, or any generation.Decoding): every
+    cache it opens tells the other ranks what it does."""
 
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
+    def __init__(self, decoding: Any) -> None:
+        self.decoding = decoding
 
     def cache(self, slots: int, positions: int) -> LeaderCache:
         _send(("open", slots, positions))
-        return LeaderCache(self.runner.cache(slots, positions))
+        return LeaderCache(self.decoding.cache(slots, positions))
 
     def stop(self) -> None:
         _send((STOP,))
@@ -76,8 +77,8 @@ class LeaderCache:
         return self.inner.live
 
 
-def follow(runner: Any) -> int:
-    """Make rank 0's cache calls until it stops; the number of calls made."""
+def follow(decoding: Any) -> int:
+    """Make rank 0's cache calls on this rank's `decoding` until it stops; the calls made."""
     cache = None
     calls = 0
     while True:
@@ -86,7 +87,7 @@ def follow(runner: Any) -> int:
         if name == STOP:
             return calls
         if name == "open":
-            cache = runner.cache(*arguments)
+            cache = decoding.cache(*arguments)
         elif cache is None:
             raise RuntimeError(f"rank 0 sent {name} before opening a cache")
         else:

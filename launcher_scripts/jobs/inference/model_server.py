@@ -82,6 +82,27 @@ def parse(line: bytes) -> tuple[list[str], GenerationParams, bool]:
     return prompts, params, stream
 
 
+def too_many_tokens(prompts: int, params: GenerationParams, limit: int | None) -> str | None:
+    """Why a request asks for more generation than one request may (the export's
+    max_request_tokens), or None. Generation's time grows with every beam's every token: a
+    request over the limit would hold its slots, and every client waiting, for minutes."""
+    beams, tokens = params.beam_width, params.tokens_to_generate
+    total = prompts * beams * tokens
+    if limit is None or total <= limit:
+        return None
+    if beams > 1 and limit // (prompts * tokens) >= 1:
+        advice = f"lower beam_width to at most {limit // (prompts * tokens)}"
+    elif limit // (prompts * beams) >= 1:
+        advice = f"lower tokens_to_generate to at most {limit // (prompts * beams)}"
+    else:
+        advice = "send fewer prompts per request"
+    return (
+        f"the request asks for {total} generated tokens ({prompts} prompt(s) x beam_width "
+        f"{beams} x tokens_to_generate {tokens}), more than the {limit} one request may ask "
+        f"for on this server (the export's triton_deployment.max_request_tokens): {advice}"
+    )
+
+
 class _Handler(socketserver.StreamRequestHandler):
     server: _Server
 
@@ -97,6 +118,10 @@ class _Handler(socketserver.StreamRequestHandler):
             pass
         try:
             prompts, params, stream = parse(line)
+            self.server.check_lengths(prompts, params)
+            problem = too_many_tokens(len(prompts), params, self.server.max_request_tokens)
+            if problem:
+                raise BadRequest(problem)
             pieces: queue.Queue[str | None] = queue.Queue()
             listener = _stream_listener(pieces) if stream else None
             future = self.server.loop.submit(prompts, params, listener)
@@ -175,9 +200,21 @@ class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
     request_queue_size = 256  # clients arrive together; the default 5 refuses the sixth
 
-    def __init__(self, path: Path, loop: Any) -> None:
-        self.loop = loop
+    def __init__(self, path: Path, loop: Any, served: Any, max_request_tokens: int | None) -> None:
+        self.loop, self.served = loop, served
+        self.max_request_tokens = max_request_tokens
         super().__init__(str(path), _Handler)
+
+    def check_lengths(self, prompts: list[Any], params: GenerationParams) -> None:
+        """Each prompt against the model's positions, in its family's words (served.too_long)."""
+        for index, prompt in enumerate(prompts):
+            name = "prompt" if len(prompts) == 1 else f"prompt {index}"
+            if not isinstance(prompt, str) or not prompt:
+                raise BadRequest(f"{name}: give a non-empty string")
+            tokens = len(self.served.tokenizer.encode(prompt))
+            problem = self.served.too_long(tokens, params.tokens_to_generate)
+            if problem:
+                raise BadRequest(problem)
 
     def stats(self) -> dict[str, int]:
         return {"live": len(self.loop.engine.cache.live), "steps": self.loop.engine.steps}
@@ -198,20 +235,21 @@ def serve(args: argparse.Namespace) -> int:
 
     from launcher_scripts.jobs.inference.broadcast_cache import Leader, follow
     from launcher_scripts.jobs.inference.engine_loop import EngineLoop
-    from launcher_scripts.jobs.inference.runner import close_runner, open_runner
+    from launcher_scripts.jobs.inference.runner import close_runner
+    from launcher_scripts.jobs.inference.served import open_served
 
     on_gpu = False if args.cpu else None
-    runner = open_runner(args.model, args.tensor, args.pipeline, on_gpu=on_gpu)
+    served = open_served(args.model, args.tensor, args.pipeline, on_gpu=on_gpu)
     try:
         if dist.get_rank() != 0:
-            follow(runner)
+            follow(served.decoding)
             return 0
-        leader = Leader(runner)
-        loop = EngineLoop(leader, runner.tokenizer, args.slots, runner.max_length)
+        leader = Leader(served.decoding)
+        loop = EngineLoop(leader, served.tokenizer, args.slots, served.max_length)
         path = Path(args.socket)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        server = _Server(path, loop)
+        server = _Server(path, loop, served, args.max_request_tokens)
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
@@ -237,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", type=int, default=1)
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
+    parser.add_argument(
+        "--max-request-tokens",
+        type=int,
+        default=None,
+        help="refuse requests asking for more prompts x beam_width x tokens_to_generate",
+    )
     args = parser.parse_args(argv)
     if args.slots < 1:
         parser.error(f"--slots {args.slots}: give 1 or more")
