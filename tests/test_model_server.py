@@ -29,7 +29,10 @@ BAD = {
         "params.tokens_to_generat is not a generation parameter (did you mean tokens_to_generate?)",
     ),
     "bad value": ({"prompts": ["A"], "params": {"top_p": 3}}, "params.top_p: 3 is not allowed"),
-    "too long": ({"prompts": ["x " * 300], "params": {}}, "exceeds the model's 128 positions"),
+    "too long": (
+        {"prompts": ["x " * 300], "params": {}},
+        "together more than the model's 128 positions",
+    ),
     "too many beams": (
         {"prompts": PROMPTS[:3], "params": {"beam_width": 3}},
         "need 9 sequences at once; this server holds 8",
@@ -137,3 +140,34 @@ def test_a_tp2_group_serves_what_one_process_serves(
     alone = [ask(served, message) for message in messages]
     with model_server(tiny_portable, tmp_path, tensor=2) as tp2, ThreadPoolExecutor(3) as pool:
         assert list(pool.map(lambda m: ask(tp2, m), messages)) == alone
+
+
+def test_more_slots_than_memory_holds_is_one_line_naming_what_fits(
+    tiny_portable: Path, tmp_path: Path
+) -> None:
+    command = [sys.executable, "-m", "launcher_scripts.jobs.inference.model_server"]
+    command += ["--model", str(tiny_portable), "--socket", str(tmp_path / "m.sock")]
+    command += ["--slots", "100000000", "--cpu"]
+    result = subprocess.run(command, cwd=REPO, env=ONE_THREAD, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--slots 100000000 needs about" in errors[0], result.stderr
+    assert "of 128 tokens and their first pass" in errors[0] and "at most " in errors[0]
+    assert not (tmp_path / "m.sock").exists()
+
+
+def test_the_cache_estimate_is_the_cache(tiny_portable: Path) -> None:
+    """bytes_per_slot (the memory check's) is what the cache allocates per slot."""
+    script = (
+        "import sys; from launcher_scripts.jobs.inference import kv_cache;"
+        "from launcher_scripts.jobs.inference.runner import open_runner;"
+        "r = open_runner(sys.argv[1], on_gpu=False); c = r.cache(3, 40);"
+        "print(c.bytes, 3 * kv_cache.bytes_per_slot(r, 40))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_portable)],
+        cwd=REPO, env=ONE_THREAD, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    allocated, estimated = map(int, result.stdout.split()[-2:])
+    assert allocated == estimated > 0

@@ -78,6 +78,18 @@ def test_a_venv_without_the_server_is_not_up_to_date(tmp_path: Path) -> None:
     assert not up_to_date(venv)
 
 
+def test_serve_refuses_no_slots_in_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher_scripts", "serve", str(tmp_path), "--slots", "0"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == "error: --slots 0: give 1 or more (sequences at once)"
+
+
 def test_serve_explains_what_is_missing(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "launcher_scripts", "serve", str(tmp_path)],

@@ -217,14 +217,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until the server exits or is stopped; `args`: server_options()'s."""
+    if args.slots < 1:
+        print(f"error: --slots {args.slots}: give 1 or more (sequences at once)", file=sys.stderr)
+        return 2
     try:
         repository = model_repository(args.export_dir.resolve())
         install = find_server(args.tritonserver)
     except ServeError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    if args.slots < 1:
-        print(f"error: --slots {args.slots}: give 1 or more", file=sys.stderr)
         return 2
     models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
     with tempfile.TemporaryDirectory(prefix="serve-") as scratch:

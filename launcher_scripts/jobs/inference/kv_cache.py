@@ -174,6 +174,20 @@ class KVCache:
         self._move(-oldest)
 
 
+def bytes_per_slot(runner: Any, positions: int) -> int:
+    """What one slot of `positions` tokens takes in this rank's cache (keys and values)."""
+    from megatron.core.transformer.attention import Attention
+
+    total = 0
+    for chunk in runner.chunks:
+        size = next(chunk.parameters()).dtype.itemsize
+        for module in chunk.modules():
+            if isinstance(module, Attention):
+                width = module.key_hidden_size + module.val_hidden_size
+                total += positions * module.num_query_groups_per_partition * width * size
+    return total
+
+
 def _allocate(runner: Any, slots: int, positions: int) -> dict[int, tuple[torch.Tensor, ...]]:
     """Empty key and value buffers for each attention layer of this rank, by layer number."""
     from megatron.core.transformer.attention import Attention

@@ -1,12 +1,12 @@
-"""What one generation request costs in memory, and what a request may use here, so a server
-refuses a request it cannot hold instead of growing until the kernel kills it.
+"""What a server's generation costs in memory, and what it may use here, so a model server
+refuses, when it starts, a number of slots it cannot hold instead of growing until the kernel
+kills it (model_server.py; `serve --slots`).
 
-The estimate is one forward pass over rows x width positions (rows = prompts x beams; width =
-the longest prompt + tokens_to_generate): a request's peak when generation reran whole
-sequences, which T5's still does. GPT-style generation now keeps a KV cache (kv_cache.py),
-whose peak is smaller in attention scores and adds the cache itself; the estimate has not yet
-been remeasured for it. What that pass
-allocates beside the weights, from megatron-core's GPTModel and the runner:
+A server holds `slots` sequences of up to the model's positions: their KV cache (kv_cache.py,
+allocated when it starts) and, at worst, one first pass over every slot's prompt at full
+length. That pass is estimated as one forward pass over rows x width positions, from
+megatron-core's GPTModel and the runner (T5's recomputing decoder runs such a pass at every
+step):
 
 - logits: the output layer's [width, rows, padded vocab] and GPTModel's batch-first copy of it
   (`transpose(0, 1).contiguous()`), in the model's dtype; then the runner's float32 copy
@@ -170,25 +170,29 @@ def largest_fitting(
     return low * step
 
 
-def too_large(
-    shape: ForwardShape, budget: Budget, prompts: int, beams: int, width: int
+def slots_problem(
+    shape: ForwardShape, budget: Budget, slots: int, positions: int, cache_per_slot: int
 ) -> str | None:
-    """Why a generation of `prompts` x `beams` rows, up to `width` tokens each, cannot run here;
-    None when it fits. The message names the limit and what to lower."""
-    needed = shape.bytes_needed(prompts * beams, width)
-    if budget.fits(needed):
+    """Why a server cannot hold `slots` sequences of up to `positions` tokens: their KV cache
+    (`cache_per_slot` bytes each, on the model's device) and the worst first pass (every slot's
+    prompt at full length at once); None when it fits. The message names the most that fit."""
+
+    def needed(count: int) -> tuple[int, int]:
+        device, host = shape.bytes_needed(count, positions)
+        cache = count * cache_per_slot
+        return (device + cache, host) if shape.on_gpu else (device, host + cache)
+
+    if budget.fits(needed(slots)):
         return None
-    fitting = largest_fitting(shape, budget, prompts * beams, width, step=prompts)
-    if beams > 1 and fitting >= prompts:
-        advice = f"at most beam_width {fitting // prompts} fits with these prompts and lengths"
-    elif prompts > 1 and largest_fitting(shape, budget, prompts, width) >= 1:
-        advice = "send fewer prompts per request"
-    else:
-        advice = "lower tokens_to_generate or shorten the prompt"
+    low, high = 0, slots
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if budget.fits(needed(middle)) else (low, middle - 1)
+    advice = f"at most {low} fit" if low else "not even one fits: free memory or serve on a GPU"
     return (
-        f"the request needs about {_describe(*needed)} for {prompts} prompt(s) x beam_width "
-        f"{beams} x {width} tokens, more than the {_describe(budget.device, budget.host)} "
-        f"one request may use on this server now: {advice}"
+        f"--slots {slots} needs about {_describe(*needed(slots))} for the KV cache of {slots} "
+        f"sequences of {positions} tokens and their first pass, more than the "
+        f"{_describe(budget.device, budget.host)} free for it: {advice}"
     )
 
 

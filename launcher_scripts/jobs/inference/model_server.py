@@ -230,6 +230,24 @@ def ask(path: str | Path, request: dict[str, Any], timeout: float = 300) -> list
             return [json.loads(line) for line in answers if line.strip()]
 
 
+def cache_problem(served: Any, slots: int) -> str | None:
+    """Why this process cannot hold `slots` sequences (memory.py), or None."""
+    from launcher_scripts.jobs.inference import kv_cache, memory
+
+    decoding, positions = served.decoding, served.max_length
+    per_slot = kv_cache.bytes_per_slot(decoding, positions) if hasattr(decoding, "chunks") else 0
+    budget = memory.budget_now(served.on_gpu)
+    return memory.slots_problem(served.shape, budget, slots, positions, per_slot)
+
+
+def follow_stop(world_size: int) -> None:
+    """Release the other ranks (they wait in follow()) when rank 0 gives up before serving."""
+    if world_size > 1:
+        from launcher_scripts.jobs.inference.broadcast_cache import Leader
+
+        Leader(None).stop()
+
+
 def serve(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
@@ -244,6 +262,11 @@ def serve(args: argparse.Namespace) -> int:
         if dist.get_rank() != 0:
             follow(served.decoding)
             return 0
+        problem = cache_problem(served, args.slots)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr, flush=True)
+            follow_stop(dist.get_world_size())
+            return 2
         leader = Leader(served.decoding)
         loop = EngineLoop(leader, served.tokenizer, args.slots, served.max_length)
         path = Path(args.socket)
