@@ -18,7 +18,7 @@ import pytest
 
 from launcher_scripts.jobs.export.install import up_to_date
 from tests.support import REPO
-from tests.support.commands import ONE_THREAD
+from tests.support.commands import ONE_THREAD, assert_one_line_error, run_main
 from tests.support.triton import post, serves_like_in_process, triton_server
 
 PROMPTS = ["The history of", "In the morning the", "A small village near the river was"]
@@ -346,7 +346,6 @@ def test_a_request_over_the_generation_limit_is_refused_saying_what_fits() -> No
 def test_the_limit_is_the_recipe_s_and_preflight_checks_it(tmp_path: Path) -> None:
     from launcher_scripts.jobs.export.repository import render_config
     from launcher_scripts.recipes.triton_interface import PARAMETER_NAMES
-    from tests.support.commands import assert_one_line_error, run_main
 
     defaults = {name: [] if name == "stop_words" else 1 for name in PARAMETER_NAMES}
     config = render_config(
@@ -502,3 +501,61 @@ def test_a_gone_client_s_request_is_dropped_and_ctrl_c_stops_the_server_in_one_l
     assert after_ready.rstrip().endswith("stopped: the Triton server has shut down"), after_ready
     assert "Exit timeout expired" not in after_ready
     assert not re.search(r"^(E\d{4}|error)", after_ready, re.MULTILINE), after_ready[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference's export at TP=2: served by two processes behind one Triton.
+
+
+def test_the_reference_s_tp2_export_serves_what_tp1_serves(
+    server: tuple[int, int], tiny_portable: Path, triton_python: Path, tmp_path: Path
+) -> None:
+    """Section 5.14.1.3's command (export.model.tensor_model_parallel_size=2,
+    export.triton_deployment.pipeline_model_parallel_size=1) exited 2: the model server now
+    runs the model on two processes, and Triton answers as it does from one."""
+    result = run_main(
+        "stages=[export]",
+        f"base_results_dir={tmp_path}",
+        f"export.model.nemo_file={tiny_portable}",
+        "export.model.tensor_model_parallel_size=2",
+        "export.triton_deployment.pipeline_model_parallel_size=1",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    export = tmp_path / "gpt3_tiny" / "export"
+    config = (export / "model_repo" / "gpt3_tiny" / "config.pbtxt").read_text()
+    assert 'key: "tensor_model_parallel_size"\n  value: { string_value: "2" }' in config
+    bodies = [
+        {"text_input": GOOD_PROMPT, "tokens_to_generate": 12},
+        {"text_input": "The history of", "tokens_to_generate": 8, "beam_width": 3},
+    ]
+    generate = "/v2/models/gpt3_tiny/generate"
+    one = [post(server[0], generate, body) for body in bodies]
+    with triton_server(export) as ports:
+        two = [post(ports[0], generate, body) for body in bodies]
+        log = (export / "serve.log").read_text()
+    assert "TP=2 x PP=1 (2 process(es))" in log, log[-3000:]
+    assert two == one and all(status == 200 for status, _ in one), (one, two)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "problem"),
+    [
+        ("export.model.tensor_model_parallel_size=3", "export.model.tensor_model_parallel_size",
+         "3 does not divide"),
+        ("export.triton_deployment.pipeline_model_parallel_size=3",
+         "export.triton_deployment.pipeline_model_parallel_size", "3 does not divide"),
+        ("export.model.tensor_model_parallel_size=0", "export.model.tensor_model_parallel_size",
+         ""),
+    ],
+)  # fmt: skip
+def test_a_served_layout_that_does_not_divide_the_model_is_one_line(
+    tiny_portable: Path, tmp_path: Path, override: str, key: str, problem: str
+) -> None:
+    result = run_main(
+        "stages=[export]",
+        f"base_results_dir={tmp_path}",
+        f"export.model.nemo_file={tiny_portable}",
+        override,
+    )
+    assert_one_line_error(result, key, problem)
+    assert not (tmp_path / "gpt3_tiny" / "export").exists()

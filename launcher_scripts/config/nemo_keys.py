@@ -43,10 +43,6 @@ TUNED_FILE = (
     "model.adapter_model_file (adapters, IA3) or model.peft_model_file (LoRA), and the base "
     "model model.language_model_path or model.restore_from_path"
 )
-TRITON_LAYOUT = (
-    "the exported Triton model serves the converted file in one process (TP 1, PP 1), "
-    "not NeMo's FasterTransformer layout"
-)
 
 REFUSED: tuple[Refused, ...] = (
     Refused("conversion", "run.nodes", f"is NeMo's; {ONE_PROCESS}", "Remove it"),
@@ -107,15 +103,6 @@ REFUSED: tuple[Refused, ...] = (
             "preprocess_worker_mapping",
             "mc4_dir",
         )
-    ),
-    Refused(
-        "export", "model.tensor_model_parallel_size", f"is NeMo's; {TRITON_LAYOUT}", "Remove it"
-    ),
-    Refused(
-        "export",
-        "triton_deployment.pipeline_model_parallel_size",
-        f"is NeMo's; {TRITON_LAYOUT}",
-        "Remove it",
     ),
 )
 

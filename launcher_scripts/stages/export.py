@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from launcher_scripts.config.checks import require_int
+from launcher_scripts.config.checks import require_int, require_layout, require_row_split
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import family_of
 from launcher_scripts.families.file_family import EXPORT_READER, require_family
-from launcher_scripts.formats.portable_check import require_portable
+from launcher_scripts.formats.portable import EMBEDDINGS
+from launcher_scripts.formats.portable_check import inspect_portable, require_portable
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes.generation_params import GenerationParams
 from launcher_scripts.recipes.triton_interface import (
@@ -29,6 +30,16 @@ EXPORT = "launcher_scripts.jobs.export.export"
 MODEL_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
+def check_layout(model_file: Path, tensor: int, pipeline: int, stage: str) -> None:
+    """The served layout divides the file's model: TP its heads and embedding rows (the
+    reference's export.model key), PP its layers (export.triton_deployment's)."""
+    summary = inspect_portable(model_file)
+    require_layout(summary.config, tensor, 1, f"{stage}.model")
+    require_layout(summary.config, 1, pipeline, f"{stage}.triton_deployment")
+    rows = summary.shapes[EMBEDDINGS][0]
+    require_row_split(rows, tensor, f"{stage}.model", "the file's")
+
+
 @register
 class Export(StageDefaults):
     name = "export"
@@ -45,12 +56,21 @@ class Export(StageDefaults):
         model_file = ctx.require_input(
             "nemo_file", "Convert first (stages=[conversion,export]), or point it at a .nemo file"
         )
+        tensor = require_int(
+            f"{stage}.model.tensor_model_parallel_size", cfg.model.tensor_model_parallel_size
+        )
+        pipeline = require_int(
+            f"{stage}.triton_deployment.pipeline_model_parallel_size",
+            cfg.triton_deployment.pipeline_model_parallel_size,
+        )
         if model_file.exists() and not ctx.written_upstream(model_file):
             # Before the job replaces a repository that serves: a file that cannot be served
-            # (cut short, a PEFT file, another family's model) is refused here.
+            # (cut short, a PEFT file, another family's model, a layout that does not divide
+            # it) is refused here.
             key = f"{stage}.model.nemo_file"
             model = require_portable(model_file, key)
             require_family(model, family, key, model_file, EXPORT_READER)
+            check_layout(model_file, tensor, pipeline, stage)
         name = str(cfg.triton_deployment.model_name)
         if not MODEL_NAME.fullmatch(name):
             raise ConfigError(

@@ -54,6 +54,8 @@ def export(cfg: DictConfig) -> None:
             max_queue_delay_microseconds=int(deployment.max_queue_delay_microseconds),
             defaults=defaults,
             max_request_tokens=int(deployment.max_request_tokens),
+            tensor=int(cfg.model.get("tensor_model_parallel_size") or 1),
+            pipeline=int(deployment.get("pipeline_model_parallel_size") or 1),
             # The server imports the code that wrote the repository.
             launcher_path=str(Path(launcher_scripts.__file__).resolve().parent.parent),
         )

@@ -28,7 +28,9 @@ from launcher_scripts.recipes.triton_interface import (
     FINISH_REASON,
     MAX_REQUEST_TOKENS,
     PARAMETERS,
+    PIPELINE_PARALLEL,
     STREAM_SUFFIX,
+    TENSOR_PARALLEL,
     TEXT_INPUT,
     TEXT_OUTPUT,
 )
@@ -66,9 +68,12 @@ def render_config(
     model_file: str,
     defaults: Mapping[str, Any],
     max_request_tokens: int,
+    tensor: int = 1,
+    pipeline: int = 1,
 ) -> str:
     """config.pbtxt for one model; `defaults` holds every request parameter's default value;
-    `max_request_tokens` bounds prompts x beam_width x tokens_to_generate per request."""
+    `max_request_tokens` bounds prompts x beam_width x tokens_to_generate per request; the
+    model server runs the model at TP `tensor` x PP `pipeline`."""
     inputs = [_tensor(TEXT_INPUT, "TYPE_STRING", [1], optional=False)]
     inputs += [
         _tensor(p.name, p.triton_type, [-1] if p.many else [1], optional=True) for p in PARAMETERS
@@ -97,6 +102,8 @@ def render_config(
         )
     parts.append(_parameter("model_file", model_file))
     parts.append(_parameter(MAX_REQUEST_TOKENS, str(max_request_tokens)))
+    parts.append(_parameter(TENSOR_PARALLEL, str(tensor)))
+    parts.append(_parameter(PIPELINE_PARALLEL, str(pipeline)))
     for parameter in PARAMETERS:
         value = defaults[parameter.name]
         if parameter.many:
@@ -129,6 +136,8 @@ def write_repository(
     defaults: Mapping[str, Any],
     max_request_tokens: int,
     launcher_path: str,
+    tensor: int = 1,
+    pipeline: int = 1,
 ) -> list[Path]:
     """Write both models into the (new, empty) folder `repository`. Returns the model
     directories; the served weights are `<first>/1/model.nemo`."""
@@ -145,6 +154,8 @@ def write_repository(
             model_file=weights,
             defaults=defaults,
             max_request_tokens=max_request_tokens,
+            tensor=tensor,
+            pipeline=pipeline,
         )
         (repository / model / "config.pbtxt").write_text(config)
         (version / "model.py").write_text(MODEL_PY.format(paths=[launcher_path]))

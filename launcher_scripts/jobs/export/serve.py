@@ -41,8 +41,10 @@ from launcher_scripts.recipes.triton_interface import (
     CANCELLED_REQUESTS_VARIABLE,
     MAX_REQUEST_TOKENS,
     MODEL_SERVER_VARIABLE,
+    PIPELINE_PARALLEL,
     REQUEST_ID_HEADER,
     STREAM_SUFFIX,
+    TENSOR_PARALLEL,
 )
 
 # Each served model is a process of its own, not a rank of the job that started the server.
@@ -259,17 +261,28 @@ def run(args: argparse.Namespace) -> int:
             stop_process(model)
 
 
-def served_model(repository: Path) -> tuple[Path, str | None]:
-    """The weights the repository's (non-streaming) model serves, and its max_request_tokens:
-    its config.pbtxt's parameters."""
+@dataclass
+class ServedModel:
+    """What the repository's (non-streaming) model serves: its config.pbtxt's parameters."""
+
+    model_file: Path
+    max_request_tokens: str | None
+    tensor: int
+    pipeline: int
+
+
+def served_model(repository: Path) -> ServedModel:
     for config in sorted(repository.glob("*/config.pbtxt")):
         if config.parent.name.endswith(STREAM_SUFFIX):
             continue
         text = config.read_text()
         model_file = _config_parameter(text, "model_file")
         if model_file:
-            return (config.parent / model_file).resolve(), _config_parameter(
-                text, MAX_REQUEST_TOKENS
+            return ServedModel(
+                (config.parent / model_file).resolve(),
+                _config_parameter(text, MAX_REQUEST_TOKENS),
+                int(_config_parameter(text, TENSOR_PARALLEL) or 1),
+                int(_config_parameter(text, PIPELINE_PARALLEL) or 1),
             )
     raise ServeError(f"{repository}: no model's config.pbtxt names its model_file: export again")
 
@@ -284,13 +297,25 @@ def _config_parameter(config: str, key: str) -> str | None:
 def start_model_server(
     repository: Path, socket_path: Path, slots: int, env: dict[str, str]
 ) -> subprocess.Popen:
-    """The model's process (jobs/inference/model_server.py): Triton's models ask it."""
-    model_file, max_request_tokens = served_model(repository)
-    command = [sys.executable, "-m", "launcher_scripts.jobs.inference.model_server"]
-    command += ["--model", str(model_file), "--socket", str(socket_path), "--slots", str(slots)]
-    if max_request_tokens is not None:
-        command += ["--max-request-tokens", max_request_tokens]
-    print(f"starting the model server ({slots} slots)", flush=True)
+    """The model's processes (jobs/inference/model_server.py, TP x PP of them under torchrun
+    when the export asked for more than one): Triton's models ask rank 0."""
+    served = served_model(repository)
+    processes = served.tensor * served.pipeline
+    command = [sys.executable]
+    if processes > 1:
+        command += ["-m", "torch.distributed.run", "--standalone"]
+        command += [f"--nproc-per-node={processes}"]
+    command += ["-m", "launcher_scripts.jobs.inference.model_server"]
+    command += ["--model", str(served.model_file), "--socket", str(socket_path)]
+    command += ["--slots", str(slots), "--tensor", str(served.tensor)]
+    command += ["--pipeline", str(served.pipeline)]
+    if served.max_request_tokens is not None:
+        command += ["--max-request-tokens", served.max_request_tokens]
+    print(
+        f"starting the model server: TP={served.tensor} x PP={served.pipeline} "
+        f"({processes} process(es)), {slots} slots",
+        flush=True,
+    )
     return subprocess.Popen(command, env=env)
 
 
