@@ -103,8 +103,6 @@ def test_model_parallel_size_is_tp_times_pp(stage: str, tmp_path: Path) -> None:
         ("+conversion.run.ntasks_per_node=8", "one process"),
         ("+evaluation.run.nodes=2", "evaluation.model.tensor_model_parallel_size"),
         ("evaluation.run.ntasks_per_node=8", "evaluation.model.tensor_model_parallel_size"),
-        ("+export.model.tensor_model_parallel_size=2", "TP 1, PP 1"),
-        ("export.triton_deployment.pipeline_model_parallel_size=1", "TP 1, PP 1"),
     ],
 )
 def test_nemos_resource_keys_are_refused_with_what_to_use(

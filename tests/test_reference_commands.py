@@ -59,21 +59,6 @@ OUTSIDE: dict[str, tuple[str, str | None]] = {
         "nemo_model of a prompt-learning evaluation is model.virtual_prompt_model_file here",
         "model.virtual_prompt_model_file",
     ),
-    "export.model.tensor_model_parallel_size=2": (
-        "a FasterTransformer export at TP 2; the exported Triton model serves the converted "
-        "file in one process (TP 1, PP 1)",
-        "TP 1, PP 1",
-    ),
-    "export.run.model_train_name=t5_220m": (
-        "a T5 export, with FasterTransformer's layout keys; the reference itself says export "
-        "supports only GPT (5.14), as here",
-        "TP 1, PP 1",
-    ),
-    "export.run.model_train_name=mt5_125m": (
-        "an mT5 export, with FasterTransformer's layout keys; the reference itself says export "
-        "supports only GPT (5.14), as here",
-        "TP 1, PP 1",
-    ),
 }
 
 
