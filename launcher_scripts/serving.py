@@ -57,6 +57,18 @@ def serve_job(root: Any, export_dir: Path) -> JobSpec:
 
     serving = root.export.serving
     gpus = require_int("export.serving.gpus_per_node", serving.gpus_per_node, minimum=0)
+    try:
+        served = serve.served_model(serve.model_repository(export_dir))
+    except serve.ServeError as error:
+        raise ConfigError("export_dir", str(error), "Export first (stages=[export])") from None
+    ranks = served.tensor * served.pipeline
+    if 0 < gpus < ranks:
+        raise ConfigError(
+            "export.serving.gpus_per_node",
+            f"is {gpus}, but the export serves at TP={served.tensor} x PP={served.pipeline}: "
+            f"{ranks} model processes, one GPU each",
+            f"Set it to {ranks} (or 0 for a CPU server)",
+        )
     args = (str(export_dir), "--http-port=auto", "--grpc-port=auto")
     args += (f"--endpoint-file={export_dir / ENDPOINT_FILE}",)
     return make_job(

@@ -559,3 +559,33 @@ def test_a_served_layout_that_does_not_divide_the_model_is_one_line(
     )
     assert_one_line_error(result, key, problem)
     assert not (tmp_path / "gpt3_tiny" / "export").exists()
+
+
+def test_a_slurm_server_with_fewer_gpus_than_model_ranks_is_one_line(
+    exported: Path, tmp_path: Path
+) -> None:
+    import os
+    import shutil
+
+    from launcher_scripts.config.compose import compose_config
+    from launcher_scripts.errors import ConfigError
+    from launcher_scripts.serving import serve_job
+
+    export = tmp_path / "export"
+    shutil.copytree(exported, export, copy_function=os.link)
+    config = export / "model_repo" / "gpt3_tiny" / "config.pbtxt"
+    text = config.read_text()
+    config.write_text(
+        text.replace(
+            'key: "tensor_model_parallel_size"\n  value: { string_value: "1" }',
+            'key: "tensor_model_parallel_size"\n  value: { string_value: "2" }',
+        )
+    )
+    root = compose_config(["cluster_type=bcm", "export.serving.gpus_per_node=1"])
+    with pytest.raises(ConfigError) as error:
+        serve_job(root, export)
+    assert error.value.key == "export.serving.gpus_per_node"
+    message = str(error.value)
+    assert "TP=2 x PP=1: 2 model processes" in message and "Set it to 2" in message
+    cpu = compose_config(["cluster_type=bcm", "export.serving.gpus_per_node=0"])
+    assert serve_job(cpu, export).resources.gpus_per_node == 0
