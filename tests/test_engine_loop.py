@@ -5,30 +5,17 @@ request the cache can never hold is refused with the numbers."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import REPO
-from tests.support.commands import ONE_THREAD
+from tests.support.commands import module_report
 
 
 @pytest.fixture(scope="module")
 def report(tiny_portable: Path) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.scripts.engine_loop_check", str(tiny_portable)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ONE_THREAD,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return module_report("tests.scripts.engine_loop_check", str(tiny_portable))
 
 
 def test_each_request_gets_what_it_gets_alone(report: dict[str, Any]) -> None:
@@ -60,20 +47,10 @@ def test_a_request_too_large_for_the_cache_is_refused(report: dict[str, Any]) ->
 
 def served(model: Path, tensor: int, pipeline: int) -> list:
     """tests/scripts/tp_serving_check.py's answers: the loop on rank 0 of a TP x PP group."""
-    launcher = [sys.executable]
-    if tensor * pipeline > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone"]
-        launcher += [f"--nproc-per-node={tensor * pipeline}"]
-    result = subprocess.run(
-        [*launcher, "-m", "tests.scripts.tp_serving_check", str(model), str(tensor), str(pipeline)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ONE_THREAD,
-        timeout=300,
+    script = "tests.scripts.tp_serving_check"
+    return module_report(
+        script, str(model), str(tensor), str(pipeline), processes=tensor * pipeline
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_a_tp_or_pp_group_serves_what_one_process_serves(tiny_portable: Path) -> None:

@@ -4,9 +4,6 @@ since torch.distributed starts once per process)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,8 +21,7 @@ from launcher_scripts.jobs.inference.generation import (
     top_k_filter,
     top_p_filter,
 )
-from tests.support import REPO
-from tests.support.commands import ONE_THREAD
+from tests.support.commands import module_report
 
 # ---------------------------------------------------------------------------------------------
 # GenerationParams
@@ -222,16 +218,7 @@ def test_stream_refuses_beam_search() -> None:
 
 @pytest.fixture(scope="module")
 def report(tiny_portable: Path) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.scripts.generation_check", str(tiny_portable)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ONE_THREAD,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return module_report("tests.scripts.generation_check", str(tiny_portable))
 
 
 def test_greedy_is_the_argmax_loop(report: dict[str, Any]) -> None:

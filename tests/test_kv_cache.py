@@ -5,30 +5,17 @@ generate() through it gives what generate() rerunning whole rows gives."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import REPO
-from tests.support.commands import ONE_THREAD
+from tests.support.commands import module_report
 
 
 @pytest.fixture(scope="module")
 def report(tiny_portable: Path) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.scripts.kv_cache_check", str(tiny_portable)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ONE_THREAD,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return module_report("tests.scripts.kv_cache_check", str(tiny_portable))
 
 
 def test_cached_logits_are_the_full_pass_through_every_move(report: dict[str, Any]) -> None:

@@ -24,6 +24,22 @@ REQUESTS = [
 ]
 
 
+def from_threads(loop: EngineLoop, requests: list) -> list[list[dict]]:
+    """Each request submitted from a thread of its own, all at once; their answers in order."""
+    answers: dict[int, list[dict]] = {}
+
+    def client(index: int) -> None:
+        prompts, params = requests[index]
+        answers[index] = [asdict(c) for c in loop.submit(prompts, params).result()]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [answers[i] for i in range(len(requests))]
+
+
 def alone(runner, prompts, params) -> list[dict]:  # type: ignore[no-untyped-def]
     out = generate(runner, runner.tokenizer, prompts, params, max_length=runner.max_length)
     return [asdict(c) for c in out]
@@ -35,17 +51,7 @@ def main() -> None:
     try:
         loop = EngineLoop(runner, runner.tokenizer, slots=8, positions=runner.max_length)
         # Requests from several threads at once: each answer is what it gets alone.
-        answers: dict[int, list[dict]] = {}
-
-        def client(index: int) -> None:
-            prompts, params = REQUESTS[index]
-            answers[index] = [asdict(c) for c in loop.submit(prompts, params).result()]
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(REQUESTS))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        answers = from_threads(loop, REQUESTS)
         report["same_as_alone"] = [
             answers[i] == alone(runner, *REQUESTS[i]) for i in range(len(REQUESTS))
         ]

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-from dataclasses import asdict
 
 import torch.distributed as dist
 
@@ -18,6 +16,7 @@ from launcher_scripts.jobs.inference.broadcast_cache import Leader, follow
 from launcher_scripts.jobs.inference.engine_loop import EngineLoop
 from launcher_scripts.jobs.inference.generation import GenerationParams
 from launcher_scripts.jobs.inference.runner import close_runner, open_runner
+from tests.scripts.engine_loop_check import from_threads
 
 REQUESTS = [
     (["The history of", "A"], GenerationParams(tokens_to_generate=20, top_k=1)),
@@ -36,20 +35,10 @@ def main() -> None:
             return
         leader = Leader(runner)
         loop = EngineLoop(leader, runner.tokenizer, slots=8, positions=runner.max_length)
-        answers: dict[int, list[dict]] = {}
-
-        def client(index: int) -> None:
-            prompts, params = REQUESTS[index]
-            answers[index] = [asdict(c) for c in loop.submit(prompts, params).result()]
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(REQUESTS))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        answers = from_threads(loop, REQUESTS)
         loop.close()
         leader.stop()
-        print(json.dumps([answers[i] for i in range(len(REQUESTS))]))
+        print(json.dumps(answers))
     finally:
         close_runner()
 

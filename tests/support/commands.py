@@ -3,11 +3,13 @@ refusals."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.support import REPO
 
@@ -76,6 +78,24 @@ def run_module(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def module_report(module: str, *args: str, processes: int = 1, timeout: float = 300) -> Any:
+    """The JSON object a check script (tests/scripts/) prints last: `python -m module args`,
+    under torchrun with `processes` > 1, one thread per process."""
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    result = subprocess.run(
+        [*launcher, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def one_error_line(result: subprocess.CompletedProcess, *fragments: str) -> None:

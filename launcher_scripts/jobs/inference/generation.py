@@ -336,9 +336,9 @@ def _positions_needed(prompts: Sequence[_Prompt], params: GenerationParams) -> i
     return max(len(prompt.ids) for prompt in prompts) + params.tokens_to_generate - 1
 
 
-class SamplingTask:
-    """Greedy or sampled continuations of prompts that share parameters: one engine task. Its
-    rows draw from one generator in turn (seeded alike on every rank)."""
+class _PromptsTask:
+    """What every engine task over prompts that share parameters knows. `replicated`: every
+    rank of a TP/PP group runs it (generate()); otherwise rank 0 alone (a server)."""
 
     def __init__(
         self,
@@ -347,13 +347,25 @@ class SamplingTask:
         tokenizer: Tokenizer,
         replicated: bool = True,
     ):
-        self.rows = [_Row(prompt) for prompt in prompts]
-        self.params, self.tokenizer = params, tokenizer
-        seed = params.random_seed
-        self.generator = None if params.greedy else shared_generator(seed, replicated)
-        self.live: list[tuple[_Row, int, int]] = []  # row, cache sequence, token to feed
-        self.slots = len(prompts)
+        self.params, self.tokenizer, self.replicated = params, tokenizer, replicated
+        self.slots = len(prompts) * params.beam_width
         self.positions = _positions_needed(prompts, params)
+        self._hold(prompts)
+
+    def _hold(self, prompts: list[_Prompt]) -> None:
+        raise NotImplementedError
+
+
+class SamplingTask(_PromptsTask):
+    """Greedy or sampled continuations of prompts that share parameters: one engine task. Its
+    rows draw from one generator in turn (seeded alike on every rank)."""
+
+    def _hold(self, prompts: list[_Prompt]) -> None:
+        self.rows = [_Row(prompt) for prompt in prompts]
+        seed = self.params.random_seed
+        greedy = self.params.greedy
+        self.generator = None if greedy else shared_generator(seed, self.replicated)
+        self.live: list[tuple[_Row, int, int]] = []  # row, cache sequence, token to feed
 
     def prompts(self) -> list[list[int]]:
         return [row.prompt.ids for row in self.rows]
@@ -507,21 +519,12 @@ def _settle(beams: _Beams, parents: list[int], cache: Cache) -> None:
     beams.live = settled
 
 
-class BeamTask:
+class BeamTask(_PromptsTask):
     """Beam search for prompts that share parameters: one engine task, every live beam of every
     prompt stepped together."""
 
-    def __init__(
-        self,
-        prompts: list[_Prompt],
-        params: GenerationParams,
-        tokenizer: Tokenizer,
-        replicated: bool = True,
-    ):
+    def _hold(self, prompts: list[_Prompt]) -> None:
         self.searches = [_Beams(prompt) for prompt in prompts]
-        self.params, self.tokenizer = params, tokenizer
-        self.slots = len(prompts) * params.beam_width
-        self.positions = _positions_needed(prompts, params)
 
     def prompts(self) -> list[list[int]]:
         return [search.prompt.ids for search in self.searches]
