@@ -109,6 +109,7 @@ def test_the_whole_rehearsal(tmp_path: Path) -> None:
     assert converted["hf_logits_finite"] is True and converted["nemo_mb"] > 0
     generated = next(step for step in summary["steps"] if step["name"] == "generation")["figures"]
     assert generated["generated_tokens"] > 0 and generated["tokens_per_s"] > 0
+    assert generated["in_flight_clients"] == 8 and generated["in_flight_ratio"] > 0
     memory = next(step for step in summary["steps"] if step["name"] == "memory")["figures"]
     for layout in steps.LAYOUTS:  # each GPU layout planned and dry-run
         assert memory[f"{layout}_dry_run"] == "passed" and memory[f"{layout}_plan_gib"] > 0

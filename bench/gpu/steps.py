@@ -577,8 +577,10 @@ PROMPTS = ("The history of", "In the morning the", "A small village near the riv
 
 def generation(context: Context) -> dict:
     """The conversion step's portable file served in this process (the serving runner:
-    jobs/inference/served.py, on the GPU when there is one) generating greedily: 8 prompts x
-    32 new tokens at batch 8 (rehearsal: 4 x 8 on CPU); generated tokens/s."""
+    jobs/inference/served.py, on the GPU when there is one) generating greedily through its KV
+    cache: 8 prompts x 32 new tokens at batch 8 (rehearsal: 4 x 8 on CPU), generated tokens/s;
+    then 16 requests (rehearsal: 8) through the model server's in-flight loop, all at once
+    against one at a time."""
     gpu = not context.rehearse and cuda()
     if not context.rehearse and not gpu:
         return {"status": "skipped", "reason": "needs CUDA"}
@@ -603,16 +605,48 @@ def generation(context: Context) -> dict:
         start = time.perf_counter()
         completions = run(max_length=served.max_length)
         seconds = time.perf_counter() - start
+        in_flight = served_in_flight(served, prompts_n * 2, tokens)
     finally:
         close_runner()
     generated = sum(len(c.tokens) for c in completions)
     figures = {"on_gpu": served.on_gpu, "generated_tokens": generated}
     figures["tokens_per_s"] = round(generated / seconds, 1)
+    figures.update(in_flight)
     passed = generated > 0 and served.on_gpu == gpu
     record = {"status": "passed" if passed else "failed", "figures": figures}
     if not passed:
         record["reason"] = "no tokens generated, or not on the expected device"
     return record
+
+
+def served_in_flight(served: object, clients: int, tokens: int) -> dict:
+    """`clients` one-prompt requests through the in-flight loop the model server runs
+    (engine_loop.py): all at once against one at a time, tokens/s of each."""
+    from launcher_scripts.jobs.inference.engine_loop import EngineLoop
+    from launcher_scripts.jobs.inference.generation import GenerationParams
+
+    params = GenerationParams(tokens_to_generate=tokens, top_k=1)
+    texts = [PROMPTS[i % len(PROMPTS)] for i in range(clients)]
+    loop = EngineLoop(served.decoding, served.tokenizer, clients, served.max_length)
+    try:
+        loop.submit(texts[:1], params).result()  # set-up
+        start = time.perf_counter()
+        answers = [loop.submit([text], params).result() for text in texts]
+        one = time.perf_counter() - start
+        start = time.perf_counter()
+        futures = [loop.submit([text], params) for text in texts]
+        for future in futures:
+            future.result()
+        many = time.perf_counter() - start
+    finally:
+        loop.close()
+    generated = sum(len(answer[0].tokens) for answer in answers)
+    return {
+        "in_flight_clients": clients,
+        "one_at_a_time_tokens_per_s": round(generated / one, 1),
+        "in_flight_tokens_per_s": round(generated / many, 1),
+        "in_flight_ratio": round(one / many, 2),
+    }
 
 
 # --- evaluation -------------------------------------------------------------------------------
