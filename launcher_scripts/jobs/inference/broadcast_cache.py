@@ -26,7 +26,8 @@ STOP = "stop"
 def _send(call: tuple[Any, ...]) -> None:
     import torch.distributed as dist
 
-    dist.broadcast_object_list([call], src=0)
+    if dist.is_initialized() and dist.get_world_size() > 1:  # alone: nobody to tell
+        dist.broadcast_object_list([call], src=0)
 
 
 def _receive() -> tuple[Any, ...]:
