@@ -246,11 +246,20 @@ class Front(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, backend_port: int, cancelled: Path | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        backend_port: int,
+        cancelled: Path | None = None,
+        model_server: Path | None = None,
+        models: tuple[str, ...] = (),
+    ) -> None:
         """`cancelled`: the folder where a request whose client went away is marked (the
-        model's CANCELLED_REQUESTS_VARIABLE); None: requests are not tagged."""
+        model's CANCELLED_REQUESTS_VARIABLE); None: requests are not tagged. `model_server`:
+        the model server's socket, which answers OpenAI's API (/v1/...) for `models`."""
         self.backend_port = backend_port
         self.cancelled = cancelled
+        self.model_server, self.models = model_server, models
         super().__init__(("", port), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="http-front", daemon=True)
 
@@ -285,7 +294,10 @@ class _Handler(BaseHTTPRequestHandler):
     server: Front
 
     def do_GET(self) -> None:
-        self._relay()
+        if self.path.startswith("/v1/") and self.server.model_server is not None:
+            self._openai()
+        else:
+            self._relay()
 
     do_POST = do_GET  # Triton's HTTP API has no other methods
 
@@ -335,6 +347,62 @@ class _Handler(BaseHTTPRequestHandler):
             if watch is not None:
                 watch.stop()
                 self.server.forget(watch.request_id)
+
+    def _openai(self) -> None:
+        """OpenAI's API (openai_api.py), answered from the model server."""
+        from launcher_scripts.jobs.export import openai_api as api
+
+        path = self.path.split("?", 1)[0].rstrip("/")
+        kinds = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+        try:
+            body = self._body()
+            if path == "/v1/models" and self.command == "GET":
+                self._reply(200, json.dumps(api.models(list(self.server.models))).encode())
+                return
+            if path not in kinds or self.command != "POST":
+                raise api.ApiError(f"{self.command} {path} is not part of this API", status=404)
+            kind = kinds[path]
+            try:
+                request = json.loads(body or b"null")
+            except ValueError as error:
+                raise api.ApiError(f"the request body is not JSON: {error}") from None
+            model = request.get("model") if isinstance(request, dict) else None
+            served = self.server.models[0] if self.server.models else "model"
+            if model is not None and model not in self.server.models:
+                known = ", ".join(self.server.models)
+                raise api.ApiError(f"model {model!r} is not served here: {known}", "model", 404)
+            message, stream = api.model_server_request(kind, request)
+        except api.ApiError as error:
+            self._reply(error.status, error.body())
+            return
+        except ValueError:  # a malformed chunked body
+            self.close_connection = True
+            self._reply(400, b'{"error":{"message":"the chunked request body is malformed"}}')
+            return
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(self.server.model_server))
+            connection.sendall(json.dumps(message).encode() + b"\n")
+            lines = (json.loads(line) for line in connection.makefile("rb") if line.strip())
+            if not stream:
+                answer = next(lines, {"error": "the model server closed the connection"})
+                if "error" in answer:
+                    error = api.api_error(answer)
+                    self._reply(error.status, error.body())
+                else:
+                    self._reply(200, json.dumps(api.response(kind, served, answer)).encode())
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            # A client gone mid-stream raises here; closing the connection to the model server
+            # then frees the request's slots.
+            for event in api.stream_events(kind, served, lines):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
 
     def _tag(self, headers: dict[str, str], body: bytes) -> tuple[str | None, bytes]:
         """An inference request's id (None for other requests), and the body to send on.

@@ -232,13 +232,14 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="serve-") as scratch:
         cancelled = Path(scratch) / "cancelled"
         cancelled.mkdir()
+        socket_path = Path(scratch) / "model.sock"
+        served = [m for m in models if not m.endswith(STREAM_SUFFIX)]
         try:  # before anything starts, so that a port in use fails at once
-            front = Front(args.http_port, free_port(), cancelled)
+            front = Front(args.http_port, free_port(), cancelled, socket_path, tuple(served))
         except OSError as error:
             print(f"error: --http-port {args.http_port}: {error.strerror}", file=sys.stderr)
             return 2
         env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
-        socket_path = Path(scratch) / "model.sock"
         model = start_model_server(repository, socket_path, args.slots, env)
         try:
             wait_model_server(model, socket_path, args.ready_timeout)

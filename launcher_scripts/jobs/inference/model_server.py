@@ -9,7 +9,8 @@ socket and schedules every request into one EngineLoop; the other ranks repeat i
 JSON line and reads JSON lines back:
 
     request:  {"prompts": ["..."], "params": {GenerationParams' fields}, "stream": false}
-    answer:   {"texts": [...], "finish_reasons": [...]}
+    answer:   {"texts": [...], "finish_reasons": [...], "prompt_tokens": [...],
+               "completion_tokens": [...]}
     stream:   {"text": "piece"} ... then {"finish_reason": "...", "done": true}
     error:    {"error": "one line naming the problem", "status": 400}
     stats:    {"stats": true} -> {"live": sequences in the cache, "steps": cache steps so far}
@@ -118,7 +119,7 @@ class _Handler(socketserver.StreamRequestHandler):
             pass
         try:
             prompts, params, stream = parse(line)
-            self.server.check_lengths(prompts, params)
+            prompt_tokens = self.server.check_lengths(prompts, params)
             problem = too_many_tokens(len(prompts), params, self.server.max_request_tokens)
             if problem:
                 raise BadRequest(problem)
@@ -146,6 +147,8 @@ class _Handler(socketserver.StreamRequestHandler):
                     {
                         "texts": [c.text for c in completions],
                         "finish_reasons": [c.finish_reason for c in completions],
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": [len(c.tokens) for c in completions],
                     }
                 )
 
@@ -205,8 +208,10 @@ class _Server(socketserver.ThreadingUnixStreamServer):
         self.max_request_tokens = max_request_tokens
         super().__init__(str(path), _Handler)
 
-    def check_lengths(self, prompts: list[Any], params: GenerationParams) -> None:
-        """Each prompt against the model's positions, in its family's words (served.too_long)."""
+    def check_lengths(self, prompts: list[Any], params: GenerationParams) -> list[int]:
+        """Each prompt against the model's positions, in its family's words (served.too_long);
+        the prompts' token counts."""
+        counts = []
         for index, prompt in enumerate(prompts):
             name = "prompt" if len(prompts) == 1 else f"prompt {index}"
             if not isinstance(prompt, str) or not prompt:
@@ -215,6 +220,8 @@ class _Server(socketserver.ThreadingUnixStreamServer):
             problem = self.served.too_long(tokens, params.tokens_to_generate)
             if problem:
                 raise BadRequest(problem)
+            counts.append(tokens)
+        return counts
 
     def stats(self) -> dict[str, int]:
         return {"live": len(self.loop.engine.cache.live), "steps": self.loop.engine.steps}
