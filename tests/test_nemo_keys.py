@@ -114,6 +114,27 @@ def test_nemos_resource_keys_are_refused_with_what_to_use(
     assert "NeMo" in str(error) and fragment in str(error), str(error)
 
 
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [
+        ("+export.model.weight_data_type=fp16", "precision it was trained and converted in"),
+        ("+export.triton_deployment.data_type=bf16", "precision it was trained and converted in"),
+        ("+export.triton_deployment.int8_mode=False", "int8 weights are not served here"),
+        ("+export.triton_deployment.enable_custom_all_reduce=False", "NCCL"),
+        ("+export.model.processes=16", "one process"),
+        ("+export.model.load_checkpoints_to_cpu=False", "reads the converted file"),
+        ("+export.triton_deployment.triton_model_dir=/r", "model_repository and model_name"),
+    ],
+)
+def test_fastertransformer_export_keys_say_what_serves_instead(
+    override: str, fix: str, tmp_path: Path
+) -> None:
+    """Section 5.14's FasterTransformer keys: one line each, not "no program reads it"."""
+    error = refused(tmp_path, "stages=[training,conversion,export]", override)
+    assert error.key == override.lstrip("+").partition("=")[0], str(error)
+    assert "FasterTransformer" in str(error) and fix in str(error), str(error)
+
+
 # ----- evaluation ---------------------------------------------------------------------------
 
 

@@ -44,7 +44,29 @@ TUNED_FILE = (
     "model model.language_model_path or model.restore_from_path"
 )
 
+FASTER_TRANSFORMER = (
+    "is FasterTransformer's (NeMo's Triton backend, archived upstream); the export here serves "
+    "the converted file through the model server"
+)
+SERVED_PRECISION = (
+    "Remove it: the model serves in the precision it was trained and converted in (the .nemo "
+    "file records it; bf16 from a GPU run)"
+)
+FT_EXPORT_KEYS = (
+    ("model.weight_data_type", SERVED_PRECISION),
+    ("triton_deployment.data_type", SERVED_PRECISION),
+    ("triton_deployment.int8_mode", "Remove it: int8 weights are not served here"),
+    ("triton_deployment.enable_custom_all_reduce", "Remove it: TP ranks reduce with NCCL"),
+    ("model.processes", "Remove it: the export job is one process that writes the repository"),
+    ("model.load_checkpoints_to_cpu", "Remove it: the export reads the converted file"),
+    (
+        "triton_deployment.triton_model_dir",
+        "Set export.triton_deployment.model_repository and model_name instead",
+    ),
+)
+
 REFUSED: tuple[Refused, ...] = (
+    *(Refused("export", key, FASTER_TRANSFORMER, fix) for key, fix in FT_EXPORT_KEYS),
     Refused("conversion", "run.nodes", f"is NeMo's; {ONE_PROCESS}", "Remove it"),
     Refused("conversion", "run.ntasks_per_node", f"is NeMo's; {ONE_PROCESS}", "Remove it"),
     Refused("evaluation", "run.nodes", f"is NeMo's; {EVAL_PROCESSES}", EVAL_LAYOUT),
