@@ -52,6 +52,8 @@ MODEL_SERVER_VARIABLE = "LLM_LAUNCHER_MODEL_SERVER"
 ALL_CANCELLED = "all-requests"
 # What the config.pbtxt parameter of the limit on a request's generated tokens is called.
 MAX_REQUEST_TOKENS = "max_request_tokens"
+# export.vllm.dtype: the dtypes vLLM's engine takes.
+VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 # The layout the model server runs the model at (config.pbtxt parameters the export writes).
 TENSOR_PARALLEL = "tensor_model_parallel_size"
 PIPELINE_PARALLEL = "pipeline_model_parallel_size"

@@ -5,7 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from launcher_scripts.config.checks import require_int, require_layout, require_row_split
+from launcher_scripts.config.checks import (
+    require_choice,
+    require_int,
+    require_layout,
+    require_row_split,
+)
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import family_of
 from launcher_scripts.families.file_family import EXPORT_READER, require_family
@@ -16,6 +21,7 @@ from launcher_scripts.recipes.generation_params import GenerationParams
 from launcher_scripts.recipes.triton_interface import (
     PARAMETER_NAMES,
     STREAM_SUFFIX,
+    VLLM_DTYPES,
     generation_defaults,
 )
 from launcher_scripts.stages.base import (
@@ -38,6 +44,13 @@ def check_layout(model_file: Path, tensor: int, pipeline: int, stage: str) -> No
     require_layout(summary.config, 1, pipeline, f"{stage}.triton_deployment")
     rows = summary.shapes[EMBEDDINGS][0]
     require_row_split(rows, tensor, f"{stage}.model", "the file's")
+
+
+def vllm_writes(cfg: object, name: str) -> tuple[str, ...]:
+    vllm = cfg.get("vllm")  # type: ignore[attr-defined]
+    if vllm is None or not vllm.enabled:
+        return ()
+    return (str(Path(str(vllm.model_repository)) / name),)
 
 
 @register
@@ -87,6 +100,31 @@ class Export(StageDefaults):
             minimum=0,
         )
         self._check_generation(ctx)
+        self._check_vllm(ctx)
+
+    @staticmethod
+    def _check_vllm(ctx: StageContext) -> None:
+        """The vLLM repository's inputs, when it is asked for (export.vllm.enabled)."""
+        vllm = ctx.cfg.get("vllm")
+        if vllm is None or not vllm.enabled:
+            return
+        key = f"{ctx.stage}.vllm"
+        require_choice(f"{key}.dtype", str(vllm.dtype), VLLM_DTYPES)
+        share = vllm.gpu_memory_utilization
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise ConfigError(
+                f"{key}.gpu_memory_utilization", f"{share!r} is not in (0, 1]", "Use e.g. 0.9"
+            )
+        if vllm.max_model_len is not None:
+            require_int(f"{key}.max_model_len", vllm.max_model_len)
+        hf_dir = Path(str(vllm.hf_dir))
+        if not (hf_dir / "config.json").is_file() and not ctx.will_exist(hf_dir):
+            raise ConfigError(
+                f"{key}.hf_dir",
+                f"{hf_dir} holds no Hugging Face model (config.json)",
+                "Convert with conversion.run.hf_dir_name set (stages=[conversion,export]), "
+                "or point it at a Hugging Face directory",
+            )
 
     @staticmethod
     def _check_generation(ctx: StageContext) -> None:
@@ -119,6 +157,10 @@ class Export(StageDefaults):
                 # One process writes the repository and loads the model once to check it.
                 Resources(time_limit=str(cfg.run.time_limit)),
                 reads=(str(cfg.model.nemo_file),),
-                writes=(str(repository / name), str(repository / f"{name}{STREAM_SUFFIX}")),
+                writes=(
+                    str(repository / name),
+                    str(repository / f"{name}{STREAM_SUFFIX}"),
+                    *vllm_writes(cfg, name),
+                ),
             )
         ]

@@ -72,6 +72,16 @@ def export(cfg: DictConfig) -> None:
             close_runner()
     for model in models:
         print(f"wrote {repository / model.name}", flush=True)
+    vllm = cfg.get("vllm")
+    if vllm is not None and bool(vllm.enabled):
+        from launcher_scripts.jobs.export.vllm_repository import engine_args, write_vllm_repository
+
+        tensor = int(cfg.model.get("tensor_model_parallel_size") or 1)
+        pipeline = int(deployment.get("pipeline_model_parallel_size") or 1)
+        args = engine_args(Path(str(vllm.hf_dir)), tensor, pipeline, dict(vllm))
+        with replaced_directory(Path(str(vllm.model_repository))) as partial:
+            written = write_vllm_repository(partial, str(deployment.model_name), args)
+        print(f"wrote {Path(str(vllm.model_repository)) / written.name} (vLLM)", flush=True)
     print(f"check: {prompt!r} -> {completion.text!r} ({completion.finish_reason})", flush=True)
     check = {"prompt": prompt, "text": completion.text, "finish_reason": completion.finish_reason}
     write_atomic(Path(str(cfg.run.results_dir)) / "check.json", json.dumps(check, indent=2))
