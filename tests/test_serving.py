@@ -507,22 +507,27 @@ def test_a_gone_client_s_request_is_dropped_and_ctrl_c_stops_the_server_in_one_l
 # The reference's export at TP=2: served by two processes behind one Triton.
 
 
-def test_the_reference_s_tp2_export_serves_what_tp1_serves(
-    server: tuple[int, int], tiny_portable: Path, triton_python: Path, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def tp2_export(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Section 5.14.1.3's command (export.model.tensor_model_parallel_size=2,
-    export.triton_deployment.pipeline_model_parallel_size=1) exited 2: the model server now
-    runs the model on two processes, and Triton answers as it does from one."""
+    export.triton_deployment.pipeline_model_parallel_size=1), which exited 2 before."""
+    results = tmp_path_factory.mktemp("tp2_export")
     result = run_main(
         "stages=[export]",
-        f"base_results_dir={tmp_path}",
+        f"base_results_dir={results}",
         f"export.model.nemo_file={tiny_portable}",
         "export.model.tensor_model_parallel_size=2",
         "export.triton_deployment.pipeline_model_parallel_size=1",
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    export = tmp_path / "gpt3_tiny" / "export"
-    config = (export / "model_repo" / "gpt3_tiny" / "config.pbtxt").read_text()
+    return results / "gpt3_tiny" / "export"
+
+
+def test_the_reference_s_tp2_export_serves_what_tp1_serves(
+    server: tuple[int, int], tp2_export: Path, triton_python: Path
+) -> None:
+    """The model server runs the model on two processes, and Triton answers as from one."""
+    config = (tp2_export / "model_repo" / "gpt3_tiny" / "config.pbtxt").read_text()
     assert 'key: "tensor_model_parallel_size"\n  value: { string_value: "2" }' in config
     bodies = [
         {"text_input": GOOD_PROMPT, "tokens_to_generate": 12},
@@ -530,11 +535,76 @@ def test_the_reference_s_tp2_export_serves_what_tp1_serves(
     ]
     generate = "/v2/models/gpt3_tiny/generate"
     one = [post(server[0], generate, body) for body in bodies]
-    with triton_server(export) as ports:
+    with triton_server(tp2_export) as ports:
         two = [post(ports[0], generate, body) for body in bodies]
-        log = (export / "serve.log").read_text()
+        log = (tp2_export / "serve.log").read_text()
     assert "TP=2 x PP=1 (2 process(es))" in log, log[-3000:]
     assert two == one and all(status == 200 for status, _ in one), (one, two)
+
+
+def test_a_model_rank_that_dies_stops_the_server_in_one_line(
+    tp2_export: Path, triton_python: Path, tmp_path: Path
+) -> None:
+    """A model server rank killed: torchrun ends the other, and serve stops Triton and says so
+    in one line instead of leaving clients waiting."""
+    import os
+    import re
+    import shutil
+    import signal
+    import time
+
+    from tests.support.triton import READY_TIMEOUT
+
+    export = tmp_path / "export"
+    shutil.copytree(tp2_export, export, copy_function=os.link)
+    log = tmp_path / "serve.log"
+    with log.open("w") as output:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "launcher_scripts", "serve", str(export)]
+            + ["--http-port=auto", "--grpc-port=auto", f"--ready-timeout={READY_TIMEOUT}"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=ONE_THREAD,
+            start_new_session=True,
+        )
+    try:
+        while "ready: models" not in log.read_text():
+            assert serve.poll() is None, log.read_text()[-4000:]
+            time.sleep(0.5)
+        ranks = model_server_ranks(export)
+        assert sorted(ranks) == [0, 1], ranks
+        os.kill(ranks[1], signal.SIGKILL)
+        code = serve.wait(timeout=300)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert code == 1, text[-3000:]
+    errors = re.findall(r"^error: .*$", text, re.MULTILINE)
+    assert len(errors) == 1 and errors[0].startswith("error: the model server exited with code")
+    assert errors[0].endswith("(a model rank failed; its log is above): stopping the Triton server")
+
+
+def model_server_ranks(export: Path) -> dict[int, int]:
+    """The model server's processes for this export: LOCAL_RANK -> pid."""
+    ranks = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"launcher_scripts.jobs.inference.model_server" not in command:
+            continue
+        if not any(str(export).encode() in part for part in command):
+            continue
+        for variable in environ:
+            if variable.startswith(b"LOCAL_RANK="):
+                ranks[int(variable.split(b"=", 1)[1])] = int(entry.name)
+    return ranks
 
 
 @pytest.mark.parametrize(

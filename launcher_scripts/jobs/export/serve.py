@@ -47,6 +47,7 @@ from launcher_scripts.recipes.triton_interface import (
     TENSOR_PARALLEL,
 )
 
+MODEL_SERVER_POLL_SECONDS = 0.5
 # Each served model is a process of its own, not a rank of the job that started the server.
 JOB_VARIABLES = frozenset(RANK_VARIABLES) | {"SLURM_LOCALID", "MASTER_ADDR", "MASTER_PORT"}
 
@@ -256,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
         stopper = _Stopper(process, front)
         front.start()
         try:
-            return _serve(process, front, args, models, stopper)
+            return _serve(process, front, args, models, stopper, model)
         finally:
             front.stop()
             stop_process(model)
@@ -346,6 +347,7 @@ def _serve(
     args: argparse.Namespace,
     models: list[str],
     stopper: _Stopper,
+    model: subprocess.Popen | None = None,
 ) -> int:
     try:
         wait_ready(process, front.backend_port, args.ready_timeout)
@@ -356,7 +358,7 @@ def _serve(
         )
         if args.endpoint_file:
             write_endpoint(args.endpoint_file, args.http_port, args.grpc_port)
-        code = process.wait()
+        code = _wait_both(process, model, stopper)
     except ServeError as error:
         if stopper.asked:  # stopped while it was starting
             return stopper.stopped(process.wait())
@@ -368,6 +370,21 @@ def _serve(
         stopper.stop(signal.SIGINT, None)
         code = process.wait()
     return stopper.stopped(code) if stopper.asked else code
+
+
+def _wait_both(triton: subprocess.Popen, model: subprocess.Popen | None, stopper: _Stopper) -> int:
+    """Triton's exit code. A model server that exits first (a rank died: torchrun ends the
+    others) stops Triton too, with one line, instead of leaving clients waiting on nothing."""
+    while True:
+        try:
+            return triton.wait(timeout=MODEL_SERVER_POLL_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        if model is not None and model.poll() is not None and not stopper.asked:
+            raise ServeError(
+                f"the model server exited with code {model.returncode} (a model rank failed; "
+                "its log is above): stopping the Triton server"
+            )
 
 
 class _Stopper:
