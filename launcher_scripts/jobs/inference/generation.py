@@ -570,14 +570,6 @@ class BeamTask(_PromptsTask):
 # Entry points.
 
 
-def peak_batch(prompt_tokens: Sequence[int], params: GenerationParams) -> tuple[int, int]:
-    """(rows, width) of the largest `logits_fn` call generating from prompts of these token
-    counts: every prompt's beams (one without beam search) at the last step, whose sequences
-    hold the prompt and all generated tokens but the last."""
-    rows = len(prompt_tokens) * params.beam_width
-    return rows, max(prompt_tokens) + params.tokens_to_generate - 1
-
-
 def task_for(
     tokenizer: Tokenizer,
     prompts: Sequence[str],

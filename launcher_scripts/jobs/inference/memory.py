@@ -155,21 +155,6 @@ def _left_in(folder: Path, limit_file: str, usage_file: str) -> int | None:
     return max(limit - max(usage - cache, 0), 0)
 
 
-def largest_fitting(
-    shape: ForwardShape, budget: Budget, rows: int, width: int, step: int = 1
-) -> int:
-    """The most rows (a multiple of `step`, at most `rows`) whose forward pass at `width` fits;
-    0 when not even `step` rows do."""
-    low, high = 0, rows // step
-    while low < high:  # the largest n with n * step rows fitting
-        middle = (low + high + 1) // 2
-        if budget.fits(shape.bytes_needed(middle * step, width)):
-            low = middle
-        else:
-            high = middle - 1
-    return low * step
-
-
 def slots_problem(
     shape: ForwardShape, budget: Budget, slots: int, positions: int, cache_per_slot: int
 ) -> str | None:
