@@ -7,8 +7,8 @@ part before and the decoder on the rest, and returns the decoder's logits at the
 positions. Greedy decoding, sampling, beam search, stop words and streaming then work as they
 do for GPT, at any TP/PP, with every rank computing the same logits.
 
-Like `runner.ModelRunner` there is no cache: each call runs the encoder and the decoder on the
-whole rows.
+There is no KV cache yet (the GPT family's is kv_cache.py): served through
+`generation.Recomputing`, each step runs the encoder and the decoder on the whole rows.
 """
 
 from __future__ import annotations
