@@ -8,9 +8,8 @@ finished one leaves it (and answers) at once, whatever the others still have to 
 
 Requests are admitted in order while the cache has slots for them (a request's prompts times
 its beams); one that could never fit is refused when submitted. A request cancelled (its
-client went away) drops its sequences at the next step. One TP/PP group answers in a single
-process's loop: every rank must make the same cache calls, which needs the calls broadcast from
-rank 0 (not built yet), so the loop is for one process today.
+client went away) drops its sequences at the next step. A TP/PP group runs the loop on rank 0
+over a `broadcast_cache.Leader`, whose cache calls the other ranks repeat.
 """
 
 from __future__ import annotations

@@ -174,37 +174,55 @@ class KVCache:
         self._move(-oldest)
 
 
-def bytes_per_slot(runner: Any, positions: int) -> int:
-    """What one slot of `positions` tokens takes in this rank's cache (keys and values)."""
+@dataclass(frozen=True)
+class _CachedLayer:
+    """What one attention layer of this rank keeps per position and slot."""
+
+    number: int  # megatron-core's layer_number: the key of the context's memory dict
+    groups: int  # key/value heads on this rank
+    key_size: int
+    value_size: int
+    dtype: torch.dtype
+
+
+def _cached_layers(runner: Any) -> list[_CachedLayer]:
     from megatron.core.transformer.attention import Attention
 
-    total = 0
+    layers = []
     for chunk in runner.chunks:
-        size = next(chunk.parameters()).dtype.itemsize
+        dtype = next(chunk.parameters()).dtype
         for module in chunk.modules():
             if isinstance(module, Attention):
-                width = module.key_hidden_size + module.val_hidden_size
-                total += positions * module.num_query_groups_per_partition * width * size
-    return total
+                layers.append(
+                    _CachedLayer(
+                        module.layer_number,
+                        module.num_query_groups_per_partition,
+                        module.key_hidden_size,
+                        module.val_hidden_size,
+                        dtype,
+                    )
+                )
+    return layers
+
+
+def bytes_per_slot(runner: Any, positions: int) -> int:
+    """What one slot of `positions` tokens takes in this rank's cache (keys and values)."""
+    return sum(
+        positions * layer.groups * (layer.key_size + layer.value_size) * layer.dtype.itemsize
+        for layer in _cached_layers(runner)
+    )
 
 
 def _allocate(runner: Any, slots: int, positions: int) -> dict[int, tuple[torch.Tensor, ...]]:
     """Empty key and value buffers for each attention layer of this rank, by layer number."""
-    from megatron.core.transformer.attention import Attention
-
     device = torch.device("cuda", torch.cuda.current_device()) if runner.on_gpu else "cpu"
     buffers = {}
-    for chunk in runner.chunks:
-        dtype = next(chunk.parameters()).dtype
-        for module in chunk.modules():
-            if not isinstance(module, Attention):
-                continue
-            groups = module.num_query_groups_per_partition
-            shape = (positions, slots, groups)
-            buffers[module.layer_number] = (
-                torch.zeros(*shape, module.key_hidden_size, dtype=dtype, device=device),
-                torch.zeros(*shape, module.val_hidden_size, dtype=dtype, device=device),
-            )
+    for layer in _cached_layers(runner):
+        shape = (positions, slots, layer.groups)
+        buffers[layer.number] = (
+            torch.zeros(*shape, layer.key_size, dtype=layer.dtype, device=device),
+            torch.zeros(*shape, layer.value_size, dtype=layer.dtype, device=device),
+        )
     if not buffers:
         raise ValueError("the model has no attention layers to cache")
     return buffers
