@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,23 +15,27 @@ from launcher_scripts.jobs.export.vllm_repository import ENGINE_ARGS, render_con
 from tests.support.commands import assert_one_line_error, run_main
 
 
-def hf_dir_of(default_run: Path) -> Path:
-    hf = default_run / "results" / "gpt3_tiny" / "convert_nemo" / "hf"
-    assert (hf / "config.json").is_file()
-    return hf
+def export_with_vllm(default_run: Path, results: Path, *overrides: str) -> Any:
+    """main.py's export of the default run's converted model, with the vLLM repository from
+    its Hugging Face export."""
+    converted = default_run / "results" / "gpt3_tiny" / "convert_nemo"
+    assert (converted / "hf" / "config.json").is_file()
+    return run_main(
+        "stages=[export]",
+        f"base_results_dir={results}",
+        f"export.model.nemo_file={converted / 'megatron_gpt.nemo'}",
+        "export.vllm.enabled=true",
+        f"export.vllm.hf_dir={converted / 'hf'}",
+        *overrides,
+    )
 
 
 def test_the_export_writes_a_vllm_repository_of_the_hf_export(
     default_run: Path, tmp_path: Path
 ) -> None:
-    hf = hf_dir_of(default_run)
-    model = default_run / "results" / "gpt3_tiny" / "convert_nemo" / "megatron_gpt.nemo"
-    result = run_main(
-        "stages=[export]",
-        f"base_results_dir={tmp_path}",
-        f"export.model.nemo_file={model}",
-        "export.vllm.enabled=true",
-        f"export.vllm.hf_dir={hf}",
+    result = export_with_vllm(
+        default_run,
+        tmp_path,
         "export.vllm.max_model_len=128",
         "export.model.tensor_model_parallel_size=2",
     )
@@ -39,6 +44,7 @@ def test_the_export_writes_a_vllm_repository_of_the_hf_export(
     assert (folder / "config.pbtxt").read_text() == render_config("gpt3_tiny")
     args = json.loads((folder / "1" / "model.json").read_text())
     assert set(args) <= ENGINE_ARGS
+    hf = default_run / "results" / "gpt3_tiny" / "convert_nemo" / "hf"
     assert args["model"] == str(hf) and args["tensor_parallel_size"] == 2
     assert args["max_model_len"] == 128 and args["dtype"] == "auto"
 
@@ -55,14 +61,5 @@ def test_the_export_writes_a_vllm_repository_of_the_hf_export(
 def test_bad_vllm_settings_are_one_line(
     default_run: Path, tmp_path: Path, override: str, key: str
 ) -> None:
-    model = default_run / "results" / "gpt3_tiny" / "convert_nemo" / "megatron_gpt.nemo"
-    result = run_main(
-        "stages=[export]",
-        f"base_results_dir={tmp_path}",
-        f"export.model.nemo_file={model}",
-        "export.vllm.enabled=true",
-        f"export.vllm.hf_dir={hf_dir_of(default_run)}",
-        override,
-    )
-    assert_one_line_error(result, key)
+    assert_one_line_error(export_with_vllm(default_run, tmp_path, override), key)
     assert not (tmp_path / "gpt3_tiny" / "export").exists()

@@ -73,6 +73,32 @@ def platform_cpu() -> str:
     return f"{os.cpu_count()} cores"
 
 
+class StepEnds(Exception):  # noqa: N818  (not an error: the step ends with this record)
+    """The step cannot run here: its record is this status and reason (suite.child_main)."""
+
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.record = {"status": status, "reason": reason}
+
+
+def on_gpu(context: Context) -> bool:
+    """Whether the step runs on the GPU (False: the rehearsal, on CPU); a GPU run on a machine
+    without CUDA ends the step as skipped."""
+    if context.rehearse:
+        return False
+    if not cuda():
+        raise StepEnds("skipped", "needs CUDA")
+    return True
+
+
+def converted_model(context: Context) -> Path:
+    """The conversion step's portable file, which the steps after it read."""
+    model_file = context.work / "converted" / "megatron_gpt.nemo"
+    if not model_file.exists():
+        raise StepEnds("failed", "the conversion step left no portable file")
+    return model_file
+
+
 # --- the matmul ceiling ---------------------------------------------------------------------
 
 
@@ -80,12 +106,10 @@ def ceiling(context: Context) -> dict:
     """Dense matmul TFLOP/s: bf16 8192^3 on the GPU; fp32 512^3 on CPU in the rehearsal."""
     import torch
 
-    if not context.rehearse and not torch.cuda.is_available():
-        return {"status": "skipped", "reason": "needs CUDA"}
-    if context.rehearse:
-        size, dtype, device, repeats = 512, torch.float32, "cpu", 10
-    else:
+    if on_gpu(context):
         size, dtype, device, repeats = 8192, torch.bfloat16, "cuda", 50
+    else:
+        size, dtype, device, repeats = 512, torch.float32, "cpu", 10
     a = torch.randn(size, size, dtype=dtype, device=device)
     b = torch.randn(size, size, dtype=dtype, device=device)
 
@@ -232,9 +256,7 @@ def training(context: Context) -> dict:
     """gpt3/126m (rehearsal: gpt3/tiny, fp32, CPU) through main.py: the loss falls; tokens/s,
     model TFLOP/s and its fraction of the matmul ceiling; the bare megatron-core loop's step time
     on the same recipe (overhead goal <= 1.03); then the TE spec and FP8 where TE imports."""
-    gpu = not context.rehearse and cuda()
-    if not context.rehearse and not gpu:
-        return {"status": "skipped", "reason": "needs CUDA"}
+    gpu = on_gpu(context)
     prepare_data(context)
     ours = train_once(context, "gpt-train", gpu, [])
     figures = {k: v for k, v in ours.items() if k != "overrides"}
@@ -359,9 +381,7 @@ def memory(context: Context) -> dict:
     planned and dry-run, and the layouts without recomputation (refused on CPU) train tiny."""
     import torch
 
-    gpu = not context.rehearse and cuda()
-    if not context.rehearse and not gpu:
-        return {"status": "skipped", "reason": "needs CUDA"}
+    gpu = on_gpu(context)
     prepare_data(context)
     figures: dict = {}
     reasons = []
@@ -424,9 +444,7 @@ def recompute(context: Context) -> dict:
     with full recomputation: each trains, and the measured peak falls in the order the plan
     says. Context parallelism needs two GPUs: with one it is reported skipped. Rehearsal:
     recomputation is refused on CPU, so each GPU command is planned and dry-run."""
-    gpu = not context.rehearse and cuda()
-    if not context.rehearse and not gpu:
-        return {"status": "skipped", "reason": "needs CUDA"}
+    gpu = on_gpu(context)
     prepare_data(context)
     figures: dict = {}
     reasons = []
@@ -473,9 +491,7 @@ ENCODER_STEPS_GPU, ENCODER_STEPS_CPU = 50, 12
 def encoders(context: Context) -> dict:
     """t5/tiny and bert/tiny through main.py (their data preparation, then training): bf16 on
     the GPU, fp32 on CPU in the rehearsal; each runs and its loss falls."""
-    gpu = not context.rehearse and cuda()
-    if not context.rehearse and not gpu:
-        return {"status": "skipped", "reason": "needs CUDA"}
+    gpu = on_gpu(context)
     steps = ENCODER_STEPS_GPU if gpu else ENCODER_STEPS_CPU
     figures: dict = {}
     reasons = []
@@ -534,9 +550,7 @@ def conversion(context: Context) -> dict:
     on the device (fp32 on CPU in the rehearsal) and its logits for a few tokens are finite."""
     import torch
 
-    gpu = not context.rehearse and cuda()
-    if not context.rehearse and not gpu:
-        return {"status": "skipped", "reason": "needs CUDA"}
+    gpu = on_gpu(context)
     trained = context.work / "gpt-train"
     if not (trained / "checkpoints").is_dir():
         return {"status": "failed", "reason": "the training step left no checkpoint"}
@@ -581,12 +595,8 @@ def generation(context: Context) -> dict:
     cache: 8 prompts x 32 new tokens at batch 8 (rehearsal: 4 x 8 on CPU), generated tokens/s;
     then 16 requests (rehearsal: 8) through the model server's in-flight loop, all at once
     against one at a time."""
-    gpu = not context.rehearse and cuda()
-    if not context.rehearse and not gpu:
-        return {"status": "skipped", "reason": "needs CUDA"}
-    model_file = context.work / "converted" / "megatron_gpt.nemo"
-    if not model_file.exists():
-        return {"status": "failed", "reason": "the conversion step left no portable file"}
+    gpu = on_gpu(context)
+    model_file = converted_model(context)
     from launcher_scripts.jobs.inference.generation import GenerationParams, generate
     from launcher_scripts.jobs.inference.runner import close_runner
     from launcher_scripts.jobs.inference.served import open_served
@@ -717,13 +727,9 @@ def evaluation(context: Context) -> dict:
     with transformers' on the Hugging Face export (same device and dtype). Then main.py's
     evaluation stage runs the offline tasks where lm-eval's evaluator imports (datasets needs
     the machine's pyarrow); in the rehearsal that command is dry-run."""
-    gpu = not context.rehearse and cuda()
-    if not context.rehearse and not gpu:
-        return {"status": "skipped", "reason": "needs CUDA"}
-    converted = context.work / "converted"
-    model_file = converted / "megatron_gpt.nemo"
-    if not model_file.exists():
-        return {"status": "failed", "reason": "the conversion step left no portable file"}
+    gpu = on_gpu(context)
+    model_file = converted_model(context)
+    converted = model_file.parent
     from lm_eval.api.instance import Instance
 
     from launcher_scripts.jobs.evaluation.lm_adapter import MegatronLM
@@ -881,12 +887,8 @@ def finetuning(context: Context) -> dict:
     """Full fine-tuning (SFT) and LoRA of the conversion step's portable file through main.py's
     fine_tuning and peft stages: each trains and its validation loss falls; step time, and the
     size of the LoRA file."""
-    gpu = not context.rehearse and cuda()
-    if not context.rehearse and not gpu:
-        return {"status": "skipped", "reason": "needs CUDA"}
-    base = context.work / "converted" / "megatron_gpt.nemo"
-    if not base.exists():
-        return {"status": "failed", "reason": "the conversion step left no portable file"}
+    gpu = on_gpu(context)
+    base = converted_model(context)
     import tempfile
 
     import launcher_scripts.families  # noqa: F401  (registers the shapes the file reader checks)
@@ -943,9 +945,7 @@ EMBEDDING = "embedding.word_embeddings.weight"
 def probe(context: Context) -> dict:
     """csp_tools.validation.node_probe on this node: on the GPU its bf16 matmul and copy bandwidth
     against the published figures and against this run's ceiling; on CPU its CPU checks."""
-    gpu = not context.rehearse and cuda()
-    if not context.rehearse and not gpu:
-        return {"status": "skipped", "reason": "needs CUDA"}
+    gpu = on_gpu(context)
     command = [sys.executable, "-m", "csp_tools.validation.node_probe"]
     command += ["--expect-gpus", "1"] if gpu else []
     result = context.run(command, timeout=180)

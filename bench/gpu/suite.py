@@ -72,6 +72,8 @@ def child_main(name: str, scratch: Path, rehearse: bool) -> int:
     context.work.mkdir(parents=True, exist_ok=True)
     try:
         record = steps.STEPS[name].run(context)
+    except steps.StepEnds as ended:
+        record = dict(ended.record)
     except Exception as error:  # noqa: BLE001  (any error fails this step only)
         import traceback
 

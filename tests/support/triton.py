@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from launcher_scripts.jobs.export.install import bundled_server, default_venv, venv_python
 from tests.support import REPO, missing
@@ -20,30 +23,23 @@ from tests.support.commands import ONE_THREAD, run_module
 READY_TIMEOUT = 1200
 
 
-@contextlib.contextmanager
-def triton_server(export_dir: Path) -> Iterator[tuple[int, int]]:
-    """`python3 -m launcher_scripts serve EXPORT_DIR` running until the block ends, as a user
-    starts it; yields its (HTTP, gRPC) ports. Its log is EXPORT_DIR/serve.log."""
-    from launcher_scripts.ports import free_port
+def serve_command(export_dir: Path, *options: str) -> list[str]:
+    """`python3 -m launcher_scripts serve EXPORT_DIR`, as a user starts it."""
+    command = [sys.executable, "-m", "launcher_scripts", "serve", str(export_dir)]
+    return [*command, f"--ready-timeout={READY_TIMEOUT}", *options]
 
-    http_port, grpc_port = free_port(), free_port()
-    log = export_dir / "serve.log"
+
+def started_serve(export_dir: Path, log: Path, *options: str, **popen: Any) -> subprocess.Popen:
+    """`serve EXPORT_DIR options...`, its output in `log`, once it says it is ready (killed, its
+    log shown, if it stops or does not get there)."""
     with log.open("w") as output:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "launcher_scripts",
-                "serve",
-                str(export_dir),
-                f"--http-port={http_port}",
-                f"--grpc-port={grpc_port}",
-                f"--ready-timeout={READY_TIMEOUT}",
-            ],
+            serve_command(export_dir, *options),
             stdout=output,
             stderr=subprocess.STDOUT,
             cwd=REPO,
             env=ONE_THREAD,
+            **popen,
         )
     try:
         deadline = time.monotonic() + READY_TIMEOUT + 60
@@ -51,6 +47,48 @@ def triton_server(export_dir: Path) -> Iterator[tuple[int, int]]:
             assert process.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(0.5)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return process
+
+
+def logged(log: Path, pattern: str, process: subprocess.Popen, timeout: float = 600) -> None:
+    """Until `pattern` (a regular expression) is in `log`; fails if `process` stops first (the
+    timeout only bounds a test that would otherwise hang)."""
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, log.read_text()):
+        assert process.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.2)
+
+
+def model_server_processes(serve_pid: int) -> list[psutil.Process]:
+    """The model server's processes under `serve` (torchrun and its ranks, or the one process)."""
+    found = [
+        process
+        for process in psutil.Process(serve_pid).children(recursive=True)
+        if "launcher_scripts.jobs.inference.model_server" in process.cmdline()
+    ]
+    assert found, f"no model server under serve (pid {serve_pid})"
+    return found
+
+
+@contextlib.contextmanager
+def triton_server(export_dir: Path) -> Iterator[tuple[int, int]]:
+    """`python3 -m launcher_scripts serve EXPORT_DIR` running until the block ends, as a user
+    starts it; yields its (HTTP, gRPC) ports. Its log is EXPORT_DIR/serve.log."""
+    from launcher_scripts.ports import free_port
+
+    http_port, grpc_port = free_port(), free_port()
+    process = started_serve(
+        export_dir,
+        export_dir / "serve.log",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+    )
+    try:
         yield http_port, grpc_port
     finally:
         process.send_signal(signal.SIGINT)

@@ -19,20 +19,22 @@ running on for nobody while other clients wait.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import http.client
 import json
 import math
 import re
-import select
-import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.jobs.hangup import HangupWatch
+from launcher_scripts.jobs.inference.model_server import answer_lines
 from launcher_scripts.recipes.triton_interface import (
     ALL_CANCELLED,
     PARAMETERS,
@@ -325,7 +327,7 @@ class _Handler(BaseHTTPRequestHandler):
         request_id, body = self._tag(headers, body)
         watch = None
         if request_id is not None:
-            watch = _ClientWatch(self.connection, request_id, self.server)
+            watch = HangupWatch(self.connection, partial(self.server.cancel, request_id))
         backend = http.client.HTTPConnection("127.0.0.1", self.server.backend_port)
         try:
             try:
@@ -346,7 +348,7 @@ class _Handler(BaseHTTPRequestHandler):
             backend.close()
             if watch is not None:
                 watch.stop()
-                self.server.forget(watch.request_id)
+                self.server.forget(request_id)
 
     def _openai(self) -> None:
         """OpenAI's API (openai_api.py), answered from the model server."""
@@ -379,12 +381,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._reply(400, b'{"error":{"message":"the chunked request body is malformed"}}')
             return
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.connect(str(self.server.model_server))
-            connection.sendall(json.dumps(message).encode() + b"\n")
-            lines = (json.loads(line) for line in connection.makefile("rb") if line.strip())
+        # Closing the answer's lines (a client gone mid-stream raises while they are read)
+        # closes the connection to the model server, which then frees the request's slots.
+        with contextlib.closing(answer_lines(self.server.model_server, message)) as lines:
             if not stream:
-                answer = next(lines, {"error": "the model server closed the connection"})
+                try:
+                    answer = next(lines)
+                except OSError as error:  # the model server went away
+                    answer = {"error": str(error), "status": 500}
                 if "error" in answer:
                     error = api.api_error(answer)
                     self._reply(error.status, error.body())
@@ -396,8 +400,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            # A client gone mid-stream raises here; closing the connection to the model server
-            # then frees the request's slots.
             for event in api.stream_events(kind, served, lines):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
                 self.wfile.flush()
@@ -470,35 +472,3 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-
-
-class _ClientWatch:
-    """Watches a client's connection while its request is with the model: a connection that
-    the client closed reads as end-of-file, and the request is marked cancelled."""
-
-    POLL_SECONDS = 0.2
-
-    def __init__(self, connection: socket.socket, request_id: str, front: Front) -> None:
-        self.request_id = request_id
-        self._connection = connection
-        self._gone: Callable[[str], None] = front.cancel
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="client-watch", daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                readable, _, _ = select.select([self._connection], [], [], self.POLL_SECONDS)
-                if not readable:
-                    continue
-                ahead = self._connection.recv(1, socket.MSG_PEEK)
-            except (OSError, ValueError):  # reset, or closed by the handler meanwhile
-                ahead = b""
-            if not ahead and not self._stopped.is_set():
-                self._gone(self.request_id)
-            return  # gone, or it sent its next request: it is there
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join()

@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import locale
 import os
-import select
-import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
@@ -29,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from launcher_scripts.jobs.inference.model_server import Withdrawn, answer_lines
 from launcher_scripts.recipes.triton_interface import (
     ALL_CANCELLED,
     CANCELLED_REQUESTS_VARIABLE,
@@ -64,10 +63,6 @@ except ImportError:  # imported by tests and tools outside the server
 
 class RequestError(ValueError):
     """A request the model cannot serve, with the message the client sees."""
-
-
-class Cancelled(Exception):
-    """The request's client went away, or the server is stopping: stop waiting for it."""
 
 
 CANCELLED_MESSAGE = "cancelled: the client went away or the server is stopping"
@@ -242,9 +237,12 @@ class TritonPythonModel:
         def ask_group(number: int, group: list[Row]) -> None:
             message = {"prompts": [row.prompt for row in group], "params": _params(group[0])}
             try:
-                answer = ask_model_server(self.server, message, watched[number][1])
-            except Cancelled:
+                answer = list(answer_lines(self.server, message, watched[number][1]))[-1]
+            except Withdrawn:
                 cancelled.add(number)
+                return
+            except OSError as error:  # the model server went away (ConnectionError)
+                errors[number] = str(error)
                 return
             if "error" in answer:
                 errors[number] = answer["error"]
@@ -284,17 +282,15 @@ class TritonPythonModel:
             request_id, cancelled = self._cancellation(request)
             message = {"prompts": [row.prompt], "params": _params(row), "stream": True}
 
-            def piece(line: dict[str, Any]) -> None:
+            for line in answer_lines(self.server, message, cancelled):
                 if "text" in line:
                     sender.send(_response([line["text"]], [""]))
-
-            answer = ask_model_server(self.server, message, cancelled, piece)
-            if "error" in answer:
-                raise RequestError(answer["error"])
-        except RequestError as error:
+                elif "error" in line:
+                    raise RequestError(line["error"])
+        except (RequestError, OSError) as error:  # OSError: the model server went away
             sender.send(_error_response(str(error)), flags=final)
             return
-        except Cancelled:
+        except Withdrawn:
             self._say_cancelled([request_id])
             sender.send(_error_response(CANCELLED_MESSAGE, "CANCELLED"), flags=final)
             return
@@ -310,38 +306,6 @@ def _params(row: Row) -> dict[str, Any]:
     values = {field.name: getattr(row.params, field.name) for field in fields(row.params)}
     values["stop_words"] = list(values["stop_words"])
     return values
-
-
-def ask_model_server(
-    path: str,
-    message: dict[str, Any],
-    cancelled: Callable[[], bool],
-    on_line: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """Send one request to the model server and read its answer lines until the last one,
-    passing each to `on_line`; raise Cancelled (closing the connection, which makes the server
-    drop the request) as soon as `cancelled()`."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.connect(path)
-        connection.sendall(json.dumps(message).encode() + b"\n")
-        buffered = b""
-        while True:
-            readable, _, _ = select.select([connection], [], [], 0.1)
-            if cancelled():
-                raise Cancelled()
-            if not readable:
-                continue
-            chunk = connection.recv(65536)
-            if not chunk:
-                raise RequestError("the model server closed the connection without an answer")
-            buffered += chunk
-            while b"\n" in buffered:
-                line, buffered = buffered.split(b"\n", 1)
-                answer = json.loads(line)
-                if on_line is not None:
-                    on_line(answer)
-                if "text" not in answer:
-                    return answer
 
 
 def _response(texts: list[str], reasons: list[str]) -> Any:

@@ -34,24 +34,32 @@ import socket
 import socketserver
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.jobs.hangup import HangupWatch
 from launcher_scripts.recipes.generation_params import GenerationParams
 
 PARAMETERS = tuple(field.name for field in dataclasses.fields(GenerationParams))
+ANSWER_POLL_SECONDS = 0.1  # how soon a client's cancellation is seen while it waits
 
 
 class BadRequest(ValueError):
     """A request that cannot be served: one line for its client."""
 
 
-def parse(line: bytes) -> tuple[list[str], GenerationParams, bool]:
-    """(prompts, params, stream) of a request line, or BadRequest naming what is wrong."""
+def decoded(line: bytes) -> Any:
     try:
-        request = json.loads(line)
+        return json.loads(line)
     except (ValueError, UnicodeDecodeError) as error:
         raise BadRequest(f"the request is not JSON: {error}") from None
+
+
+def parse(request: Any) -> tuple[list[str], GenerationParams, bool]:
+    """(prompts, params, stream) of a decoded request, or BadRequest naming what is wrong."""
     if not isinstance(request, dict):
         raise BadRequest("the request must be a JSON object with prompts and params")
     unknown = sorted(set(request) - {"prompts", "params", "stream"})
@@ -112,13 +120,11 @@ class _Handler(socketserver.StreamRequestHandler):
         if not line.strip():
             return
         try:
-            if json.loads(line) == {"stats": True}:
+            request = decoded(line)
+            if request == {"stats": True}:
                 self._send(self.server.stats())
                 return
-        except ValueError:
-            pass
-        try:
-            prompts, params, stream = parse(line)
+            prompts, params, stream = parse(request)
             prompt_tokens = self.server.check_lengths(prompts, params)
             problem = too_many_tokens(len(prompts), params, self.server.max_request_tokens)
             if problem:
@@ -129,10 +135,20 @@ class _Handler(socketserver.StreamRequestHandler):
         except ValueError as error:  # BadRequest, Refused, a prompt too long for the model
             self._send({"error": str(error), "status": 400})
             return
-        watcher = threading.Thread(target=self._watch, args=(future,), daemon=True)
-        watcher.start()
+        # A client that closes its connection before its answer frees its slots. The watch is
+        # stopped after the answer is sent: its clients read up to the answer, not to the end.
+        watch = HangupWatch(self.connection, partial(self.server.loop.cancel, future))
         try:
-            if stream:
+            self._answer(future, pieces if stream else None, prompt_tokens)
+        finally:
+            watch.stop()
+
+    def _answer(
+        self, future: Any, pieces: queue.Queue[str | None] | None, prompt_tokens: list[int]
+    ) -> None:
+        """The request's answer: its stream's pieces then its end, or its texts; or its error."""
+        try:
+            if pieces is not None:
                 self._relay(pieces, future)
             completions = future.result()
         except Exception as error:  # noqa: BLE001  (the request's own failure, one line)
@@ -140,7 +156,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._send({"error": f"{type(error).__name__}: {error}", "status": 500})
             return
         with contextlib.suppress(OSError):  # the client may be gone by now
-            if stream:
+            if pieces is not None:
                 self._send({"finish_reason": completions[0].finish_reason, "done": True})
             else:
                 self._send(
@@ -164,18 +180,6 @@ class _Handler(socketserver.StreamRequestHandler):
             if piece is None:
                 return
             self._send({"text": piece})
-
-    def _watch(self, future: Any) -> None:
-        """Cancel the request if its client closes the connection before the answer."""
-        while not future.done():
-            try:
-                readable, _, _ = select.select([self.connection], [], [], 0.2)
-                gone = bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
-            except (OSError, ValueError):  # the connection was closed after the answer
-                return
-            if gone:
-                self.server.loop.cancel(future)
-                return
 
     def _send(self, message: dict[str, Any]) -> None:
         self.wfile.write(json.dumps(message).encode() + b"\n")
@@ -227,14 +231,49 @@ class _Server(socketserver.ThreadingUnixStreamServer):
         return {"live": len(self.loop.engine.cache.live), "steps": self.loop.engine.steps}
 
 
-def ask(path: str | Path, request: dict[str, Any], timeout: float = 300) -> list[dict[str, Any]]:
-    """Send one request to a model server; every line it answers, in order."""
+class Withdrawn(Exception):
+    """The asker stopped waiting (its client went away): the connection to the model server
+    was closed, which makes it drop the request."""
+
+
+def answer_lines(
+    path: str | Path,
+    request: dict[str, Any],
+    cancelled: Callable[[], bool] | None = None,
+    timeout: float | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Send one request to a model server and yield its answer lines as they come, ending
+    after the last one (an answer, a stream's end, an error, stats). Raises Withdrawn as soon
+    as `cancelled()`, ConnectionError if the server closes without an answer, TimeoutError
+    after `timeout` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.settimeout(timeout)
         connection.connect(str(path))
         connection.sendall(json.dumps(request).encode() + b"\n")
-        with connection.makefile("rb") as answers:
-            return [json.loads(line) for line in answers if line.strip()]
+        buffered = b""
+        while True:
+            readable, _, _ = select.select([connection], [], [], ANSWER_POLL_SECONDS)
+            if cancelled is not None and cancelled():
+                raise Withdrawn()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from the model server in {timeout:.0f} s")
+            if not readable:
+                continue
+            chunk = connection.recv(65536)
+            if not chunk:
+                raise ConnectionError("the model server closed the connection without an answer")
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                answer = json.loads(line)
+                yield answer
+                if "text" not in answer:
+                    return
+
+
+def ask(path: str | Path, request: dict[str, Any], timeout: float = 300) -> list[dict[str, Any]]:
+    """Send one request to a model server; every line it answers, in order."""
+    return list(answer_lines(path, request, timeout=timeout))
 
 
 def cache_problem(served: Any, slots: int) -> str | None:
