@@ -17,6 +17,7 @@ OPERATIONS = ("status", "logs", "cancel")
 # A command word, and the module whose main() runs it; the word is removed from argv for these.
 TOOLS = {
     "serve": "launcher_scripts.serving",
+    "client": "launcher_scripts.jobs.export.client",
     "merge-lora": "launcher_scripts.jobs.fine_tuning.merge_lora",
     "install-triton": "launcher_scripts.jobs.export.install",
 }

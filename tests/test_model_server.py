@@ -39,6 +39,15 @@ BAD = {
         "need 9 sequences at once; this server holds 8",
     ),
     "no prompts": ({"params": {}}, "prompts: give a non-empty list of strings"),
+    "not an id": (
+        {"prompts": [[5, 8000]], "params": {}},
+        "prompt: token id 8000 at position 1 is not an id of the model's tokenizer (0 to 7999)",
+    ),
+    "untokenizable": ({"tokenize": "A"}, "tokenize: give a list of strings"),
+    "unpaired": (
+        {"detokenize": [[5], [6]], "after": [[7]]},
+        "after has 1 prompt(s) for 2 generated sequence(s)",
+    ),
 }
 
 
@@ -111,6 +120,18 @@ def test_a_stream_is_the_answer_in_pieces(served: Path) -> None:
     whole = ask(served, {"prompts": [PROMPTS[0]], "params": GREEDY})[0]
     assert "".join(p["text"] for p in pieces[:-1]) == whole["texts"][0]
     assert pieces[-1] == {"finish_reason": whole["finish_reasons"][0], "done": True}
+
+
+def test_prompts_as_token_ids_answer_as_their_text_and_decode_back(served: Path) -> None:
+    """The ensemble's path: text -> ids (tokenize), generation on ids, ids -> text after the
+    prompt (detokenize) gives the text model's answer."""
+    ids = ask(served, {"tokenize": PROMPTS})[0]["ids"]
+    on_text = ask(served, {"prompts": PROMPTS, "params": GREEDY})[0]
+    on_ids = ask(served, {"prompts": ids, "params": GREEDY})[0]
+    assert on_ids == on_text
+    decoded = ask(served, {"detokenize": on_ids["tokens"], "after": ids})[0]["texts"]
+    assert decoded == on_text["texts"]
+    assert ask(served, {"detokenize": [[]]})[0]["texts"] == [""]
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_slots(served: Path) -> None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,14 @@ def server(exported: Path, triton_python: Path) -> Iterator[tuple[int, int]]:
 
 def test_export_writes_a_repository_that_the_job_checked(exported: Path) -> None:
     repository = exported / "model_repo"
-    assert sorted(p.name for p in repository.iterdir()) == ["gpt3_tiny", "gpt3_tiny_stream"]
+    assert sorted(p.name for p in repository.iterdir()) == [
+        "ensemble",
+        "gpt3_tiny",
+        "gpt3_tiny_stream",
+        "gpt3_tiny_tokens",
+        "postprocessing",
+        "preprocessing",
+    ]
     config = (repository / "gpt3_tiny" / "config.pbtxt").read_text()
     assert 'backend: "python"' in config and "dynamic_batching" in config
     assert "decoupled: true" in (repository / "gpt3_tiny_stream" / "config.pbtxt").read_text()
@@ -55,6 +63,121 @@ def test_triton_serves_what_in_process_generation_gives(
     assert "128 positions" in errors["too_many_tokens"]
     assert "top_p" in errors["bad_top_p"]
     assert "beam_width" in errors["stream_beam"]
+
+
+def test_the_ensemble_s_steps_fit_the_models_they_name(exported: Path) -> None:
+    """Every input and output the ensemble maps is one its step's model has, and every input
+    a step needs is an ensemble input or an earlier step's output (Triton refuses to load the
+    ensemble otherwise, naming neither the step nor the fix)."""
+    import re
+
+    from launcher_scripts.jobs.export.repository import config_inputs
+
+    repository = exported / "model_repo"
+    ensemble = (repository / "ensemble" / "config.pbtxt").read_text()
+    available = set(config_inputs(ensemble))
+    steps = re.findall(r"model_name: \"(\w+)\"(.*?)\n    }", ensemble, re.DOTALL)
+    assert [name for name, _ in steps] == ["preprocessing", "gpt3_tiny_tokens", "postprocessing"]
+    for name, body in steps:
+        config = (repository / name / "config.pbtxt").read_text()
+        inputs = config_inputs(config)
+        outputs = re.findall(r'name: "(\w+)"', config.split("output [", 1)[1])
+        mapped = dict(re.findall(r'input_map { key: "(\w+)" value: "(\w+)" }', body))
+        assert set(mapped) <= set(inputs) and set(mapped.values()) <= available, name
+        required = {n for n in inputs if f'name: "{n}"\n    data_type' in config}
+        required -= set(re.findall(r'name: "(\w+)"\n[^}]*optional: true', config))
+        assert required <= set(mapped), (name, required - set(mapped))
+        produced = dict(re.findall(r'output_map { key: "(\w+)" value: "(\w+)" }', body))
+        assert set(produced) <= set(outputs), name
+        available |= set(produced.values())
+
+
+def test_the_ensemble_answers_text_as_the_text_model_does(server: tuple[int, int]) -> None:
+    """Text in, through preprocessing, the model on ids and postprocessing: the text model's
+    greedy text, and the generated ids that spell it."""
+    port = server[0]
+    greedy = {"tokens_to_generate": 12, "top_k": 1}
+    texts, ids = [], []
+    for prompt in PROMPTS:
+        status, plain = post(
+            port, "/v2/models/gpt3_tiny/generate", {"text_input": prompt, **greedy}
+        )
+        assert status == 200, plain
+        status, chained = post(
+            port, "/v2/models/ensemble/generate", {"text_input": prompt, **greedy}
+        )
+        assert status == 200, chained
+        assert chained["text_output"] == plain["text_output"]
+        assert chained["sequence_length"] == len(chained["output_ids"]) <= 12
+        texts.append(plain["text_output"])
+        ids.append(chained["output_ids"])
+    # The model on ids, asked directly with the prompts' ids, generates the same ids.
+    status, prompt_ids = post(port, "/v2/models/preprocessing/infer", text_rows(PROMPTS))
+    assert status == 200, prompt_ids
+    outputs = {o["name"]: o for o in prompt_ids["outputs"]}
+    request = {
+        "inputs": [
+            {**outputs["input_ids"], "datatype": "INT32"},
+            {**outputs["input_lengths"], "datatype": "INT32"},
+            *[
+                {"name": k, "datatype": "INT32", "shape": [len(PROMPTS), 1], "data": [v] * 3}
+                for k, v in greedy.items()
+            ],
+        ]
+    }
+    status, on_ids = post(port, "/v2/models/gpt3_tiny_tokens/infer", request)
+    assert status == 200, on_ids
+    outputs = {o["name"]: o for o in on_ids["outputs"]}
+    width = outputs["output_ids"]["shape"][1]
+    rows = [outputs["output_ids"]["data"][i * width : (i + 1) * width] for i in range(3)]
+    lengths = outputs["sequence_length"]["data"]
+    assert [row[:length] for row, length in zip(rows, lengths, strict=True)] == ids
+    assert all(set(row[length:]) <= {-1} for row, length in zip(rows, lengths, strict=True))
+
+
+def test_bad_token_ids_get_a_400_naming_the_id_and_the_vocabulary(
+    server: tuple[int, int],
+) -> None:
+    port = server[0]
+    ids = {"name": "input_ids", "datatype": "INT32", "shape": [1, 2], "data": [[5, 8000]]}
+    status, answer = post(port, "/v2/models/gpt3_tiny_tokens/infer", {"inputs": [ids]})
+    assert status == 400
+    assert (
+        "token id 8000 at position 1 is not an id of the model's tokenizer (0 to 7999)"
+        in (answer["error"])
+    )
+    lengths = {"name": "input_lengths", "datatype": "INT32", "shape": [1, 1], "data": [[3]]}
+    status, answer = post(port, "/v2/models/gpt3_tiny_tokens/infer", {"inputs": [ids, lengths]})
+    assert status == 400 and "input_lengths 3 is not within the row's 2 ids" in answer["error"]
+    status, answer = post(port, "/v2/models/gpt3_tiny_tokens/generate", {"text_input": "A"})
+    assert status == 400
+    assert answer["error"].startswith("unknown key 'text_input': the inputs are input_ids,")
+
+
+def test_the_client_command_prints_the_ensemble_s_text(server: tuple[int, int]) -> None:
+    """The reference's end-to-end client: prompts in, each prompt and its text out."""
+    from tests.support.commands import run_ops
+
+    port = server[0]
+    status, plain = post(
+        port, "/v2/models/gpt3_tiny/generate", {"text_input": PROMPTS[0], "tokens_to_generate": 8}
+    )
+    assert status == 200, plain
+    result = run_ops("client", f"localhost:{port}", PROMPTS[0], "--tokens-to-generate=8")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"{PROMPTS[0]}{plain['text_output']}  [{plain['finish_reason']}]"
+    ]
+    bad = run_ops("client", f"localhost:{port}", "A", "--top-k=-1")
+    assert_one_line_error(bad, "top_k: -1 is not allowed")
+
+
+def text_rows(prompts: list[str]) -> dict[str, Any]:
+    return {
+        "inputs": [
+            {"name": "text_input", "datatype": "BYTES", "shape": [len(prompts), 1], "data": prompts}
+        ]
+    }
 
 
 def test_install_triton_again_installs_nothing_and_says_so(triton_python: Path) -> None:

@@ -16,6 +16,18 @@ TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 FINISH_REASON = "finish_reason"
 STREAM_SUFFIX = "_stream"  # the decoupled (streaming) twin of a served model
+# The ensemble (the reference's section 6.2): text -> preprocessing -> the model on token ids
+# (TOKENS_SUFFIX) -> postprocessing -> text. Rows of ids are padded with PAD_ID after their
+# length.
+TOKENS_SUFFIX = "_tokens"
+PREPROCESSING = "preprocessing"
+POSTPROCESSING = "postprocessing"
+ENSEMBLE = "ensemble"
+INPUT_IDS = "input_ids"
+INPUT_LENGTHS = "input_lengths"
+OUTPUT_IDS = "output_ids"
+SEQUENCE_LENGTH = "sequence_length"
+PAD_ID = -1
 
 
 @dataclass(frozen=True)

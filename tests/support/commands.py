@@ -49,7 +49,7 @@ def ctrl_c_as_in_a_terminal() -> None:
 
 
 def run_ops(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python3 -m launcher_scripts status|logs|cancel ...`."""
+    """`python3 -m launcher_scripts COMMAND ...` (status, logs, cancel, client, ...)."""
     return subprocess.run(
         [sys.executable, "-m", "launcher_scripts", *args],
         capture_output=True,

@@ -42,9 +42,10 @@ from launcher_scripts.recipes.triton_interface import (
     TEXT_INPUT,
 )
 
-INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
-GENERATE = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?$")
-# The datatype of each input the served models take, for generate requests (keys, not inputs).
+INFER = re.compile(r"^/v2/models/([^/]+)(/versions/[^/]+)?/infer$")
+GENERATE = re.compile(r"^/v2/models/([^/]+)(/versions/[^/]+)?/generate(_stream)?$")
+# The datatype of each input the text models take; the front is given every model's own
+# (repository.config_inputs), and checks a model it was not told of against these.
 INPUT_TYPES = {TEXT_INPUT: "BYTES"} | {p.name: p.client_type for p in PARAMETERS}
 # Keys of a generate request that are no input: Triton's own.
 GENERATE_KEYS = ("id", "parameters")
@@ -65,11 +66,19 @@ class BadRequest(ValueError):
     """What is wrong with a request, as the client will read it."""
 
 
-def check_request(path: str, body: bytes, headers: Mapping[str, str]) -> None:
-    """Raise BadRequest when an infer or generate request's JSON is not one Triton can take."""
+def check_request(
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    inputs: Mapping[str, Mapping[str, str]] | None = None,
+) -> None:
+    """Raise BadRequest when an infer or generate request's JSON is not one Triton can take.
+    `inputs`: each model's inputs (name -> datatype); a model not in it takes INPUT_TYPES."""
     path = path.split("?", 1)[0]
     if headers.get("Content-Encoding"):  # compressed: Triton decodes and checks it
         return
+    found = INFER.match(path) or GENERATE.match(path)
+    types = dict((inputs or {}).get(found.group(1), INPUT_TYPES)) if found else INPUT_TYPES
     if INFER.match(path):
         header = headers.get("Inference-Header-Content-Length")
         if header is not None:
@@ -79,9 +88,9 @@ def check_request(path: str, body: bytes, headers: Mapping[str, str]) -> None:
                     f"the {len(body)}-byte body"
                 )
             body = body[: int(header)]
-        _check_infer(_parse(body))
+        _check_infer(_parse(body), types)
     elif GENERATE.match(path):
-        _check_generate(_parse(body), path)
+        _check_generate(_parse(body), path, types)
 
 
 def _parse(body: bytes) -> Any:
@@ -104,7 +113,7 @@ def _no_constant(name: str) -> None:
     raise BadRequest(f"the request body holds {name}, which is not JSON: send a finite number")
 
 
-def _check_infer(request: Any) -> None:
+def _check_infer(request: Any, types: Mapping[str, str]) -> None:
     if not isinstance(request, dict):
         raise BadRequest(
             f'the request body is {_kind(request)}; send a JSON object with an "inputs" list '
@@ -121,8 +130,8 @@ def _check_infer(request: Any) -> None:
         name = tensor.get("name")
         if not isinstance(name, str):
             raise BadRequest(f'inputs[{index}]: "name" must be a string')
-        if name not in INPUT_TYPES:
-            raise BadRequest(f"input {name!r} is not one this model takes: {_suggest(name)}")
+        if name not in types:
+            raise BadRequest(f"input {name!r} is not one this model takes: {_suggest(name, types)}")
         datatype = tensor.get("datatype")
         if not isinstance(datatype, str):
             raise BadRequest(f'input {name!r}: "datatype" must be a string such as "INT32"')
@@ -137,40 +146,41 @@ def _check_infer(request: Any) -> None:
         if "data" not in tensor:
             raise BadRequest(f'input {name!r} has no "data"')
         _check_values(name, datatype, tensor["data"])
-    _check_batch(inputs)
+    _check_batch(inputs, next(iter(types)))
     for key, kind in (("outputs", list), ("parameters", dict), ("id", str)):
         if key in request and not isinstance(request[key], kind):
             raise BadRequest(f'"{key}" must be {_kind(kind())}')
 
 
-def _check_batch(inputs: list[dict[str, Any]]) -> None:
-    """Every input has a row per prompt (Triton's answer otherwise, "batch size does not
-    match other inputs", says neither which prompts nor what to send)."""
+def _check_batch(inputs: list[dict[str, Any]], rows: str) -> None:
+    """Every input has a row per prompt, as the model's first input `rows` has (Triton's
+    answer otherwise, "batch size does not match other inputs", says neither which prompts
+    nor what to send)."""
     shapes = {tensor["name"]: tensor["shape"] for tensor in inputs}
-    prompts = shapes.get(TEXT_INPUT)
+    prompts = shapes.get(rows)
     if not prompts:
         return
     for name, shape in shapes.items():
         if shape and shape[0] != prompts[0]:
             raise BadRequest(
-                f"input {name!r} has shape {shape} for {prompts[0]} prompt(s) ({TEXT_INPUT} "
+                f"input {name!r} has shape {shape} for {prompts[0]} prompt(s) ({rows} "
                 f"shape {prompts}): give it one row per prompt (shape [{prompts[0]}, "
                 f"{', '.join(str(d) for d in shape[1:]) or '1'}]), or leave it out for the "
                 "model's default"
             )
 
 
-def _check_generate(request: Any, path: str) -> None:
+def _check_generate(request: Any, path: str, types: Mapping[str, str]) -> None:
     if not isinstance(request, dict):
         raise BadRequest(
             f"the request body is {_kind(request)}; send a JSON object such as "
             f'{{"{TEXT_INPUT}": "Once upon a time", "tokens_to_generate": 16}}'
         )
     for name, value in request.items():
-        if name in INPUT_TYPES:
-            _check_values(name, INPUT_TYPES[name], value)
+        if name in types:
+            _check_values(name, types[name], value)
         elif name not in GENERATE_KEYS:
-            raise BadRequest(f"unknown key {name!r}: {_suggest(name)}")
+            raise BadRequest(f"unknown key {name!r}: {_suggest(name, types)}")
     prompts = request.get(TEXT_INPUT)
     if isinstance(prompts, list) and len(prompts) != 1:
         infer = re.sub(r"/generate(_stream)?$", "/infer", path)
@@ -182,9 +192,9 @@ def _check_generate(request: Any, path: str) -> None:
         )
 
 
-def _suggest(name: str) -> str:
-    """Did-you-mean for an input name the served models do not take, and the ones they do."""
-    names = list(INPUT_TYPES)
+def _suggest(name: str, types: Mapping[str, str]) -> str:
+    """Did-you-mean for an input name the model does not take, and the ones it does."""
+    names = list(types)
     folded = name.lower().replace("-", "_")
     # Letters swapped first ("topk_" is top_k, though as near to top_p by difflib's measure).
     close = [known for known in names if sorted(known) == sorted(folded)]
@@ -255,13 +265,16 @@ class Front(ThreadingHTTPServer):
         cancelled: Path | None = None,
         model_server: Path | None = None,
         models: tuple[str, ...] = (),
+        inputs: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """`cancelled`: the folder where a request whose client went away is marked (the
         model's CANCELLED_REQUESTS_VARIABLE); None: requests are not tagged. `model_server`:
-        the model server's socket, which answers OpenAI's API (/v1/...) for `models`."""
+        the model server's socket, which answers OpenAI's API (/v1/...) for `models`.
+        `inputs`: each served model's inputs, which requests are checked against."""
         self.backend_port = backend_port
         self.cancelled = cancelled
         self.model_server, self.models = model_server, models
+        self.inputs = dict(inputs or {})
         super().__init__(("", port), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="http-front", daemon=True)
 
@@ -315,7 +328,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.command == "POST":
             try:
-                check_request(self.path, body, self.headers)
+                check_request(self.path, body, self.headers, self.server.inputs)
             except BadRequest as error:
                 self._reply(400, json.dumps({"error": str(error)}).encode())
                 return

@@ -36,6 +36,7 @@ from launcher_scripts.files import write_atomic
 from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobs.export.http_front import Front
 from launcher_scripts.jobs.export.install import bundled_server, default_venv, site_packages
+from launcher_scripts.jobs.export.repository import config_inputs
 from launcher_scripts.ports import free_port
 from launcher_scripts.recipes.triton_interface import (
     CANCELLED_REQUESTS_VARIABLE,
@@ -45,6 +46,7 @@ from launcher_scripts.recipes.triton_interface import (
     REQUEST_ID_HEADER,
     STREAM_SUFFIX,
     TENSOR_PARALLEL,
+    TEXT_INPUT,
 )
 
 MODEL_SERVER_POLL_SECONDS = 0.5
@@ -234,9 +236,19 @@ def run(args: argparse.Namespace) -> int:
         cancelled = Path(scratch) / "cancelled"
         cancelled.mkdir()
         socket_path = Path(scratch) / "model.sock"
-        served = [m for m in models if not m.endswith(STREAM_SUFFIX)]
+        configs = {m: (repository / m / "config.pbtxt").read_text() for m in models}
+        inputs = {m: config_inputs(config) for m, config in configs.items()}
+        # OpenAI's API serves the text models: not their streaming twins (it streams itself)
+        # nor the ensemble and its steps.
+        texts = [
+            m
+            for m, config in configs.items()
+            if TEXT_INPUT in inputs[m]
+            and "model_file" in config
+            and "decoupled: true" not in config
+        ]
         try:  # before anything starts, so that a port in use fails at once
-            front = Front(args.http_port, free_port(), cancelled, socket_path, tuple(served))
+            front = Front(args.http_port, free_port(), cancelled, socket_path, tuple(texts), inputs)
         except OSError as error:
             print(f"error: --http-port {args.http_port}: {error.strerror}", file=sys.stderr)
             return 2

@@ -11,7 +11,8 @@ export's `max_request_tokens` do not allow). A request whose client
 went away (http_front.py marks it; a gRPC client cancels it) is dropped at once: its
 connection to the model server closes, which frees its slots at the next step.
 The streaming twin (a decoupled model) sends the text as it is generated, one response per
-piece, then an empty final one.
+piece, then an empty final one. The model on ids (the ensemble's middle step) takes prompts as
+token ids and returns the generated ids, padded after each row's length.
 """
 
 from __future__ import annotations
@@ -32,9 +33,14 @@ from launcher_scripts.recipes.triton_interface import (
     ALL_CANCELLED,
     CANCELLED_REQUESTS_VARIABLE,
     FINISH_REASON,
+    INPUT_IDS,
+    INPUT_LENGTHS,
     MODEL_SERVER_VARIABLE,
+    OUTPUT_IDS,
+    PAD_ID,
     PARAMETERS,
     REQUEST_ID_HEADER,
+    SEQUENCE_LENGTH,
     TEXT_INPUT,
     TEXT_OUTPUT,
 )
@@ -73,20 +79,45 @@ class Row:
     """One prompt of a request and the parameters it asked for."""
 
     request: Any  # its index in the request
-    prompt: str
+    prompt: str | list[int]
     params: Any  # GenerationParams
 
 
-def parse_request(read: Any, defaults: Any) -> list[Row]:
-    """The rows of one request. `read(name)` returns the input as a numpy array or None.
+def _prompts(read: Any, on_ids: bool) -> list[str] | list[list[int]]:
+    if not on_ids:
+        texts = read(TEXT_INPUT)
+        if texts is None:
+            raise RequestError(f"the input {TEXT_INPUT} is required: send the prompt text (BYTES)")
+        return [as_text(value) for value in np.asarray(texts).reshape(len(texts), -1)[:, 0]]
+    ids = read(INPUT_IDS)
+    if ids is None:
+        raise RequestError(f"the input {INPUT_IDS} is required: send the prompt's token ids")
+    ids = np.asarray(ids).reshape(len(ids), -1)
+    lengths = read(INPUT_LENGTHS)
+    if lengths is None:
+        return [[int(token) for token in row] for row in ids]
+    lengths = np.asarray(lengths).reshape(-1)
+    if lengths.size != len(ids):
+        raise RequestError(f"{INPUT_LENGTHS} has {lengths.size} values for {len(ids)} prompts")
+    prompts = []
+    for row, length in zip(ids, lengths, strict=True):
+        if not 0 < length <= len(row):
+            raise RequestError(
+                f"{INPUT_LENGTHS} {int(length)} is not within the row's {len(row)} ids: give "
+                "each prompt's count of ids (at least 1)"
+            )
+        prompts.append([int(token) for token in row[: int(length)]])
+    return prompts
+
+
+def parse_request(read: Any, defaults: Any, on_ids: bool = False) -> list[Row]:
+    """The rows of one request. `read(name)` returns the input as a numpy array or None;
+    `on_ids`: prompts come as token ids (input_ids, input_lengths), not text.
 
     Raises RequestError for anything the client must change (the model server checks the
-    prompts' lengths against the model's positions).
+    prompts' lengths against the model's positions and ids against its vocabulary).
     """
-    texts = read(TEXT_INPUT)
-    if texts is None:
-        raise RequestError(f"the input {TEXT_INPUT} is required: send the prompt text (BYTES)")
-    prompts = [_text(value) for value in np.asarray(texts).reshape(len(texts), -1)[:, 0]]
+    prompts = _prompts(read, on_ids)
     rows = []
     for index, prompt in enumerate(prompts):
         changes: dict[str, Any] = {}
@@ -103,7 +134,8 @@ def parse_request(read: Any, defaults: Any) -> list[Row]:
         except ValueError as error:
             raise RequestError(str(error)) from None
         if not prompt:
-            raise RequestError(f"{TEXT_INPUT} is empty: send a prompt of at least one token")
+            empty = INPUT_IDS if on_ids else TEXT_INPUT
+            raise RequestError(f"{empty} is empty: send a prompt of at least one token")
         rows.append(Row(index, prompt, params))
     return rows
 
@@ -133,13 +165,13 @@ def request_id_of(parameters_json: str) -> str | None:
     return value if isinstance(value, str) and value.isalnum() else None
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _convert(parameter: Any, value: np.ndarray) -> Any:
     if parameter.many:
-        return tuple(word for word in (_text(v) for v in value.reshape(-1)) if word)
+        return tuple(word for word in (as_text(v) for v in value.reshape(-1)) if word)
     if value.size != 1:
         raise RequestError(f"{parameter.name} takes one value per prompt, got {value.size}")
     item = value.reshape(-1)[0]
@@ -179,6 +211,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         parameters = config.get("parameters", {})
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.on_ids = any(tensor["name"] == INPUT_IDS for tensor in config.get("input", []))
         self.defaults = defaults_from(parameters)
         self.name = args["model_name"]
         self.server = os.environ.get(MODEL_SERVER_VARIABLE)
@@ -204,7 +237,7 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
-        return parse_request(read, self.defaults)
+        return parse_request(read, self.defaults, self.on_ids)
 
     def _cancellation(self, request: Any) -> tuple[str | None, Callable[[], bool]]:
         request_id = request_id_of(request.parameters())
@@ -231,7 +264,7 @@ class TritonPythonModel:
                 asks += [(number, group) for group in group_rows(self._rows(request))]
             except RequestError as error:
                 errors[number] = str(error)
-        results: list[dict[int, tuple[str, str]]] = [{} for _ in requests]
+        results: list[dict[int, tuple[str, list[int], str]]] = [{} for _ in requests]
         cancelled: set[int] = set()
 
         def ask_group(number: int, group: list[Row]) -> None:
@@ -247,9 +280,9 @@ class TritonPythonModel:
             if "error" in answer:
                 errors[number] = answer["error"]
                 return
-            pairs = zip(answer["texts"], answer["finish_reasons"], strict=True)
-            for row, pair in zip(group, pairs, strict=True):
-                results[number][row.request] = pair
+            answers = zip(answer["texts"], answer["tokens"], answer["finish_reasons"], strict=True)
+            for row, row_answer in zip(group, answers, strict=True):
+                results[number][row.request] = row_answer
 
         threads = [threading.Thread(target=ask_group, args=ask) for ask in asks]
         for thread in threads:
@@ -261,12 +294,17 @@ class TritonPythonModel:
         responses = []
         for number in range(len(requests)):
             if number in cancelled:
-                responses.append(_error_response(CANCELLED_MESSAGE, "CANCELLED"))
+                responses.append(error_response(CANCELLED_MESSAGE, "CANCELLED"))
             elif number in errors:
-                responses.append(_error_response(errors[number]))
+                responses.append(error_response(errors[number]))
             else:
-                answers = [results[number][index] for index in sorted(results[number])]
-                responses.append(_response([a[0] for a in answers], [a[1] for a in answers]))
+                texts, tokens, reasons = zip(
+                    *(results[number][index] for index in sorted(results[number])), strict=True
+                )
+                if self.on_ids:
+                    responses.append(_ids_response(list(tokens), list(reasons)))
+                else:
+                    responses.append(_response(list(texts), list(reasons)))
         return responses
 
     def _stream(self, request: Any) -> None:
@@ -288,11 +326,11 @@ class TritonPythonModel:
                 elif "error" in line:
                     raise RequestError(line["error"])
         except (RequestError, OSError) as error:  # OSError: the model server went away
-            sender.send(_error_response(str(error)), flags=final)
+            sender.send(error_response(str(error)), flags=final)
             return
         except Withdrawn:
             self._say_cancelled([request_id])
-            sender.send(_error_response(CANCELLED_MESSAGE, "CANCELLED"), flags=final)
+            sender.send(error_response(CANCELLED_MESSAGE, "CANCELLED"), flags=final)
             return
         sender.send(flags=final)
 
@@ -318,7 +356,27 @@ def _response(texts: list[str], reasons: list[str]) -> Any:
     )
 
 
-def _error_response(message: str, kind: str = "INVALID_ARG") -> Any:
+def padded_ids(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ids as one [rows, longest] INT32 array padded with PAD_ID, and their lengths."""
+    lengths = np.array([[len(row)] for row in rows], dtype=np.int32)
+    ids = np.full((len(rows), max(1, int(lengths.max(initial=0)))), PAD_ID, dtype=np.int32)
+    for index, row in enumerate(rows):
+        ids[index, : len(row)] = row
+    return ids, lengths
+
+
+def _ids_response(tokens: list[list[int]], reasons: list[str]) -> Any:
+    ids, lengths = padded_ids(tokens)
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            pb_utils.Tensor(OUTPUT_IDS, ids),
+            pb_utils.Tensor(SEQUENCE_LENGTH, lengths),
+            pb_utils.Tensor(FINISH_REASON, np.array([[r.encode()] for r in reasons], dtype=object)),
+        ]
+    )
+
+
+def error_response(message: str, kind: str = "INVALID_ARG") -> Any:
     code = getattr(pb_utils.TritonError, kind, None)
     error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
     return pb_utils.InferenceResponse(output_tensors=[], error=error)

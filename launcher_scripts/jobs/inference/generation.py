@@ -19,7 +19,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -271,8 +271,40 @@ def _held_back(text: str, stop_words: Sequence[str]) -> int:
 # Prompts.
 
 
+def continuation_text(
+    tokenizer: Tokenizer, prompt_ids: Sequence[int], generated: Sequence[int]
+) -> str:
+    """The text `generated` adds after a prompt given as ids (what postprocessing decodes)."""
+    ids = list(prompt_ids)
+    return _continuation(tokenizer, _Prompt(ids, tokenizer.decode(ids)), generated)
+
+
+def prompt_ids(tokenizer: Tokenizer, prompt: Any, name: str) -> list[int]:
+    """A prompt's ids: a string's encoding, or a list of token ids checked against the
+    tokenizer's vocabulary (ValueError naming the problem)."""
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+        if not ids:
+            raise ValueError(f"{name} is empty: give some text to continue")
+        return ids
+    if not isinstance(prompt, (list, tuple)):
+        raise ValueError(
+            f"{name} is a {type(prompt).__name__}; expected a string or a list of token ids"
+        )
+    if not prompt:
+        raise ValueError(f"{name} has no token ids: give at least one")
+    vocab = tokenizer.vocab_size
+    for position, token in enumerate(prompt):
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+            raise ValueError(
+                f"{name}: token id {token!r} at position {position} is not an id of the "
+                f"model's tokenizer (0 to {vocab - 1})"
+            )
+    return list(prompt)
+
+
 def _encode_prompts(
-    tokenizer: Tokenizer, prompts: Sequence[str], params: GenerationParams, max_length: int
+    tokenizer: Tokenizer, prompts: Sequence[Any], params: GenerationParams, max_length: int
 ) -> list[_Prompt]:
     if isinstance(prompts, str):
         raise ValueError("prompts must be a list of strings, not one string")
@@ -281,11 +313,7 @@ def _encode_prompts(
     encoded = []
     for index, prompt in enumerate(prompts):
         name = "prompt" if len(prompts) == 1 else f"prompt {index}"
-        if not isinstance(prompt, str):
-            raise ValueError(f"{name} is a {type(prompt).__name__}; expected a string")
-        ids = tokenizer.encode(prompt)
-        if not ids:
-            raise ValueError(f"{name} is empty: give some text to continue")
+        ids = prompt_ids(tokenizer, prompt, name)
         total = len(ids) + params.tokens_to_generate
         if total > max_length:
             raise ValueError(

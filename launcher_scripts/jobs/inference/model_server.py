@@ -8,12 +8,18 @@ socket and schedules every request into one EngineLoop; the other ranks repeat i
 (broadcast_cache.py). A front (Triton's Python model, a benchmark, a test) connects, sends one
 JSON line and reads JSON lines back:
 
-    request:  {"prompts": ["..."], "params": {GenerationParams' fields}, "stream": false}
-    answer:   {"texts": [...], "finish_reasons": [...], "prompt_tokens": [...],
-               "completion_tokens": [...]}
+    request:  {"prompts": ["...", or [token ids]], "params": {GenerationParams' fields},
+               "stream": false}
+    answer:   {"texts": [...], "tokens": [[generated ids]], "finish_reasons": [...],
+               "prompt_tokens": [...], "completion_tokens": [...]}
     stream:   {"text": "piece"} ... then {"finish_reason": "...", "done": true}
     error:    {"error": "one line naming the problem", "status": 400}
     stats:    {"stats": true} -> {"live": sequences in the cache, "steps": cache steps so far}
+    tokenize: {"tokenize": ["..."]} -> {"ids": [[...]]}
+    detokenize: {"detokenize": [[generated ids]], "after": [[prompt ids]]} -> {"texts": [...]}
+
+The tokenizer requests serve Triton's `preprocessing` and `postprocessing` models (the
+ensemble): the tokenizer lives with the model, so Triton's Python needs none of its packages.
 
 A client that closes its connection before its answer has its request cancelled: its slots are
 free at the next step. The socket path is written once the model is loaded and listening.
@@ -67,7 +73,7 @@ def parse(request: Any) -> tuple[list[str], GenerationParams, bool]:
         raise BadRequest(f"unknown key {unknown[0]}: a request has prompts, params and stream")
     prompts = request.get("prompts")
     if not isinstance(prompts, list) or not prompts:
-        raise BadRequest("prompts: give a non-empty list of strings")
+        raise BadRequest("prompts: give a non-empty list of strings or of token-id lists")
     raw = request.get("params") or {}
     if not isinstance(raw, dict):
         raise BadRequest("params: give an object of generation parameters")
@@ -112,6 +118,37 @@ def too_many_tokens(prompts: int, params: GenerationParams, limit: int | None) -
     )
 
 
+def tokenizer_answer(tokenizer: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """The answer to a tokenize or detokenize request (BadRequest naming what is wrong)."""
+    from launcher_scripts.jobs.inference.generation import continuation_text, prompt_ids
+
+    if "tokenize" in request:
+        if set(request) != {"tokenize"}:
+            raise BadRequest("a tokenize request has the one key tokenize")
+        texts = request["tokenize"]
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise BadRequest("tokenize: give a list of strings")
+        return {"ids": [tokenizer.encode(text) for text in texts]}
+    if not set(request) <= {"detokenize", "after"}:
+        raise BadRequest("a detokenize request has the keys detokenize and after")
+    generated = request["detokenize"]
+    after = request.get("after") or [[]] * (len(generated) if isinstance(generated, list) else 0)
+    if not isinstance(generated, list) or not isinstance(after, list):
+        raise BadRequest("detokenize and after: give lists of token-id lists")
+    if len(after) != len(generated):
+        raise BadRequest(
+            f"after has {len(after)} prompt(s) for {len(generated)} generated sequence(s): "
+            "give one prompt's ids (or []) per sequence"
+        )
+    texts = []
+    for index, (ids, prompt) in enumerate(zip(generated, after, strict=True)):
+        name = f"sequence {index}"
+        checked = prompt_ids(tokenizer, ids, name) if ids else []
+        before = prompt_ids(tokenizer, prompt, f"{name}'s prompt") if prompt else []
+        texts.append(continuation_text(tokenizer, before, checked))
+    return {"texts": texts}
+
+
 class _Handler(socketserver.StreamRequestHandler):
     server: _Server
 
@@ -123,6 +160,9 @@ class _Handler(socketserver.StreamRequestHandler):
             request = decoded(line)
             if request == {"stats": True}:
                 self._send(self.server.stats())
+                return
+            if isinstance(request, dict) and {"tokenize", "detokenize"} & set(request):
+                self._send(tokenizer_answer(self.server.served.tokenizer, request))
                 return
             prompts, params, stream = parse(request)
             prompt_tokens = self.server.check_lengths(prompts, params)
@@ -162,6 +202,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._send(
                     {
                         "texts": [c.text for c in completions],
+                        "tokens": [c.tokens for c in completions],
                         "finish_reasons": [c.finish_reason for c in completions],
                         "prompt_tokens": prompt_tokens,
                         "completion_tokens": [len(c.tokens) for c in completions],
@@ -215,12 +256,15 @@ class _Server(socketserver.ThreadingUnixStreamServer):
     def check_lengths(self, prompts: list[Any], params: GenerationParams) -> list[int]:
         """Each prompt against the model's positions, in its family's words (served.too_long);
         the prompts' token counts."""
+        from launcher_scripts.jobs.inference.generation import prompt_ids
+
         counts = []
         for index, prompt in enumerate(prompts):
             name = "prompt" if len(prompts) == 1 else f"prompt {index}"
-            if not isinstance(prompt, str) or not prompt:
-                raise BadRequest(f"{name}: give a non-empty string")
-            tokens = len(self.served.tokenizer.encode(prompt))
+            try:
+                tokens = len(prompt_ids(self.served.tokenizer, prompt, name))
+            except ValueError as error:
+                raise BadRequest(str(error)) from None
             problem = self.served.too_long(tokens, params.tokens_to_generate)
             if problem:
                 raise BadRequest(problem)
