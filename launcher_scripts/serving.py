@@ -61,21 +61,39 @@ def serve_job(root: Any, export_dir: Path) -> JobSpec:
         served = serve.served_model(serve.model_repository(export_dir))
     except serve.ServeError as error:
         raise ConfigError("export_dir", str(error), "Export first (stages=[export])") from None
+    nodes = require_int("export.serving.nodes", serving.get("nodes", 1), minimum=1)
     ranks = served.tensor * served.pipeline
-    if 0 < gpus < ranks:
+    layout = f"the export serves at TP={served.tensor} x PP={served.pipeline}: {ranks} model "
+    if ranks % nodes:
+        raise ConfigError(
+            "export.serving.nodes",
+            f"is {nodes}, but {layout}processes, which {nodes} nodes cannot share evenly",
+            f"Set it to a divisor of {ranks}",
+        )
+    per_node = ranks // nodes
+    if 0 < gpus < per_node:
         raise ConfigError(
             "export.serving.gpus_per_node",
-            f"is {gpus}, but the export serves at TP={served.tensor} x PP={served.pipeline}: "
-            f"{ranks} model processes, one GPU each",
-            f"Set it to {ranks} (or 0 for a CPU server)",
+            f"is {gpus}, but {layout}processes, {per_node} on each of {nodes} node(s), one GPU "
+            "each",
+            f"Set it to {per_node}, or export.serving.nodes to {-(-ranks // gpus)} (or "
+            "gpus_per_node to 0 for a CPU server)",
         )
     args = (str(export_dir), "--http-port=auto", "--grpc-port=auto")
     args += (f"--endpoint-file={export_dir / ENDPOINT_FILE}",)
+    # On one node, `serve` runs the model's ranks under torchrun; across nodes, the step's
+    # tasks are the ranks (task 0 also serves: jobs/export/serve.py).
+    tasks = per_node if nodes > 1 else 1
     return make_job(
         StageContext(root, "export"),
         "serve",
-        (Command(SERVE, args),),
-        Resources(gpus_per_node=gpus, time_limit=str(serving.time_limit)),
+        (Command(SERVE, args, nproc_per_node=tasks),),
+        Resources(
+            nodes=nodes,
+            ntasks_per_node=tasks,
+            gpus_per_node=gpus,
+            time_limit=str(serving.time_limit),
+        ),
         results_dir=str(export_dir),
         reads=(str(export_dir),),
     )

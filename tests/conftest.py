@@ -195,6 +195,22 @@ def exported(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return results / "gpt3_tiny" / "export"
 
 
+@pytest.fixture(scope="session")
+def tp2_export(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Section 5.14.1.3's command (export.model.tensor_model_parallel_size=2,
+    export.triton_deployment.pipeline_model_parallel_size=1), which exited 2 before."""
+    results = tmp_path_factory.mktemp("tp2_export")
+    result = run_main(
+        "stages=[export]",
+        f"base_results_dir={results}",
+        f"export.model.nemo_file={tiny_portable}",
+        "export.model.tensor_model_parallel_size=2",
+        "export.triton_deployment.pipeline_model_parallel_size=1",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return results / "gpt3_tiny" / "export"
+
+
 # ----- the launcher as a user installs it -----------------------------------------------------
 
 

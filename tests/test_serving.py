@@ -631,22 +631,6 @@ def test_a_gone_client_s_request_is_dropped_and_ctrl_c_stops_the_server_in_one_l
 # The reference's export at TP=2: served by two processes behind one Triton.
 
 
-@pytest.fixture(scope="module")
-def tp2_export(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Section 5.14.1.3's command (export.model.tensor_model_parallel_size=2,
-    export.triton_deployment.pipeline_model_parallel_size=1), which exited 2 before."""
-    results = tmp_path_factory.mktemp("tp2_export")
-    result = run_main(
-        "stages=[export]",
-        f"base_results_dir={results}",
-        f"export.model.nemo_file={tiny_portable}",
-        "export.model.tensor_model_parallel_size=2",
-        "export.triton_deployment.pipeline_model_parallel_size=1",
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return results / "gpt3_tiny" / "export"
-
-
 def test_the_reference_s_tp2_export_serves_what_tp1_serves(
     server: tuple[int, int], tp2_export: Path, triton_python: Path
 ) -> None:
@@ -753,5 +737,15 @@ def test_a_slurm_server_with_fewer_gpus_than_model_ranks_is_one_line(
     assert error.value.key == "export.serving.gpus_per_node"
     message = str(error.value)
     assert "TP=2 x PP=1: 2 model processes" in message and "Set it to 2" in message
+    assert "or export.serving.nodes to 2" in message
     cpu = compose_config(["cluster_type=bcm", "export.serving.gpus_per_node=0"])
     assert serve_job(cpu, export).resources.gpus_per_node == 0
+    # Across nodes, the step's tasks are the ranks; three nodes cannot share two ranks.
+    spread = serve_job(
+        compose_config(["cluster_type=bcm", "export.serving.nodes=2"]), export
+    ).resources
+    assert (spread.nodes, spread.ntasks_per_node, spread.gpus_per_node) == (2, 1, 1)
+    with pytest.raises(ConfigError) as error:
+        serve_job(compose_config(["cluster_type=bcm", "export.serving.nodes=3"]), export)
+    assert error.value.key == "export.serving.nodes"
+    assert "2 model processes, which 3 nodes cannot share evenly" in str(error.value)

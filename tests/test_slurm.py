@@ -5,12 +5,14 @@ Without Slurm these tests skip on a developer machine and fail in CI (CI=true).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -260,18 +262,13 @@ def test_a_controller_that_does_not_answer_is_refused_before_anything_is_written
     assert not results.exists()
 
 
-def test_serve_runs_triton_as_a_slurm_job(
-    slurm: None, exported: Path, triton_python: Path, tmp_path: Path
-) -> None:
-    """`serve --slurm`: the server starts as a job, says where it listens, answers, and stops
-    with scancel."""
-    endpoint = exported / "endpoint.json"
+@contextlib.contextmanager
+def served_on_slurm(export: Path, *overrides: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """`serve EXPORT --slurm overrides...` until it says where it listens; yields (job id,
+    endpoint.json's contents) and cancels the job after the block, waiting until it is gone."""
+    endpoint = export / "endpoint.json"
     submitted = run_ops(
-        "serve",
-        str(exported),
-        "--slurm",
-        "export.serving.gpus_per_node=0",
-        "cluster.gpus_per_node=null",
+        "serve", str(export), "--slurm", "export.serving.gpus_per_node=0", *overrides
     )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job_id = re.search(r"Slurm job (\d+)", submitted.stdout).group(1)  # type: ignore[union-attr]
@@ -281,17 +278,11 @@ def test_serve_runs_triton_as_a_slurm_job(
             state = subprocess.run(
                 ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True
             ).stdout.strip()
-            log = "".join(p.read_text() for p in exported.glob("slurm-serve_*.out"))
+            log = "".join(p.read_text() for p in export.glob("slurm-serve_*.out"))
             assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"{state}\n{log[-3000:]}"
             assert time.monotonic() < deadline, log[-3000:]
             time.sleep(1)
-        where = json.loads(endpoint.read_text())
-        port = where["http"].rsplit(":", 1)[1]
-        answer = subprocess.run(
-            [str(triton_python), "-c", QUERY, port], capture_output=True, text=True, timeout=600
-        )
-        assert answer.returncode == 0, answer.stderr[-2000:]
-        assert answer.stdout.strip()
+        yield job_id, json.loads(endpoint.read_text())
     finally:
         subprocess.run(["scancel", job_id], check=True)
     deadline = time.monotonic() + 600
@@ -300,6 +291,43 @@ def test_serve_runs_triton_as_a_slurm_job(
     ).stdout.strip():
         assert time.monotonic() < deadline, "the serving job did not stop"
         time.sleep(1)
+
+
+def test_serve_runs_triton_as_a_slurm_job(slurm: None, exported: Path, triton_python: Path) -> None:
+    """`serve --slurm`: the server starts as a job, says where it listens, answers, and stops
+    with scancel."""
+    with served_on_slurm(exported, "cluster.gpus_per_node=null") as (_job, where):
+        port = where["http"].rsplit(":", 1)[1]
+        answer = subprocess.run(
+            [str(triton_python), "-c", QUERY, port], capture_output=True, text=True, timeout=600
+        )
+        assert answer.returncode == 0, answer.stderr[-2000:]
+        assert answer.stdout.strip()
+
+
+def test_a_tp2_model_is_served_across_two_slurm_nodes_as_tp1_serves_it(
+    slurm: None, exported: Path, tp2_export: Path, tmp_path: Path
+) -> None:
+    """The reference's TP=2 export served by a two-node job (one model rank on each namespace
+    node, Triton on the first): the ensemble, asked by the end-to-end client at the address
+    the job wrote, answers the text the TP=1 export's check generated."""
+    export = tmp_path / "export"
+    shutil.copytree(tp2_export, export, copy_function=os.link)
+    (export / "endpoint.json").unlink(missing_ok=True)
+    check = json.loads((exported / "check.json").read_text())
+    overrides = ("cluster.gpus_per_node=null", f"cluster.partition={MULTI_PARTITION}")
+    with served_on_slurm(export, *overrides, "export.serving.nodes=2") as (job_id, where):
+        nodes = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True
+        ).stdout.strip()
+        assert nodes == "n[1-2]" and where["host"] == "n1", (nodes, where)
+        answer = run_ops("client", str(export), check["prompt"])
+        assert answer.returncode == 0, answer.stderr
+        assert answer.stdout.splitlines() == [
+            f"{check['prompt']}{check['text']}  [{check['finish_reason']}]"
+        ]
+    log = next(export.glob("slurm-serve_*.out")).read_text()
+    assert "TP=2 x PP=1 (2 process(es) across the Slurm step's tasks)" in log
 
 
 QUERY = """

@@ -11,6 +11,11 @@ The wheel's server needs three things arranged (done here): a backend directory 
 backend links (not copies) the wheel's stub, this interpreter's libpython first on
 LD_LIBRARY_PATH (the stub embeds it), and the environment's own bin first on PATH so the stub
 imports that environment's numpy 1.x (the stub returns empty tensors with numpy 2).
+
+The model's ranks: one process alone, or TP x PP under torchrun on this node; or, run as the
+tasks of a Slurm step (`srun`, one task per rank, across nodes: `serve --slurm` with
+export.serving.nodes > 1), the step's tasks themselves: task 0 serves (Triton, the front, the
+model server's rank 0) and every other task becomes a model rank that follows it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobs.export.http_front import Front
 from launcher_scripts.jobs.export.install import bundled_server, default_venv, site_packages
 from launcher_scripts.jobs.export.repository import config_inputs
+from launcher_scripts.jobs.process import process_info
 from launcher_scripts.ports import free_port
 from launcher_scripts.recipes.triton_interface import (
     CANCELLED_REQUESTS_VARIABLE,
@@ -231,6 +237,17 @@ def run(args: argparse.Namespace) -> int:
     except ServeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    job = process_info()
+    spread = job.launcher == "slurm" and job.world_size > 1
+    if spread:
+        try:
+            check_step(served_model(repository), job.world_size)
+        except ServeError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        if job.rank != 0:  # a model rank: it follows rank 0 until the server stops
+            command = model_server_command(served_model(repository), None, args.slots)
+            os.execv(sys.executable, command)
     models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
     with tempfile.TemporaryDirectory(prefix="serve-") as scratch:
         cancelled = Path(scratch) / "cancelled"
@@ -253,7 +270,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: --http-port {args.http_port}: {error.strerror}", file=sys.stderr)
             return 2
         env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
-        model = start_model_server(repository, socket_path, args.slots, env)
+        # Spread over a Slurm step, the model server is its rank 0: it keeps the step's ranks.
+        model_env = dict(os.environ) if spread else env
+        model = start_model_server(repository, socket_path, args.slots, model_env, spread)
         try:
             wait_model_server(model, socket_path, args.ready_timeout)
         except ServeError as error:
@@ -308,26 +327,46 @@ def _config_parameter(config: str, key: str) -> str | None:
     return found.group(1) if found else None
 
 
-def start_model_server(
-    repository: Path, socket_path: Path, slots: int, env: dict[str, str]
-) -> subprocess.Popen:
-    """The model's processes (jobs/inference/model_server.py, TP x PP of them under torchrun
-    when the export asked for more than one): Triton's models ask rank 0."""
-    served = served_model(repository)
-    processes = served.tensor * served.pipeline
-    command = [sys.executable]
-    if processes > 1:
-        command += ["-m", "torch.distributed.run", "--standalone"]
-        command += [f"--nproc-per-node={processes}"]
-    command += ["-m", "launcher_scripts.jobs.inference.model_server"]
+def check_step(served: ServedModel, tasks: int) -> None:
+    """A Slurm step's tasks are the model's ranks: as many as the export's TP x PP."""
+    ranks = served.tensor * served.pipeline
+    if tasks != ranks:
+        raise ServeError(
+            f"this Slurm step has {tasks} tasks, but the export serves at TP={served.tensor} "
+            f"x PP={served.pipeline}: run it with {ranks} tasks, one per model rank (serve "
+            "--slurm with export.serving.nodes dividing them does)"
+        )
+
+
+def model_server_command(served: ServedModel, socket_path: Path | None, slots: int) -> list[str]:
+    """One model rank's command (jobs/inference/model_server.py); only rank 0 listens on
+    `socket_path` (None for the others)."""
+    socket_path = socket_path or Path(tempfile.gettempdir()) / "serve-follower.sock"
+    command = [sys.executable, "-m", "launcher_scripts.jobs.inference.model_server"]
     command += ["--model", str(served.model_file), "--socket", str(socket_path)]
     command += ["--slots", str(slots), "--tensor", str(served.tensor)]
     command += ["--pipeline", str(served.pipeline)]
     if served.max_request_tokens is not None:
         command += ["--max-request-tokens", served.max_request_tokens]
+    return command
+
+
+def start_model_server(
+    repository: Path, socket_path: Path, slots: int, env: dict[str, str], spread: bool = False
+) -> subprocess.Popen:
+    """The model's processes: TP x PP of them under torchrun when the export asked for more
+    than one; or, `spread` over a Slurm step's tasks, its rank 0 (the other tasks are the
+    other ranks). Triton's models ask rank 0."""
+    served = served_model(repository)
+    processes = served.tensor * served.pipeline
+    command = model_server_command(served, socket_path, slots)
+    if processes > 1 and not spread:
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+        command = [command[0], *launcher, *command[1:]]
+    where = "across the Slurm step's tasks" if spread else "on this node"
     print(
         f"starting the model server: TP={served.tensor} x PP={served.pipeline} "
-        f"({processes} process(es)), {slots} slots",
+        f"({processes} process(es) {where}), {slots} slots",
         flush=True,
     )
     return subprocess.Popen(command, env=env)
