@@ -646,7 +646,7 @@ def test_the_reference_s_tp2_export_serves_what_tp1_serves(
     with triton_server(tp2_export) as ports:
         two = [post(ports[0], generate, body) for body in bodies]
         log = (tp2_export / "serve.log").read_text()
-    assert "TP=2 x PP=1 (2 process(es))" in log, log[-3000:]
+    assert "TP=2 x PP=1 (2 process(es) on this node)" in log, log[-3000:]
     assert two == one and all(status == 200 for status, _ in one), (one, two)
 
 

@@ -51,7 +51,14 @@ def t5_server(t5_export: Path, triton_python: Path) -> Iterator[tuple[int, int]]
 
 def test_the_export_checked_that_the_t5_answers(t5_export: Path) -> None:
     repository = t5_export / "model_repo"
-    assert sorted(p.name for p in repository.iterdir()) == [MODEL, f"{MODEL}_stream"]
+    assert sorted(p.name for p in repository.iterdir()) == [
+        "ensemble",
+        "postprocessing",
+        "preprocessing",
+        MODEL,
+        f"{MODEL}_stream",
+        f"{MODEL}_tokens",
+    ]
     check = json.loads((t5_export / "check.json").read_text())
     assert check["prompt"].startswith("question:")
     assert check["finish_reason"] in ("length", "stop", "eod")
@@ -71,6 +78,19 @@ def test_triton_serves_the_t5_as_in_process_generation_does(
     )
     assert "top_p" in errors["bad_top_p"]
     assert "beam_width" in errors["stream_beam"]
+
+
+def test_the_t5_s_ensemble_answers_as_its_text_model(t5_server: tuple[int, int]) -> None:
+    """The ensemble on an encoder-decoder: the prompt's ids go to the encoder, the generated
+    ids come back as the text model's text."""
+    port = t5_server[0]
+    body = {"text_input": PROMPTS[0], "tokens_to_generate": 8, "top_k": 1}
+    status, plain = post(port, f"/v2/models/{MODEL}/generate", body)
+    assert status == 200, plain
+    status, chained = post(port, "/v2/models/ensemble/generate", body)
+    assert status == 200, chained
+    assert chained["text_output"] == plain["text_output"]
+    assert chained["sequence_length"] == len(chained["output_ids"])
 
 
 def test_a_prompt_longer_than_the_encoder_is_refused_not_cut(t5_server: tuple[int, int]) -> None:

@@ -160,7 +160,8 @@ def render_tokenizer_config(name: str, *, max_batch_size: int) -> str:
         f"max_batch_size: {max_batch_size}",
         "input [\n" + ",\n".join(inputs) + "\n]",
         "output [\n" + ",\n".join(outputs) + "\n]",
-        f"instance_group [ {{ count: {PLAIN_INSTANCES}, kind: KIND_CPU }} ]",
+        # One instance: a batch is one quick tokenizer call, and each instance is a process.
+        "instance_group [ { count: 1, kind: KIND_CPU } ]",
         "dynamic_batching { }",
     ]
     return "\n".join(parts) + "\n"
