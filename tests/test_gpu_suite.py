@@ -99,8 +99,12 @@ def test_the_quick_steps_rehearse(tmp_path: Path) -> None:
 def test_the_whole_rehearsal(tmp_path: Path) -> None:
     summary = rehearse(tmp_path)
     check_shape(summary, tmp_path, list(steps.STEPS))
-    # Every step of the suite today runs on CPU in the rehearsal, so each must pass.
-    assert all(step["status"] == "passed" for step in summary["steps"]), summary
+    # Every step of the suite but vLLM's runs on CPU in the rehearsal, so each must pass; the
+    # vLLM step writes the repository and then stops where vLLM is missing (it is here).
+    by_name = {step["name"]: step for step in summary["steps"]}
+    vllm = by_name.pop("vllm")
+    assert vllm["status"] == "skipped" and "the repository is written" in vllm["reason"], vllm
+    assert all(step["status"] == "passed" for step in by_name.values()), summary
     training = next(step for step in summary["steps"] if step["name"] == "training")["figures"]
     assert training["loss_falls"] is True
     assert training["gpu_recipe_dry_run"] == "passed"

@@ -939,6 +939,84 @@ def finetuning(context: Context) -> dict:
 EMBEDDING = "embedding.word_embeddings.weight"
 
 
+# --- the vLLM repository ----------------------------------------------------------------------
+
+VLLM_TOKENS = 32
+
+
+def vllm_step(context: Context) -> dict:
+    """main.py's export with `export.vllm.enabled=true` on the conversion step's file and its
+    Hugging Face export; then, where vLLM imports, its engine built from the repository's
+    model.json (the arguments Triton's vllm backend passes it) generates greedily, and its
+    tokens are compared with our engine's on the same file (the first token of each prompt must
+    agree in bf16; the share of all tokens that agree is recorded)."""
+    gpu = on_gpu(context)
+    model_file = converted_model(context)
+    hf_dir = model_file.parent / "hf"
+    results = context.work / "vllm-export"
+    command = [sys.executable, "main.py", "stages=[export]", "cluster_type=local"]
+    command += [f"base_results_dir={results}", f"export.model.nemo_file={model_file}"]
+    command += ["export.vllm.enabled=true", f"export.vllm.hf_dir={hf_dir}"]
+    command += ["export.vllm.gpu_memory_utilization=0.3"]
+    result = context.run(command, timeout=240)
+    if result.returncode:
+        return {"status": "failed", "reason": f"main.py exited {result.returncode}"}
+    found = sorted(results.glob("*/export/model_repo_vllm/*/1/model.json"))
+    if not found:
+        return {"status": "failed", "reason": "the export wrote no model_repo_vllm/*/1/model.json"}
+    args = json.loads(found[0].read_text())
+    figures: dict = {"engine_args": sorted(args)}
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise StepEnds(
+            "skipped",
+            "the repository is written (model.json checked by the export); vLLM is not "
+            "installed here, and its wheels (hundreds of MB with their CUDA kernels) exceed "
+            "what the device tool carries",
+        ) from None
+    if not gpu:
+        raise StepEnds("skipped", "vLLM needs CUDA")
+    from vllm import LLM, SamplingParams
+
+    from launcher_scripts.jobs.inference.generation import GenerationParams, generate
+    from launcher_scripts.jobs.inference.runner import close_runner
+    from launcher_scripts.jobs.inference.served import open_served
+
+    prompts = list(PROMPTS)
+    context.commands.append(f"vllm.LLM(**{found[0]}); greedy {VLLM_TOKENS} tokens")
+    engine = LLM(**args)
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=VLLM_TOKENS))
+    seconds = time.perf_counter() - start
+    theirs = [list(output.outputs[0].token_ids) for output in outputs]
+    del engine
+    served = open_served(model_file, on_gpu=True)
+    try:
+        params = GenerationParams(tokens_to_generate=VLLM_TOKENS, top_k=1)
+        ours = [
+            c.tokens
+            for c in generate(
+                served.decoding, served.tokenizer, prompts, params, max_length=served.max_length
+            )
+        ]
+    finally:
+        close_runner()
+    pairs = [
+        (a, b)
+        for mine, reference in zip(ours, theirs, strict=True)
+        for a, b in zip(mine, reference, strict=False)  # either may end early (eod)
+    ]
+    figures["vllm_tokens_per_s"] = round(sum(len(t) for t in theirs) / seconds, 1)
+    figures["first_tokens_agree"] = all(m[:1] == t[:1] for m, t in zip(ours, theirs, strict=True))
+    figures["tokens_agreeing"] = round(sum(a == b for a, b in pairs) / max(1, len(pairs)), 3)
+    passed = figures["first_tokens_agree"]
+    record = {"status": "passed" if passed else "failed", "figures": figures}
+    if not passed:
+        record["reason"] = "vLLM's first greedy token differs from our engine's"
+    return record
+
+
 # --- cluster validation's GPU probe -----------------------------------------------------------
 
 
@@ -982,4 +1060,5 @@ STEPS: dict[str, Step] = {
     "memory": Step(memory, budget_s=100, rehearsal_s=150),
     "recompute": Step(recompute, budget_s=70, rehearsal_s=90),
     "encoders": Step(encoders, budget_s=60, rehearsal_s=120),
+    "vllm": Step(vllm_step, budget_s=60, rehearsal_s=90),
 }

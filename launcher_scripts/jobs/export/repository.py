@@ -74,6 +74,27 @@ def _parameter(key: str, value: str) -> str:
     return f"parameters {{\n  key: {_quote(key)}\n  value: {{ string_value: {_quote(value)} }}\n}}"
 
 
+def _parameter_inputs() -> list[str]:
+    """The generation parameters, each an optional input (the export's default when absent)."""
+    return [
+        _tensor(p.name, p.triton_type, [-1] if p.many else [1], optional=True) for p in PARAMETERS
+    ]
+
+
+def _head(
+    name: str, runs_on: str, max_batch_size: int, inputs: list[str], outputs: list[str]
+) -> list[str]:
+    """A config's first lines: its name, what runs it (a backend or the ensemble platform), its
+    batch size and its tensors."""
+    return [
+        f"name: {_quote(name)}",
+        runs_on,
+        f"max_batch_size: {max_batch_size}",
+        "input [\n" + ",\n".join(inputs) + "\n]",
+        "output [\n" + ",\n".join(outputs) + "\n]",
+    ]
+
+
 def render_config(
     name: str,
     *,
@@ -103,16 +124,10 @@ def render_config(
     else:
         inputs = [_tensor(TEXT_INPUT, "TYPE_STRING", [1], optional=False)]
         outputs = [_tensor(TEXT_OUTPUT, "TYPE_STRING", [1], optional=False)]
-    inputs += [
-        _tensor(p.name, p.triton_type, [-1] if p.many else [1], optional=True) for p in PARAMETERS
-    ]
+    inputs += _parameter_inputs()
     outputs.append(_tensor(FINISH_REASON, "TYPE_STRING", [1], optional=False))
     parts = [
-        f"name: {_quote(name)}",
-        'backend: "python"',
-        f"max_batch_size: {max_batch_size}",
-        "input [\n" + ",\n".join(inputs) + "\n]",
-        "output [\n" + ",\n".join(outputs) + "\n]",
+        *_head(name, 'backend: "python"', max_batch_size, inputs, outputs),
         # Thin clients of the model server (which holds the model and its GPUs): KIND_CPU.
         # A non-decoupled instance answers one batch at a time, so several instances let a
         # request arrive, and join the model server's running batch, while others generate;
@@ -155,11 +170,7 @@ def render_tokenizer_config(name: str, *, max_batch_size: int) -> str:
         ]
         outputs = [_tensor(TEXT_OUTPUT, "TYPE_STRING", [1], optional=False)]
     parts = [
-        f"name: {_quote(name)}",
-        'backend: "python"',
-        f"max_batch_size: {max_batch_size}",
-        "input [\n" + ",\n".join(inputs) + "\n]",
-        "output [\n" + ",\n".join(outputs) + "\n]",
+        *_head(name, 'backend: "python"', max_batch_size, inputs, outputs),
         # One instance: a batch is one quick tokenizer call, and each instance is a process.
         "instance_group [ { count: 1, kind: KIND_CPU } ]",
         "dynamic_batching { }",
@@ -179,10 +190,7 @@ def _step(model: str, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> 
 def render_ensemble_config(model: str, *, max_batch_size: int) -> str:
     """config.pbtxt of `ensemble`: text (and the request parameters) in, text and the
     generated ids out; `model` is the model on ids it runs between the tokenizer's steps."""
-    inputs = [_tensor(TEXT_INPUT, "TYPE_STRING", [1], optional=False)]
-    inputs += [
-        _tensor(p.name, p.triton_type, [-1] if p.many else [1], optional=True) for p in PARAMETERS
-    ]
+    inputs = [_tensor(TEXT_INPUT, "TYPE_STRING", [1], optional=False), *_parameter_inputs()]
     outputs = [
         _tensor(TEXT_OUTPUT, "TYPE_STRING", [1], optional=False),
         _tensor(FINISH_REASON, "TYPE_STRING", [1], optional=False),
@@ -204,11 +212,7 @@ def render_ensemble_config(model: str, *, max_batch_size: int) -> str:
         ),
     ]
     parts = [
-        f"name: {_quote(ENSEMBLE)}",
-        'platform: "ensemble"',
-        f"max_batch_size: {max_batch_size}",
-        "input [\n" + ",\n".join(inputs) + "\n]",
-        "output [\n" + ",\n".join(outputs) + "\n]",
+        *_head(ENSEMBLE, 'platform: "ensemble"', max_batch_size, inputs, outputs),
         "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}",
     ]
     return "\n".join(parts) + "\n"
