@@ -1,7 +1,8 @@
-"""The KV cache generation runs on (jobs/inference/kv_cache.py), on the tiny model: every
-logits row it returns equals the model's full pass over the sequence, through the moves that
-in-flight batching and beam search make (joins, forks, drops, moving right, compaction), and
-generate() through it gives what generate() rerunning whole rows gives."""
+"""The KV caches generation runs on (jobs/inference/kv_cache.py; seq2seq_cache.py for T5), on
+the tiny models: every logits row they return equals the model's full pass over the sequence,
+through the moves that in-flight batching and beam search make (joins, forks, drops, moving
+right, compaction), and generate() through them gives what generate() rerunning whole rows
+gives."""
 
 from __future__ import annotations
 
@@ -36,3 +37,21 @@ def test_the_cache_refuses_what_it_cannot_hold(report: dict[str, Any]) -> None:
 
 def test_generate_through_the_cache_is_generate_over_whole_rows(report: dict[str, Any]) -> None:
     assert report["engine"] == {"greedy": True, "beam": True, "sampled": True}
+
+
+@pytest.fixture(scope="module")
+def t5_report(t5_converted: Path) -> dict[str, Any]:
+    model = t5_converted / "t5_tiny" / "convert_nemo" / "megatron_t5.nemo"
+    return module_report("tests.scripts.kv_cache_check", str(model))
+
+
+def test_the_t5_cache_is_the_full_pass_and_generates_as_whole_rows(
+    t5_report: dict[str, Any],
+) -> None:
+    """The encoder once per sequence, the decoder a token a step (with T5's relative position
+    bias at the cache's positions), through the same moves."""
+    script = t5_report["script"]
+    assert script["max_diff"] < 1e-4, script
+    for move in ("moved_right", "compacted", "forked", "dropped", "joined"):
+        assert script[move] >= 1, (move, script)
+    assert t5_report["engine"] == {"greedy": True, "beam": True, "sampled": True}

@@ -182,16 +182,24 @@ def test_more_slots_than_memory_holds_is_one_line_naming_what_fits(
     assert not (tmp_path / "m.sock").exists()
 
 
-def test_the_cache_estimate_is_the_cache(tiny_portable: Path) -> None:
-    """bytes_per_slot (the memory check's) is what the cache allocates per slot."""
+@pytest.mark.parametrize("family", ["gpt", "t5"])
+def test_the_cache_estimate_is_the_cache(
+    family: str, tiny_portable: Path, t5_converted: Path
+) -> None:
+    """cache_bytes_per_slot (the memory check's) is what the cache allocates per slot: a
+    decoder's keys and values; an encoder-decoder's decoder keys and values and its encoder's
+    output."""
+    model = tiny_portable
+    if family == "t5":
+        model = t5_converted / "t5_tiny" / "convert_nemo" / "megatron_t5.nemo"
     script = (
-        "import sys; from launcher_scripts.jobs.inference import kv_cache;"
-        "from launcher_scripts.jobs.inference.runner import open_runner;"
-        "r = open_runner(sys.argv[1], on_gpu=False); c = r.cache(3, 40);"
-        "print(c.bytes, 3 * kv_cache.bytes_per_slot(r, 40))"
+        "import sys; from pathlib import Path;"
+        "from launcher_scripts.jobs.inference.served import open_served;"
+        "d = open_served(Path(sys.argv[1]), on_gpu=False).decoding; c = d.cache(3, 40);"
+        "print(c.bytes, 3 * d.cache_bytes_per_slot(40))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", script, str(tiny_portable)],
+        [sys.executable, "-c", script, str(model)],
         cwd=REPO, env=ONE_THREAD, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]

@@ -42,7 +42,7 @@ def check(model_file: Path, hf_dir: Path, export_dir: Path) -> dict:
     from launcher_scripts.jobs.models.t5_masks import attention_masks
 
     served = open_served(model_file, on_gpu=False)
-    chunk = served.decoding.logits_fn.__self__.chunks[0]  # the Seq2SeqRunner's model
+    chunk = served.decoding.chunks[0]  # the Seq2SeqRunner's model
     theirs = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir, dtype=torch.float32)
     theirs.eval()
 

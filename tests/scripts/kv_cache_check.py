@@ -1,5 +1,6 @@
-"""The KV cache (jobs/inference/kv_cache.py) on a real model, one process; prints one JSON
-object for tests/test_kv_cache.py:
+"""The KV cache of a served model's family (jobs/inference/kv_cache.py for GPT,
+seq2seq_cache.py for T5 and mT5) on a real model, one process; prints one JSON object for
+tests/test_kv_cache.py:
 
 python -m tests.scripts.kv_cache_check MODEL.nemo
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,7 +25,10 @@ from launcher_scripts.jobs.inference.generation import (
     generate,
 )
 from launcher_scripts.jobs.inference.kv_cache import CacheFull
-from launcher_scripts.jobs.inference.runner import ModelRunner, close_runner, open_runner
+from launcher_scripts.jobs.inference.runner import close_runner
+from launcher_scripts.jobs.inference.served import open_served
+
+ModelRunner = Any  # a family's Decoding with whole-row `logits` (ModelRunner, Seq2SeqRunner)
 
 
 def full_pass(runner: ModelRunner, rows: list[list[int]]) -> torch.Tensor:
@@ -30,13 +36,20 @@ def full_pass(runner: ModelRunner, rows: list[list[int]]) -> torch.Tensor:
     return torch.stack([logits[i, len(row) - 1] for i, row in enumerate(rows)])
 
 
-def scripted(runner: ModelRunner) -> dict:
-    """A script of cache operations on a 3-slot, 24-position cache; the largest difference
-    from the full pass, and what the cache did."""
-    tokenizer = runner.tokenizer
+def generated(runner: ModelRunner, row: list[int]) -> int:
+    """The tokens a row holds in the cache: an encoder-decoder's encoder ids are not there."""
+    start = getattr(runner, "start_id", None)
+    return len(row) - row.index(start, 1) if start is not None else len(row)
+
+
+def scripted(runner: ModelRunner, tokenizer: Any) -> dict:
+    """A script of cache operations on a 3-slot cache; the largest difference from the full
+    pass, and what the cache did."""
     short = tokenizer.encode("We like")
     long = tokenizer.encode("In the morning the river was near the village")
-    cache = runner.cache(3, 24)
+    # Where a sequence ends, and the cache's positions: the shared frontier reaches the end.
+    longest, positions = (20, 24) if not hasattr(runner, "start_id") else (14, 16)
+    cache = runner.cache(3, positions)
     handles, logits = cache.add([short])
     rows = [list(short)]
     worst = 0.0
@@ -60,7 +73,7 @@ def scripted(runner: ModelRunner) -> dict:
             tokens.append(tokens[0])
             events["forked"] += 1
         for index in reversed(range(len(rows))):  # a sequence at its longest ends
-            if len(rows[index]) >= 20 or (step == 12 and index == 1):
+            if generated(runner, rows[index]) >= longest or (step == 12 and index == 1):
                 cache.drop(handles[index])
                 del handles[index], rows[index], tokens[index]
                 events["dropped"] += 1
@@ -98,7 +111,7 @@ def refusals(runner: ModelRunner) -> dict[str, str]:
     return found
 
 
-def engine(runner: ModelRunner) -> dict:
+def engine(runner: ModelRunner, tokenizer: Any, max_length: int) -> dict:
     """generate() through the cache against generate() rerunning whole rows (no cache)."""
     prompts = ["The history of", "A", "In the morning the river was"]
     same = {}
@@ -107,26 +120,24 @@ def engine(runner: ModelRunner) -> dict:
         "beam": GenerationParams(tokens_to_generate=10, beam_width=3),
         "sampled": GenerationParams(tokens_to_generate=20, top_k=20, random_seed=7),
     }.items():
-        ours = generate(runner, runner.tokenizer, prompts, params, max_length=runner.max_length)
+        ours = generate(runner, tokenizer, prompts, params, max_length=max_length)
         plain = generate(
-            Recomputing(runner.logits),
-            runner.tokenizer,
-            prompts,
-            params,
-            max_length=runner.max_length,
+            Recomputing(runner.logits), tokenizer, prompts, params, max_length=max_length
         )
         same[name] = [asdict(c) for c in ours] == [asdict(c) for c in plain]
     return same
 
 
 def main() -> None:
-    runner = open_runner(sys.argv[1], 1, 1, on_gpu=False)
+    served = open_served(Path(sys.argv[1]), on_gpu=False)
+    runner = served.decoding
     try:
         report = {
-            "script": scripted(runner),
-            "refusals": refusals(runner),
-            "engine": engine(runner),
+            "script": scripted(runner, served.tokenizer),
+            "engine": engine(runner, served.tokenizer, served.max_length),
         }
+        if not hasattr(runner, "start_id"):  # a decoder's prompts are any ids
+            report["refusals"] = refusals(runner)
     finally:
         close_runner()
     print(json.dumps(report))

@@ -186,13 +186,15 @@ class _CachedLayer:
 
 
 def _cached_layers(runner: Any) -> list[_CachedLayer]:
-    from megatron.core.transformer.attention import Attention
+    """The self-attention layers of the runner's cached stacks (its chunks unless it names
+    them: an encoder-decoder caches its decoder's). Cross-attention keeps nothing by position."""
+    from megatron.core.transformer.attention import Attention, CrossAttention
 
     layers = []
-    for chunk in runner.chunks:
+    for chunk in getattr(runner, "cached_stacks", runner.chunks):
         dtype = next(chunk.parameters()).dtype
         for module in chunk.modules():
-            if isinstance(module, Attention):
+            if isinstance(module, Attention) and not isinstance(module, CrossAttention):
                 layers.append(
                     _CachedLayer(
                         module.layer_number,

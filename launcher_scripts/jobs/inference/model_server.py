@@ -322,10 +322,11 @@ def ask(path: str | Path, request: dict[str, Any], timeout: float = 300) -> list
 
 def cache_problem(served: Any, slots: int) -> str | None:
     """Why this process cannot hold `slots` sequences (memory.py), or None."""
-    from launcher_scripts.jobs.inference import kv_cache, memory
+    from launcher_scripts.jobs.inference import memory
 
     decoding, positions = served.decoding, served.max_length
-    per_slot = kv_cache.bytes_per_slot(decoding, positions) if hasattr(decoding, "chunks") else 0
+    measure = getattr(decoding, "cache_bytes_per_slot", None)
+    per_slot = measure(positions) if measure is not None else 0
     budget = memory.budget_now(served.on_gpu)
     return memory.slots_problem(served.shape, budget, slots, positions, per_slot)
 

@@ -91,6 +91,12 @@ class ModelRunner:
 
         return KVCache(self, slots, positions)
 
+    def cache_bytes_per_slot(self, positions: int) -> int:
+        """What `cache(slots, positions)` allocates per slot on this rank."""
+        from launcher_scripts.jobs.inference.kv_cache import bytes_per_slot
+
+        return bytes_per_slot(self, positions)
+
     def _gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         if self.tensor == 1:
             return logits

@@ -7,14 +7,14 @@ part before and the decoder on the rest, and returns the decoder's logits at the
 positions. Greedy decoding, sampling, beam search, stop words and streaming then work as they
 do for GPT, at any TP/PP, with every rank computing the same logits.
 
-There is no KV cache yet (the GPT family's is kv_cache.py): served through
-`generation.Recomputing`, each step runs the encoder and the decoder on the whole rows.
+`logits` runs whole rows (scoring, and generation at PP > 1); `cache` opens the KV cache
+generation uses (seq2seq_cache.py: the encoder once per sequence, the decoder a token a step).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -35,6 +35,44 @@ class Seq2SeqRunner:
     sequence_parallel: bool
     on_gpu: bool
     pad_id: int = 0  # fills the rows past their ends (masked out by their lengths)
+
+    def cache(self, slots: int, positions: int) -> Any:
+        """A cache of `slots` sequences of rows up to `positions` tokens."""
+        # Why not at PP > 1: seq2seq_cache.py's docstring. With sequence parallelism (a
+        # training model generating during validation) the blocks split the sequence over
+        # the TP ranks, which a step's one new token cannot be.
+        if self.pipeline > 1 or self.sequence_parallel:
+            from launcher_scripts.jobs.inference.generation import Recomputing
+
+            return Recomputing(self.logits).cache(slots, positions)
+        from launcher_scripts.jobs.inference.seq2seq_cache import Seq2SeqCache
+
+        return Seq2SeqCache(self, slots, positions)
+
+    def cache_bytes_per_slot(self, positions: int) -> int:
+        """What `cache(slots, positions)` allocates per slot on this rank: the decoder's keys
+        and values, and the encoder's output (nothing when it recomputes)."""
+        if self.pipeline > 1 or self.sequence_parallel:
+            return 0
+        from launcher_scripts.jobs.inference.kv_cache import bytes_per_slot
+        from launcher_scripts.jobs.inference.seq2seq_cache import encoder_bytes_per_slot
+
+        chunk = self.chunks[0]
+        decoder = min(positions, int(chunk.max_sequence_length))
+        return bytes_per_slot(self, decoder) + encoder_bytes_per_slot(chunk)
+
+    @property
+    def cached_stacks(self) -> list[Any]:
+        """The layers a KV cache keeps keys and values of: the decoder's."""
+        return [chunk.decoder for chunk in self.chunks if chunk.add_decoder]
+
+    @contextlib.contextmanager
+    def inference(self) -> Iterator[None]:
+        with torch.inference_mode(), self._device_mode():
+            yield
+
+    def to_device(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(t.cuda() for t in tensors) if self.on_gpu else tensors
 
     @torch.no_grad()
     def logits(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -68,7 +106,7 @@ class Seq2SeqRunner:
                 encoder, decoder = encoder.cuda(), decoder.cuda()
                 masks = tuple(mask.cuda() for mask in masks)
             if self.pipeline == 1:
-                output = self._gather_vocab(self._forward(self.chunks[0], encoder, decoder, masks))
+                output = self.gather_vocab(self._forward(self.chunks[0], encoder, decoder, masks))
             else:
                 output = self._pipelined(encoder, decoder, masks)
         decoded = output[..., : self.vocab_size].float().cpu()
@@ -85,7 +123,7 @@ class Seq2SeqRunner:
         received = None if chunk.add_encoder else chunk.encoder_hidden_state
         return chunk(encoder, decoder, *masks, encoder_hidden_states=received)
 
-    def _gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         if self.tensor == 1:
             return logits
         from megatron.core import tensor_parallel
@@ -135,7 +173,7 @@ class Seq2SeqRunner:
 
     def _keep_logits(self, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # The schedule expects (loss, reduced dict); the "loss" is unused in forward-only mode.
-        return output.new_zeros(()), {"logits": self._gather_vocab(output)}
+        return output.new_zeros(()), {"logits": self.gather_vocab(output)}
 
     def _device_mode(self) -> contextlib.AbstractContextManager[Any]:
         """megatron-core makes "cuda" helper tensors; on the CPU they are redirected."""

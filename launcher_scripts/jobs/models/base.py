@@ -45,7 +45,7 @@ ForwardStep = Callable[[dict[str, Any], Any], tuple[Any, Callable[[Any], tuple[A
 
 
 # (the tuning run's cfg, this rank's unwrapped chunks, their text tokenizer, parallelism,
-# on_gpu, ids before every prompt) -> (logits_fn for inference.generation, the tokenizer it
+# on_gpu, ids before every prompt) -> (a Decoding or logits_fn for generation, the tokenizer it
 # encodes prompts and decodes answers with, the positions a prompt and its answer may take)
 GenerationSetup = Callable[[Any, list[Any], Any, Any, bool, list[int]], tuple[Any, Any, int]]
 

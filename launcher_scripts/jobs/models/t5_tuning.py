@@ -18,7 +18,6 @@ from omegaconf import OmegaConf
 from launcher_scripts.formats.tokenizer import wordpiece_reference
 from launcher_scripts.jobs.fine_tuning.peft import PeftSites
 from launcher_scripts.jobs.fine_tuning.sft_data import Counts, Encoded, SampleMaker, SftFormat
-from launcher_scripts.jobs.inference.generation import Recomputing
 from launcher_scripts.jobs.inference.runner import OpenedModel
 from launcher_scripts.jobs.inference.seq2seq import Seq2SeqRunner
 from launcher_scripts.jobs.inference.served import ServedModel, forward_shape
@@ -171,7 +170,7 @@ def generation(
     # Every prompt fits: its encoder part is cut to the encoder's length, and the decoder's
     # start and answer follow it.
     positions = encoder_length + 1 + int(cfg.model.data.seq_length_dec)
-    return runner.logits, GenerationText(tokenizer, encoder_length, prefix), positions
+    return runner, GenerationText(tokenizer, encoder_length, prefix), positions
 
 
 def served(opened: OpenedModel) -> ServedModel:
@@ -196,7 +195,7 @@ def served(opened: OpenedModel) -> ServedModel:
         return None
 
     return ServedModel(
-        decoding=Recomputing(runner.logits),
+        decoding=runner,
         tokenizer=GenerationText(text),
         max_length=2 * positions + 1,  # too_long bounds each part
         shape=forward_shape(opened.chunks[0], opened.tensor, text.vocab_size, opened.on_gpu),
