@@ -11,7 +11,7 @@ In one run it
      serve` on it;
   3. generates greedily from the same prompts, --tokens new tokens at most each, at batch 1
      (one prompt at a time) and batch 8:
-       in process     generate() on the served model in this process (no KV cache);
+       in process     generate() on the served model in this process (its KV cache);
        through Triton HTTP requests to the served model (batch 8: eight concurrent one-prompt
                       requests, which Triton's dynamic batcher groups);
        transformers   T5ForConditionalGeneration.generate on the exported Hugging Face

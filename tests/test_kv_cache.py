@@ -39,6 +39,14 @@ def test_generate_through_the_cache_is_generate_over_whole_rows(report: dict[str
     assert report["engine"] == {"greedy": True, "beam": True, "sampled": True}
 
 
+def test_a_prompt_tuned_model_generates_through_the_cache_as_over_whole_rows(
+    report: dict[str, Any],
+) -> None:
+    """Virtual tokens take their embeddings by position, so the cache's steps (one token past
+    the prompt) keep theirs: a tuned model's evaluation generates as it did rerunning rows."""
+    assert report["prompt_tuned"] == {"same": True, "prompt_changed_logits": True}
+
+
 @pytest.fixture(scope="module")
 def t5_report(t5_converted: Path) -> dict[str, Any]:
     model = t5_converted / "t5_tiny" / "convert_nemo" / "megatron_t5.nemo"

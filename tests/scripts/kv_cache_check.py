@@ -128,6 +128,44 @@ def engine(runner: ModelRunner, tokenizer: Any, max_length: int) -> dict:
     return same
 
 
+def prompt_tuned(runner: ModelRunner, tokenizer: Any, max_length: int) -> dict:
+    """A P-tuning prompt (random, 4 virtual tokens) on the model, its placeholders before
+    every prompt: generate() through the cache (Prefixed) against whole rows (prompt_logits,
+    what sequence parallelism still uses), and that the prompt changed the logits."""
+    import torch
+
+    from launcher_scripts.jobs.fine_tuning.answers import prompt_logits
+    from launcher_scripts.jobs.fine_tuning.peft import attach
+    from launcher_scripts.jobs.inference.generation import Prefixed
+    from launcher_scripts.recipes.tuning import PeftSettings
+
+    prompts = ["The history of", "In the morning the river was"]
+    params = GenerationParams(tokens_to_generate=12, top_k=20, random_seed=3)
+    prefix = [tokenizer.eod_id] * 4
+    limit = max_length - len(prefix)
+
+    def first_logits() -> torch.Tensor:
+        return Prefixed(runner, prefix).cache(1, 16).add([tokenizer.encode(prompts[0])])[1]
+
+    before = first_logits()
+    settings = PeftSettings("ptuning", virtual_tokens=4, encoder_hidden=32)
+    attached = attach(runner.chunks, settings, runner.chunks[0].config)
+    torch.manual_seed(0)
+    for module in attached.modules:
+        for parameter in module.parameters():
+            parameter.data.normal_(0, 1)
+    try:
+        changed = float((first_logits() - before).abs().max())
+        cached = generate(Prefixed(runner, prefix), tokenizer, prompts, params, max_length=limit)
+        rows = generate(prompt_logits(runner, prefix), tokenizer, prompts, params, max_length=limit)
+    finally:
+        attached.remove()
+    return {
+        "same": [asdict(c) for c in cached] == [asdict(c) for c in rows],
+        "prompt_changed_logits": changed > 1e-3,
+    }
+
+
 def main() -> None:
     served = open_served(Path(sys.argv[1]), on_gpu=False)
     runner = served.decoding
@@ -138,6 +176,7 @@ def main() -> None:
         }
         if not hasattr(runner, "start_id"):  # a decoder's prompts are any ids
             report["refusals"] = refusals(runner)
+            report["prompt_tuned"] = prompt_tuned(runner, served.tokenizer, served.max_length)
     finally:
         close_runner()
     print(json.dumps(report))

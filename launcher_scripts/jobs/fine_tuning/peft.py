@@ -257,7 +257,9 @@ class FfnScale(PeftModule):
 
 class VirtualPrompt(PeftModule):
     """The first `virtual_tokens` positions of every sequence take learned embeddings; the data
-    puts placeholder ids there (never in the loss)."""
+    puts placeholder ids there (never in the loss). On an embedding, the positions are its
+    `position_ids` (each packed sample's own; a KV cache's decoding step, whose one token is
+    past the prompt, is left as it is); on a stack's input, the sequence's first rows."""
 
     def __init__(self, key: str, hidden: int, s: PeftSettings, sp: bool) -> None:
         super().__init__(key, sp)
@@ -290,6 +292,25 @@ class VirtualPrompt(PeftModule):
         elif args and args[0] is not None:
             args = (self.hook(None, (), args[0]), *args[1:])
         return args, kwargs
+
+    def positioned_hook(
+        self, module: Any, args: tuple, kwargs: dict[str, Any], output: torch.Tensor
+    ) -> torch.Tensor:
+        """An embedding's output [sequence (this rank's slice under sequence parallelism),
+        batch, hidden]: where a token's position is below `tokens`, the learned embedding of
+        that position."""
+        positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        if positions is None:
+            return self.hook(module, args, output)
+        local = output.shape[0]
+        rank = parallel_state.get_tensor_model_parallel_rank()
+        start = rank * local if self.sequence_parallel else 0
+        here = positions[:, start : start + local].transpose(0, 1)  # [local, batch]
+        virtual = here < self.tokens
+        if not bool(virtual.any()):
+            return output
+        prompt = self.embeddings().to(output.dtype)[here.clamp(max=self.tokens - 1)]
+        return torch.where(virtual.unsqueeze(-1), prompt, output)
 
     def hook(self, _module: Any, _args: tuple, output: torch.Tensor) -> torch.Tensor:
         # output: [sequence (this rank's slice under sequence parallelism), batch, hidden]
@@ -369,7 +390,7 @@ def attach(
                 handles.append(
                     module.register_forward_pre_hook(prompt.input_hook, with_kwargs=True)
                     if on_input
-                    else module.register_forward_hook(prompt.hook)
+                    else module.register_forward_hook(prompt.positioned_hook, with_kwargs=True)
                 )
             continue
         for prefix, layer in sites.layers(chunk):

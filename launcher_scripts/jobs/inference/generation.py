@@ -92,6 +92,34 @@ class _RecomputedRows:
         return logits[torch.arange(len(rows)), last].float()
 
 
+class Prefixed:
+    """A `Decoding` whose every prompt starts with `prefix` (a tuned model's virtual-token
+    placeholders): the caller's prompts and positions leave it out."""
+
+    def __init__(self, decoding: Decoding, prefix: Sequence[int]) -> None:
+        self.decoding, self.prefix = decoding, list(prefix)
+
+    def cache(self, slots: int, positions: int) -> _PrefixedRows:
+        return _PrefixedRows(self.decoding.cache(slots, positions + len(self.prefix)), self.prefix)
+
+
+class _PrefixedRows:
+    def __init__(self, cache: Cache, prefix: list[int]) -> None:
+        self.inner, self.prefix = cache, prefix
+
+    def add(self, prompts: Sequence[Sequence[int]]) -> tuple[list[int], torch.Tensor]:
+        return self.inner.add([[*self.prefix, *prompt] for prompt in prompts])
+
+    def step(self, sequences: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+        return self.inner.step(sequences, tokens)
+
+    def fork(self, sequence: int) -> int:
+        return self.inner.fork(sequence)
+
+    def drop(self, sequence: int) -> None:
+        self.inner.drop(sequence)
+
+
 def decoding_of(model: Decoding | LogitsFn) -> Decoding:
     return model if hasattr(model, "cache") else Recomputing(model)  # type: ignore[arg-type]
 

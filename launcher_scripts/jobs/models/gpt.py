@@ -20,6 +20,7 @@ from megatron.core.transformer.transformer_block import (
 
 from launcher_scripts.jobs.fine_tuning import peft, sft_data
 from launcher_scripts.jobs.fine_tuning.answers import prompt_logits
+from launcher_scripts.jobs.inference.generation import Prefixed
 from launcher_scripts.jobs.inference.runner import ModelRunner, OpenedModel, runner_of
 from launcher_scripts.jobs.inference.served import ServedModel
 from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
@@ -110,8 +111,13 @@ def generation(
         pipeline=par.pipeline,
         on_gpu=on_gpu,
     )
-    logits = prompt_logits(runner, prefix, par.tensor if par.sequence_parallel else 1)
-    return logits, tokenizer, runner.max_length - len(prefix)
+    if par.sequence_parallel:
+        # A training model's blocks split the sequence over the TP ranks, which a KV cache's
+        # one new token a step cannot be: whole rows, padded to a multiple of TP, each step.
+        decoding = prompt_logits(runner, prefix, par.tensor)
+    else:
+        decoding = Prefixed(runner, prefix)
+    return decoding, tokenizer, runner.max_length - len(prefix)
 
 
 def served(opened: OpenedModel) -> ServedModel:
