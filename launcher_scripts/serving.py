@@ -1,6 +1,7 @@
-"""The launcher's `serve EXPORT_DIR [--slurm overrides]` command: the Triton server of an export
-started here (the server program, launcher_scripts.jobs.export.serve), or submitted as a Slurm
-job that runs that program.
+"""The launcher's `serve EXPORT_DIR [--slurm | --render] [overrides]` command: the Triton
+server of an export started here (the server program, launcher_scripts.jobs.export.serve),
+submitted as a Slurm job that runs that program, or rendered for the cluster type the
+overrides name (a Slurm or BCP script, a Kubernetes manifest) for the user to start.
 
 The job is rendered like every stage's: the cluster section, `container` and `container_mounts`
 of the composed config apply (a Triton container puts `tritonserver` on PATH, which `serve`
@@ -21,6 +22,7 @@ from typing import Any
 
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError, LauncherError
+from launcher_scripts.files import write_atomic
 from launcher_scripts.jobs.export import serve
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 
@@ -38,10 +40,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="submit the server as a Slurm job instead (overrides: cluster.*, container, "
         "export.serving.*)",
     )
-    parser.add_argument("overrides", nargs="*", help="with --slurm: launcher config overrides")
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="write the server's job for cluster_type=bcm|bcp|k8s (an override; bcm by "
+        "default) beside the export, without submitting it",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="with --slurm or --render: launcher config overrides"
+    )
     args = parser.parse_intermixed_args(argv)  # overrides may follow --slurm
-    if args.overrides and not args.slurm:
-        parser.error("config overrides apply to --slurm only")
+    if args.slurm and args.render:
+        parser.error("--slurm submits, --render only writes the job: give one of them")
+    if args.overrides and not (args.slurm or args.render):
+        parser.error("config overrides apply to --slurm and --render only")
     return args
 
 
@@ -49,7 +61,51 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.slurm:
         return submit_server(args.export_dir.resolve(), args.overrides)
+    if args.render:
+        return render_server(args.export_dir.resolve(), args.overrides)
     return serve.run(args)
+
+
+RENDERED = {"bcm": "serve_submission.sh", "bcp": "serve_bcp.sh", "k8s": "serve_manifest.yaml"}
+HOW_TO_START = {
+    "bcm": "sbatch {path}",
+    "bcp": "bash {path} on node 0 of a Base Command Platform job",
+    "k8s": "kubectl apply -f {path}",
+}
+
+
+def rendered_server(export_dir: Path, overrides: list[str]) -> tuple[str, str]:
+    """(cluster type, the serving job rendered by its backend)."""
+    from launcher_scripts.clusters import BACKENDS
+    from launcher_scripts.config.compose import compose_config
+
+    given = any(o.lstrip("+").startswith("cluster_type=") for o in overrides)
+    root = compose_config(overrides if given else ["cluster_type=bcm", *overrides])
+    kind = str(root.cluster_type)
+    if kind not in RENDERED:
+        raise ConfigError(
+            "cluster_type",
+            f"is {kind}: a server for this machine starts without a job",
+            "Drop --render (and the overrides) to serve here, or give cluster_type=bcm, bcp or k8s",
+        )
+    return kind, BACKENDS[kind](root).render(serve_job(root, export_dir))
+
+
+def render_server(export_dir: Path, overrides: list[str]) -> int:
+    """`serve EXPORT_DIR --render overrides...`: the job written beside the export."""
+    try:
+        kind, text = rendered_server(export_dir, overrides)
+    except (ConfigError, LauncherError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    path = export_dir / RENDERED[kind]
+    write_atomic(path, text)
+    print(
+        f"wrote {path}; start it with {HOW_TO_START[kind].format(path=path)}. Once Triton is "
+        f"ready, {export_dir / ENDPOINT_FILE} holds its host and ports.",
+        flush=True,
+    )
+    return 0
 
 
 def serve_job(root: Any, export_dir: Path) -> JobSpec:

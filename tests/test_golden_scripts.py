@@ -8,9 +8,6 @@ rendered the same from run to run and machine to machine.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,9 +16,7 @@ from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.stages import STAGES, StageContext
-from tests.support.golden_cases import CASES, case_overrides
-
-GOLDEN = Path(__file__).parent / "golden"
+from tests.support.golden_cases import CASES, GOLDEN, assert_goldens, case_overrides
 
 
 def rendered(case: str, backend_name: str) -> dict[str, str]:
@@ -39,30 +34,7 @@ def test_rendered_scripts_match_goldens(
     case: str, backend_name: str, update_goldens: bool, tmp_path: Path
 ) -> None:
     scripts = rendered(case, backend_name)
-    folder = GOLDEN / backend_name / case
-    if update_goldens:
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        for name, text in scripts.items():
-            (folder / name).write_text(text)
-    pattern = "*.yaml" if backend_name == "k8s" else "*.sh"
-    expected = sorted(p.name for p in folder.glob(pattern))
-    assert sorted(scripts) == expected, "jobs differ from the goldens; see --update-goldens"
-    for name, text in scripts.items():
-        assert text == (folder / name).read_text(), f"{folder / name} differs"
-        if backend_name == "k8s":  # a manifest: valid against the pinned Kubernetes schemas
-            from tests.support.k8s_schema import validate_manifest
-
-            validate_manifest(text)
-            continue
-        script = tmp_path / name
-        script.write_text(text)
-        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
-        assert check.returncode == 0, check.stderr
-        if shutil.which("shellcheck") or os.environ.get("CI") == "true":
-            assert shutil.which("shellcheck"), "CI must install shellcheck (.ci/run does)"
-            lint = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
-            assert lint.returncode == 0, lint.stdout
+    assert_goldens(GOLDEN / backend_name / case, scripts, backend_name, update_goldens, tmp_path)
 
 
 def test_secrets_stay_out_of_scripts() -> None:

@@ -749,3 +749,107 @@ def test_a_slurm_server_with_fewer_gpus_than_model_ranks_is_one_line(
         serve_job(compose_config(["cluster_type=bcm", "export.serving.nodes=3"]), export)
     assert error.value.key == "export.serving.nodes"
     assert "2 model processes, which 3 nodes cannot share evenly" in str(error.value)
+
+
+def fake_export(folder: Path, tensor: int) -> Path:
+    """An export folder whose repository names a model served at TP `tensor` (what rendering
+    the server's job reads of it)."""
+    from launcher_scripts.jobs.export.repository import render_config
+
+    model = folder / "model_repo" / "gpt3_126m"
+    model.mkdir(parents=True)
+    defaults = {
+        "tokens_to_generate": 16, "temperature": 1.0, "top_k": 1, "top_p": 0.0,
+        "repetition_penalty": 1.0, "random_seed": None, "stop_words": (), "beam_width": 1,
+        "length_penalty": 1.0,
+    }  # fmt: skip
+    config = render_config(
+        "gpt3_126m",
+        max_batch_size=8,
+        max_queue_delay_microseconds=100,
+        decoupled=False,
+        model_file="1/model.nemo",
+        defaults=defaults,
+        max_request_tokens=4096,
+        tensor=tensor,
+    )
+    (model / "config.pbtxt").write_text(config)
+    return folder
+
+
+@pytest.mark.parametrize("backend_name", ["bcm", "bcp", "k8s"])
+def test_a_two_node_server_renders_for_each_cluster(
+    backend_name: str, update_goldens: bool, tmp_path: Path
+) -> None:
+    """A TP=2 export served over two nodes, one model rank on each: Slurm's script (two
+    tasks), BCP's (torchrun over two replicas) and Kubernetes' manifest (two pods), each
+    running the server program on every rank."""
+    from launcher_scripts.serving import RENDERED, rendered_server
+    from tests.support.golden_cases import GOLDEN, IMAGE, K8S, PATHS, assert_goldens
+
+    export = fake_export(tmp_path / "export", tensor=2)
+    overrides = [*PATHS, f"cluster_type={backend_name}", "export.serving.nodes=2"]
+    if backend_name == "k8s":
+        overrides += [*K8S, f"container={IMAGE}"]
+    kind, text = rendered_server(export, overrides)
+    assert kind == backend_name
+    text = text.replace(str(export), "/results/gpt3_126m/export")
+    folder = GOLDEN / backend_name / "serve_tp2_two_nodes"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert_goldens(folder, {RENDERED[kind]: text}, backend_name, update_goldens, scratch)
+    assert "launcher_scripts.jobs.export.serve" in text
+
+
+def test_render_writes_the_job_beside_the_export_and_refuses_local(tmp_path: Path) -> None:
+    from tests.support.commands import run_ops
+
+    export = fake_export(tmp_path / "export", tensor=1)
+    result = run_ops("serve", str(export), "--render", "export.serving.gpus_per_node=0")
+    assert result.returncode == 0, result.stderr
+    script = export / "serve_submission.sh"
+    assert result.stdout.startswith(f"wrote {script}; start it with sbatch {script}.")
+    assert "#SBATCH --nodes=1" in script.read_text()
+    refused = run_ops("serve", str(export), "--render", "cluster_type=local")
+    assert_one_line_error(refused, "cluster_type: is local: a server for this machine starts")
+    both = run_ops("serve", str(export), "--render", "--slurm")
+    assert both.returncode == 2 and "give one of them" in both.stderr
+
+
+def test_a_server_spread_over_torchrun_workers_answers_as_tp1(
+    exported: Path, tp2_export: Path, triton_python: Path, tmp_path: Path
+) -> None:
+    """What a two-node BCP or Kubernetes job runs (torchrun's workers each running the server
+    program, rank 0 serving and rank 1 a model rank), on one machine: the client gets the
+    text the TP=1 export's check generated."""
+    import os
+    import shutil
+    import signal
+
+    from launcher_scripts.ports import free_port
+    from tests.support.commands import run_ops
+    from tests.support.triton import READY_TIMEOUT, logged
+
+    export = tmp_path / "export"
+    shutil.copytree(tp2_export, export, copy_function=os.link)
+    check = json.loads((exported / "check.json").read_text())
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2"]
+    command += ["-m", "launcher_scripts.jobs.export.serve", str(export)]
+    command += [f"--http-port={free_port()}", "--grpc-port=auto"]
+    command += [f"--ready-timeout={READY_TIMEOUT}", f"--endpoint-file={export / 'endpoint.json'}"]
+    log = tmp_path / "serve.log"
+    with log.open("w") as output:
+        server = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        logged(log, "ready: models", server, timeout=READY_TIMEOUT)
+        assert "TP=2 x PP=1 (2 process(es) spread over the job's nodes)" in log.read_text()
+        answer = run_ops("client", str(export), check["prompt"])
+        assert answer.returncode == 0, answer.stderr
+        assert answer.stdout.splitlines() == [
+            f"{check['prompt']}{check['text']}  [{check['finish_reason']}]"
+        ]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=300)

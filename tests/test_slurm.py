@@ -327,7 +327,7 @@ def test_a_tp2_model_is_served_across_two_slurm_nodes_as_tp1_serves_it(
             f"{check['prompt']}{check['text']}  [{check['finish_reason']}]"
         ]
     log = next(export.glob("slurm-serve_*.out")).read_text()
-    assert "TP=2 x PP=1 (2 process(es) across the Slurm step's tasks)" in log
+    assert "TP=2 x PP=1 (2 process(es) spread over the job's nodes)" in log
 
 
 QUERY = """

@@ -3,6 +3,13 @@ the quoting tests render each of them."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+GOLDEN = Path(__file__).parents[1] / "golden"
+
 # Fixed paths, so the scripts do not depend on where the checkout is.
 PATHS = ["launcher_scripts_path=/opt/launcher", "data_dir=/data", "base_results_dir=/results"]
 # One case per kind of job a stage renders: (stage, overrides). The golden scripts and the
@@ -148,3 +155,34 @@ def case_overrides(
         if not any(o.startswith("container=") for o in overrides):
             extra.append(f"container={IMAGE}")
     return stage, [*paths, f"cluster_type={backend_name}", *extra, f"stages=[{stage}]", *overrides]
+
+
+def assert_goldens(
+    folder: Path, scripts: dict[str, str], backend_name: str, update: bool, scratch: Path
+) -> None:
+    """`scripts` (name -> text) are the files of `folder`, byte for byte (rewritten first with
+    --update-goldens); each script passes `bash -n` and shellcheck, each manifest the pinned
+    Kubernetes schemas."""
+    if update:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, text in scripts.items():
+            (folder / name).write_text(text)
+    pattern = "*.yaml" if backend_name == "k8s" else "*.sh"
+    expected = sorted(p.name for p in folder.glob(pattern))
+    assert sorted(scripts) == expected, "jobs differ from the goldens; see --update-goldens"
+    for name, text in scripts.items():
+        assert text == (folder / name).read_text(), f"{folder / name} differs"
+        if backend_name == "k8s":  # a manifest: valid against the pinned Kubernetes schemas
+            from tests.support.k8s_schema import validate_manifest
+
+            validate_manifest(text)
+            continue
+        script = scratch / name
+        script.write_text(text)
+        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+        if shutil.which("shellcheck") or os.environ.get("CI") == "true":
+            assert shutil.which("shellcheck"), "CI must install shellcheck (.ci/run does)"
+            lint = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+            assert lint.returncode == 0, lint.stdout

@@ -13,9 +13,10 @@ LD_LIBRARY_PATH (the stub embeds it), and the environment's own bin first on PAT
 imports that environment's numpy 1.x (the stub returns empty tensors with numpy 2).
 
 The model's ranks: one process alone, or TP x PP under torchrun on this node; or, run as the
-tasks of a Slurm step (`srun`, one task per rank, across nodes: `serve --slurm` with
-export.serving.nodes > 1), the step's tasks themselves: task 0 serves (Triton, the front, the
-model server's rank 0) and every other task becomes a model rank that follows it.
+processes of a multi-node job (a Slurm step's tasks, or torchrun's workers on BCP and
+Kubernetes: one per rank, `serve --slurm` or `--render` with export.serving.nodes > 1), those
+processes themselves: rank 0 serves (Triton, the front, the model server's rank 0) and every
+other becomes a model rank that follows it.
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     job = process_info()
-    spread = job.launcher == "slurm" and job.world_size > 1
+    spread = job.launcher in ("slurm", "torchrun") and job.world_size > 1
     if spread:
         try:
             check_step(served_model(repository), job.world_size)
@@ -270,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: --http-port {args.http_port}: {error.strerror}", file=sys.stderr)
             return 2
         env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
-        # Spread over a Slurm step, the model server is its rank 0: it keeps the step's ranks.
+        # Spread over a job's processes, the model server is its rank 0: it keeps their ranks.
         model_env = dict(os.environ) if spread else env
         model = start_model_server(repository, socket_path, args.slots, model_env, spread)
         try:
@@ -328,13 +329,13 @@ def _config_parameter(config: str, key: str) -> str | None:
 
 
 def check_step(served: ServedModel, tasks: int) -> None:
-    """A Slurm step's tasks are the model's ranks: as many as the export's TP x PP."""
+    """A multi-node job's processes are the model's ranks: as many as the export's TP x PP."""
     ranks = served.tensor * served.pipeline
     if tasks != ranks:
         raise ServeError(
-            f"this Slurm step has {tasks} tasks, but the export serves at TP={served.tensor} "
-            f"x PP={served.pipeline}: run it with {ranks} tasks, one per model rank (serve "
-            "--slurm with export.serving.nodes dividing them does)"
+            f"this job has {tasks} processes, but the export serves at TP={served.tensor} x "
+            f"PP={served.pipeline}: run it with {ranks}, one per model rank (serve --slurm or "
+            "--render with export.serving.nodes dividing them does)"
         )
 
 
@@ -355,15 +356,15 @@ def start_model_server(
     repository: Path, socket_path: Path, slots: int, env: dict[str, str], spread: bool = False
 ) -> subprocess.Popen:
     """The model's processes: TP x PP of them under torchrun when the export asked for more
-    than one; or, `spread` over a Slurm step's tasks, its rank 0 (the other tasks are the
-    other ranks). Triton's models ask rank 0."""
+    than one; or, `spread` over a multi-node job's processes, its rank 0 (the other processes
+    are the other ranks). Triton's models ask rank 0."""
     served = served_model(repository)
     processes = served.tensor * served.pipeline
     command = model_server_command(served, socket_path, slots)
     if processes > 1 and not spread:
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
         command = [command[0], *launcher, *command[1:]]
-    where = "across the Slurm step's tasks" if spread else "on this node"
+    where = "spread over the job's nodes" if spread else "on this node"
     print(
         f"starting the model server: TP={served.tensor} x PP={served.pipeline} "
         f"({processes} process(es) {where}), {slots} slots",
