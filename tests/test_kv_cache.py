@@ -63,3 +63,12 @@ def test_the_t5_cache_is_the_full_pass_and_generates_as_whole_rows(
     for move in ("moved_right", "compacted", "forked", "dropped", "joined"):
         assert script[move] >= 1, (move, script)
     assert t5_report["engine"] == {"greedy": True, "beam": True, "sampled": True}
+
+
+def test_the_fused_local_attention_is_megatron_core_s() -> None:
+    """What decoding runs in place of megatron-core's local attention gives its outputs, with
+    grouped and plain heads, over a causal square, a cache step and left padding."""
+    report = module_report("tests.scripts.fused_attention_check")
+    for layout, cases in report.items():
+        for case, difference in cases.items():
+            assert difference < 1e-5, (layout, case, difference)

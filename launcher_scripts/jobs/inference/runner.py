@@ -261,6 +261,9 @@ def open_runner(
 
 
 def runner_of(opened: OpenedModel) -> ModelRunner:
+    from launcher_scripts.jobs.inference.fused_attention import fuse_local_attention
+
+    fuse_local_attention(opened.chunks)
     model = opened.config
     tokenizer = load_text_tokenizer(model.tokenizer)
     return ModelRunner(
