@@ -467,19 +467,7 @@ def test_a_request_over_the_generation_limit_is_refused_saying_what_fits() -> No
 
 
 def test_the_limit_is_the_recipe_s_and_preflight_checks_it(tmp_path: Path) -> None:
-    from launcher_scripts.jobs.export.repository import render_config
-    from launcher_scripts.recipes.triton_interface import PARAMETER_NAMES
-
-    defaults = {name: [] if name == "stop_words" else 1 for name in PARAMETER_NAMES}
-    config = render_config(
-        "m",
-        max_batch_size=8,
-        max_queue_delay_microseconds=0,
-        decoupled=False,
-        model_file="1/model.nemo",
-        defaults=defaults,
-        max_request_tokens=512,
-    )
+    config = plain_config("m", max_request_tokens=512)
     assert 'key: "max_request_tokens"\n  value: { string_value: "512" }' in config
     result = run_main(
         "stages=[export]",
@@ -751,29 +739,30 @@ def test_a_slurm_server_with_fewer_gpus_than_model_ranks_is_one_line(
     assert "2 model processes, which 3 nodes cannot share evenly" in str(error.value)
 
 
-def fake_export(folder: Path, tensor: int) -> Path:
-    """An export folder whose repository names a model served at TP `tensor` (what rendering
-    the server's job reads of it)."""
+def plain_config(name: str, max_request_tokens: int = 4096, tensor: int = 1) -> str:
+    """The text model's config.pbtxt as the export renders it, with made-up defaults."""
     from launcher_scripts.jobs.export.repository import render_config
+    from launcher_scripts.recipes.triton_interface import PARAMETER_NAMES
 
-    model = folder / "model_repo" / "gpt3_126m"
-    model.mkdir(parents=True)
-    defaults = {
-        "tokens_to_generate": 16, "temperature": 1.0, "top_k": 1, "top_p": 0.0,
-        "repetition_penalty": 1.0, "random_seed": None, "stop_words": (), "beam_width": 1,
-        "length_penalty": 1.0,
-    }  # fmt: skip
-    config = render_config(
-        "gpt3_126m",
+    defaults = {name: [] if name == "stop_words" else 1 for name in PARAMETER_NAMES}
+    return render_config(
+        name,
         max_batch_size=8,
-        max_queue_delay_microseconds=100,
+        max_queue_delay_microseconds=0,
         decoupled=False,
         model_file="1/model.nemo",
         defaults=defaults,
-        max_request_tokens=4096,
+        max_request_tokens=max_request_tokens,
         tensor=tensor,
     )
-    (model / "config.pbtxt").write_text(config)
+
+
+def fake_export(folder: Path, tensor: int) -> Path:
+    """An export folder whose repository names a model served at TP `tensor` (what rendering
+    the server's job reads of it)."""
+    model = folder / "model_repo" / "gpt3_126m"
+    model.mkdir(parents=True)
+    (model / "config.pbtxt").write_text(plain_config("gpt3_126m", tensor=tensor))
     return folder
 
 
