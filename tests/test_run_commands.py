@@ -202,7 +202,7 @@ def test_an_unknown_command_lists_the_commands(word: str, meant: str | None) -> 
         result.stdout,
         result.stderr,
         f"unknown command {word!r}",
-        "status, logs, cancel, serve, merge-lora, install-triton",
+        "status, logs, cancel, serve, client, merge-lora, install-triton",
     )
     if meant:
         assert f"did you mean {meant!r}" in result.stderr
