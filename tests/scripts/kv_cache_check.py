@@ -2,7 +2,7 @@
 seq2seq_cache.py for T5 and mT5) on a real model, one process; prints one JSON object for
 tests/test_kv_cache.py:
 
-python -m tests.scripts.kv_cache_check MODEL.nemo
+python -m tests.scripts.kv_cache_check MODEL.nemo [TP]   (TP > 1: under torchrun, TP processes)
 
 Every logits row the cache returns is compared with the model's full pass over the sequence
 (ModelRunner.logits, no cache), through joins, forks, drops, a move to the right (a prompt
@@ -167,14 +167,15 @@ def prompt_tuned(runner: ModelRunner, tokenizer: Any, max_length: int) -> dict:
 
 
 def main() -> None:
-    served = open_served(Path(sys.argv[1]), on_gpu=False)
+    tensor = int(sys.argv[2]) if len(sys.argv) > 2 else 1  # under torchrun with as many
+    served = open_served(Path(sys.argv[1]), tensor=tensor, on_gpu=False)
     runner = served.decoding
     try:
         report = {
             "script": scripted(runner, served.tokenizer),
             "engine": engine(runner, served.tokenizer, served.max_length),
         }
-        if not hasattr(runner, "start_id"):  # a decoder's prompts are any ids
+        if not hasattr(runner, "start_id") and tensor == 1:  # a decoder's: any ids
             report["refusals"] = refusals(runner)
             report["prompt_tuned"] = prompt_tuned(runner, served.tokenizer, served.max_length)
     finally:
