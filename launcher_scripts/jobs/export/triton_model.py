@@ -92,22 +92,28 @@ def _prompts(read: Any, on_ids: bool) -> list[str] | list[list[int]]:
     ids = read(INPUT_IDS)
     if ids is None:
         raise RequestError(f"the input {INPUT_IDS} is required: send the prompt's token ids")
-    ids = np.asarray(ids).reshape(len(ids), -1)
     lengths = read(INPUT_LENGTHS)
     if lengths is None:
-        return [[int(token) for token in row] for row in ids]
+        return [[int(token) for token in row] for row in np.asarray(ids).reshape(len(ids), -1)]
+    return cut_rows(ids, lengths, INPUT_LENGTHS, least=1)
+
+
+def cut_rows(ids: Any, lengths: Any, lengths_name: str, least: int) -> list[list[int]]:
+    """Each row of a padded [rows, width] id array cut to its length (`lengths_name`'s value
+    for the row, at least `least`); RequestError naming a length that does not fit."""
+    ids = np.asarray(ids).reshape(len(ids), -1)
     lengths = np.asarray(lengths).reshape(-1)
     if lengths.size != len(ids):
-        raise RequestError(f"{INPUT_LENGTHS} has {lengths.size} values for {len(ids)} prompts")
-    prompts = []
+        raise RequestError(f"{lengths_name} has {lengths.size} values for {len(ids)} rows of ids")
+    rows = []
     for row, length in zip(ids, lengths, strict=True):
-        if not 0 < length <= len(row):
+        if not least <= length <= len(row):
             raise RequestError(
-                f"{INPUT_LENGTHS} {int(length)} is not within the row's {len(row)} ids: give "
-                "each prompt's count of ids (at least 1)"
+                f"{lengths_name} {int(length)} is not within the row's {len(row)} ids: give "
+                f"each row's count of ids (at least {least})"
             )
-        prompts.append([int(token) for token in row[: int(length)]])
-    return prompts
+        rows.append([int(token) for token in row[: int(length)]])
+    return rows
 
 
 def parse_request(read: Any, defaults: Any, on_ids: bool = False) -> list[Row]:

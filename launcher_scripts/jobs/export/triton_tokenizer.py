@@ -19,6 +19,7 @@ import numpy as np
 from launcher_scripts.jobs.export.triton_model import (
     RequestError,
     as_text,
+    cut_rows,
     error_response,
     padded_ids,
 )
@@ -38,20 +39,6 @@ try:  # present only inside Triton's Python backend
     import triton_python_backend_utils as pb_utils
 except ImportError:  # imported by tests and tools outside the server
     pb_utils = None
-
-
-def rows_of(ids: Any, lengths: Any, name: str) -> list[list[int]]:
-    """Each row of a padded [rows, width] id array cut to its length."""
-    ids = np.asarray(ids).reshape(len(ids), -1)
-    lengths = np.asarray(lengths).reshape(-1)
-    if lengths.size != len(ids):
-        raise RequestError(f"{name}: {lengths.size} lengths for {len(ids)} rows of ids")
-    rows = []
-    for row, length in zip(ids, lengths, strict=True):
-        if not 0 <= length <= len(row):
-            raise RequestError(f"{name}: length {int(length)} is not within the row's {len(row)}")
-        rows.append([int(token) for token in row[: int(length)]])
-    return rows
 
 
 def tokenize_request(texts: Sequence[Any]) -> dict[str, Any]:
@@ -96,16 +83,17 @@ class TritonPythonModel:
                     pb_utils.Tensor(INPUT_LENGTHS, lengths),
                 ]
             )
-        generated = rows_of(
-            self._input(request, OUTPUT_IDS), self._input(request, SEQUENCE_LENGTH), OUTPUT_IDS
-        )
+        generated = cut_rows(
+            self._input(request, OUTPUT_IDS), self._input(request, SEQUENCE_LENGTH),
+            SEQUENCE_LENGTH, least=0,
+        )  # fmt: skip
         prompt_ids = self._input(request, INPUT_IDS)
         prompts = [[] for _ in generated]
         if prompt_ids is not None:
             lengths = self._input(request, INPUT_LENGTHS)
             if lengths is None:
                 lengths = np.full(len(prompt_ids), np.asarray(prompt_ids).shape[-1])
-            prompts = rows_of(prompt_ids, lengths, INPUT_IDS)
+            prompts = cut_rows(prompt_ids, lengths, INPUT_LENGTHS, least=0)
         texts = self._ask({"detokenize": generated, "after": prompts})["texts"]
         as_bytes = np.array([[text.encode("utf-8")] for text in texts], dtype=object)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(TEXT_OUTPUT, as_bytes)])
