@@ -23,7 +23,13 @@ import pytest
 # The families register the tensor shapes the portable file checks compare weights with.
 import launcher_scripts.families  # noqa: F401
 from tests.support import REPO, hf_dirs
-from tests.support.commands import ONE_THREAD, one_error_line, run_main, run_module
+from tests.support.commands import (
+    ONE_THREAD,
+    module_report,
+    one_error_line,
+    run_main,
+    run_module,
+)
 from tests.support.conversion import (
     assert_import_refused,
     assert_padded_and_unpadded_exactly,
@@ -120,6 +126,19 @@ def test_imported_models_compute_what_transformers_does_and_go_back_exactly(
         assert_computes_what_transformers_does(report)
         assert report["keys_equal"] and report["tensors_equal"], (variant, report)
         assert report["class"] == CLASSES[variant], (variant, report)
+
+
+def test_a_rotary_model_s_cache_is_the_full_pass_through_every_move(imported: Path) -> None:
+    """Llama's keys are stored rotated at their cache positions (rope_at_append.py): every
+    logits row through joins, forks, drops, a move right and compactions (which rotate the
+    moved keys on) equals the full pass, and generate() through the cache gives what it gives
+    over whole rows."""
+    report = module_report("tests.scripts.kv_cache_check", str(model_file(imported, "llama3")))
+    script = report["script"]
+    assert script["max_diff"] < 1e-4, script
+    for move in ("moved_right", "compacted", "forked", "dropped", "joined"):
+        assert script[move] >= 1, (move, script)
+    assert report["engine"] == {"greedy": True, "beam": True, "sampled": True}
 
 
 # Imports whose vocabulary rows are padded for TP: variant -> (TP, make_vocab_size_divisible_by,

@@ -26,9 +26,28 @@ MASKED = -10000.0  # megatron-core's attention_mask_func fill
 GQA_IN_KERNEL = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
+class MaskBias:
+    """The additive bias of an attention mask, made once per mask for all a model's layers
+    (each layer is handed the same mask tensor in one forward); None for a mask that hides
+    nothing, such as a decoding step's where every sequence starts at position 0, which lets
+    the kernel run unmasked."""
+
+    def __init__(self) -> None:
+        self.mask: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+
+    def of(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        if mask is not self.mask or (self.bias is not None and self.bias.dtype != dtype):
+            hides = bool(mask.any())
+            bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device) if hides else None
+            self.mask, self.bias = mask, bias.masked_fill_(mask, MASKED) if hides else None
+        return self.bias
+
+
 class FusedLocalAttention(torch.nn.Module):
-    def __init__(self, local: Any) -> None:
+    def __init__(self, local: Any, biases: MaskBias | None = None) -> None:
         super().__init__()
+        self.biases = biases or MaskBias()
         self.scale = float(local.softmax_scale)
         self.heads = int(local.num_attention_heads_per_partition)
         self.groups = int(local.num_query_groups_per_partition)
@@ -49,6 +68,11 @@ class FusedLocalAttention(torch.nn.Module):
         length, batch = query.shape[0], query.shape[1]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
         grouped = self.groups != self.heads
+        rows = grouped and length == 1 and k.shape[2] > 1 and _per_row(attention_mask)
+        if rows:
+            # A decoding step: a group's query heads are rows of one query over its keys.
+            q = q.reshape(batch, self.groups, self.heads // self.groups, q.shape[-1])
+            grouped = False
         if grouped and not GQA_IN_KERNEL:
             k = k.repeat_interleave(self.heads // self.groups, dim=1)
             v = v.repeat_interleave(self.heads // self.groups, dim=1)
@@ -56,25 +80,33 @@ class FusedLocalAttention(torch.nn.Module):
         if grouped and GQA_IN_KERNEL:
             options["enable_gqa"] = True
         if attention_mask is not None:
-            bias = torch.zeros(attention_mask.shape, dtype=q.dtype, device=q.device)
-            options["attn_mask"] = bias.masked_fill_(attention_mask, MASKED)
+            bias = self.biases.of(attention_mask, q.dtype)
+            if bias is not None:
+                options["attn_mask"] = bias
         elif length == k.shape[2] and "causal" in str(attn_mask_type):
             options["is_causal"] = True
         context = F.scaled_dot_product_attention(q, k, v, **options)
+        if rows:
+            context = context.reshape(batch, self.heads, 1, context.shape[-1])
         return context.permute(2, 0, 1, 3).reshape(length, batch, self.hidden)
+
+
+def _per_row(mask: torch.Tensor | None) -> bool:
+    """Whether a mask is the same for every query head and query of a row."""
+    return mask is None or (mask.shape[1] == 1 and mask.shape[2] == 1)
 
 
 def fuse_local_attention(chunks: list[Any]) -> int:
     """Put the fused attention in place of each plain local core attention; how many."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    replaced = 0
+    replaced, biases = 0, MaskBias()
     for chunk in chunks:
         for module in list(chunk.modules()):
             local = getattr(module, "core_attention", None)
             if type(local) is not DotProductAttention or not _plain(local):
                 continue
-            module.core_attention = FusedLocalAttention(local)
+            module.core_attention = FusedLocalAttention(local, biases)
             replaced += 1
     return replaced
 

@@ -360,24 +360,35 @@ def _encode_prompts(
 @dataclass
 class _Row:
     prompt: _Prompt
+    tokenizer: Tokenizer
     generated: list[int] = field(default_factory=list)
-    text: str = ""
     finish_reason: str | None = None
+    decoded: str | None = ""  # the continuation's text; None: not decoded since the last token
+
+    @property
+    def text(self) -> str:
+        """Decoded when asked for (stop words, a stream, the result): decoding the whole row
+        after every token would cost each step time that grows with the row."""
+        if self.decoded is None:
+            self.decoded = _continuation(self.tokenizer, self.prompt, self.generated)
+        return self.decoded
 
     def seen(self) -> list[int]:
         return [*self.prompt.ids, *self.generated]
 
-    def add(self, token: int, tokenizer: Tokenizer, params: GenerationParams) -> None:
+    def add(self, token: int, params: GenerationParams) -> None:
         """Take one sampled token and decide whether the row is done."""
-        if token == tokenizer.eod_id:
+        if token == self.tokenizer.eod_id:
             self.finish_reason = "eod"
             return
         self.generated.append(token)
-        self.text = _continuation(tokenizer, self.prompt, self.generated)
-        cut = _stop_at(self.text, params.stop_words)
+        self.decoded = None
+        cut = _stop_at(self.text, params.stop_words) if params.stop_words else None
         if cut is not None:
-            self.generated = _tokens_before(tokenizer, self.prompt, self.generated, self.text, cut)
-            self.text = self.text[:cut]
+            self.generated = _tokens_before(
+                self.tokenizer, self.prompt, self.generated, self.text, cut
+            )
+            self.decoded = self.text[:cut]
             self.finish_reason = "stop"
         elif len(self.generated) == params.tokens_to_generate:
             self.finish_reason = "length"
@@ -417,7 +428,7 @@ class SamplingTask(_PromptsTask):
     rows draw from one generator in turn (seeded alike on every rank)."""
 
     def _hold(self, prompts: list[_Prompt]) -> None:
-        self.rows = [_Row(prompt) for prompt in prompts]
+        self.rows = [_Row(prompt, self.tokenizer) for prompt in prompts]
         seed = self.params.random_seed
         greedy = self.params.greedy
         self.generator = None if greedy else shared_generator(seed, self.replicated)
@@ -455,7 +466,7 @@ class SamplingTask(_PromptsTask):
         tokens = next_tokens(logits[:, :vocab].float(), seen, self.params, self.generator)
         self.live = []
         for (row, handle), token in zip(active, tokens, strict=True):
-            row.add(token, self.tokenizer, self.params)
+            row.add(token, self.params)
             if row.finish_reason is None:
                 self.live.append((row, handle, token))
             else:

@@ -260,10 +260,21 @@ def open_runner(
     return runner_of(open_model(model_file, tensor, pipeline, on_gpu))
 
 
-def runner_of(opened: OpenedModel) -> ModelRunner:
+def inference_only(chunks: list[Any]) -> None:
+    """Put inference's fast paths in a model opened for inference only (a served or evaluated
+    model; a model being trained must not take them): fused attention, plain linear layers,
+    keys rotated once as they enter the cache."""
     from launcher_scripts.jobs.inference.fused_attention import fuse_local_attention
+    from launcher_scripts.jobs.inference.lean_linear import lean_linears
+    from launcher_scripts.jobs.inference.rope_at_append import rotate_keys_at_append
 
-    fuse_local_attention(opened.chunks)
+    fuse_local_attention(chunks)
+    lean_linears(chunks)
+    rotate_keys_at_append(chunks)
+
+
+def runner_of(opened: OpenedModel) -> ModelRunner:
+    inference_only(opened.chunks)
     model = opened.config
     tokenizer = load_text_tokenizer(model.tokenizer)
     return ModelRunner(

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from launcher_scripts.formats.tokenizer import wordpiece_reference
 from launcher_scripts.jobs.fine_tuning.peft import PeftSites
 from launcher_scripts.jobs.fine_tuning.sft_data import Counts, Encoded, SampleMaker, SftFormat
-from launcher_scripts.jobs.inference.runner import OpenedModel
+from launcher_scripts.jobs.inference.runner import OpenedModel, inference_only
 from launcher_scripts.jobs.inference.seq2seq import Seq2SeqRunner
 from launcher_scripts.jobs.inference.served import ServedModel, forward_shape
 from launcher_scripts.jobs.models.base import TuningSide
@@ -178,6 +178,7 @@ def served(opened: OpenedModel) -> ServedModel:
     model's positions: a prompt too long is refused, not cut, so that a client learns it."""
     text = T5Text(opened.config)
     positions = int(opened.config.max_position_embeddings)
+    inference_only(opened.chunks)
     runner = _runner(opened.chunks, text, opened.tensor, opened.pipeline, False, opened.on_gpu)
 
     def too_long(row_tokens: int, tokens_to_generate: int) -> str | None:
