@@ -173,12 +173,12 @@ def compare(model_file: Path, hf_dir: Path, args: argparse.Namespace) -> dict:
             "identical_tokens": same,
         }
     # Time per generated token deep into the positions against near the start: the time of 48
-    # new tokens less that of 16 (so the prompt's own pass, done once, is left out).
-    per_token = {}
-    for length in (64, 1000):
-        text = tokenizer.decode(token_prompts(tokenizer, length, 1)[0])
-        runs = []
-        for _ in range(args.repeat):
+    # new tokens less that of 16 (so the prompt's own pass, done once, is left out). The two
+    # lengths alternate within each repeat, so a change in the machine's load hits both.
+    texts_at = {n: tokenizer.decode(token_prompts(tokenizer, n, 1)[0]) for n in (64, 1000)}
+    runs: dict[int, list[float]] = {n: [] for n in texts_at}
+    for _ in range(args.repeat):
+        for length, text in texts_at.items():
             counts, seconds = [], []
             for new in (16, 48):
                 params = GenerationParams(tokens_to_generate=new, top_k=1)
@@ -190,8 +190,8 @@ def compare(model_file: Path, hf_dir: Path, args: argparse.Namespace) -> dict:
                 counts.append(len(out[0].tokens))
                 seconds.append(spent)
             if counts[1] > counts[0]:
-                runs.append((seconds[1] - seconds[0]) / (counts[1] - counts[0]))
-        per_token[length] = statistics.median(runs) if runs else float("nan")
+                runs[length].append((seconds[1] - seconds[0]) / (counts[1] - counts[0]))
+    per_token = {n: statistics.median(r) if r else float("nan") for n, r in runs.items()}
     figures["served"] = served(runner, args)
     figures["ms_per_token_at_64"] = round(1000 * per_token[64], 2)
     figures["ms_per_token_at_1000"] = round(1000 * per_token[1000], 2)
