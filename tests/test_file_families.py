@@ -21,7 +21,7 @@ from launcher_scripts.families import FAMILIES
 from launcher_scripts.families.file_family import peft_record
 from launcher_scripts.formats.portable_check import inspect_portable
 from launcher_scripts.jobs.fine_tuning import peft_file
-from launcher_scripts.recipes.tuning import PeftSettings
+from launcher_scripts.tuning import PeftSettings
 from tests.support import REPO
 from tests.support.commands import ONE_THREAD, assert_one_line_error, run_main
 from tests.support.conversion import convert

@@ -559,7 +559,7 @@ def test_an_export_it_cannot_write_is_one_line_and_writes_nothing(
     import torch
 
     from launcher_scripts.jobs.fine_tuning import peft_file
-    from launcher_scripts.recipes.tuning import PeftSettings
+    from launcher_scripts.tuning import PeftSettings
 
     ia3 = tmp_path / "ia3.nemo"
     peft_file.write(ia3, PeftSettings(scheme="ia3"), {}, {"peft.1.ia3": torch.ones(4)})

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 import launcher_scripts.families  # noqa: F401
 from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
-from launcher_scripts.recipes.tuning import PeftSettings
+from launcher_scripts.tuning import PeftSettings
 from tests.support.commands import run_main
 
 

@@ -21,6 +21,7 @@ a package imports only packages of the layers below its own:
                           and registers its tensor-shape table with formats/
     costmodel/            reads the recipe views and the files
     recipes/              typed views of the recipes; use config/'s checks, formats' readers
+    tuning/               the PEFT method registry: each method's settings and checks
     config/, formats/     side by side: composition and checks; the files
   shared utilities        errors.py, files.py, ports.py, jobspec.py, sample_data/ and the
                           package's __init__
@@ -52,7 +53,7 @@ from typing import Any
 
 import pytest
 
-from launcher_scripts import families
+from launcher_scripts import families, tuning
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "launcher_scripts"
@@ -67,6 +68,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("launcher_scripts.families",),
     ("launcher_scripts.costmodel",),
     ("launcher_scripts.recipes",),
+    ("launcher_scripts.tuning",),
     ("launcher_scripts.config", "launcher_scripts.formats"),
     (
         "launcher_scripts",
@@ -78,8 +80,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
 )
 LAYER_OF = {package: depth for depth, layer in enumerate(LAYERS) for package in layer}
-TORCH_FREE = ("recipes", "formats", "costmodel", "families", "config")
-LAUNCHER_SIDE = ("stages", "clusters", "config", "recipes", "formats", "costmodel", "families")
+TORCH_FREE = ("recipes", "formats", "costmodel", "families", "config", "tuning")
+LAUNCHER_SIDE = (
+    "stages",
+    "clusters",
+    "config",
+    "recipes",
+    "formats",
+    "costmodel",
+    "families",
+    "tuning",
+)
 # The command-line modules that run job programs in this process: the tools (serve,
 # merge-lora, install-triton) are job programs, and `serve` runs the server program here.
 RUNS_JOB_PROGRAMS = (PACKAGE / "main.py", PACKAGE / "serving.py")
@@ -113,6 +124,19 @@ def command_tools() -> set[str]:
     return set(TOOLS.values())
 
 
+def method_runtimes() -> set[str]:
+    """The PEFT methods' torch-side modules (by these names, job programs import them)."""
+    return {method.runtime for method in tuning.METHODS.values()}
+
+
+def method_modules() -> set[str]:
+    return {
+        f"launcher_scripts.tuning.{m.name}"
+        for m in pkgutil.iter_modules(tuning.__path__)
+        if m.name != "method"
+    }
+
+
 def family_modules() -> set[str]:
     return {f"launcher_scripts.families.{m.name}" for m in pkgutil.iter_modules(families.__path__)}
 
@@ -123,6 +147,9 @@ DYNAMIC_IMPORTS: dict[str, Callable[[], Iterable[str]]] = {
     "launcher_scripts/families/__init__.py": family_modules,  # each family module registers
     "launcher_scripts/jobs/models/base.py": runtime_modules,  # import_module(family.runtime)
     "launcher_scripts/jobs/conversion/hf_import.py": hf_importers,  # (family.hf_importer)
+    "launcher_scripts/tuning/__init__.py": method_modules,  # each method module registers
+    "launcher_scripts/jobs/fine_tuning/peft.py": method_runtimes,  # (method.runtime).attach
+    "launcher_scripts/jobs/fine_tuning/merge_lora.py": method_runtimes,  # (...).merged
 }
 
 
@@ -402,3 +429,34 @@ def test_the_hugging_face_import_job_loads_no_megatron_core() -> None:
         [sys.executable, "-c", program, *modules], capture_output=True, text=True, cwd=ROOT
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def method_literals(path: Path) -> list[str]:
+    names = set(tuning.METHODS)
+    return [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+    ]
+
+
+METHOD_HOMES = (PACKAGE / "tuning", PACKAGE / "jobs" / "fine_tuning" / "methods")
+
+
+def test_no_module_outside_the_method_registry_names_a_peft_method() -> None:
+    """A PEFT method is asked (`settings.method.merges`), never compared by name (no
+    `scheme == "lora"`): a new method is one module in tuning/, its torch side in
+    jobs/fine_tuning/methods/, and recipes."""
+    found = [
+        hit
+        for path in sources(PACKAGE, ROOT / "auto_configurator", ROOT / "main.py")
+        if not any(home in path.parents for home in METHOD_HOMES)
+        for hit in method_literals(path)
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize("name", sorted(tuning.METHODS))
+def test_the_name_scan_sees_each_methods_own_name(name: str) -> None:
+    hits = [hit for path in sources(PACKAGE / "tuning") for hit in method_literals(path)]
+    assert any(hit.endswith(f": {name!r}") for hit in hits), hits

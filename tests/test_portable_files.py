@@ -13,7 +13,7 @@ import torch
 
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.fine_tuning.merge_lora import main as merge_lora_main
-from launcher_scripts.recipes.tuning import PeftSettings
+from launcher_scripts.tuning import PeftSettings
 from tests.support import REPO
 from tests.support.commands import run_main
 from tests.support.damaged_files import damaged_tars, with_config

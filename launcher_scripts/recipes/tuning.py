@@ -14,33 +14,19 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import RecipeError
+from launcher_scripts.tuning import (
+    METHODS,
+    PeftSettings,
+    legacy_method,
+    legacy_stages,
+    method_named,
+)
 
 # The tuning stages: each is a stage (stages/fine_tuning.py), a job program a family may run
 # (families.PROGRAMS) and a config group of recipes (conf/<stage>/).
 TUNING_STAGES = ("fine_tuning", "peft", "prompt_learning", "adapter_learning", "ia3_learning")
 VIRTUAL_PROMPT_MARKER = "<|VIRTUAL_PROMPT_0|>"
-PEFT_SCHEMES = ("lora", "adapter", "ia3", "ptuning", "prompt_tuning")
-INIT_METHODS = ("xavier", "normal", "zero")
-ADAPTER_ACTIVATIONS = ("swish", "silu", "gelu", "relu")
-PROMPT_ENCODERS = ("mlp", "tpmlp")
-# LoRA target -> (the transformer layer's module, its linear) that it adapts, as
-# megatron-core names them (a portable file's keys: <stack>.layers.<module>.<linear>.weight)
-LORA_LINEARS = {
-    "attention_qkv": ("self_attention", "linear_qkv"),
-    "attention_dense": ("self_attention", "linear_proj"),
-    "mlp_fc1": ("mlp", "linear_fc1"),
-    "mlp_fc2": ("mlp", "linear_fc2"),
-    # An encoder-decoder's decoder: its cross-attention's query, key-value and output linears.
-    "cross_attention_q": ("cross_attention", "linear_q"),
-    "cross_attention_kv": ("cross_attention", "linear_kv"),
-    "cross_attention_dense": ("cross_attention", "linear_proj"),
-}
-LORA_TARGET_NAMES = tuple(LORA_LINEARS)
-CROSS_ATTENTION_TARGETS = tuple(t for t in LORA_TARGET_NAMES if t.startswith("cross_"))
-PROMPT_STYLES = {"p-tuning": "ptuning", "prompt-tuning": "prompt_tuning"}
-
 # The recipe keys that replace the base model's for the tuning run (finetune.training_cfg).
 LAYOUT_KEYS = (
     "tensor_model_parallel_size",
@@ -58,109 +44,44 @@ LAYOUT_KEYS = (
 # An encoder-decoder's per-block sections, whose keys override the model's own.
 BLOCK_SECTIONS = ("encoder", "decoder")
 _SFT_SPLIT_KEYS = ("answer_only_loss",)  # read for every split (tuner.py), set for none
-_ADAPTER_KEYS = ("activation", "layer_selection")
-_PROMPT_ENCODER_KEYS = ("encoder_hidden", "bottleneck_dim", "num_layers", "encoder_type", "dropout")
 # Keys this module and the tuning program read with a default that a stage's shipped recipes
 # may leave out (the preflight's key check knows them from here), beyond the training loop's.
+_SFT_KEYS = tuple(
+    f"model.data.{split}_ds.{name}"
+    for split in ("train", "validation", "test")
+    for name in _SFT_SPLIT_KEYS
+)
 OPTIONAL_KEYS: dict[str, tuple[str, ...]] = {
     "common": (
         *(f"model.{name}" for name in LAYOUT_KEYS),
         "model.sequence_parallel",
     ),
-    "fine_tuning": tuple(
-        f"model.data.{split}_ds.{name}"
-        for split in ("train", "validation", "test")
-        for name in _SFT_SPLIT_KEYS
-    ),
+    "fine_tuning": _SFT_KEYS,
     "peft": (
-        *(
-            f"model.data.{split}_ds.{name}"
-            for split in ("train", "validation", "test")
-            for name in _SFT_SPLIT_KEYS
+        *_SFT_KEYS,
+        *sorted(
+            {
+                f"model.peft.{method.section}.{name}"
+                for method in METHODS.values()
+                for name in method.optional_keys
+            }
         ),
-        *(f"model.peft.adapter_tuning.{name}" for name in _ADAPTER_KEYS),
-        *(f"model.peft.p_tuning.{name}" for name in _PROMPT_ENCODER_KEYS),
     ),
-    "prompt_learning": tuple(f"model.p_tuning.{name}" for name in _PROMPT_ENCODER_KEYS),
-    "adapter_learning": tuple(f"model.adapter_tuning.{name}" for name in _ADAPTER_KEYS),
-    "ia3_learning": (),
+    # The older one-method stages: each method's keys in that stage's own section.
+    **{
+        stage: tuple(
+            sorted(
+                {
+                    f"model.{method.legacy_section}.{name}"
+                    for method in METHODS.values()
+                    if method.legacy_stage == stage and method.legacy_section
+                    for name in method.optional_keys
+                }
+            )
+        )
+        for stage in legacy_stages()
+    },
 }
-
-
-@dataclass(frozen=True)
-class PeftSettings:
-    """One method's settings, with the defaults NeMo documents."""
-
-    scheme: str
-    rank: int = 32  # LoRA rank and adapter bottleneck
-    alpha: float = 32.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("attention_qkv",)
-    column_init: str = "xavier"
-    row_init: str = "zero"
-    layer_selection: tuple[int, ...] | None = None  # 1-based layers; None: all
-    norm_position: str | None = "pre"  # adapter: pre | post | None
-    activation: str = "swish"
-    virtual_tokens: int = 0
-    encoder_hidden: int = 1024  # P-tuning MLP width
-    encoder_layers: int = 2
-    encoder_type: str = "mlp"
-    init_std: float = 0.023
-
-    def check(self, key: str) -> None:
-        if self.scheme not in PEFT_SCHEMES:
-            raise RecipeError(f"{key}: {self.scheme!r} is not one of {', '.join(PEFT_SCHEMES)}")
-        unknown = [t for t in self.target_modules if t not in LORA_TARGET_NAMES]
-        if self.scheme == "lora" and (unknown or not self.target_modules):
-            raise RecipeError(
-                f"{key}.target_modules: {list(self.target_modules)}: choose from "
-                f"{', '.join(LORA_TARGET_NAMES)} (or all)"
-            )
-        if self.scheme in ("lora", "adapter") and self.rank < 1:
-            raise RecipeError(f"{key}.adapter_dim must be at least 1, not {self.rank}")
-        for name in (self.column_init, self.row_init):
-            if name not in INIT_METHODS:
-                raise RecipeError(f"{key}: init method {name!r} is not one of {INIT_METHODS}")
-        if self.scheme in ("ptuning", "prompt_tuning") and self.virtual_tokens < 1:
-            raise RecipeError(f"{key}: {self.scheme} needs at least one virtual token")
-        if self.scheme == "ptuning" and self.encoder_type not in PROMPT_ENCODERS:
-            raise RecipeError(
-                f"{key}.p_tuning.encoder_type: {self.encoder_type!r}: this version has "
-                f"{', '.join(PROMPT_ENCODERS)} (an MLP prompt encoder)"
-            )
-        if self.scheme == "ptuning" and self.encoder_layers < 1:
-            raise RecipeError(f"{key}.num_layers: the prompt encoder needs at least one layer")
-        if self.norm_position not in ("pre", "post", None):
-            raise RecipeError(f"{key}.norm_position must be pre, post or null")
-        if self.activation not in ADAPTER_ACTIVATIONS:
-            raise RecipeError(f"{key}.activation must be one of {', '.join(ADAPTER_ACTIVATIONS)}")
-
-    def check_layers(self, key: str, num_layers: int) -> None:
-        if self.layer_selection is not None:
-            bad = [n for n in self.layer_selection if not 1 <= n <= num_layers]
-            if bad:
-                raise RecipeError(
-                    f"{key}.layer_selection: {bad} outside 1..{num_layers} (the base model's "
-                    "layers, counted from 1)"
-                )
-
-    def chosen(self, layer_number: int) -> bool:
-        return self.layer_selection is None or layer_number in self.layer_selection
-
-    def as_dict(self) -> dict[str, Any]:
-        values = dict(self.__dict__)
-        values["target_modules"] = list(self.target_modules)
-        if self.layer_selection is not None:
-            values["layer_selection"] = list(self.layer_selection)
-        return values
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> PeftSettings:
-        values = dict(values)
-        values["target_modules"] = tuple(values.get("target_modules") or ())
-        if values.get("layer_selection") is not None:
-            values["layer_selection"] = tuple(values["layer_selection"])
-        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -192,7 +113,7 @@ class DataSplit:
 @dataclass(frozen=True)
 class TuningSpec:
     stage: str
-    method: str  # sft, or one of PEFT_SCHEMES
+    method: str  # sft, or a PEFT method's name (launcher_scripts/tuning/)
     base_model: Path
     base_key: str
     peft: PeftSettings | None
@@ -204,6 +125,8 @@ class TuningSpec:
     metric: str  # loss | exact_string_match
     tokens_to_generate: int
     output_file: Path  # PEFT weights, or the fine-tuned model for SFT
+    peft_key: str = ""  # the recipe section holding the method's settings
+    peft_restore_key: str = ""  # the recipe key naming the PEFT file to start from
 
     @property
     def virtual_tokens(self) -> int:
@@ -376,76 +299,19 @@ def _template_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None,
     return train, validation, test
 
 
-def _lora(section: Any, key: str) -> PeftSettings:
-    targets = _plain(section.get("target_modules")) or ["attention_qkv"]
-    if targets in ("all", ["all"]):
-        targets = list(LORA_TARGET_NAMES)
-    rank = require_int(f"{key}.adapter_dim", section.get("adapter_dim", 32))
-    return PeftSettings(
-        scheme="lora",
-        rank=rank,
-        alpha=float(section.get("alpha") or rank),
-        dropout=float(section.get("adapter_dropout") or 0.0),
-        target_modules=tuple(targets),
-        column_init=str(section.get("column_init_method") or "xavier"),
-        row_init=str(section.get("row_init_method") or "zero"),
-        layer_selection=_layers(section),
-    )
-
-
-def _adapter(section: Any, key: str) -> PeftSettings:
-    norm = section.get("norm_position", "pre")
-    return PeftSettings(
-        scheme="adapter",
-        rank=require_int(f"{key}.adapter_dim", section.get("adapter_dim", 32)),
-        dropout=float(section.get("adapter_dropout") or 0.0),
-        column_init=str(section.get("column_init_method") or "xavier"),
-        row_init=str(section.get("row_init_method") or "zero"),
-        norm_position=None if norm in (None, "none") else str(norm),
-        activation=str(section.get("activation") or "swish"),
-        layer_selection=_layers(section),
-    )
-
-
-def _prompt(scheme: str, section: Any, tokens: int) -> PeftSettings:
-    return PeftSettings(
-        scheme=scheme,
-        virtual_tokens=tokens,
-        encoder_hidden=int(section.get("encoder_hidden") or section.get("bottleneck_dim") or 1024),
-        encoder_layers=int(section.get("num_layers") or 2),
-        encoder_type=str(section.get("encoder_type") or "mlp"),
-        init_std=float(section.get("init_std") or 0.023),
-        dropout=float(section.get("dropout") or 0.0),
-    )
-
-
-def _layers(section: Any) -> tuple[int, ...] | None:
-    value = _plain(section.get("layer_selection"))
-    return None if value is None else tuple(int(v) for v in value)
-
-
-def _peft_stage(cfg: Any, stage: str) -> tuple[str, PeftSettings]:
+def _peft_stage(cfg: Any, stage: str) -> tuple[str, PeftSettings, str]:
+    """The peft stage's method, its settings, and the key of their section."""
     peft = cfg.model.peft
-    scheme = str(peft.get("peft_scheme") or "")
     key = f"{stage}.model.peft"
-    if scheme == "lora":
-        return scheme, _lora(peft.get("lora_tuning") or {}, f"{key}.lora_tuning")
-    if scheme == "adapter":
-        return scheme, _adapter(peft.get("adapter_tuning") or {}, f"{key}.adapter_tuning")
-    if scheme == "ia3":
-        return scheme, PeftSettings("ia3", layer_selection=_layers(peft.get("ia3_tuning") or {}))
-    if scheme in ("ptuning", "prompt_tuning"):
-        section = peft.get("p_tuning") or {}
-        tokens = require_int(f"{key}.p_tuning.virtual_tokens", section.get("virtual_tokens", 10))
-        return scheme, _prompt(scheme, section, tokens)
-    raise RecipeError(
-        f"{key}.peft_scheme: {scheme!r} is not one of lora, ptuning, prompt_tuning, adapter, ia3"
-    )
+    method = method_named(str(peft.get("peft_scheme") or ""), f"{key}.peft_scheme")
+    section_key = f"{key}.{method.section}"
+    return method.name, method.read(peft.get(method.section) or {}, section_key), section_key
 
 
 def read_spec(cfg: Any, stage: str) -> TuningSpec:
     model = cfg.model
     peft_restore: Path | None = None
+    peft_key = restore_key = ""
     log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
     # Where NeMo saves a tuning run's .nemo at the end: checkpoints/<exp_manager.name>.nemo
     output = log_dir / "checkpoints" / f"{cfg.exp_manager.get('name') or stage}.nemo"
@@ -455,9 +321,10 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
         train, validation, test = _sft_splits(cfg, stage)
         answer_only = bool(model.get("answer_only_loss", True))
         if stage == "peft":
-            method, settings = _peft_stage(cfg, stage)
+            method, settings, peft_key = _peft_stage(cfg, stage)
             restore = model.peft.get("restore_from_path")
             peft_restore = Path(str(restore)) if restore else None
+            restore_key = f"{stage}.model.peft.restore_from_path"
         else:
             method, settings = "sft", None
         metric_section = (validation.section if validation else {}).get("metric") or {}
@@ -472,22 +339,18 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
         train, validation, test = _template_splits(cfg, stage)
         answer_only = bool(train.section["answer_only_loss"])
         task = (_plain(model.get("task_templates")) or [{}])[0]
-        if stage == "prompt_learning":
-            style = str(model.get("virtual_prompt_style") or "p-tuning")
-            if style not in PROMPT_STYLES:
-                raise RecipeError(
-                    f"{stage}.model.virtual_prompt_style: {style!r} trains nothing; use "
-                    f"{' or '.join(PROMPT_STYLES)}"
-                )
-            method = PROMPT_STYLES[style]
-            tokens = int(task.get("total_virtual_tokens") or 0)
-            source = model.get("p_tuning") if method == "ptuning" else {}
-            settings = _prompt(method, source or {}, tokens)
-        elif stage == "adapter_learning":
-            method = "adapter"
-            settings = _adapter(model.get("adapter_tuning") or {}, f"{stage}.model.adapter_tuning")
-        else:
-            method, settings = "ia3", PeftSettings("ia3")
+        chosen = legacy_method(
+            stage,
+            str(model.get("virtual_prompt_style") or "p-tuning"),
+            f"{stage}.model.virtual_prompt_style",
+        )
+        section = model.get(chosen.legacy_section) if chosen.legacy_section else None
+        # The task template counts the virtual tokens (methods without them ignore it).
+        values = dict(_plain(section) or {})
+        values["virtual_tokens"] = int(task.get("total_virtual_tokens") or 0)
+        peft_key = f"{stage}.model" + (f".{chosen.legacy_section}" if section else "")
+        method, settings = chosen.name, chosen.read(values, peft_key)
+        restore_key = f"{stage}.model.restore_path"
         restore = model.get("restore_path")
         peft_restore = Path(str(restore)) if restore else None
         if model.get("nemo_path"):
@@ -516,6 +379,8 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
         metric=metric,
         tokens_to_generate=tokens,
         output_file=output,
+        peft_key=peft_key,
+        peft_restore_key=restore_key,
     )
 
 

@@ -29,6 +29,7 @@ from launcher_scripts.stages.base import (
     register,
     require_job_program,
 )
+from launcher_scripts.tuning import METHODS
 
 CONVERT = "launcher_scripts.jobs.conversion.convert"
 HF_IMPORT = "launcher_scripts.jobs.conversion.hf_import"
@@ -168,11 +169,13 @@ class Conversion(StageDefaults):
         if peft_path.exists() or not ctx.will_exist(peft_path):
             tuned = require_peft(peft_path, f"{stage}.peft_file")
             scheme = tuned.peft.get("scheme")
-            if scheme != "lora":
+            method = METHODS.get(str(scheme))
+            if method is None or not method.merges:
+                folding = " or ".join(name for name, m in METHODS.items() if m.merges)
                 raise ConfigError(
                     f"{stage}.peft_file",
-                    f"{peft_path} holds {scheme}, and only LoRA folds into the weights",
-                    "Give a LoRA PEFT file, or set it to null to export the base model",
+                    f"{peft_path} holds {scheme}, and only {folding} folds into the weights",
+                    f"Give a {folding} PEFT file, or set it to null to export the base model",
                 )
             if model is not None:
                 require_pair(tuned, f"{stage}.peft_file", peft_path, model, model_file)

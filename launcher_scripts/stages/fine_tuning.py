@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import RecipeError
 from launcher_scripts.families import family_of, running
@@ -16,7 +18,6 @@ from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.optimizer import check_optimizer
 from launcher_scripts.recipes.tuning import (
-    CROSS_ATTENTION_TARGETS,
     OPTIONAL_KEYS,
     TUNING_STAGES,
     all_inputs,
@@ -68,9 +69,7 @@ class TuningStage(StageDefaults):
                 )
         base = self._check_base(spec, family, cfg.model, par, stage)
         if spec.peft_restore is not None and spec.peft_restore.is_file():
-            restore = f"{stage}.model." + (
-                "peft.restore_from_path" if stage == "peft" else "restore_path"
-            )
+            restore = spec.peft_restore_key
             tuned = require_peft(spec.peft_restore, restore)
             if base is not None:
                 require_pair(tuned, restore, spec.peft_restore, base, spec.base_model)
@@ -89,13 +88,11 @@ class TuningStage(StageDefaults):
         family.check_base(base, model, par, stage, f"{spec.base_key} ({spec.base_model.name})")
         if spec.peft is not None:
             spec.peft.check_layers(f"{stage}.model", most_layers(base))
-            named = set(_plain_targets(model, stage)) & set(CROSS_ATTENTION_TARGETS)
-            if named and not family.encoder_decoder:
-                raise RecipeError(
-                    f"{stage}.model.peft.lora_tuning.target_modules: {sorted(named)} adapt a "
-                    f"decoder's cross-attention, which a {family.name} model has none of: use "
-                    "attention_qkv, attention_dense, mlp_fc1, mlp_fc2"
-                )
+            check_model = spec.peft.method.check_model
+            if check_model is not None:
+                where = spec.peft_key.removeprefix(f"{stage}.model").lstrip(".")
+                section = OmegaConf.select(model, where) if where else model
+                check_model(spec.peft, section or {}, family.encoder_decoder, spec.peft_key)
         check_positions(spec, base)
         return base
 
@@ -129,15 +126,6 @@ class TuningStage(StageDefaults):
                 progress_dir=str(log_dir / "checkpoints"),
             )
         ]
-
-
-def _plain_targets(model: Any, stage: str) -> list[str]:
-    """The LoRA targets a peft recipe names (not `all`, which means every one the model has)."""
-    if stage != "peft":
-        return []
-    section = model.peft.get("lora_tuning") or {}
-    targets = section.get("target_modules") or []
-    return [] if targets in ("all", ["all"]) else [str(t) for t in targets]
 
 
 def _declared(stage_name: str) -> tuple[Declared, ...]:

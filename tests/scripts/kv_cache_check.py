@@ -137,7 +137,7 @@ def prompt_tuned(runner: ModelRunner, tokenizer: Any, max_length: int) -> dict:
     from launcher_scripts.jobs.fine_tuning.answers import prompt_logits
     from launcher_scripts.jobs.fine_tuning.peft import attach
     from launcher_scripts.jobs.inference.generation import Prefixed
-    from launcher_scripts.recipes.tuning import PeftSettings
+    from launcher_scripts.tuning import PeftSettings
 
     prompts = ["The history of", "In the morning the river was"]
     params = GenerationParams(tokens_to_generate=12, top_k=20, random_seed=3)

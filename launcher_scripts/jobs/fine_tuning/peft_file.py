@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.formats.portable import PEFT_CONFIG, add_bytes, readable
-from launcher_scripts.recipes.tuning import PeftSettings
+from launcher_scripts.tuning import PeftSettings
 
 CONFIG = PEFT_CONFIG
 WEIGHTS = "peft_weights.safetensors"

@@ -1,0 +1,1 @@
+"""The torch side of each PEFT method (launcher_scripts/tuning/ registers them)."""
