@@ -29,7 +29,7 @@ from launcher_scripts.stages.base import (
     register,
     require_job_program,
 )
-from launcher_scripts.tuning import METHODS
+from launcher_scripts.tuning import METHODS, merging_titles
 
 CONVERT = "launcher_scripts.jobs.conversion.convert"
 HF_IMPORT = "launcher_scripts.jobs.conversion.hf_import"
@@ -171,7 +171,7 @@ class Conversion(StageDefaults):
             scheme = tuned.peft.get("scheme")
             method = METHODS.get(str(scheme))
             if method is None or not method.merges:
-                folding = " or ".join(name for name, m in METHODS.items() if m.merges)
+                folding = merging_titles()
                 raise ConfigError(
                     f"{stage}.peft_file",
                     f"{peft_path} holds {scheme}, and only {folding} folds into the weights",

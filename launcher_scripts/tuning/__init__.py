@@ -12,6 +12,7 @@ from launcher_scripts.tuning.method import (
     PeftSettings,
     legacy_method,
     legacy_stages,
+    merging_titles,
     method_named,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "PeftSettings",
     "legacy_method",
     "legacy_stages",
+    "merging_titles",
     "method_named",
 ]

@@ -38,6 +38,7 @@ def check(settings: PeftSettings, key: str) -> None:
 register(
     PeftMethod(
         name=NAME,
+        title="adapter",
         section="adapter_tuning",
         read=read,
         check=check,

@@ -22,6 +22,7 @@ def check(settings: PeftSettings, key: str) -> None:
 register(
     PeftMethod(
         name=NAME,
+        title="IA3",
         section="ia3_tuning",
         read=read,
         check=check,

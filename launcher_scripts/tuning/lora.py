@@ -73,6 +73,7 @@ def check_model(settings: PeftSettings, section: Any, encoder_decoder: bool, key
 register(
     PeftMethod(
         name=NAME,
+        title="LoRA",
         section="lora_tuning",
         read=read,
         check=check,

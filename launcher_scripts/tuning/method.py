@@ -92,6 +92,7 @@ ModelCheck = Callable[[PeftSettings, Any, bool, str], None]
 @dataclass(frozen=True)
 class PeftMethod:
     name: str  # the peft stage's `peft_scheme`, and the PEFT file's `scheme`
+    title: str  # how messages name it ("LoRA")
     section: str  # the peft stage's section under model.peft that holds its settings
     read: Reader
     check: Checker
@@ -153,3 +154,8 @@ def layers(section: Any) -> tuple[int, ...] | None:
     """A section's `layer_selection` (1-based layer numbers), or None: every layer."""
     value = plain(section.get("layer_selection"))
     return None if value is None else tuple(int(v) for v in value)
+
+
+def merging_titles() -> str:
+    """The methods that fold into the base weights, for messages ("LoRA")."""
+    return " or ".join(method.title for method in METHODS.values() if method.merges)

@@ -59,6 +59,7 @@ def check_encoded(settings: PeftSettings, key: str) -> None:
 register(
     PeftMethod(
         name=PTUNING,
+        title="P-tuning",
         section="p_tuning",
         read=_reader(PTUNING),
         check=check_encoded,
@@ -73,6 +74,7 @@ register(
 register(
     PeftMethod(
         name="prompt_tuning",
+        title="prompt tuning",
         section="p_tuning",
         read=_reader("prompt_tuning"),
         check=check_tokens,

@@ -20,7 +20,7 @@ from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable_check import inspect_peft, inspect_portable
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.fine_tuning.peft import MergeError
-from launcher_scripts.tuning import METHODS, PeftSettings
+from launcher_scripts.tuning import PeftSettings, merging_titles
 
 __all__ = ["MergeError", "merged"]
 
@@ -31,10 +31,9 @@ def merged(
     """The base tensors with the PEFT file's updates folded in (new tensors; the inputs are
     unchanged), by the method's own merge."""
     if not settings.method.merges:
-        folding = [name for name, method in METHODS.items() if method.merges]
         raise MergeError(
-            f"the PEFT file holds {settings.scheme}, and only {', '.join(folding)} folds into "
-            "the weights"
+            f"the PEFT file holds {settings.scheme}, and only {merging_titles()} folds into the "
+            "weights"
         )
     return importlib.import_module(settings.method.runtime).merged(tensors, added, settings)
 
