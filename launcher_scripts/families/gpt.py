@@ -6,11 +6,12 @@ from typing import Any
 
 from launcher_scripts.costmodel.plan import decoder_stack_costs
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.families.base import PROGRAMS, ModelFamily, register
+from launcher_scripts.families.base import ModelFamily, register
 from launcher_scripts.families.gpt_architectures import ARCHITECTURES, hf_architecture
 from launcher_scripts.families.gpt_hf_config import check_checkpoint, model_section
 from launcher_scripts.formats.portable_check import expected_shapes
 from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.tuning import TUNING_STAGES
 
 
 def check_base(base: Any, model: Any, par: Any, stage: str, name: str) -> None:
@@ -34,7 +35,18 @@ GPT = register(
         costs=decoder_stack_costs,
         encoder_decoder=False,
         pile_tokenizers=("GPT2BPETokenizer",),
-        programs=frozenset(PROGRAMS),
+        programs=frozenset(
+            {
+                "training",
+                "training:restore",
+                "conversion",
+                *TUNING_STAGES,
+                "evaluation:harness",
+                "evaluation:fine_tuned",
+                "export",
+                "hf_import",
+            }
+        ),
         hf_architecture=hf_architecture,
         runtime="launcher_scripts.jobs.models.gpt",
         check_base=check_base,
