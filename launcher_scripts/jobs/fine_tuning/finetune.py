@@ -147,12 +147,14 @@ def main(argv: list[str] | None = None) -> int:
             cfg = training_cfg(recipe_cfg, spec, base.config)
             check_positions(spec, cfg.model)
             runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))
-            from launcher_scripts.jobs.fine_tuning.tuner import FineTuner
+            from launcher_scripts.jobs.fine_tuning.tuner import TuningTask
+            from launcher_scripts.jobs.training.trainer import Trainer
 
-            tuner = FineTuner(cfg, spec, base, on_gpu, StopSignals())
-            code = tuner.fit()
-            if code == 0 and tuner.finished:
-                tuner.write_outputs()
+            task = TuningTask(cfg, spec, base)
+            trainer = Trainer(cfg, on_gpu, StopSignals(), task)
+            code = trainer.fit()
+            if code == 0 and trainer.finished:
+                task.write_outputs(trainer)
             return code
     except (JobError, TokenizerError, ConfigError, sft_data.SftDataError) as error:
         return refuse(error)

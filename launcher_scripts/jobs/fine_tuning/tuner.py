@@ -1,5 +1,6 @@
-"""The pretraining loop specialised for tuning: base weights from a portable checkpoint, PEFT
-modules attached and the base frozen, SFT data, exact-match validation, and the outputs."""
+"""The tuning stages' training task: base weights from a portable checkpoint, PEFT modules
+attached and the base frozen, SFT data, exact-match validation, and the outputs. The training
+loop (jobs/training/trainer.py) asks it through its public hooks."""
 
 from __future__ import annotations
 
@@ -23,17 +24,15 @@ from launcher_scripts.jobs.inference.generation import generate
 from launcher_scripts.jobs.models.base import TuningSide, runtime_of
 from launcher_scripts.jobs.training import checkpointing, data, init_weights
 from launcher_scripts.jobs.training.runtime import JobError
-from launcher_scripts.jobs.training.trainer import Trainer
+from launcher_scripts.jobs.training.trainer import Streams, Trainer, TrainingTask
 from launcher_scripts.recipes.generation_params import GenerationParams
 from launcher_scripts.recipes.tuning import TuningSpec, most_layers
 
 GENERATION_BATCH = 16
 
 
-class FineTuner(Trainer):
-    def __init__(
-        self, cfg: Any, spec: TuningSpec, base: Portable, on_gpu: bool, stop_signals: Any
-    ) -> None:
+class TuningTask(TrainingTask):
+    def __init__(self, cfg: Any, spec: TuningSpec, base: Portable) -> None:
         self.spec, self.base = spec, base
         family = family_of(cfg, "training")
         side = runtime_of(family).tuning
@@ -42,26 +41,26 @@ class FineTuner(Trainer):
         self.side: TuningSide = side
         self.tokenizer = side.text_tokenizer(cfg.model)
         self.attached: peft.Attached | None = None
-        self.finished = False
+        self.valid_records: list[sft_data.Record] = []
+        self.seq_length = int(cfg.model.data.seq_length)
         self._check_log_dir(cfg)
-        super().__init__(cfg, on_gpu, stop_signals)
 
     # ----- model ------------------------------------------------------------------------
 
-    def _make_chunks(self) -> list[Any]:
+    def make_chunks(self, trainer: Trainer) -> list[Any]:
         rows = self.base.tensors.shape(portable.EMBEDDINGS)[0]
-        chunks = self.runtime.build_chunks(self.cfg, self.config, rows, self.use_te)
+        chunks = trainer.runtime.build_chunks(trainer.cfg, trainer.config, rows, trainer.use_te)
         settings = self.spec.peft
         if settings is not None:
-            settings.check_layers(f"{self.spec.stage}.model", most_layers(self.cfg.model))
-            self.attached = peft.attach(chunks, settings, self.config, self.side.peft_sites)
-        if self.on_gpu:  # after attaching: the added modules are made on the CPU
+            settings.check_layers(f"{self.spec.stage}.model", most_layers(trainer.cfg.model))
+            self.attached = peft.attach(chunks, settings, trainer.config, self.side.peft_sites)
+        if trainer.on_gpu:  # after attaching: the added modules are made on the CPU
             chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
         init_weights.load_full_tensors(
             chunks, self.base.tensors, wanted=lambda key: not peft.is_peft_key(key)
         )
         if self.attached is not None and settings is not None:
-            start = peft.initial_values(self.attached, self.seed, settings.init_std)
+            start = peft.initial_values(self.attached, trainer.seed, settings.init_std)
             init_weights.assign_global(chunks, start, wanted=peft.is_peft_key)
             if self.spec.peft_restore is not None:
                 restored = peft_file.read(self.spec.peft_restore)
@@ -70,7 +69,7 @@ class FineTuner(Trainer):
         trainable = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
         total = sum(p.numel() for c in chunks for p in c.parameters())
         print(
-            f"rank {self.rank}: {self.spec.method}: {trainable:,} of {total:,} parameters "
+            f"rank {trainer.rank}: {self.spec.method}: {trainable:,} of {total:,} parameters "
             f"trainable on this rank",
             flush=True,
         )
@@ -83,12 +82,12 @@ class FineTuner(Trainer):
         fmt = sft_data.SftFormat.from_section(
             split.section, split.format_key, answer_only, self.spec.virtual_tokens
         )
-        seq = int(self.cfg.model.data.seq_length)
+        seq = self.seq_length
         if fmt.max_seq_length > seq:  # every split is padded to the training length
             fmt = sft_data.SftFormat(**{**fmt.__dict__, "max_seq_length": seq})
         return fmt
 
-    def _load(self, split: Any, label: str) -> list[sft_data.SftFile]:
+    def _load(self, trainer: Trainer, split: Any, label: str) -> list[sft_data.SftFile]:
         side = self.side
         files, report = sft_data.load_files(
             list(split.files),
@@ -100,48 +99,47 @@ class FineTuner(Trainer):
             chat=side.chat,
         )
         if report:
-            self._say(report)
+            trainer.say(report)
         return files
 
-    def _build_data(self) -> None:
-        model, trainer = self.cfg.model, self.cfg.trainer
-        seq, pad = int(model.data.seq_length), self.tokenizer.eod_id
+    def build_data(self, trainer: Trainer) -> Streams:
+        model, recipe_trainer = trainer.cfg.model, trainer.cfg.trainer
+        seq, pad = self.seq_length, self.tokenizer.eod_id
         gbs, mbs = int(model.global_batch_size), int(model.micro_batch_size)
-        keys = self.runtime.batch_keys
-        make_sample = self.side.sample_maker(self.cfg, self.tokenizer)
+        keys = trainer.runtime.batch_keys
+        make_sample = self.side.sample_maker(trainer.cfg, self.tokenizer)
         train = self.spec.train
-        files = self._load(train, "training data")
+        files = self._load(trainer, train, "training data")
         weights = train.weights or sft_data.temperature_weights(files, train.temperature)
         if len(files) > 1:
             shares = ", ".join(
                 f"{f.path.name} {w:.3f}" for f, w in zip(files, weights, strict=True)
             )
-            self._say(f"training data mix: {shares}")
+            trainer.say(f"training data mix: {shares}")
         samples = sft_data.MixedSamples(
             files,
             weights,
-            int(trainer.max_steps) * gbs,
+            int(recipe_trainer.max_steps) * gbs,
             seq,
             pad,
-            self.seed,
+            trainer.seed,
             bool(train.section.get("shuffle", True)),
             make_sample,
         )
         if train.section.get("packed_sequence"):
             samples = PackedSamples(samples, len(samples), seq, pad)
-        self.train_stream = data.SampleStream(samples, mbs, keys)
-        self.valid_stream, self.val_batches = None, 0
-        self.valid_records: list[sft_data.Record] = []
-        if self.spec.validation is not None:
-            valid_files = self._load(self.spec.validation, "validation data")
-            valid = sft_data.EvalSamples(valid_files, gbs, seq, pad, make_sample)
-            self.valid_records = valid.records
-            self.valid_stream = data.SampleStream(valid, mbs, keys)
-            limit = trainer.get("limit_val_batches", 1.0)
-            if isinstance(limit, int) and not isinstance(limit, bool):
-                self.val_batches = min(limit, valid.batches)
-            else:
-                self.val_batches = max(1, math.ceil(float(limit or 0) * valid.batches))
+        train_stream = data.SampleStream(samples, mbs, keys)
+        if self.spec.validation is None:
+            return Streams(train_stream, None, 0)
+        valid_files = self._load(trainer, self.spec.validation, "validation data")
+        valid = sft_data.EvalSamples(valid_files, gbs, seq, pad, make_sample)
+        self.valid_records = valid.records
+        limit = recipe_trainer.get("limit_val_batches", 1.0)
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            val_batches = min(limit, valid.batches)
+        else:
+            val_batches = max(1, math.ceil(float(limit or 0) * valid.batches))
+        return Streams(train_stream, data.SampleStream(valid, mbs, keys), val_batches)
 
     # ----- validation -------------------------------------------------------------------
 
@@ -163,27 +161,25 @@ class FineTuner(Trainer):
                 "results dir (e.g. another run.task_name) or remove them"
             )
 
-    def _write_hparams(self) -> None:
-        super()._write_hparams()
+    def on_checkpoint(self, trainer: Trainer) -> None:
         identity = json.dumps(self._identity(), sort_keys=True)
-        write_atomic(self.log_dir / "tuning.json", identity + "\n")
+        write_atomic(trainer.log_dir / "tuning.json", identity + "\n")
 
-    def _before_first_step(self) -> None:
+    def before_training(self, trainer: Trainer) -> None:
         """On a fresh start, measure the untuned model: the baseline of the validation curve."""
-        if self.state.step == 0 and self.valid_stream is not None:
-            loss = self.validate()
-            self.state.metrics.clear()  # no checkpoint is named after the baseline
+        if trainer.state.step == 0 and trainer.valid_stream is not None:
+            loss = trainer.validate()
+            trainer.state.metrics.clear()  # no checkpoint is named after the baseline
             if not math.isnan(loss):
-                self._record({"step": 0, "val_loss": loss})
-                self._say(f"validation before tuning: val_loss {loss:.4f}")
+                trainer.record({"step": 0, "val_loss": loss})
+                trainer.say(f"validation before tuning: val_loss {loss:.4f}")
 
-    def validate(self) -> float:
-        loss = super().validate()
+    def after_validation(self, trainer: Trainer, loss: float) -> None:
         if not math.isnan(loss):
-            self.state.metrics["validation_loss"] = loss
+            trainer.state.metrics["validation_loss"] = loss
         if self.spec.metric == "exact_string_match" and self.valid_records:
-            rows = self.generate_for(self.valid_records)
-            step = self.state.step
+            rows = self.generate_for(trainer, self.valid_records)
+            step = trainer.state.step
             scores = {"validation_exact_string_match": _share(rows)}
             split = self.spec.validation
             assert split is not None
@@ -193,32 +189,30 @@ class FineTuner(Trainer):
                 own = [row for row in rows if row["source"].startswith(f"{path}:")]
                 if name and own:  # one score per named file too (e.g. per XQuAD language)
                     scores[f"validation_exact_string_match_{name}"] = _share(own)
-                if split.section.get("write_predictions_to_file") and self.rank == 0:
+                if split.section.get("write_predictions_to_file") and trainer.rank == 0:
                     prefix = split.section.get("output_file_path_prefix")
-                    prefix = str(prefix or self.log_dir / "validation_predictions")
+                    prefix = str(prefix or trainer.log_dir / "validation_predictions")
                     write_jsonl(Path(f"{prefix}_{name or path.stem}.jsonl"), own)
-            self.state.metrics.update(scores)
-            self._record({"step": step, **scores})
-            self._say(
+            trainer.state.metrics.update(scores)
+            trainer.record({"step": step, **scores})
+            trainer.say(
                 f"validation at step {step}: "
                 + ", ".join(f"{k.removeprefix('validation_')} {v:.3f}" for k, v in scores.items())
             )
-        return loss
-
-    def _chunks(self) -> list[Any]:
-        return [_unwrap(chunk) for chunk in self.model]
 
     @torch.no_grad()
-    def generate_for(self, records: list[sft_data.Record]) -> list[dict[str, Any]]:
+    def generate_for(
+        self, trainer: Trainer, records: list[sft_data.Record]
+    ) -> list[dict[str, Any]]:
         """Greedy answers to each record's prompt (after the virtual-token placeholders)."""
         prefix = [self.tokenizer.eod_id] * self.spec.virtual_tokens
         if self._format(self.spec.train).add_bos:
             prefix.append(getattr(self.tokenizer, "bos_id", self.tokenizer.eod_id))
         logits, tokenizer, limit = self.side.generation(
-            self.cfg, self._chunks(), self.tokenizer, self.par, self.on_gpu, prefix
+            trainer.cfg, _chunks(trainer), self.tokenizer, trainer.par, trainer.on_gpu, prefix
         )
         params = GenerationParams(tokens_to_generate=self.spec.tokens_to_generate, top_k=1)
-        for chunk in self.model:
+        for chunk in trainer.model:
             chunk.eval()
         rows: list[dict[str, Any]] = []
         usable = [r for r in records if r.prompt]
@@ -246,10 +240,10 @@ class FineTuner(Trainer):
                         }
                     )
         finally:
-            for chunk in self.model:
+            for chunk in trainer.model:
                 chunk.train()
         if len(rows) < len(usable):
-            self._say(
+            trainer.say(
                 f"{len(usable) - len(rows)} prompts left out of generation: prompt plus "
                 f"tokens_to_generate exceed the model's {limit} positions"
             )
@@ -259,15 +253,11 @@ class FineTuner(Trainer):
 
     # ----- outputs ----------------------------------------------------------------------
 
-    def _finish(self) -> int:
-        self.finished = self.state.step >= int(self.cfg.trainer.max_steps)
-        return super()._finish()
-
-    def write_outputs(self) -> None:
+    def write_outputs(self, trainer: Trainer) -> None:
         spec = self.spec
         if spec.peft is not None:
-            tensors = peft_file.gather_full(self._chunks(), peft.is_peft_key)
-            if self.rank == 0 and tensors is not None:
+            tensors = peft_file.gather_full(_chunks(trainer), peft.is_peft_key)
+            if trainer.rank == 0 and tensors is not None:
                 extra = {
                     "stage": spec.stage,
                     # Its base's path, family and architecture: what readers compare their
@@ -281,29 +271,33 @@ class FineTuner(Trainer):
                     },
                 }
                 peft_file.write(spec.output_file, spec.peft, extra, tensors)
-                self._say(f"PEFT weights ({_size(spec.output_file)}): {spec.output_file}")
+                trainer.say(f"PEFT weights ({_size(spec.output_file)}): {spec.output_file}")
         else:
-            tensors = peft_file.gather_full(self._chunks(), lambda key: True)
-            if self.rank == 0 and tensors is not None:
+            tensors = peft_file.gather_full(_chunks(trainer), lambda key: True)
+            if trainer.rank == 0 and tensors is not None:
                 config = self.base.config.copy()
-                config.tensor_model_parallel_size = self.par.tensor
-                config.pipeline_model_parallel_size = self.par.pipeline
+                config.tensor_model_parallel_size = trainer.par.tensor
+                config.pipeline_model_parallel_size = trainer.par.pipeline
                 portable.write(spec.output_file, config, tensors)
-                self._say(f"fine-tuned model ({_size(spec.output_file)}): {spec.output_file}")
+                trainer.say(f"fine-tuned model ({_size(spec.output_file)}): {spec.output_file}")
         if spec.test is not None:
-            records = [r for f in self._load(spec.test, "test data") for r in f.records]
-            rows = self.generate_for(records)
-            path = self.log_dir / "test_predictions.jsonl"
-            if self.rank == 0:
+            records = [r for f in self._load(trainer, spec.test, "test data") for r in f.records]
+            rows = self.generate_for(trainer, records)
+            path = trainer.log_dir / "test_predictions.jsonl"
+            if trainer.rank == 0:
                 write_jsonl(path, rows)
                 score = _share(rows)
-                self._say(f"test set: exact_string_match {score:.3f} over {len(rows)}; {path}")
+                trainer.say(f"test set: exact_string_match {score:.3f} over {len(rows)}; {path}")
         dist.barrier()
 
 
 def _share(rows: list[dict[str, Any]]) -> float:
     """The exact-match share of generated answers."""
     return sum(row["exact_match"] for row in rows) / len(rows)
+
+
+def _chunks(trainer: Trainer) -> list[Any]:
+    return [_unwrap(chunk) for chunk in trainer.model]
 
 
 def _unwrap(chunk: Any) -> Any:

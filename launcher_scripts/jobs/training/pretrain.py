@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from launcher_scripts.families import family_of
     from launcher_scripts.formats.tokenizer import TokenizerError
     from launcher_scripts.jobs.training.runtime import JobError
-    from launcher_scripts.jobs.training.trainer import Trainer
+    from launcher_scripts.jobs.training.trainer import PretrainingTask, Trainer
     from launcher_scripts.recipes.training import rendezvous_timeout
 
     try:
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         from launcher_scripts.jobs.training.restored import open_restored
 
         restored = open_restored(cfg)
-        trainer = Trainer(cfg, on_gpu, StopSignals(), restored)
+        trainer = Trainer(cfg, on_gpu, StopSignals(), PretrainingTask(restored))
         return trainer.fit()
     except (JobError, TokenizerError, ConfigError) as error:
         # Problems with the inputs, not bugs: one line that says what to change.

@@ -1,4 +1,12 @@
-"""The training loop: set-up from the recipe, steps, validation, checkpoints, metrics."""
+"""The training loop: set-up from the recipe, steps, validation, checkpoints, metrics.
+
+What a run trains, on what and what comes out of it is its `TrainingTask`, which the loop asks
+through public hooks: the model chunks with their starting weights, the data streams, each
+micro-batch's forward step and loss, what validation measures beyond the loss, what is saved
+beside each checkpoint, and the outputs once the run is done. Pretraining is
+`PretrainingTask`; the tuning stages' are in jobs/fine_tuning/. The loop itself (optimizer,
+schedule, checkpoints, resume, signals, metrics) is the same for all of them.
+"""
 
 from __future__ import annotations
 
@@ -55,12 +63,90 @@ class ResumeError(JobError):
     pass
 
 
+class Streams:
+    """A run's data: training and validation micro-batch streams, and how many global
+    batches one validation reads."""
+
+    def __init__(self, train: Any, valid: Any | None, val_batches: int) -> None:
+        self.train, self.valid, self.val_batches = train, valid, val_batches
+
+
+class TrainingTask:
+    """What one kind of run trains: the hooks the loop asks, each given the trainer (its
+    recipe, layout, model and state). The defaults are what every kind shares."""
+
+    def make_chunks(self, trainer: Trainer) -> list[Any]:
+        """This rank's model chunks with their starting weights, before any wrapping."""
+        raise NotImplementedError
+
+    def build_data(self, trainer: Trainer) -> Streams:
+        raise NotImplementedError
+
+    def forward_step(self, trainer: Trainer, batch: dict[str, Any], model: Any) -> tuple[Any, Any]:
+        """One micro-batch through the model: (its output, the loss function of the output),
+        as megatron-core's schedules take them."""
+        return trainer.runtime.forward_step(batch, model)
+
+    def before_training(self, trainer: Trainer) -> None:
+        """Once the data, the resumed state and the metrics log are ready."""
+
+    def after_validation(self, trainer: Trainer, loss: float) -> None:
+        """What validation measures beyond the loss (into `trainer.state.metrics`)."""
+
+    def on_checkpoint(self, trainer: Trainer) -> None:
+        """Files written beside each checkpoint, on rank 0, beyond hparams.yaml."""
+
+    def write_outputs(self, trainer: Trainer) -> None:
+        """The run's outputs, once it has done every step (every rank calls it)."""
+
+
+class PretrainingTask(TrainingTask):
+    """Pretraining from random weights, or continued from a portable file's (`restored`)."""
+
+    def __init__(self, restored: Portable | None = None) -> None:
+        self.restored = restored
+
+    def make_chunks(self, trainer: Trainer) -> list[Any]:
+        """The restored file's weights (unless a checkpoint of this run will replace them),
+        else random ones."""
+        weights = self.restored.tensors if self.restored is not None else None
+        rows = weights.shape(EMBEDDINGS)[0] if weights is not None else trainer.vocab.vocab_size
+        chunks = trainer.runtime.build_chunks(trainer.cfg, trainer.config, rows, trainer.use_te)
+        if trainer.on_gpu:
+            chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
+        if weights is not None and not trainer.resumes():
+            init_weights.load_full_tensors(chunks, weights)
+            trainer.say(f"starting from the weights of {weights.path}")
+        else:
+            init_weights.initialize(chunks, trainer.config, trainer.seed)
+        return chunks
+
+    def build_data(self, trainer: Trainer) -> Streams:
+        cfg = trainer.cfg
+        limit = cfg.trainer.get("limit_val_batches", 1)
+        gbs = int(cfg.model.global_batch_size)
+        val_batches = limit if isinstance(limit, int) and not isinstance(limit, bool) else 0
+        index_dir = cfg.model.data.get("index_mapping_dir") or trainer.log_dir / "index_cache"
+        data.check_vocabulary(cfg, trainer.vocab)
+        train, valid, _test = trainer.runtime.build_datasets(
+            cfg,
+            trainer.vocab,
+            # No test split: pretraining never evaluates on it (the evaluation stage does).
+            (int(cfg.trainer.max_steps) * gbs, max(val_batches * gbs, 1), 0),
+            Path(str(index_dir)),
+        )
+        mbs, keys = int(cfg.model.micro_batch_size), trainer.runtime.batch_keys
+        valid_stream = data.SampleStream(valid, mbs, keys) if valid else None
+        if valid_stream is not None and not val_batches:
+            fraction = float(limit or 0)
+            val_batches = max(1, int(fraction * len(valid) // gbs)) if fraction else 0
+        return Streams(data.SampleStream(train, mbs, keys), valid_stream, val_batches)
+
+
 class Trainer:
-    def __init__(
-        self, cfg: Any, on_gpu: bool, stop_signals: Any, restored: Portable | None = None
-    ) -> None:
+    def __init__(self, cfg: Any, on_gpu: bool, stop_signals: Any, task: TrainingTask) -> None:
         self.cfg, self.on_gpu, self.stop_signals = cfg, on_gpu, stop_signals
-        self.restored = restored  # continued pretraining: the weights to start from
+        self.task = task
         self.started = time.monotonic()
         self.rank = dist.get_rank()
         self.par = recipe.parallelism(cfg)
@@ -117,24 +203,10 @@ class Trainer:
         model["precision"] = self.cfg.trainer.precision
         model["model_family"] = self.family.name  # the model conversion and loading build
         write_atomic(self.log_dir / "hparams.yaml", OmegaConf.to_yaml({"cfg": model}))
-
-    def _make_chunks(self) -> list[Any]:
-        """This rank's model chunks with their starting weights, before any wrapping: the
-        restored file's (unless a checkpoint of this run will replace them), else random."""
-        weights = self.restored.tensors if self.restored is not None else None
-        rows = weights.shape(EMBEDDINGS)[0] if weights is not None else self.vocab.vocab_size
-        chunks = self.runtime.build_chunks(self.cfg, self.config, rows, self.use_te)
-        if self.on_gpu:
-            chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
-        if weights is not None and not self._resumes():
-            init_weights.load_full_tensors(chunks, weights)
-            self._say(f"starting from the weights of {weights.path}")
-        else:
-            init_weights.initialize(chunks, self.config, self.seed)
-        return chunks
+        self.task.on_checkpoint(self)
 
     def _build_model(self) -> list[Any]:
-        chunks = self._make_chunks()
+        chunks = self.task.make_chunks(self)
         if self.config.fp16 or self.config.bf16:
             chunks = [Float16Module(self.config, chunk) for chunk in chunks]
         ddp_config = DistributedDataParallelConfig(
@@ -215,30 +287,6 @@ class Trainer:
             self.par.data,
         )
 
-    # ----- data -------------------------------------------------------------------------
-
-    def _build_data(self) -> None:
-        trainer, model = self.cfg.trainer, self.cfg.model
-        gbs = int(model.global_batch_size)
-        limit = trainer.get("limit_val_batches", 1)
-        val_batches = limit if isinstance(limit, int) and not isinstance(limit, bool) else 0
-        index_dir = model.data.get("index_mapping_dir") or self.log_dir / "index_cache"
-        data.check_vocabulary(self.cfg, self.vocab)
-        train, valid, _test = self.runtime.build_datasets(
-            self.cfg,
-            self.vocab,
-            # No test split: pretraining never evaluates on it (the evaluation stage does).
-            (int(trainer.max_steps) * gbs, max(val_batches * gbs, 1), 0),
-            Path(str(index_dir)),
-        )
-        mbs, keys = int(model.micro_batch_size), self.runtime.batch_keys
-        self.train_stream = data.SampleStream(train, mbs, keys)
-        self.valid_stream = data.SampleStream(valid, mbs, keys) if valid else None
-        if self.valid_stream is not None and not val_batches:
-            fraction = float(limit or 0)
-            val_batches = max(1, int(fraction * len(valid) // gbs)) if fraction else 0
-        self.val_batches = val_batches
-
     # ----- steps ------------------------------------------------------------------------
 
     def _forward_step(self, data_iterator: Any, model: Any) -> tuple[Any, Any]:
@@ -247,7 +295,7 @@ class Trainer:
             batch = get_batch_on_this_cp_rank(batch)
         if self.on_gpu:
             batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
-        return self.runtime.forward_step(batch, model)
+        return self.task.forward_step(self, batch, model)
 
     def _run_schedule(self, start: int, micro_batches: int, forward_only: bool, stream: Any):
         iterators = [stream.micro_batches(start, micro_batches) for _ in range(len(self.model))]
@@ -304,8 +352,14 @@ class Trainer:
             "global_batch_size": float(batch_size),
         }
 
-    @torch.no_grad()
     def validate(self) -> float:
+        """The validation loss (NaN without validation data), then what the task measures."""
+        loss = self.validation_loss()
+        self.task.after_validation(self, loss)
+        return loss
+
+    @torch.no_grad()
+    def validation_loss(self) -> float:
         if self.valid_stream is None or not self.val_batches:
             return math.nan
         for chunk in self.model:
@@ -371,7 +425,7 @@ class Trainer:
         dist.broadcast_object_list(decision, src=0)
         return decision[0], decision[1]
 
-    def _resumes(self) -> bool:
+    def resumes(self) -> bool:
         """Whether resume() will load a checkpoint of this run."""
         exp = self.cfg.exp_manager
         return bool(exp.get("resume_if_exists", False)) and self._resume_choice[0] is not None
@@ -388,7 +442,7 @@ class Trainer:
                 "restore its files from a copy, or delete it to start training from scratch"
             )
         if damaged and newest is not None:
-            self._say(
+            self.say(
                 f"{damaged}: resuming from the previous complete checkpoint {newest.path} "
                 "instead (delete the damaged one once you no longer need it)"
             )
@@ -439,7 +493,9 @@ class Trainer:
         log_every = int(trainer.log_every_n_steps)
         save_every = int(self._checkpoint_params().get("every_n_train_steps") or max_steps)
         max_seconds = recipe.parse_max_time(trainer.max_time) if trainer.get("max_time") else None
-        self._build_data()
+        streams = self.task.build_data(self)
+        self.train_stream, self.valid_stream = streams.train, streams.valid
+        self.val_batches = streams.val_batches
         self.resume()
         if self.rank == 0:
             wandb_run = wandb_logger.open_run(
@@ -451,9 +507,9 @@ class Trainer:
             self.metrics_log = metrics.MetricsLog(self.log_dir, wandb_run)
             self.metrics_log.truncate_after(self.state.step)
         if self.state.step >= max_steps:
-            self._say(f"training already finished: step {self.state.step} of {max_steps}")
+            self.say(f"training already finished: step {self.state.step} of {max_steps}")
             return self._finish()
-        self._before_first_step()
+        self.task.before_training(self)
         costs = self.family.costs(self.cfg, self.par, self.vocab.vocab_size, 1, "training")
         window: list[float] = []  # step times since the last log line
         window_loss: torch.Tensor | None = None
@@ -475,8 +531,8 @@ class Trainer:
                 val_loss = self.validate()
                 if not math.isnan(val_loss):
                     self.state.metrics["val_loss"] = val_loss
-                    self._record({"step": step, "val_loss": val_loss})
-                    self._say(f"validation at step {step}: val_loss {val_loss:.4f}")
+                    self.record({"step": step, "val_loss": val_loss})
+                    self.say(f"validation at step {step}: val_loss {val_loss:.4f}")
             if step % save_every == 0 or step == max_steps:
                 self.save_checkpoint()
                 saved_step = step
@@ -485,18 +541,15 @@ class Trainer:
                 if saved_step != step:
                     self.save_checkpoint()
                 if stop_signal:
-                    self._say(
+                    self.say(
                         f"stopped by a signal at step {step}; checkpoint saved; exit code "
                         f"{EXIT_PREEMPTED} (resume with the same command)"
                     )
                     self._finish()
                     return EXIT_PREEMPTED
-                self._say(f"trainer.max_time reached at step {step}; checkpoint saved")
+                self.say(f"trainer.max_time reached at step {step}; checkpoint saved")
                 break
         return self._finish()
-
-    def _before_first_step(self) -> None:
-        """Runs once the data, the resumed state and the metrics log are ready."""
 
     def _log_train(
         self, step: int, record: dict[str, float], window: list[float], costs: Costs
@@ -517,14 +570,20 @@ class Trainer:
             / 1e12,
             "peak_memory_gb": metrics.peak_memory_gb(self.on_gpu),
         }
-        self._record(record)
-        self._say(metrics.progress_line(step, int(self.cfg.trainer.max_steps), record))
+        self.record(record)
+        self.say(metrics.progress_line(step, int(self.cfg.trainer.max_steps), record))
 
-    def _record(self, record: dict[str, Any]) -> None:
+    @property
+    def finished(self) -> bool:
+        """Whether the run has done every step (not stopped early by a signal or max_time)."""
+        return self.state.step >= int(self.cfg.trainer.max_steps)
+
+    def record(self, record: dict[str, Any]) -> None:
+        """A line of metrics.jsonl (and W&B), on rank 0."""
         if self.metrics_log is not None:
             self.metrics_log.write(record)
 
-    def _say(self, message: str) -> None:
+    def say(self, message: str) -> None:
         if self.rank == 0:
             print(message, flush=True)
 
