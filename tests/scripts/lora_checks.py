@@ -23,7 +23,7 @@ def main() -> None:
         model = tuner.model[0].module
         training = model.training
         before = parameters(tuner)
-        tuner._build_data()
+        tuner.prepare_data()
         packed = packed_report(tuner, count)  # in eval mode, without gradients
         model.train(training)
         assert all(p.detach().equal(before[n]) for n, p in model.named_parameters())

@@ -24,8 +24,8 @@ def packed_report(tuner: Any, count: int) -> dict[str, Any]:
 
     model = tuner.model[0].module
     model.eval()
-    records = tuner.valid_records[:count]
-    seq, pad = int(tuner.cfg.model.data.seq_length), tuner.tokenizer.eod_id
+    records = tuner.task.valid_records[:count]
+    seq, pad = int(tuner.cfg.model.data.seq_length), tuner.task.tokenizer.eod_id
 
     def losses(item: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = {k: v.unsqueeze(0) for k, v in item.items()}
@@ -56,7 +56,7 @@ def main() -> None:
     config, stage, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     with built_tuner(config, stage) as tuner:
         tuner.model[0].module.eval()
-        tuner._build_data()
+        tuner.prepare_data()
         report = packed_report(tuner, count)
     print(json.dumps(report))
 

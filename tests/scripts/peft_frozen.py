@@ -42,7 +42,7 @@ def main() -> None:
     config, stage, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     with built_tuner(config, stage) as tuner:
         before = parameters(tuner)
-        tuner._build_data()
+        tuner.prepare_data()
         report = frozen_report(tuner, steps, before)
     print(json.dumps(report))
 

@@ -1,5 +1,6 @@
-"""A tuning stage's FineTuner built in this process (one rank, CPU), for the in-process checks
-of tests/scripts/peft_frozen.py and tests/scripts/packed_losses.py."""
+"""A tuning stage's trainer (the training loop with its TuningTask) built in this process (one
+rank, CPU), for the in-process checks of tests/scripts/peft_frozen.py, lora_checks.py and
+packed_losses.py."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def built_tuner(config: str, stage: str) -> Iterator[Any]:
     cpu_compat.CudaDevicesOnCpu().__enter__()
     from launcher_scripts.formats import portable
     from launcher_scripts.jobs.fine_tuning.finetune import training_cfg
-    from launcher_scripts.jobs.fine_tuning.tuner import FineTuner
+    from launcher_scripts.jobs.fine_tuning.tuner import TuningTask
     from launcher_scripts.jobs.training.pretrain import StopSignals
+    from launcher_scripts.jobs.training.trainer import Trainer
     from launcher_scripts.ports import free_port
     from launcher_scripts.recipes.tuning import read_spec
 
@@ -35,6 +37,6 @@ def built_tuner(config: str, stage: str) -> Iterator[Any]:
         os.environ["MASTER_PORT"] = str(free_port("127.0.0.1"))
         runtime.init_distributed(runtime.process_info(), False, 60)
         try:
-            yield FineTuner(cfg, spec, base, False, StopSignals())
+            yield Trainer(cfg, False, StopSignals(), TuningTask(cfg, spec, base))
         finally:
             runtime.shutdown()

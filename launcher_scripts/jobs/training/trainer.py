@@ -289,6 +289,12 @@ class Trainer:
 
     # ----- steps ------------------------------------------------------------------------
 
+    def prepare_data(self) -> None:
+        """The task's data streams (fit() asks for them before it resumes)."""
+        streams = self.task.build_data(self)
+        self.train_stream, self.valid_stream = streams.train, streams.valid
+        self.val_batches = streams.val_batches
+
     def _forward_step(self, data_iterator: Any, model: Any) -> tuple[Any, Any]:
         batch = next(data_iterator)
         if self.par.context > 1:
@@ -493,9 +499,7 @@ class Trainer:
         log_every = int(trainer.log_every_n_steps)
         save_every = int(self._checkpoint_params().get("every_n_train_steps") or max_steps)
         max_seconds = recipe.parse_max_time(trainer.max_time) if trainer.get("max_time") else None
-        streams = self.task.build_data(self)
-        self.train_stream, self.valid_stream = streams.train, streams.valid
-        self.val_batches = streams.val_batches
+        self.prepare_data()
         self.resume()
         if self.rank == 0:
             wandb_run = wandb_logger.open_run(
