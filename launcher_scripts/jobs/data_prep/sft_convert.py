@@ -40,7 +40,7 @@ import math
 import os
 import random
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -279,8 +279,16 @@ def dolly_line(record: Any) -> bytes | str:
 
 
 def iter_dolly(path: Path, stats: ReadStats) -> Iterator[bytes]:
-    """Output lines of the good records; bad ones go to `stats` with their line numbers.
-    Blank lines are not records."""
+    """Output lines of the good records; bad ones go to `stats` with their line numbers."""
+    return iter_converted(path, stats, dolly_line)
+
+
+def iter_converted(
+    path: Path, stats: ReadStats, convert: Callable[[Any], bytes | list[bytes] | str]
+) -> Iterator[bytes]:
+    """The output lines `convert` makes of each JSON line of `path` (one, or several for a
+    record that makes several); a str from it says why the record is bad, and goes to
+    `stats` with its line number. Blank lines are not records."""
     try:
         with open_input(path) as stream:
             for number, raw in enumerate(stream, 1):
@@ -293,11 +301,11 @@ def iter_dolly(path: Path, stats: ReadStats) -> Iterator[bytes]:
                 except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
                     stats.add_bad(str(path), number, "not valid JSON")
                     continue
-                line = dolly_line(record)
-                if isinstance(line, str):
-                    stats.add_bad(str(path), number, line)
+                lines = convert(record)
+                if isinstance(lines, str):
+                    stats.add_bad(str(path), number, lines)
                     continue
-                yield line
+                yield from [lines] if isinstance(lines, bytes) else lines
     except (OSError, EOFError) as error:
         raise ConvertError(f"cannot read {path}: {error}") from None
 
