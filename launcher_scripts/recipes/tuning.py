@@ -1,13 +1,17 @@
 """What a fine-tuning recipe asks for, read the same way from every stage's recipe shape.
 
-The fine_tuning and peft recipes describe data as `model.data.<split>_ds` sections (NeMo's SFT
-layout); prompt_learning, adapter_learning and ia3_learning use the older layout: file lists
-under `model.data` and one `task_templates` entry. Both become a TuningSpec. Pure Python: the
-launcher's preflight and the job program read recipes through this module.
+Each tuning stage is a `TuningStageSpec` (TUNING_STAGE_SPECS): its data layout and how its
+recipe names what it trains. The fine_tuning and peft recipes describe data as
+`model.data.<split>_ds` sections (NeMo's SFT layout); prompt_learning, adapter_learning and
+ia3_learning use the older layout: file lists under `model.data` and one `task_templates`
+entry. fine_tuning tunes every weight, peft the method of its `model.peft` section, the older
+stages the method registered for them (launcher_scripts/tuning/). All become a TuningSpec.
+Pure Python: the launcher's preflight and the job program read recipes through this module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +23,9 @@ from launcher_scripts.tuning import (
     METHODS,
     PeftSettings,
     legacy_method,
-    legacy_stages,
     method_named,
 )
 
-# The tuning stages: each is a stage (stages/fine_tuning.py), a job program a family may run
-# (families.PROGRAMS) and a config group of recipes (conf/<stage>/).
-TUNING_STAGES = ("fine_tuning", "peft", "prompt_learning", "adapter_learning", "ia3_learning")
 VIRTUAL_PROMPT_MARKER = "<|VIRTUAL_PROMPT_0|>"
 # The recipe keys that replace the base model's for the tuning run (finetune.training_cfg).
 LAYOUT_KEYS = (
@@ -51,37 +51,6 @@ _SFT_KEYS = tuple(
     for split in ("train", "validation", "test")
     for name in _SFT_SPLIT_KEYS
 )
-OPTIONAL_KEYS: dict[str, tuple[str, ...]] = {
-    "common": (
-        *(f"model.{name}" for name in LAYOUT_KEYS),
-        "model.sequence_parallel",
-    ),
-    "fine_tuning": _SFT_KEYS,
-    "peft": (
-        *_SFT_KEYS,
-        *sorted(
-            {
-                f"model.peft.{method.section}.{name}"
-                for method in METHODS.values()
-                for name in method.optional_keys
-            }
-        ),
-    ),
-    # The older one-method stages: each method's keys in that stage's own section.
-    **{
-        stage: tuple(
-            sorted(
-                {
-                    f"model.{method.legacy_section}.{name}"
-                    for method in METHODS.values()
-                    if method.legacy_stage == stage and method.legacy_section
-                    for name in method.optional_keys
-                }
-            )
-        )
-        for stage in legacy_stages()
-    },
-}
 
 
 @dataclass(frozen=True)
@@ -299,88 +268,213 @@ def _template_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None,
     return train, validation, test
 
 
-def _peft_stage(cfg: Any, stage: str) -> tuple[str, PeftSettings, str]:
-    """The peft stage's method, its settings, and the key of their section."""
+# ---------------------------------------------------------------------------------------------
+# The tuning stages: what each reads (its data layout) and how it names what it trains.
+
+
+@dataclass(frozen=True)
+class StageData:
+    """What a stage's data layout reads from its recipe."""
+
+    base_key: str
+    base: Any
+    train: DataSplit
+    validation: DataSplit | None
+    test: DataSplit | None
+    answer_only_loss: bool
+    metric: str
+    tokens_to_generate: int
+    output_file: Path
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What a stage's recipe tunes: every weight (no method), or a PEFT method's modules."""
+
+    method: str  # sft, or a PEFT method's name
+    settings: PeftSettings | None = None
+    peft_key: str = ""  # the recipe section of the method's settings
+    restore: Path | None = None  # a PEFT file to start from
+    restore_key: str = ""
+    settings_key: str = ""  # what the settings' messages name
+
+
+@dataclass(frozen=True)
+class TuningStageSpec:
+    """One tuning stage: a stage (stages/fine_tuning.py), a job program a family may run
+    (families.PROGRAMS) and a config group of recipes (conf/<stage>/)."""
+
+    name: str
+    read_data: Callable[[Any, str, Path], StageData]  # (cfg, stage, default output)
+    trained: Callable[[Any, str], Trained]  # (cfg, stage)
+    # Keys its reader and the tuning program read with a default that the stage's shipped
+    # recipes may leave out (the preflight's key check knows them from here).
+    optional_keys: tuple[str, ...] = ()
+
+
+def _sft_layout(cfg: Any, stage: str, output: Path) -> StageData:
+    """`model.data.<split>_ds` sections (NeMo's SFT layout), the base in restore_from_path."""
+    model = cfg.model
+    train, validation, test = _sft_splits(cfg, stage)
+    section = validation.section if validation else {}
+    metric = str((section.get("metric") or {}).get("name") or "loss")
+    # Text to text generates up to the answers' length unless told.
+    longest = validation.max_target_length if validation else None
+    return StageData(
+        base_key=f"{stage}.model.restore_from_path",
+        base=model.get("restore_from_path"),
+        train=train,
+        validation=validation,
+        test=test,
+        answer_only_loss=bool(model.get("answer_only_loss", True)),
+        metric=metric,
+        tokens_to_generate=int(section.get("tokens_to_generate") or longest or 32),
+        output_file=output,
+    )
+
+
+def _template_layout(cfg: Any, stage: str, output: Path) -> StageData:
+    """The older layout: file lists under `model.data`, one `task_templates` entry, the base
+    in language_model_path; `nemo_path` names the output."""
+    model = cfg.model
+    train, validation, test = _template_splits(cfg, stage)
+    return StageData(
+        base_key=f"{stage}.model.language_model_path",
+        base=model.get("language_model_path"),
+        train=train,
+        validation=validation,
+        test=test,
+        answer_only_loss=bool(train.section["answer_only_loss"]),
+        metric="loss",
+        tokens_to_generate=32,
+        output_file=Path(str(model.nemo_path)) if model.get("nemo_path") else output,
+    )
+
+
+def _every_weight(cfg: Any, stage: str) -> Trained:
+    del cfg, stage
+    return Trained("sft")
+
+
+def _peft_section(cfg: Any, stage: str) -> Trained:
+    """`model.peft`: the method its `peft_scheme` names, its settings in their section."""
     peft = cfg.model.peft
     key = f"{stage}.model.peft"
     method = method_named(str(peft.get("peft_scheme") or ""), f"{key}.peft_scheme")
     section_key = f"{key}.{method.section}"
-    return method.name, method.read(peft.get(method.section) or {}, section_key), section_key
+    restore = peft.get("restore_from_path")
+    return Trained(
+        method.name,
+        method.read(peft.get(method.section) or {}, section_key),
+        section_key,
+        Path(str(restore)) if restore else None,
+        f"{key}.restore_from_path",
+        key,
+    )
+
+
+def _older_stage(cfg: Any, stage: str) -> Trained:
+    """The method registered for this older stage (prompt_learning: the one its
+    virtual_prompt_style names), its settings in the stage's own section."""
+    model = cfg.model
+    chosen = legacy_method(
+        stage,
+        str(model.get("virtual_prompt_style") or "p-tuning"),
+        f"{stage}.model.virtual_prompt_style",
+    )
+    section = model.get(chosen.legacy_section) if chosen.legacy_section else None
+    task = (_plain(model.get("task_templates")) or [{}])[0]
+    # The task template counts the virtual tokens (methods without them ignore it).
+    values = dict(_plain(section) or {})
+    values["virtual_tokens"] = int(task.get("total_virtual_tokens") or 0)
+    peft_key = f"{stage}.model" + (f".{chosen.legacy_section}" if section else "")
+    restore = model.get("restore_path")
+    return Trained(
+        chosen.name,
+        chosen.read(values, peft_key),
+        peft_key,
+        Path(str(restore)) if restore else None,
+        f"{stage}.model.restore_path",
+        f"{stage}.model",
+    )
+
+
+def _older_stage_keys(stage: str) -> tuple[str, ...]:
+    """Each of the stage's methods' keys, in the stage's own section."""
+    return tuple(
+        sorted(
+            {
+                f"model.{method.legacy_section}.{name}"
+                for method in METHODS.values()
+                if method.legacy_stage == stage and method.legacy_section
+                for name in method.optional_keys
+            }
+        )
+    )
+
+
+_PEFT_SECTION_KEYS = tuple(
+    sorted(
+        {
+            f"model.peft.{method.section}.{name}"
+            for method in METHODS.values()
+            for name in method.optional_keys
+        }
+    )
+)
+TUNING_STAGE_SPECS: dict[str, TuningStageSpec] = {
+    spec.name: spec
+    for spec in (
+        TuningStageSpec("fine_tuning", _sft_layout, _every_weight, _SFT_KEYS),
+        TuningStageSpec("peft", _sft_layout, _peft_section, (*_SFT_KEYS, *_PEFT_SECTION_KEYS)),
+        *(
+            TuningStageSpec(name, _template_layout, _older_stage, _older_stage_keys(name))
+            for name in ("prompt_learning", "adapter_learning", "ia3_learning")
+        ),
+    )
+}
+TUNING_STAGES = tuple(TUNING_STAGE_SPECS)
+# Keys every tuning stage reads with a default, and each stage's own (OPTIONAL_KEYS[stage]).
+OPTIONAL_KEYS: dict[str, tuple[str, ...]] = {
+    "common": (*(f"model.{name}" for name in LAYOUT_KEYS), "model.sequence_parallel"),
+    **{name: spec.optional_keys for name, spec in TUNING_STAGE_SPECS.items()},
+}
 
 
 def read_spec(cfg: Any, stage: str) -> TuningSpec:
-    model = cfg.model
-    peft_restore: Path | None = None
-    peft_key = restore_key = ""
+    spec = TUNING_STAGE_SPECS[stage]
     log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
     # Where NeMo saves a tuning run's .nemo at the end: checkpoints/<exp_manager.name>.nemo
     output = log_dir / "checkpoints" / f"{cfg.exp_manager.get('name') or stage}.nemo"
-    if stage in ("fine_tuning", "peft"):
-        base_key = f"{stage}.model.restore_from_path"
-        base = model.get("restore_from_path")
-        train, validation, test = _sft_splits(cfg, stage)
-        answer_only = bool(model.get("answer_only_loss", True))
-        if stage == "peft":
-            method, settings, peft_key = _peft_stage(cfg, stage)
-            restore = model.peft.get("restore_from_path")
-            peft_restore = Path(str(restore)) if restore else None
-            restore_key = f"{stage}.model.peft.restore_from_path"
-        else:
-            method, settings = "sft", None
-        metric_section = (validation.section if validation else {}).get("metric") or {}
-        metric = str(metric_section.get("name") or "loss")
-        # Text to text generates up to the answers' length unless told.
-        longest = validation.max_target_length if validation else None
-        section = validation.section if validation else {}
-        tokens = int(section.get("tokens_to_generate") or longest or 32)
-    else:
-        base_key = f"{stage}.model.language_model_path"
-        base = model.get("language_model_path")
-        train, validation, test = _template_splits(cfg, stage)
-        answer_only = bool(train.section["answer_only_loss"])
-        task = (_plain(model.get("task_templates")) or [{}])[0]
-        chosen = legacy_method(
-            stage,
-            str(model.get("virtual_prompt_style") or "p-tuning"),
-            f"{stage}.model.virtual_prompt_style",
-        )
-        section = model.get(chosen.legacy_section) if chosen.legacy_section else None
-        # The task template counts the virtual tokens (methods without them ignore it).
-        values = dict(_plain(section) or {})
-        values["virtual_tokens"] = int(task.get("total_virtual_tokens") or 0)
-        peft_key = f"{stage}.model" + (f".{chosen.legacy_section}" if section else "")
-        method, settings = chosen.name, chosen.read(values, peft_key)
-        restore_key = f"{stage}.model.restore_path"
-        restore = model.get("restore_path")
-        peft_restore = Path(str(restore)) if restore else None
-        if model.get("nemo_path"):
-            output = Path(str(model.nemo_path))
-        metric, tokens = "loss", 32
-    if not base:
-        raise RecipeError(f"{base_key}: give the base model (the conversion stage's .nemo file)")
-    if settings is not None:
-        settings.check(f"{stage}.model.peft" if stage == "peft" else f"{stage}.model")
-    if metric not in ("loss", "exact_string_match"):
+    data = spec.read_data(cfg, stage, output)
+    trained = spec.trained(cfg, stage)
+    if not data.base:
         raise RecipeError(
-            f"{stage}.model.data.validation_ds.metric.name: {metric!r}; this version computes "
-            "loss and exact_string_match"
+            f"{data.base_key}: give the base model (the conversion stage's .nemo file)"
+        )
+    if trained.settings is not None:
+        trained.settings.check(trained.settings_key)
+    if data.metric not in ("loss", "exact_string_match"):
+        raise RecipeError(
+            f"{stage}.model.data.validation_ds.metric.name: {data.metric!r}; this version "
+            "computes loss and exact_string_match"
         )
     return TuningSpec(
         stage=stage,
-        method=method,
-        base_model=Path(str(base)),
-        base_key=base_key,
-        peft=settings,
-        peft_restore=peft_restore,
-        answer_only_loss=answer_only,
-        train=train,
-        validation=validation,
-        test=test,
-        metric=metric,
-        tokens_to_generate=tokens,
-        output_file=output,
-        peft_key=peft_key,
-        peft_restore_key=restore_key,
+        method=trained.method,
+        base_model=Path(str(data.base)),
+        base_key=data.base_key,
+        peft=trained.settings,
+        peft_restore=trained.restore,
+        answer_only_loss=data.answer_only_loss,
+        train=data.train,
+        validation=data.validation,
+        test=data.test,
+        metric=data.metric,
+        tokens_to_generate=data.tokens_to_generate,
+        output_file=data.output_file,
+        peft_key=trained.peft_key,
+        peft_restore_key=trained.restore_key,
     )
 
 

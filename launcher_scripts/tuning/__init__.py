@@ -11,7 +11,6 @@ from launcher_scripts.tuning.method import (
     PeftMethod,
     PeftSettings,
     legacy_method,
-    legacy_stages,
     merging_titles,
     method_named,
 )
@@ -25,7 +24,6 @@ __all__ = [
     "PeftMethod",
     "PeftSettings",
     "legacy_method",
-    "legacy_stages",
     "merging_titles",
     "method_named",
 ]

@@ -142,10 +142,6 @@ def legacy_method(stage: str, style: str | None, style_key: str) -> PeftMethod:
     return styles[style]
 
 
-def legacy_stages() -> set[str]:
-    return {m.legacy_stage for m in METHODS.values() if m.legacy_stage}
-
-
 def plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 

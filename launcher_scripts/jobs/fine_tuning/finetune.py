@@ -69,7 +69,7 @@ def training_cfg(cfg: Any, spec: TuningSpec, base_model: DictConfig) -> DictConf
         # PEFT hooks sit on the local layer spec's linears (TE fuses the norm into qkv).
         # Packed samples need the attention mask, which TE's causal kernels do not read.
         "transformer_engine": bool(model.get("transformer_engine"))
-        and spec.method == "sft"
+        and spec.peft is None
         and not spec.train.section.get("packed_sequence"),
         "optim": OmegaConf.to_container(recipe_model.optim, resolve=True),
         "data": {"seq_length": spec.train.max_seq_length}
