@@ -44,9 +44,9 @@ def main() -> int:
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from launcher_scripts.jobs.training.pretrain import StopSignals
-    from launcher_scripts.jobs.training.trainer import Trainer
+    from launcher_scripts.jobs.training.trainer import PretrainingTask, Trainer
 
-    trainer = Trainer(cfg, on_gpu, StopSignals())
+    trainer = Trainer(cfg, on_gpu, StopSignals(), PretrainingTask())
     model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
     seq, mbs = int(cfg.model.data.seq_length), int(cfg.model.micro_batch_size)
     micro_batches = get_num_microbatches()
