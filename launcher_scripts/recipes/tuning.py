@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from launcher_scripts.errors import RecipeError
 from launcher_scripts.tuning import (
     METHODS,
+    PeftMethod,
     PeftSettings,
     legacy_method,
     method_named,
 )
+from launcher_scripts.tuning.method import plain
 
 VIRTUAL_PROMPT_MARKER = "<|VIRTUAL_PROMPT_0|>"
 # The recipe keys that replace the base model's for the tuning run (finetune.training_cfg).
@@ -102,12 +102,8 @@ class TuningSpec:
         return self.peft.virtual_tokens if self.peft else 0
 
 
-def _plain(value: Any) -> Any:
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
 def file_list(key: str, value: Any, kind: str = "JSONL") -> tuple[Path, ...]:
-    value = _plain(value)
+    value = plain(value)
     if value is None:
         return ()
     if isinstance(value, str):
@@ -118,7 +114,7 @@ def file_list(key: str, value: Any, kind: str = "JSONL") -> tuple[Path, ...]:
 
 
 def _weights(key: str, value: Any, count: int) -> tuple[float, ...] | None:
-    value = _plain(value)
+    value = plain(value)
     if value is None:
         if count > 1:
             raise RecipeError(f"{key}: {count} files need one sampling weight each (summing to 1)")
@@ -165,8 +161,8 @@ def _jsonl_split(section: Any, key: str, training: bool) -> DataSplit | None:
         if training
         else None
     )
-    plain = _plain(section)
-    return DataSplit(f"{key}.file_names", files, weights, plain, key, f"{key}.max_seq_length")
+    values = plain(section)
+    return DataSplit(f"{key}.file_names", files, weights, values, key, f"{key}.max_seq_length")
 
 
 def text_pairs(section: Any, key: str) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
@@ -188,7 +184,7 @@ def _text_to_text_split(section: Any, key: str, training: bool) -> DataSplit | N
     sources, targets = text_pairs(section, key)
     if not sources:
         return None
-    names = _plain(section.get("names"))
+    names = plain(section.get("names"))
     if names is not None:
         if not isinstance(names, list) or len(names) != len(sources):
             raise RecipeError(
@@ -219,7 +215,7 @@ def _text_to_text_split(section: Any, key: str, training: bool) -> DataSplit | N
         f"{key}.src_file_name",
         sources,
         weights,
-        _plain(section),
+        plain(section),
         key,
         f"{key}.max_src_seq_length",
         targets=targets,
@@ -232,7 +228,7 @@ def _text_to_text_split(section: Any, key: str, training: bool) -> DataSplit | N
 def _template_splits(cfg: Any, stage: str) -> tuple[DataSplit, DataSplit | None, DataSplit | None]:
     """The prompt_learning-style layout: one task template, file lists under model.data."""
     model = cfg.model
-    templates = _plain(model.get("task_templates")) or []
+    templates = plain(model.get("task_templates")) or []
     if not templates:
         raise RecipeError(f"{stage}.model.task_templates: give one task template")
     task = templates[0]
@@ -383,9 +379,9 @@ def _older_stage(cfg: Any, stage: str) -> Trained:
         f"{stage}.model.virtual_prompt_style",
     )
     section = model.get(chosen.legacy_section) if chosen.legacy_section else None
-    task = (_plain(model.get("task_templates")) or [{}])[0]
+    task = (plain(model.get("task_templates")) or [{}])[0]
     # The task template counts the virtual tokens (methods without them ignore it).
-    values = dict(_plain(section) or {})
+    values = dict(plain(section) or {})
     values["virtual_tokens"] = int(task.get("total_virtual_tokens") or 0)
     peft_key = f"{stage}.model" + (f".{chosen.legacy_section}" if section else "")
     restore = model.get("restore_path")
@@ -399,29 +395,27 @@ def _older_stage(cfg: Any, stage: str) -> Trained:
     )
 
 
-def _older_stage_keys(stage: str) -> tuple[str, ...]:
-    """Each of the stage's methods' keys, in the stage's own section."""
+def _method_keys(section_of: Callable[[PeftMethod], str | None]) -> tuple[str, ...]:
+    """Each method's optional keys, under the model section `section_of` names for it (None:
+    a section this stage does not read)."""
     return tuple(
         sorted(
             {
-                f"model.{method.legacy_section}.{name}"
+                f"model.{section}.{name}"
                 for method in METHODS.values()
-                if method.legacy_stage == stage and method.legacy_section
+                if (section := section_of(method))
                 for name in method.optional_keys
             }
         )
     )
 
 
-_PEFT_SECTION_KEYS = tuple(
-    sorted(
-        {
-            f"model.peft.{method.section}.{name}"
-            for method in METHODS.values()
-            for name in method.optional_keys
-        }
-    )
-)
+def _older_stage_keys(stage: str) -> tuple[str, ...]:
+    """Each of the stage's methods' keys, in the stage's own section."""
+    return _method_keys(lambda m: m.legacy_section if m.legacy_stage == stage else None)
+
+
+_PEFT_SECTION_KEYS = _method_keys(lambda method: f"peft.{method.section}")
 TUNING_STAGE_SPECS: dict[str, TuningStageSpec] = {
     spec.name: spec
     for spec in (

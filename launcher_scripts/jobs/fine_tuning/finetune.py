@@ -150,12 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             from launcher_scripts.jobs.fine_tuning.tuner import TuningTask
             from launcher_scripts.jobs.training.trainer import Trainer
 
-            task = TuningTask(cfg, spec, base)
-            trainer = Trainer(cfg, on_gpu, StopSignals(), task)
-            code = trainer.fit()
-            if code == 0 and trainer.finished:
-                task.write_outputs(trainer)
-            return code
+            return Trainer(cfg, on_gpu, StopSignals(), TuningTask(cfg, spec, base)).fit()
     except (JobError, TokenizerError, ConfigError, sft_data.SftDataError) as error:
         return refuse(error)
     finally:

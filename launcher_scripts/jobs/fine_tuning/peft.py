@@ -214,9 +214,12 @@ def freeze_base(chunks: list[Any]) -> None:
             param.requires_grad = is_peft_parameter(name)
 
 
+# The attribute names every method's added modules start with (freeze_base asks per parameter).
+_PREFIXES = tuple(sorted({prefix for method in METHODS.values() for prefix in method.prefixes}))
+
+
 def is_peft_parameter(name: str) -> bool:
-    prefixes = tuple({prefix for method in METHODS.values() for prefix in method.prefixes})
-    return any(part.startswith(prefixes) for part in name.split(".")[:-1])
+    return any(part.startswith(_PREFIXES) for part in name.split(".")[:-1])
 
 
 def initial_values(attached: Attached, seed: int, std: float) -> Callable[[Any], torch.Tensor]:

@@ -38,9 +38,10 @@ class MaskBias:
 
     def of(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         if mask is not self.mask or (self.bias is not None and self.bias.dtype != dtype):
-            hides = bool(mask.any())
-            bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device) if hides else None
-            self.mask, self.bias = mask, bias.masked_fill_(mask, MASKED) if hides else None
+            self.mask, self.bias = mask, None
+            if bool(mask.any()):
+                bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+                self.bias = bias.masked_fill_(mask, MASKED)
         return self.bias
 
 

@@ -84,7 +84,7 @@ def _rotate_both(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """megatron-core's unfused rotation (`_apply_rotary_pos_emb_bshd`: t cos + rotated half
     of t sin, the same operations) of the queries and keys together, with the cosines and
-    sines of the context's embedding computed once rather than per layer and step: a
+    sines of the context's embedding computed once per layer rather than at every step: a
     decoding step of a small model spent a tenth of its time in rotations."""
     if getattr(module, "rotary_cos_sin", (None,))[0] is not freqs:
         dtype = query.dtype

@@ -97,7 +97,7 @@ class TrainingTask:
         """Files written beside each checkpoint, on rank 0, beyond hparams.yaml."""
 
     def write_outputs(self, trainer: Trainer) -> None:
-        """The run's outputs, once it has done every step (every rank calls it)."""
+        """The run's outputs, once it has done every step (fit() calls it on every rank)."""
 
 
 class PretrainingTask(TrainingTask):
@@ -512,7 +512,7 @@ class Trainer:
             self.metrics_log.truncate_after(self.state.step)
         if self.state.step >= max_steps:
             self.say(f"training already finished: step {self.state.step} of {max_steps}")
-            return self._finish()
+            return self._complete()
         self.task.before_training(self)
         costs = self.family.costs(self.cfg, self.par, self.vocab.vocab_size, 1, "training")
         window: list[float] = []  # step times since the last log line
@@ -553,7 +553,7 @@ class Trainer:
                     return EXIT_PREEMPTED
                 self.say(f"trainer.max_time reached at step {step}; checkpoint saved")
                 break
-        return self._finish()
+        return self._complete()
 
     def _log_train(
         self, step: int, record: dict[str, float], window: list[float], costs: Costs
@@ -590,6 +590,14 @@ class Trainer:
     def say(self, message: str) -> None:
         if self.rank == 0:
             print(message, flush=True)
+
+    def _complete(self) -> int:
+        """The end of a run no signal stopped: its log closed, then, when every step is done,
+        the task's outputs."""
+        code = self._finish()
+        if self.finished:
+            self.task.write_outputs(self)
+        return code
 
     def _finish(self) -> int:
         if self.metrics_log is not None:
