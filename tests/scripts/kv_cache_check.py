@@ -1,5 +1,5 @@
 """The KV cache of a served model's family (jobs/inference/kv_cache.py for GPT,
-seq2seq_cache.py for T5 and mT5) on a real model, one process; prints one JSON object for
+seq2seq_cache.py for T5 and mT5) on a real model, one process; prints one JSON object (rank 0) for
 tests/test_kv_cache.py:
 
 python -m tests.scripts.kv_cache_check MODEL.nemo [TP]   (TP > 1: under torchrun, TP processes)
@@ -12,6 +12,7 @@ longer than the frontier joins) and compactions (the frontier reaches the end).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -180,7 +181,8 @@ def main() -> None:
             report["prompt_tuned"] = prompt_tuned(runner, served.tokenizer, served.max_length)
     finally:
         close_runner()
-    print(json.dumps(report))
+    if os.environ.get("RANK", "0") == "0":  # every rank has the same; two prints can interleave
+        print(json.dumps(report))
 
 
 if __name__ == "__main__":
