@@ -431,6 +431,24 @@ def test_the_hugging_face_import_job_loads_no_megatron_core() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_the_triton_model_stub_loads_no_torch() -> None:
+    """Triton runs one Python stub per model instance (ten for a GPT export), each a thin
+    client of the model server: torch there cost each a second of start and stop, and the
+    stops, one after another, outran Triton's exit timeout on a busy machine."""
+    program = "\n".join(
+        [
+            "import sys",
+            "sys.modules['torch'] = None  # any import of it raises ImportError",
+            "from launcher_scripts.jobs.export import triton_model",
+            "triton_model.defaults_from({'default_top_k': {'string_value': '2'}})",
+        ]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def method_literals(path: Path) -> list[str]:
     names = set(tuning.METHODS)
     return [

@@ -151,7 +151,11 @@ def server_command(
         "--allow-metrics=false",
         "--allow-gpu-metrics=false",
         "--strict-readiness=true",
-        "--exit-timeout-secs=10",
+        # Stopping, Triton unloads a model's instances one after another, about a second
+        # each (its Python backend's stub and monitor threads), and 10 s ran out on a busy
+        # 2-core machine with two models of four. In-flight requests do not count here:
+        # the stopper cancels them at once.
+        "--exit-timeout-secs=30",  # Triton's default
         "--disable-auto-complete-config",
         # The front's request ids reach the model as request parameters (http_front.py).
         f"--http-header-forward-pattern=^{REQUEST_ID_HEADER}$",

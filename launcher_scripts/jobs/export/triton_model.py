@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from launcher_scripts.jobs.inference.model_server import Withdrawn, answer_lines
+from launcher_scripts.recipes.generation_params import GenerationParams
 from launcher_scripts.recipes.triton_interface import (
     ALL_CANCELLED,
     CANCELLED_REQUESTS_VARIABLE,
@@ -80,7 +81,7 @@ class Row:
 
     request: Any  # its index in the request
     prompt: str | list[int]
-    params: Any  # GenerationParams
+    params: GenerationParams
 
 
 def _prompts(read: Any, on_ids: bool) -> list[str] | list[list[int]]:
@@ -194,8 +195,6 @@ def group_rows(rows: Sequence[Row]) -> list[list[Row]]:
 
 def defaults_from(config_parameters: dict[str, Any]) -> Any:
     """GenerationParams from the `default_<name>` parameters the export wrote."""
-    from launcher_scripts.jobs.inference.generation import GenerationParams
-
     values: dict[str, Any] = {}
     kinds = {field.name: field for field in fields(GenerationParams)}
     for parameter in PARAMETERS:
