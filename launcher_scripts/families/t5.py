@@ -17,7 +17,7 @@ from launcher_scripts.families.encoder_checks import ENCODER_ACTIVATIONS, common
 from launcher_scripts.formats.portable_check import expected_shapes
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.training import encoder_decoder_split, key
-from launcher_scripts.recipes.tuning import TUNING_STAGES
+from launcher_scripts.recipes.tuning import SFT_STAGES
 
 # The position embeddings the reference documents for T5 blocks: a learned table, or T5's
 # bucketed relative bias.
@@ -285,7 +285,7 @@ T5 = register(
             {
                 "training",
                 "conversion",
-                *TUNING_STAGES,
+                *SFT_STAGES,
                 "evaluation:fine_tuned",
                 "export",
                 "hf_import",

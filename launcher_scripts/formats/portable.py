@@ -35,6 +35,10 @@ EMBEDDINGS = "embedding.word_embeddings.weight"  # its rows: the model's (padded
 # own) were the Hugging Face checkpoint's before the import padded them for TP; the export
 # writes back that many.
 HF_VOCAB_SIZE = "hf_vocab_size"
+# A reward model's file (the rlhf_rm stage's): its scalar head instead of an output layer, and
+# a model_config.yaml section with the rewards' mean and std over its validation pairs.
+REWARD_HEAD = "reward_head.weight"
+REWARD_MODEL = "reward_model"
 TOKENIZER_DIR = "tokenizer"
 # The tokenizer's files (hf_config: an imported model's own tokenizer_config.json, which its
 # Hugging Face export writes back).

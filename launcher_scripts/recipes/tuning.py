@@ -1,11 +1,14 @@
 """What a fine-tuning recipe asks for, read the same way from every stage's recipe shape.
 
-Each tuning stage is a `TuningStageSpec` (TUNING_STAGE_SPECS): its data layout and how its
-recipe names what it trains. The fine_tuning and peft recipes describe data as
-`model.data.<split>_ds` sections (NeMo's SFT layout); prompt_learning, adapter_learning and
-ia3_learning use the older layout: file lists under `model.data` and one `task_templates`
-entry. fine_tuning tunes every weight, peft the method of its `model.peft` section, the older
-stages the method registered for them (launcher_scripts/tuning/). All become a TuningSpec.
+Each tuning stage is a `TuningStageSpec` (TUNING_STAGE_SPECS): its data layout, how its
+recipe names what it trains and the training task its job runs. The fine_tuning and peft
+recipes describe data as `model.data.<split>_ds` sections (NeMo's SFT layout);
+prompt_learning, adapter_learning and ia3_learning use the older layout: file lists under
+`model.data` and one `task_templates` entry; rlhf_rm the reference's reward-model layout
+(`model.data.data_prefix` of preference pairs). fine_tuning tunes every weight, peft the
+method of its `model.peft` section, the older stages the method registered for them
+(launcher_scripts/tuning/), rlhf_rm every weight or a method that merges into them. All
+become a TuningSpec.
 Pure Python: the launcher's preflight and the job program read recipes through this module.
 """
 
@@ -66,6 +69,21 @@ class DataSplit:
     target_key: str = ""
     names: tuple[str, ...] | None = None  # one per file, naming its metrics
     temperature: float = 1.0  # several files, no weights: p ~ records^(1/temperature)
+    # Preference pairs: each file is JSONL, or data_preparation's indexed files by their
+    # prefix (PREFIX.bin and PREFIX.idx).
+    preference: bool = False
+
+    def inputs(self) -> list[tuple[str, Path]]:
+        """(recipe key, path) of each file this split reads."""
+        found = []
+        for index, path in enumerate(self.files):
+            key = f"{self.key}[{index}]"
+            if self.preference and not is_jsonl(path):
+                found += [(key, Path(f"{path}{suffix}")) for suffix in (".bin", ".idx")]
+            else:
+                found.append((key, path))
+        found += [(f"{self.target_key}[{i}]", p) for i, p in enumerate(self.targets)]
+        return found
 
     @property
     def max_seq_length(self) -> int:
@@ -96,10 +114,15 @@ class TuningSpec:
     output_file: Path  # PEFT weights, or the fine-tuned model for SFT
     peft_key: str = ""  # the recipe section holding the method's settings
     peft_restore_key: str = ""  # the recipe key naming the PEFT file to start from
+    task: str = "sft"  # the training task its job runs (TuningStageSpec.task)
 
     @property
     def virtual_tokens(self) -> int:
         return self.peft.virtual_tokens if self.peft else 0
+
+
+def is_jsonl(path: Path) -> bool:
+    return path.suffix in (".jsonl", ".json")
 
 
 def file_list(key: str, value: Any, kind: str = "JSONL") -> tuple[Path, ...]:
@@ -306,6 +329,9 @@ class TuningStageSpec:
     # Keys its reader and the tuning program read with a default that the stage's shipped
     # recipes may leave out (the preflight's key check knows them from here).
     optional_keys: tuple[str, ...] = ()
+    # The training task its job runs (jobs/fine_tuning/tasks.py): sft (supervised answers)
+    # or reward_model (a scalar head and the pairwise ranking loss).
+    task: str = "sft"
 
 
 def _sft_layout(cfg: Any, stage: str, output: Path) -> StageData:
@@ -395,6 +421,66 @@ def _older_stage(cfg: Any, stage: str) -> Trained:
     )
 
 
+def _preference_layout(cfg: Any, stage: str, output: Path) -> StageData:
+    """The reference's reward-model layout: `model.data.data_prefix` {train, validation,
+    test}, each a list of preference files (data_preparation's indexed prefixes, whose
+    consecutive documents are a prompt with its chosen answer, then with its rejected one; or
+    JSONL of {"prompt", "chosen", "rejected"}), the base in
+    `model.pretrained_checkpoint.restore_from_path`."""
+    model = cfg.model
+    data = model.get("data") or {}
+    key = f"{stage}.model.data.data_prefix"
+    prefixes = plain(data.get("data_prefix"))
+    if not isinstance(prefixes, dict):
+        raise RecipeError(
+            f"{key}: {prefixes!r}: give {{train: [files], validation: [files], test: [files]}}"
+        )
+    unknown = sorted(set(prefixes) - {"train", "validation", "test"})
+    if unknown:
+        raise RecipeError(f"{key}: {unknown} are not splits: use train, validation and test")
+    length_key = f"{stage}.model.data.seq_length"
+    section = {"max_seq_length": int(data.get("seq_length") or model.get("encoder_seq_length"))}
+    splits: list[DataSplit | None] = []
+    for name in ("train", "validation", "test"):
+        files = file_list(f"{key}.{name}", prefixes.get(name), "preference")
+        split = DataSplit(
+            f"{key}.{name}", files, None, section, key, length_key, preference=True
+        )
+        splits.append(split if files else None)
+    train, validation, test = splits
+    if train is None:
+        raise RecipeError(f"{key}.train: give the training preference files")
+    base = (model.get("pretrained_checkpoint") or {}).get("restore_from_path")
+    return StageData(
+        base_key=f"{stage}.model.pretrained_checkpoint.restore_from_path",
+        base=base,
+        train=train,
+        validation=validation,
+        test=test,
+        answer_only_loss=False,
+        metric="loss",
+        tokens_to_generate=0,
+        output_file=output,
+    )
+
+
+def _merging_method(cfg: Any, stage: str) -> Trained:
+    """Every weight, or the `model.peft` method when it folds into them (a reward model is
+    written whole, its head with it): `peft_scheme` none (or no section) for every weight."""
+    peft = cfg.model.get("peft")
+    scheme = str((peft or {}).get("peft_scheme") or "none")
+    if scheme.lower() == "none":
+        return Trained("sft")
+    key = f"{stage}.model.peft.peft_scheme"
+    if not method_named(scheme, key).merges:
+        merging = [m.name for m in METHODS.values() if m.merges]
+        raise RecipeError(
+            f"{key}: {scheme!r} does not fold into the weights, and this stage writes a "
+            f"whole model: use none or {' or '.join(merging)}"
+        )
+    return _peft_section(cfg, stage)
+
+
 def _method_keys(section_of: Callable[[PeftMethod], str | None]) -> tuple[str, ...]:
     """Each method's optional keys, under the model section `section_of` names for it (None:
     a section this stage does not read)."""
@@ -416,6 +502,14 @@ def _older_stage_keys(stage: str) -> tuple[str, ...]:
 
 
 _PEFT_SECTION_KEYS = _method_keys(lambda method: f"peft.{method.section}")
+_PREFERENCE_KEYS = (
+    "model.data.data_prefix.validation",
+    "model.data.data_prefix.test",
+    "model.encoder_seq_length",
+    "model.peft.peft_scheme",
+    "model.peft.restore_from_path",
+    *_method_keys(lambda method: f"peft.{method.section}" if method.merges else None),
+)
 TUNING_STAGE_SPECS: dict[str, TuningStageSpec] = {
     spec.name: spec
     for spec in (
@@ -425,9 +519,14 @@ TUNING_STAGE_SPECS: dict[str, TuningStageSpec] = {
             TuningStageSpec(name, _template_layout, _older_stage, _older_stage_keys(name))
             for name in ("prompt_learning", "adapter_learning", "ia3_learning")
         ),
+        TuningStageSpec(
+            "rlhf_rm", _preference_layout, _merging_method, _PREFERENCE_KEYS, "reward_model"
+        ),
     )
 }
 TUNING_STAGES = tuple(TUNING_STAGE_SPECS)
+# The stages that tune a model to answer (any family with a tuning side runs them).
+SFT_STAGES = tuple(name for name, spec in TUNING_STAGE_SPECS.items() if spec.task == "sft")
 # Keys every tuning stage reads with a default, and each stage's own (OPTIONAL_KEYS[stage]).
 OPTIONAL_KEYS: dict[str, tuple[str, ...]] = {
     "common": (*(f"model.{name}" for name in LAYOUT_KEYS), "model.sequence_parallel"),
@@ -469,6 +568,7 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
         output_file=data.output_file,
         peft_key=trained.peft_key,
         peft_restore_key=trained.restore_key,
+        task=spec.task,
     )
 
 
@@ -505,6 +605,5 @@ def all_inputs(spec: TuningSpec) -> list[tuple[str, Path]]:
         inputs.append((f"{spec.stage} PEFT restore path", spec.peft_restore))
     for split in (spec.train, spec.validation, spec.test):
         if split is not None:
-            inputs += [(f"{split.key}[{i}]", path) for i, path in enumerate(split.files)]
-            inputs += [(f"{split.target_key}[{i}]", p) for i, p in enumerate(split.targets)]
+            inputs += split.inputs()
     return inputs

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher_scripts.formats.preference import conversation_problem, is_text, preference_problem
 from launcher_scripts.jobs.data_prep.readers import ReadStats
 from launcher_scripts.jobs.data_prep.sft_convert import (
     ConvertError,
@@ -55,47 +56,8 @@ from launcher_scripts.jobs.data_prep.sft_convert import (
     iter_converted,
 )
 
-ROLES = ("system", "user", "assistant")
 HH_TURN = re.compile(r"\n\n(Human|Assistant):")
 HH_ROLES = {"Human": "user", "Assistant": "assistant"}
-
-
-def preference_problem(record: Any) -> str | None:
-    """Why a record is not a preference pair of the format above; None when it is."""
-    if not isinstance(record, dict):
-        return "not a JSON object"
-    prompt = record.get("prompt")
-    if isinstance(prompt, list):
-        problem = conversation_problem(prompt, "prompt")
-        if problem:
-            return problem
-        if prompt[-1]["role"] != "user":
-            return "'prompt' must end with a user turn (the answers follow it)"
-    elif not _text(prompt):
-        return "'prompt' missing" if prompt is None else "'prompt' is neither a text nor turns"
-    for name in ("chosen", "rejected"):
-        if not _text(record.get(name)):
-            return f"'{name}' missing or not a non-blank text"
-    if record["chosen"].strip() == record["rejected"].strip():
-        return "'chosen' and 'rejected' are the same text: the pair prefers nothing"
-    return None
-
-
-def conversation_problem(turns: list[Any], name: str) -> str | None:
-    if not turns:
-        return f"'{name}' has no turns"
-    for index, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            return f"{name}[{index}] is not an object"
-        if turn.get("role") not in ROLES:
-            return f"{name}[{index}].role is {turn.get('role')!r}, not one of {', '.join(ROLES)}"
-        if not _text(turn.get("content")):
-            return f"{name}[{index}].content missing or blank"
-    return None
-
-
-def _text(value: Any) -> bool:
-    return isinstance(value, str) and bool(value.strip())
 
 
 def pair_line(prompt: Any, chosen: str, rejected: str, **extra: Any) -> bytes | str:
@@ -124,7 +86,7 @@ def hh_line(record: Any) -> bytes | str:
         return "not a JSON object"
     sides = []
     for name in ("chosen", "rejected"):
-        if not _text(record.get(name)):
+        if not is_text(record.get(name)):
             return f"'{name}' missing or not a non-blank text"
         turns = hh_turns(record[name])
         if isinstance(turns, str):
@@ -160,7 +122,7 @@ def ultrafeedback_line(record: Any) -> bytes | str:
     if prompt != [{"role": t["role"], "content": t["content"]} for t in rejected[:-1]]:
         return "'chosen' and 'rejected' differ before their answers"
     if not prompt:  # the answers alone: the prompt field is the question
-        if not _text(record.get("prompt")):
+        if not is_text(record.get("prompt")):
             return "no turns before the answers and no 'prompt' text"
         prompt = [{"role": "user", "content": record["prompt"]}]
     scores = {
@@ -182,7 +144,7 @@ class StackExchange:
     def lines(self, record: Any) -> list[bytes] | str:
         if not isinstance(record, dict):
             return "not a JSON object"
-        if not _text(record.get("question")):
+        if not is_text(record.get("question")):
             return "'question' missing or not a non-blank text"
         answers = record.get("answers")
         if not isinstance(answers, list):
@@ -192,7 +154,7 @@ class StackExchange:
             score = answer.get("pm_score") if isinstance(answer, dict) else None
             if not isinstance(score, int | float) or isinstance(score, bool):
                 return f"answers[{index}].pm_score missing or not a number"
-            if not _text(answer.get("text")):
+            if not is_text(answer.get("text")):
                 return f"answers[{index}].text missing or blank"
             scored.append((score, answer["text"]))
         scored.sort(key=lambda item: item[0], reverse=True)

@@ -43,9 +43,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def training_cfg(cfg: Any, spec: TuningSpec, base_model: DictConfig) -> DictConfig:
+def training_cfg(
+    cfg: Any, spec: TuningSpec, base_model: DictConfig, task: Any = None
+) -> DictConfig:
     """The pretraining loop's config: the base model's architecture and tokenizer with the
-    recipe's layout, batches, optimizer and sequence length."""
+    recipe's layout, batches, optimizer and sequence length, and what the task (a TuningTask
+    class) changes: its model overrides, its batch sizes counted in sequences."""
     model = OmegaConf.to_container(base_model, resolve=True)
     assert isinstance(model, dict)
     for unused in ("data", "optim", "nsys_profile", "precision", "rampup_batch_size"):
@@ -75,6 +78,10 @@ def training_cfg(cfg: Any, spec: TuningSpec, base_model: DictConfig) -> DictConf
         "data": {"seq_length": spec.train.max_seq_length}
         | ({"seq_length_dec": target} if (target := spec.train.max_target_length) else {}),
     }
+    if task is not None:
+        model |= task.model_overrides
+        for key in ("global_batch_size", "micro_batch_size"):
+            model[key] = int(model[key]) * task.sequences_per_example
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer, dict)
     trainer["max_steps"] = max_steps(cfg, spec)
@@ -104,6 +111,11 @@ def max_steps(cfg: Any, spec: TuningSpec) -> int:
         )
     records = 0
     for path in spec.train.files:
+        if spec.train.preference:
+            from launcher_scripts.jobs.fine_tuning.preference_data import count_pairs
+
+            records += count_pairs(path)
+            continue
         with path.open(encoding="utf-8") as lines:
             records += sum(1 for line in lines if line.strip())
     batch = int(cfg.model.global_batch_size)
@@ -144,13 +156,14 @@ def main(argv: list[str] | None = None) -> int:
                 base = portable.read(spec.base_model, Path(scratch))
             except (OSError, ValueError) as error:
                 raise JobError(f"{spec.base_key}: {error}") from None
-            cfg = training_cfg(recipe_cfg, spec, base.config)
-            check_positions(spec, cfg.model)
-            runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))
-            from launcher_scripts.jobs.fine_tuning.tuner import TuningTask
+            from launcher_scripts.jobs.fine_tuning.tasks import TASKS
             from launcher_scripts.jobs.training.trainer import Trainer
 
-            return Trainer(cfg, on_gpu, StopSignals(), TuningTask(cfg, spec, base)).fit()
+            task = TASKS[spec.task]
+            cfg = training_cfg(recipe_cfg, spec, base.config, task)
+            check_positions(spec, cfg.model)
+            runtime.init_distributed(info, on_gpu, rendezvous_timeout(cfg))
+            return Trainer(cfg, on_gpu, StopSignals(), task(cfg, spec, base)).fit()
     except (JobError, TokenizerError, ConfigError, sft_data.SftDataError) as error:
         return refuse(error)
     finally:

@@ -207,11 +207,11 @@ def attach(
     return Attached(attaching.modules, attaching.handles)
 
 
-def freeze_base(chunks: list[Any]) -> None:
-    """Only the added modules learn."""
+def freeze_base(chunks: list[Any], keep: Callable[[str], bool] | None = None) -> None:
+    """Only the added modules learn, and the parameters whose names `keep` accepts."""
     for chunk in chunks:
         for name, param in chunk.named_parameters():
-            param.requires_grad = is_peft_parameter(name)
+            param.requires_grad = is_peft_parameter(name) or (keep is not None and keep(name))
 
 
 # The attribute names every method's added modules start with (freeze_base asks per parameter).

@@ -32,6 +32,11 @@ GENERATION_BATCH = 16
 
 
 class TuningTask(TrainingTask):
+    # Sequences one example of the recipe's batch sizes is (a preference pair is two), and
+    # what the task changes in the base model's section before the model is built.
+    sequences_per_example = 1
+    model_overrides: dict[str, Any] = {}
+
     def __init__(self, cfg: Any, spec: TuningSpec, base: Portable) -> None:
         self.spec, self.base = spec, base
         family = family_of(cfg, "training")
@@ -47,9 +52,27 @@ class TuningTask(TrainingTask):
 
     # ----- model ------------------------------------------------------------------------
 
+    def reshape(self, trainer: Trainer, chunks: list[Any]) -> None:
+        """Changes to the base model's modules before any weight is loaded (a reward model's
+        head); their tensors are `own_key`s."""
+        del trainer, chunks
+
+    def own_key(self, key: str) -> bool:
+        """Whether a checkpoint tensor is the task's own (made by `reshape`), not the base
+        file's: it keeps its initial value."""
+        del key
+        return False
+
+    def own_parameter(self, name: str) -> bool:
+        """Whether a parameter (by its name in the chunk) is the task's own: it learns beside
+        the PEFT modules."""
+        del name
+        return False
+
     def make_chunks(self, trainer: Trainer) -> list[Any]:
         rows = self.base.tensors.shape(portable.EMBEDDINGS)[0]
         chunks = trainer.runtime.build_chunks(trainer.cfg, trainer.config, rows, trainer.use_te)
+        self.reshape(trainer, chunks)
         settings = self.spec.peft
         if settings is not None:
             settings.check_layers(f"{self.spec.stage}.model", most_layers(trainer.cfg.model))
@@ -57,7 +80,9 @@ class TuningTask(TrainingTask):
         if trainer.on_gpu:  # after attaching: the added modules are made on the CPU
             chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
         init_weights.load_full_tensors(
-            chunks, self.base.tensors, wanted=lambda key: not peft.is_peft_key(key)
+            chunks,
+            self.base.tensors,
+            wanted=lambda key: not peft.is_peft_key(key) and not self.own_key(key),
         )
         if self.attached is not None and settings is not None:
             start = peft.initial_values(self.attached, trainer.seed, settings.init_std)
@@ -65,7 +90,7 @@ class TuningTask(TrainingTask):
             if self.spec.peft_restore is not None:
                 restored = peft_file.read(self.spec.peft_restore)
                 init_weights.load_full_tensors(chunks, restored.tensors, wanted=peft.is_peft_key)
-            peft.freeze_base(chunks)
+            peft.freeze_base(chunks, keep=self.own_parameter)
         trainable = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
         total = sum(p.numel() for c in chunks for p in c.parameters())
         print(
@@ -174,7 +199,8 @@ class TuningTask(TrainingTask):
                 trainer.record({"step": 0, "val_loss": loss})
                 trainer.say(f"validation before tuning: val_loss {loss:.4f}")
 
-    def after_validation(self, trainer: Trainer, loss: float) -> None:
+    def after_validation(self, trainer: Trainer, loss: float, outputs: list[Any]) -> None:
+        del outputs
         if not math.isnan(loss):
             trainer.state.metrics["validation_loss"] = loss
         if self.spec.metric == "exact_string_match" and self.valid_records:
@@ -209,7 +235,7 @@ class TuningTask(TrainingTask):
         if self._format(self.spec.train).add_bos:
             prefix.append(getattr(self.tokenizer, "bos_id", self.tokenizer.eod_id))
         logits, tokenizer, limit = self.side.generation(
-            trainer.cfg, _chunks(trainer), self.tokenizer, trainer.par, trainer.on_gpu, prefix
+            trainer.cfg, bare_chunks(trainer), self.tokenizer, trainer.par, trainer.on_gpu, prefix
         )
         params = GenerationParams(tokens_to_generate=self.spec.tokens_to_generate, top_k=1)
         for chunk in trainer.model:
@@ -256,7 +282,7 @@ class TuningTask(TrainingTask):
     def write_outputs(self, trainer: Trainer) -> None:
         spec = self.spec
         if spec.peft is not None:
-            tensors = peft_file.gather_full(_chunks(trainer), peft.is_peft_key)
+            tensors = peft_file.gather_full(bare_chunks(trainer), peft.is_peft_key)
             if trainer.rank == 0 and tensors is not None:
                 extra = {
                     "stage": spec.stage,
@@ -271,15 +297,15 @@ class TuningTask(TrainingTask):
                     },
                 }
                 peft_file.write(spec.output_file, spec.peft, extra, tensors)
-                trainer.say(f"PEFT weights ({_size(spec.output_file)}): {spec.output_file}")
+                trainer.say(f"PEFT weights ({file_size(spec.output_file)}): {spec.output_file}")
         else:
-            tensors = peft_file.gather_full(_chunks(trainer), lambda key: True)
+            tensors = peft_file.gather_full(bare_chunks(trainer), lambda key: True)
             if trainer.rank == 0 and tensors is not None:
                 config = self.base.config.copy()
                 config.tensor_model_parallel_size = trainer.par.tensor
                 config.pipeline_model_parallel_size = trainer.par.pipeline
                 portable.write(spec.output_file, config, tensors)
-                trainer.say(f"fine-tuned model ({_size(spec.output_file)}): {spec.output_file}")
+                trainer.say(f"fine-tuned model ({file_size(spec.output_file)}): {spec.output_file}")
         if spec.test is not None:
             records = [r for f in self._load(trainer, spec.test, "test data") for r in f.records]
             rows = self.generate_for(trainer, records)
@@ -296,7 +322,7 @@ def _share(rows: list[dict[str, Any]]) -> float:
     return sum(row["exact_match"] for row in rows) / len(rows)
 
 
-def _chunks(trainer: Trainer) -> list[Any]:
+def bare_chunks(trainer: Trainer) -> list[Any]:
     return [_unwrap(chunk) for chunk in trainer.model]
 
 
@@ -307,6 +333,6 @@ def _unwrap(chunk: Any) -> Any:
     return chunk
 
 
-def _size(path: Path) -> str:
+def file_size(path: Path) -> str:
     size = path.stat().st_size
     return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"

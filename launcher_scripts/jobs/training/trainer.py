@@ -90,8 +90,9 @@ class TrainingTask:
     def before_training(self, trainer: Trainer) -> None:
         """Once the data, the resumed state and the metrics log are ready."""
 
-    def after_validation(self, trainer: Trainer, loss: float) -> None:
-        """What validation measures beyond the loss (into `trainer.state.metrics`)."""
+    def after_validation(self, trainer: Trainer, loss: float, outputs: list[Any]) -> None:
+        """What validation measures beyond the loss (into `trainer.state.metrics`); `outputs`
+        are this rank's loss functions' reports (none before the last pipeline stage)."""
 
     def on_checkpoint(self, trainer: Trainer) -> None:
         """Files written beside each checkpoint, on rank 0, beyond hparams.yaml."""
@@ -360,14 +361,22 @@ class Trainer:
 
     def validate(self) -> float:
         """The validation loss (NaN without validation data), then what the task measures."""
-        loss = self.validation_loss()
-        self.task.after_validation(self, loss)
+        outputs = self.validation_outputs()
+        loss = self._reduce_loss(self._local_loss(outputs)) if outputs is not None else math.nan
+        self.task.after_validation(self, loss, outputs or [])
         return loss
 
-    @torch.no_grad()
-    def validation_loss(self) -> float:
+    def validation_outputs(self) -> list[dict[str, torch.Tensor]] | None:
+        """This rank's reports of each validation micro-batch; None without validation."""
         if self.valid_stream is None or not self.val_batches:
-            return math.nan
+            return None
+        return self.evaluate(self.valid_stream, self.val_batches)
+
+    @torch.no_grad()
+    def evaluate(self, stream: Any, batches: int) -> list[dict[str, torch.Tensor]]:
+        """The model, forward only, over `batches` global batches of `stream` (from its
+        start): this rank's loss-function reports, one per micro-batch (none before the last
+        pipeline stage)."""
         for chunk in self.model:
             chunk.eval()
         micro = int(self.cfg.model.global_batch_size) // (
@@ -375,11 +384,11 @@ class Trainer:
         )
         outputs = []
         gbs = int(self.cfg.model.global_batch_size)
-        for batch in range(self.val_batches):
-            outputs += self._run_schedule(batch * gbs, micro, True, self.valid_stream)
+        for batch in range(batches):
+            outputs += self._run_schedule(batch * gbs, micro, True, stream)
         for chunk in self.model:
             chunk.train()
-        return self._reduce_loss(self._local_loss(outputs))
+        return outputs
 
     # ----- checkpoints ------------------------------------------------------------------
 

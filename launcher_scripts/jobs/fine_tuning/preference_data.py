@@ -1,0 +1,217 @@
+"""Preference pairs, as the reward model (and DPO) train on them: read, encoded, batched.
+
+Two layouts (recipes/tuning.py `_preference_layout`):
+  - JSONL: {"prompt": text or chat turns, "chosen": text, "rejected": text} per line (what
+    jobs/data_prep/preference_convert.py writes). Turns are rendered with the tokenizer's chat
+    template when its tokenizer_config.json has one, else as "role: text" lines;
+  - the reference's: data_preparation's indexed files, whose consecutive documents are a
+    prompt with its chosen answer, then with its rejected one (a trailing end-of-document
+    token is dropped: the reward is read at the text's last token).
+
+A sample is one sequence: pair i is samples 2i (chosen) and 2i + 1 (rejected), so a
+micro-batch of an even number of samples holds whole pairs. Answers longer than the sequence
+allows are cut at the end (counted and reported); a prompt that leaves no room for an answer
+stops the run with its file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from launcher_scripts.formats.preference import preference_problem
+from launcher_scripts.jobs.fine_tuning.sft_data import SftDataError
+
+SAMPLE_KEYS = ("tokens", "position_ids", "lengths")
+
+
+@dataclass(frozen=True)
+class Pair:
+    prompt: list[int]  # empty for the indexed layout (the whole document is the answer)
+    chosen: list[int]
+    rejected: list[int]
+    where: str  # file:line, for messages
+
+    def side(self, rejected: bool) -> list[int]:
+        return self.prompt + (self.rejected if rejected else self.chosen)
+
+
+@dataclass
+class Counts:
+    read: int = 0
+    truncated: int = 0
+
+
+def chat_template(tokenizer_section: Any) -> str | None:
+    """The chat template of an imported model's tokenizer_config.json, or None."""
+    config = tokenizer_section.get("hf_config") if tokenizer_section is not None else None
+    if not config or not Path(str(config)).is_file():
+        return None
+    template = json.loads(Path(str(config)).read_text(encoding="utf-8")).get("chat_template")
+    return template if isinstance(template, str) and template else None
+
+
+def prompt_text(prompt: str | list[dict[str, str]], template: str | None) -> str:
+    """A prompt as the model reads it: a text as it is; turns through the chat template, with
+    the assistant's turn opened."""
+    if isinstance(prompt, str):
+        return prompt
+    if template is None:
+        lines = [f"{turn['role']}: {turn['content']}\n" for turn in prompt]
+        return "".join(lines) + "assistant:"
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    rendered = environment.from_string(template).render(
+        messages=prompt, add_generation_prompt=True, bos_token="", eos_token=""
+    )
+    return str(rendered)
+
+
+def _fit(pair: Pair, seq_length: int, counts: Counts) -> Pair:
+    """The pair with each answer cut to what the sequence leaves after the prompt."""
+    room = seq_length - len(pair.prompt)
+    if room < 1:
+        raise SftDataError(
+            f"{pair.where}: the prompt is {len(pair.prompt)} tokens and the sequence "
+            f"{seq_length}: no room for an answer. Raise model.data.seq_length or leave the "
+            "record out"
+        )
+    if len(pair.chosen) > room or len(pair.rejected) > room:
+        counts.truncated += 1
+    return Pair(pair.prompt, pair.chosen[:room], pair.rejected[:room], pair.where)
+
+
+def read_jsonl(
+    path: Path, tokenizer: Any, template: str | None, seq_length: int, counts: Counts
+) -> Iterator[Pair]:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise SftDataError(f"{where}: not JSON ({error.msg})") from None
+            problem = preference_problem(record)
+            if problem is not None:
+                raise SftDataError(f"{where}: {problem}")
+            counts.read += 1
+            prompt = tokenizer.encode(prompt_text(record["prompt"], template))
+            chosen, rejected = (tokenizer.encode(record[k]) for k in ("chosen", "rejected"))
+            yield _fit(Pair(prompt, chosen, rejected, where), seq_length, counts)
+
+
+def read_indexed(prefix: Path, eod_id: int, seq_length: int, counts: Counts) -> Iterator[Pair]:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    documents = IndexedDataset(str(prefix))
+    if len(documents) % 2:
+        raise SftDataError(
+            f"{prefix}: {len(documents)} documents: pairs need an even count (each prompt "
+            "with its chosen answer, then with its rejected one)"
+        )
+    for index in range(0, len(documents), 2):
+        sides = []
+        for document in (documents[index], documents[index + 1]):
+            ids = [int(token) for token in document]
+            sides.append(ids[:-1] if ids and ids[-1] == eod_id else ids)
+        where = f"{prefix} documents {index}-{index + 1}"
+        if sides[0] == sides[1]:
+            raise SftDataError(f"{where}: chosen and rejected are the same text")
+        counts.read += 1
+        yield _fit(Pair([], sides[0], sides[1], where), seq_length, counts)
+
+
+def load_pairs(
+    files: Sequence[Path], tokenizer: Any, template: str | None, seq_length: int, label: str
+) -> tuple[list[Pair], str]:
+    """Every pair of the files, and a line saying what was read."""
+    counts = Counts()
+    pairs: list[Pair] = []
+    for path in files:
+        if path.suffix in (".jsonl", ".json"):
+            pairs += read_jsonl(path, tokenizer, template, seq_length, counts)
+        else:
+            pairs += read_indexed(path, tokenizer.eod_id, seq_length, counts)
+    if not pairs:
+        raise SftDataError(f"{label}: {', '.join(map(str, files))} hold no preference pair")
+    report = f"{label}: {len(pairs)} preference pairs"
+    if counts.truncated:
+        report += f" ({counts.truncated} with an answer cut to the sequence length)"
+    return pairs, report
+
+
+def count_pairs(path: Path) -> int:
+    """The pairs a file holds, without encoding them (for max_steps from epochs)."""
+    if path.suffix in (".jsonl", ".json"):
+        with path.open(encoding="utf-8") as lines:
+            return sum(1 for line in lines if line.strip())
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    return len(IndexedDataset(str(path))) // 2
+
+
+def sample(ids: Sequence[int], seq_length: int, pad_id: int) -> dict[str, torch.Tensor]:
+    tokens = torch.full((seq_length,), pad_id, dtype=torch.long)
+    tokens[: len(ids)] = torch.tensor(list(ids), dtype=torch.long)
+    return {
+        "tokens": tokens,
+        "position_ids": torch.arange(seq_length, dtype=torch.long),
+        "lengths": torch.tensor(len(ids), dtype=torch.long),
+    }
+
+
+class PairSamples:
+    """`pairs` shuffled anew each epoch (by `seed`), as 2 x `count` samples: chosen, then
+    rejected, of each pair in turn."""
+
+    def __init__(
+        self, pairs: list[Pair], count: int, seq_length: int, pad_id: int, seed: int, shuffle: bool
+    ) -> None:
+        self.pairs, self.seq_length, self.pad_id = pairs, seq_length, pad_id
+        self.count, self.seed, self.shuffle = count, seed, shuffle
+        self._orders: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return 2 * self.count
+
+    def pair(self, index: int) -> Pair:
+        epoch, position = divmod(index, len(self.pairs))
+        order = self._orders.get(epoch)
+        if order is None:
+            order = list(range(len(self.pairs)))
+            if self.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._orders = {epoch: order}  # epochs are read in turn
+        return self.pairs[order[position]]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        pair = self.pair(index // 2)
+        return sample(pair.side(bool(index % 2)), self.seq_length, self.pad_id)
+
+
+class EvalPairs:
+    """Every pair once, in order, then empty samples (length 0, which the loss leaves out)
+    up to a whole number of global batches of `batch` samples."""
+
+    def __init__(self, pairs: list[Pair], batch: int, seq_length: int, pad_id: int) -> None:
+        self.pairs, self.seq_length, self.pad_id = pairs, seq_length, pad_id
+        self.batches = -(-2 * len(pairs) // batch)
+        self.size = self.batches * batch
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if index >= 2 * len(self.pairs):
+            return sample([], self.seq_length, self.pad_id)
+        pair = self.pairs[index // 2]
+        return sample(pair.side(bool(index % 2)), self.seq_length, self.pad_id)

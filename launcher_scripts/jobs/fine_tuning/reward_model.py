@@ -1,0 +1,221 @@
+"""The reward model's training task (the rlhf_rm stage, reference 5.16.1).
+
+A GPT-family base (ours, or an imported Llama, Mistral, Qwen2...) whose output layer is
+replaced by a scalar head: the reward of a text is the head's value at its last token. Pairs
+of texts (jobs/fine_tuning/preference_data.py) train it with the pairwise ranking loss,
+-log sigmoid(r_chosen - r_rejected), every weight or LoRA (merged into the weights at the
+end). Validation measures the loss, the share of pairs ranked right and the rewards' mean and
+std; the output is a portable file with the head, the mean and std in its model_config.yaml
+(`reward_model`), which PPO's reward server reads to normalise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.utils import make_sharded_tensor_for_checkpoint
+
+from launcher_scripts.formats import portable
+from launcher_scripts.formats.portable import REWARD_HEAD, REWARD_MODEL
+from launcher_scripts.jobs.fine_tuning import peft, peft_file
+from launcher_scripts.jobs.fine_tuning.merge_lora import merged
+from launcher_scripts.jobs.fine_tuning.preference_data import (
+    SAMPLE_KEYS,
+    EvalPairs,
+    PairSamples,
+    chat_template,
+    load_pairs,
+)
+from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks, file_size
+from launcher_scripts.jobs.training import data
+from launcher_scripts.jobs.training.trainer import Streams, Trainer
+from launcher_scripts.recipes.tuning import DataSplit
+
+# The sums one micro-batch reports, in this order (all ratios of them survive the
+# tensor-parallel ranks' repeats).
+STATS = ("pairs", "ranked_right", "reward_sum", "reward_square_sum", "chosen_sum", "rejected_sum")
+
+
+class RewardHead(MegatronModule):
+    """GPTModel's output layer made a scalar: hidden states [s, b, h] -> rewards [s, b, 1].
+    Whole on every tensor-parallel rank: the hidden states are whole there (gathered first
+    under sequence parallelism), so each rank computes the same values and gradients."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.weight = torch.nn.Parameter(
+            torch.zeros(1, config.hidden_size, dtype=config.params_dtype)
+        )
+        self.sequence_parallel = config.sequence_parallel  # GPTModel asks its output layer
+
+    def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None):
+        del weight, runtime_gather_output  # an output layer's arguments, not a head's
+        if self.config.sequence_parallel:
+            hidden = gather_from_sequence_parallel_region(hidden)
+        return F.linear(hidden, self.weight), None
+
+    def sharded_state_dict(
+        self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None
+    ) -> dict[str, Any]:
+        """Under the output layer's entry (GPTModel looks it up) but named REWARD_HEAD: the
+        checkpoint and the portable file tell it from a language model's output layer."""
+        del metadata
+        head = make_sharded_tensor_for_checkpoint(
+            self.weight, REWARD_HEAD, prepend_offsets=sharded_offsets
+        )
+        return {f"{prefix}weight": head}
+
+
+def with_reward_head(chunks: list[Any], config: Any) -> None:
+    """The last pipeline stage's output layer replaced by a zero scalar head (the chunks
+    were built without tied embeddings: the head shares nothing)."""
+    for chunk in chunks:
+        if chunk.post_process:
+            chunk.output_layer = RewardHead(config)
+
+
+def pairwise_loss(lengths: torch.Tensor, output: torch.Tensor) -> tuple[Any, Any, Any]:
+    """The summed ranking loss of a micro-batch's pairs (rows 2i chosen, 2i + 1 rejected; a
+    pair of empty rows is padding) and their count; the STATS sums beside it."""
+    values = output[..., 0].float()
+    rewards = values[torch.arange(values.shape[0]), (lengths - 1).clamp(min=0)]
+    chosen, rejected = rewards[0::2], rewards[1::2]
+    real = (lengths[0::2] > 0).to(rewards)
+    margins = chosen - rejected
+    loss = torch.sum(-F.logsigmoid(margins) * real)
+    pairs = real.sum()
+    stats = torch.stack(
+        [
+            pairs,
+            ((margins > 0).to(rewards) * real).sum(),
+            ((chosen + rejected) * real).sum(),
+            ((chosen**2 + rejected**2) * real).sum(),
+            (chosen * real).sum(),
+            (rejected * real).sum(),
+        ]
+    ).detach()
+    report = {"lm loss": torch.stack([loss.detach(), pairs]), "rewards": stats}
+    return loss, pairs.to(torch.int), report
+
+
+def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, float]:
+    """Accuracy and rewards over every rank's micro-batches (the same on every rank)."""
+    sums = torch.zeros(len(STATS), dtype=torch.float64, device=device)
+    for output in outputs:
+        sums += output["rewards"].double()
+    dist.all_reduce(sums)
+    values = dict(zip(STATS, sums.tolist(), strict=True))
+    pairs = max(values["pairs"], 1.0)
+    mean = values["reward_sum"] / (2 * pairs)
+    return {
+        "accuracy": values["ranked_right"] / pairs,
+        "reward_mean": mean,
+        "reward_std": math.sqrt(max(values["reward_square_sum"] / (2 * pairs) - mean**2, 0.0)),
+        "rewards_chosen": values["chosen_sum"] / pairs,
+        "rewards_rejected": values["rejected_sum"] / pairs,
+    }
+
+
+class RewardModelTask(TuningTask):
+    sequences_per_example = 2  # the recipe's batch sizes count pairs
+    model_overrides = {"share_embeddings_and_output_weights": False}  # a head, not the table
+    standardization: dict[str, float] | None = None
+
+    def reshape(self, trainer: Trainer, chunks: list[Any]) -> None:
+        with_reward_head(chunks, trainer.config)
+
+    def own_key(self, key: str) -> bool:
+        return key == REWARD_HEAD
+
+    def own_parameter(self, name: str) -> bool:
+        return name.startswith("output_layer.")
+
+    # ----- data -------------------------------------------------------------------------
+
+    def _pairs(self, trainer: Trainer, split: DataSplit, label: str) -> list[Any]:
+        template = chat_template(self.base.config.get("tokenizer"))
+        pairs, report = load_pairs(split.files, self.tokenizer, template, self.seq_length, label)
+        trainer.say(report)
+        return pairs
+
+    def _eval_stream(self, trainer: Trainer, split: DataSplit, label: str) -> tuple[Any, int]:
+        pairs = self._pairs(trainer, split, label)
+        gbs, mbs = int(trainer.cfg.model.global_batch_size), int(trainer.cfg.model.micro_batch_size)
+        samples = EvalPairs(pairs, gbs, self.seq_length, self.tokenizer.eod_id)
+        return data.SampleStream(samples, mbs, SAMPLE_KEYS), samples.batches
+
+    def build_data(self, trainer: Trainer) -> Streams:
+        model = trainer.cfg.model
+        pairs = self._pairs(trainer, self.spec.train, "training data")
+        count = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size) // 2
+        samples = PairSamples(
+            pairs, count, self.seq_length, self.tokenizer.eod_id, trainer.seed, shuffle=True
+        )
+        train = data.SampleStream(samples, int(model.micro_batch_size), SAMPLE_KEYS)
+        if self.spec.validation is None:
+            return Streams(train, None, 0)
+        valid, batches = self._eval_stream(trainer, self.spec.validation, "validation data")
+        limit = trainer.cfg.trainer.get("limit_val_batches", 1.0)
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            batches = min(limit, batches)
+        else:
+            batches = max(1, math.ceil(float(limit or 0) * batches))
+        return Streams(train, valid, batches)
+
+    def forward_step(self, trainer: Trainer, batch: dict[str, Any], model: Any) -> tuple[Any, Any]:
+        output = model(batch["tokens"], batch["position_ids"], None)  # causal
+        return output, partial(pairwise_loss, batch["lengths"])
+
+    # ----- validation -------------------------------------------------------------------
+
+    def _device(self, trainer: Trainer) -> str:
+        return "cuda" if trainer.on_gpu else "cpu"
+
+    def after_validation(self, trainer: Trainer, loss: float, outputs: list[Any]) -> None:
+        if math.isnan(loss):
+            return
+        scores = summary(outputs, self._device(trainer))
+        self.standardization = {"mean": scores["reward_mean"], "std": scores["reward_std"]}
+        metrics = {"validation_loss": loss, **{f"validation_{k}": v for k, v in scores.items()}}
+        trainer.state.metrics.update(metrics)
+        trainer.record({"step": trainer.state.step, **metrics})
+        trainer.say(
+            f"validation at step {trainer.state.step}: accuracy {scores['accuracy']:.3f}, "
+            f"reward mean {scores['reward_mean']:.3f} std {scores['reward_std']:.3f}"
+        )
+
+    # ----- outputs ----------------------------------------------------------------------
+
+    def write_outputs(self, trainer: Trainer) -> None:
+        spec = self.spec
+        if spec.test is not None:
+            stream, batches = self._eval_stream(trainer, spec.test, "test data")
+            scores = summary(trainer.evaluate(stream, batches), self._device(trainer))
+            if trainer.rank == 0:
+                path = trainer.log_dir / "test_metrics.json"
+                path.write_text(json.dumps(scores, indent=2) + "\n")
+                trainer.say(f"test set: accuracy {scores['accuracy']:.3f}; {path}")
+            if self.standardization is None:
+                self.standardization = {"mean": scores["reward_mean"], "std": scores["reward_std"]}
+        tensors = peft_file.gather_full(bare_chunks(trainer), lambda key: True)
+        if trainer.rank == 0 and tensors is not None:
+            if spec.peft is not None:  # LoRA folded into the weights it adapts
+                added = {k: v for k, v in tensors.items() if peft.is_peft_key(k)}
+                kept = {k: v for k, v in tensors.items() if not peft.is_peft_key(k)}
+                tensors = merged(kept, added, spec.peft)
+            config = self.base.config.copy()
+            config.tensor_model_parallel_size = trainer.par.tensor
+            config.pipeline_model_parallel_size = trainer.par.pipeline
+            config.share_embeddings_and_output_weights = False
+            config[REWARD_MODEL] = self.standardization or {"mean": 0.0, "std": 1.0}
+            portable.write(spec.output_file, config, tensors)
+            trainer.say(f"reward model ({file_size(spec.output_file)}): {spec.output_file}")
+        dist.barrier()
