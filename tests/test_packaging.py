@@ -16,6 +16,7 @@ import pytest
 from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import resolve
+from launcher_scripts.recipes.tuning import TUNING_STAGES
 from launcher_scripts.stages import STAGES
 from tests.support import REPO
 from tests.support.packaging import InstalledLauncher, source_files
@@ -167,8 +168,7 @@ def stages_reading_wandb() -> list[str]:
 
 
 def test_stages_reading_wandb_are_the_training_and_tuning_stages() -> None:
-    expected = {"training", "fine_tuning", "peft", "prompt_learning", "adapter_learning"}
-    assert expected | {"ia3_learning"} == set(stages_reading_wandb())
+    assert {"training", *TUNING_STAGES} == set(stages_reading_wandb())
 
 
 def test_the_installed_venv_has_no_wandb(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.errors import RecipeError
+from launcher_scripts.formats.preference import preference_problem
 from launcher_scripts.tuning import (
     METHODS,
     PeftMethod,
@@ -443,9 +444,7 @@ def _preference_layout(cfg: Any, stage: str, output: Path) -> StageData:
     splits: list[DataSplit | None] = []
     for name in ("train", "validation", "test"):
         files = file_list(f"{key}.{name}", prefixes.get(name), "preference")
-        split = DataSplit(
-            f"{key}.{name}", files, None, section, key, length_key, preference=True
-        )
+        split = DataSplit(f"{key}.{name}", files, None, section, key, length_key, preference=True)
         splits.append(split if files else None)
     train, validation, test = splits
     if train is None:
@@ -607,3 +606,29 @@ def all_inputs(spec: TuningSpec) -> list[tuple[str, Path]]:
         if split is not None:
             inputs += split.inputs()
     return inputs
+
+
+def check_preference_files(spec: TuningSpec) -> None:
+    """Each existing JSONL file of a preference layout, record by record: RecipeError naming
+    the first bad line (a missing answer, chosen equal to rejected...), before any job."""
+    import json
+
+    for split in (spec.train, spec.validation, spec.test):
+        if split is None or not split.preference:
+            continue
+        for index, path in enumerate(split.files):
+            if not is_jsonl(path) or not path.is_file():
+                continue
+            with path.open(encoding="utf-8") as lines:
+                for number, line in enumerate(lines, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        problem = preference_problem(json.loads(line))
+                    except json.JSONDecodeError as error:
+                        problem = f"not JSON ({error.msg})"
+                    if problem is not None:
+                        raise RecipeError(
+                            f"{split.key}[{index}]: {path}:{number}: {problem}. Fix or drop "
+                            "the record (preference_convert writes valid files)"
+                        )

@@ -22,6 +22,7 @@ from launcher_scripts.recipes.tuning import (
     TUNING_STAGES,
     all_inputs,
     check_positions,
+    check_preference_files,
     most_layers,
     read_spec,
 )
@@ -54,6 +55,7 @@ class TuningStage(StageDefaults):
                     f"{key}: {ctx.not_written(path)}: give an existing file (see "
                     "docs/fine_tuning.md)"
                 )
+        check_preference_files(spec)
         par = recipe.parallelism(cfg, stage)
         recipe.check_world(par, stage)
         recipe.check_batch(cfg.model, par, stage)

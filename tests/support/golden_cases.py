@@ -124,6 +124,10 @@ CASES = {
     "adapter_learning_gpt3": ("adapter_learning", ["adapter_learning=gpt3/squad"]),
     "ia3_learning_gpt3": ("ia3_learning", ["ia3_learning=gpt3/squad"]),
     "evaluation_peft_gpt3": ("evaluation", ["evaluation=peft_gpt3/squad"]),
+    "rlhf_rm_gpt3_tiny_tp2": (
+        "rlhf_rm",
+        ["rlhf_rm.trainer.devices=2", "rlhf_rm.model.tensor_model_parallel_size=2"],
+    ),
     "training_gpt3_126m_two_devices": (
         "training",
         ["training=gpt3/126m", "training.trainer.devices=2", "training.trainer.num_nodes=1"],

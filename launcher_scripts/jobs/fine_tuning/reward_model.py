@@ -59,7 +59,9 @@ class RewardHead(MegatronModule):
     def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None):
         del weight, runtime_gather_output  # an output layer's arguments, not a head's
         if self.config.sequence_parallel:
-            hidden = gather_from_sequence_parallel_region(hidden)
+            # Every rank computes the head and the loss on the whole sequence: the gradient
+            # of its share is its own slice, not the sum over the ranks.
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return F.linear(hidden, self.weight), None
 
     def sharded_state_dict(

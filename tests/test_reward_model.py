@@ -1,0 +1,226 @@
+"""Reward-model training (the rlhf_rm stage) on the tiny model, end to end through main.py.
+
+The preference pairs (launcher_scripts/sample_data/make_preference_pairs.py) follow a known
+rule the base model has no reason to prefer: the chosen answer names a morning time, the
+rejected one an evening time. The reward model must rank held-out pairs by it, write its head
+and the rewards' mean and std with the model, train alike at TP2 and PP2, resume exactly, and
+refuse bad input in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The families register the tensor shapes the portable file checks compare weights with.
+import launcher_scripts.families  # noqa: F401
+from launcher_scripts.formats import portable
+from launcher_scripts.formats.portable import REWARD_HEAD, REWARD_MODEL
+from tests.support import REPO
+from tests.support.commands import one_error_line, run_main
+
+STAGE = "rlhf_rm"
+SAMPLES = REPO / "launcher_scripts" / "sample_data"
+VALIDATION = SAMPLES / "preference_validation.jsonl"
+
+
+def overrides(results: Path, base: Path, *extra: str) -> list[str]:
+    return [
+        f"stages=[{STAGE}]",
+        f"base_results_dir={results}",
+        f"{STAGE}.model.pretrained_checkpoint.restore_from_path={base}",
+        *extra,
+    ]
+
+
+def run_stage(results: Path, base: Path, *extra: str) -> Path:
+    """The stage's results folder, once the run succeeded."""
+    result = run_main(*overrides(results, base, *extra))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return results / "gpt3_tiny" / STAGE / "results"
+
+
+def records(log_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def metric(log_dir: Path, name: str) -> dict[int, float]:
+    return {r["step"]: r[name] for r in records(log_dir) if name in r}
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped recipe as it is, with the held-out pairs as its test set too."""
+    results = tmp_path_factory.mktemp("reward_model")
+    return run_stage(results, tiny_portable, f"{STAGE}.model.data.data_prefix.test=[{VALIDATION}]")
+
+
+def test_the_reward_model_ranks_held_out_pairs_by_the_rule(trained: Path) -> None:
+    accuracy = metric(trained, "validation_accuracy")
+    losses = metric(trained, "validation_loss")
+    # The head starts at zero: every pair ties, at the loss of a coin toss.
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-6)
+    assert accuracy[100] >= 0.9 and losses[100] < 0.3, (accuracy, losses)
+    test = json.loads((trained / "test_metrics.json").read_text())
+    assert test["accuracy"] == pytest.approx(accuracy[100], abs=1e-9)
+    assert test["rewards_chosen"] > test["rewards_rejected"]
+
+
+def test_the_file_holds_the_head_and_the_rewards_mean_and_std(trained: Path) -> None:
+    path = trained / "checkpoints" / "megatron_gpt_reward_model.nemo"
+    with tempfile.TemporaryDirectory() as scratch:
+        model = portable.read(path, Path(scratch))
+        assert tuple(model.tensors.shape(REWARD_HEAD)) == (1, int(model.config.hidden_size))
+        assert "output_layer.weight" not in list(model.tensors.keys())
+        standardization = model.config[REWARD_MODEL]
+    mean, std = metric(trained, "validation_reward_mean"), metric(trained, "validation_reward_std")
+    assert standardization.mean == pytest.approx(mean[100], rel=1e-9)
+    assert standardization.std == pytest.approx(std[100], rel=1e-9)
+    assert standardization.std > 0.1
+
+
+# ---- layouts and resume ---------------------------------------------------------------------
+
+SHORT = (
+    f"{STAGE}.trainer.max_steps=20",
+    f"{STAGE}.trainer.log_every_n_steps=5",
+    f"{STAGE}.trainer.val_check_interval=100",
+    f"{STAGE}.model.optim.sched.min_lr=3e-4",  # a constant rate after warm-up: resumable
+)
+
+
+@pytest.fixture(scope="module")
+def short_run(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_stage(tmp_path_factory.mktemp("rm_short"), tiny_portable, *SHORT)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("tensor_model_parallel_size=2", "sequence_parallel=True"),
+        ("pipeline_model_parallel_size=2",),
+    ],
+    ids=["tp2_sp", "pp2"],
+)
+def test_two_process_layouts_train_like_one_process(
+    layout: tuple[str, ...], short_run: Path, tiny_portable: Path, tmp_path: Path
+) -> None:
+    parallel = run_stage(
+        tmp_path,
+        tiny_portable,
+        *SHORT,
+        f"{STAGE}.trainer.devices=2",
+        *(f"{STAGE}.model.{setting}" for setting in layout),
+    )
+    mine, reference = (metric(d, "reduced_train_loss") for d in (parallel, short_run))
+    assert sorted(mine) == [5, 10, 15, 20]
+    for step, loss in mine.items():
+        assert loss == pytest.approx(reference[step], rel=1e-4), (step, mine, reference)
+
+
+def test_a_longer_rerun_resumes_exactly(
+    short_run: Path, tiny_portable: Path, tmp_path: Path
+) -> None:
+    """10 steps, then the same command with max_steps 20: it resumes from step 10 and its
+    steps 15 and 20 are the uninterrupted run's."""
+    shorter = [*SHORT[1:], f"{STAGE}.trainer.max_steps=10"]
+    run_stage(tmp_path, tiny_portable, *shorter)
+    resumed = run_stage(tmp_path, tiny_portable, *SHORT)
+    mine, reference = (metric(d, "reduced_train_loss") for d in (resumed, short_run))
+    assert sorted(mine) == [5, 10, 15, 20]
+    for step in (15, 20):
+        assert mine[step] == pytest.approx(reference[step], rel=1e-6), (step, mine, reference)
+
+
+def test_lora_reward_model_learns_and_writes_a_whole_model(
+    tiny_portable: Path, tmp_path: Path
+) -> None:
+    folder = run_stage(
+        tmp_path,
+        tiny_portable,
+        f"{STAGE}.model.peft.peft_scheme=lora",
+        f"{STAGE}.trainer.max_steps=60",
+        f"{STAGE}.trainer.val_check_interval=60",
+        f"{STAGE}.model.optim.lr=3e-3",
+    )
+    assert metric(folder, "validation_accuracy")[60] >= 0.9
+    with tempfile.TemporaryDirectory() as scratch:
+        path = folder / "checkpoints" / "megatron_gpt_reward_model.nemo"
+        model = portable.read(path, Path(scratch))
+        keys = list(model.tensors.keys())
+    assert REWARD_HEAD in keys and not [k for k in keys if "lora" in k], keys
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+def _pairs_file(tmp_path: Path, *records: dict[str, Any]) -> Path:
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+GOOD = {"prompt": "A noun before", "chosen": " dawn.", "rejected": " dusk."}
+
+
+@pytest.mark.parametrize(
+    ("bad", "fragment"),
+    [
+        ({"prompt": "A noun before", "chosen": " dawn."}, "'rejected' missing"),
+        ({"prompt": "A noun before", "chosen": " dawn.", "rejected": "dawn."}, "same text"),
+        ({"prompt": [{"role": "assistant", "content": "hi"}], "chosen": "a", "rejected": "b"},
+         "must end with a user turn"),
+    ],
+    ids=["no_rejected", "chosen_is_rejected", "chat_ends_with_assistant"],
+)  # fmt: skip
+def test_a_bad_preference_record_is_one_line_before_anything_runs(
+    bad: dict[str, Any], fragment: str, tiny_portable: Path, tmp_path: Path
+) -> None:
+    data = _pairs_file(tmp_path, GOOD, bad)
+    result = run_main(
+        *overrides(tmp_path, tiny_portable, f"{STAGE}.model.data.data_prefix.train=[{data}]")
+    )
+    one_error_line(result, f"{STAGE}.model.data.data_prefix.train[0]", f"{data}:2", fragment)
+    assert not (tmp_path / "gpt3_tiny").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "fragments"),
+    [
+        (f"{STAGE}.model.peft.peft_scheme=ptuning",
+         [f"{STAGE}.model.peft.peft_scheme", "does not fold into the weights", "lora"]),
+        (f"{STAGE}.model.data.data_prefix=null",
+         [f"{STAGE}.model.data.data_prefix", "{train: [files]"]),
+        (f"{STAGE}.model.data.seq_length=4096", [f"{STAGE}.model.data.seq_length", "positions"]),
+    ],
+    ids=["unmerged_method", "prefix_list", "too_long"],
+)  # fmt: skip
+def test_bad_reward_model_settings_are_one_line(
+    override: str, fragments: list[str], tiny_portable: Path, tmp_path: Path
+) -> None:
+    one_error_line(run_main(*overrides(tmp_path, tiny_portable, override)), *fragments)
+
+
+def test_a_prompt_with_no_room_for_an_answer_stops_the_job_in_one_line(
+    tiny_portable: Path, tmp_path: Path
+) -> None:
+    long_prompt = {**GOOD, "prompt": " ".join(["before"] * 80)}
+    data = _pairs_file(tmp_path, GOOD, long_prompt)
+    result = run_main(
+        *overrides(
+            tmp_path,
+            tiny_portable,
+            f"{STAGE}.model.data.data_prefix.train=[{data}]",
+            f"{STAGE}.model.data.data_prefix.validation=null",
+        )
+    )
+    assert result.returncode != 0
+    log = next((tmp_path / "gpt3_tiny" / STAGE).glob("log-*.out")).read_text()
+    lines = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"{data}:2" in lines[0] and "no room for an answer" in lines[0], log
+    assert "Traceback" not in log
