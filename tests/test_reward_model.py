@@ -84,6 +84,30 @@ def test_the_file_holds_the_head_and_the_rewards_mean_and_std(trained: Path) -> 
     assert standardization.std > 0.1
 
 
+def test_transformers_scores_the_export_as_we_do(trained: Path) -> None:
+    """The Hugging Face export is the architecture's sequence classifier: transformers gives
+    each test text our reward (padded rows in one batch, as users batch them), and the
+    pairwise loss of its rewards is our test loss."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(trained / "hf_reward_model")
+    assert type(model).__name__ == "GPT2ForSequenceClassification"
+    rows = [json.loads(line) for line in (trained / "test_rewards.jsonl").read_text().splitlines()]
+    texts = [row["chosen_ids"] for row in rows] + [row["rejected_ids"] for row in rows]
+    ours = torch.tensor([row["chosen"] for row in rows] + [row["rejected"] for row in rows])
+    pad = model.config.pad_token_id
+    longest = max(len(ids) for ids in texts)
+    ids = torch.tensor([row + [pad] * (longest - len(row)) for row in texts])
+    with torch.no_grad():
+        theirs = model.eval()(input_ids=ids, attention_mask=(ids != pad).long()).logits[:, 0]
+    assert (theirs - ours).abs().max() <= 1e-4
+    chosen, rejected = theirs[: len(rows)].double(), theirs[len(rows) :].double()
+    loss = float(-torch.nn.functional.logsigmoid(chosen - rejected).mean())
+    test = json.loads((trained / "test_metrics.json").read_text())
+    assert loss == pytest.approx(test["loss"], rel=1e-5, abs=1e-7)
+
+
 # ---- layouts and resume ---------------------------------------------------------------------
 
 SHORT = (

@@ -64,6 +64,10 @@ def write_hf_files(directory: Path, model: DictConfig, tensors: dict[str, Any]) 
     # An imported model goes back with its checkpoint's rows, without the import's padding.
     exported = to_hf(model, unpadded_vocabulary(model, tensors))
     config = exported.config | hf_tokenizer.write(model, directory, exported.added_tokens)
+    if "score.weight" in exported.state and "eos_token_id" in config:
+        # A sequence classifier finds each row's last token by its padding: ours is the
+        # end-of-document token, which no scored text ends with.
+        config.setdefault("pad_token_id", config["eos_token_id"])
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     # Own storage for each: per-layer slices of one stacked tensor must not share memory.
     state = {

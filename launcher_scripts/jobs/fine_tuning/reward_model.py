@@ -19,12 +19,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from megatron.core import parallel_state
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import make_sharded_tensor_for_checkpoint
 
+from launcher_scripts.files import replaced_directory, write_atomic
 from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable import REWARD_HEAD, REWARD_MODEL
+from launcher_scripts.jobs.conversion.convert import write_hf_files
 from launcher_scripts.jobs.fine_tuning import peft, peft_file
 from launcher_scripts.jobs.fine_tuning.merge_lora import merged
 from launcher_scripts.jobs.fine_tuning.preference_data import (
@@ -104,8 +107,17 @@ def pairwise_loss(lengths: torch.Tensor, output: torch.Tensor) -> tuple[Any, Any
             (rejected * real).sum(),
         ]
     ).detach()
-    report = {"lm loss": torch.stack([loss.detach(), pairs]), "rewards": stats}
+    report = {
+        "lm loss": torch.stack([loss.detach(), pairs]),
+        "rewards": stats,
+        "pair_rewards": torch.stack([chosen, rejected], dim=1).detach(),  # padding included
+    }
     return loss, pairs.to(torch.int), report
+
+
+def real_pairs(outputs: list[dict[str, torch.Tensor]]) -> float:
+    """The real pairs of this rank's micro-batches."""
+    return sum(float(output["rewards"][0]) for output in outputs)
 
 
 def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, float]:
@@ -124,6 +136,33 @@ def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, fl
         "rewards_chosen": values["chosen_sum"] / pairs,
         "rewards_rejected": values["rejected_sum"] / pairs,
     }
+
+
+def pair_rewards(trainer: Trainer, outputs: list[dict[str, torch.Tensor]], pairs: int):
+    """The (chosen, rejected) rewards of the first `pairs` pairs of an evaluated stream, in
+    its order, on rank 0 (None elsewhere): each data-parallel rank's micro-batches placed
+    where SampleStream took them from."""
+    par = trainer.par
+    mbs = int(trainer.cfg.model.micro_batch_size)
+    micro = int(trainer.cfg.model.global_batch_size) // (mbs * par.data)
+    reporting = bool(outputs) and parallel_state.get_tensor_model_parallel_rank() == 0
+    mine = []
+    if reporting:
+        dp_rank = parallel_state.get_data_parallel_rank()
+        for position, output in enumerate(outputs):
+            batch, index = divmod(position, micro)
+            first = batch * micro * mbs * par.data + index * mbs * par.data + dp_rank * mbs
+            mine.append((first // 2, output["pair_rewards"].double().cpu().tolist()))
+    gathered: list[Any] = [None] * dist.get_world_size() if trainer.rank == 0 else []
+    dist.gather_object(mine, gathered if trainer.rank == 0 else None, dst=0)
+    if trainer.rank != 0:
+        return None
+    found: dict[int, list[float]] = {}
+    for rank_pieces in gathered:
+        for first, rows in rank_pieces:
+            for offset, row in enumerate(rows):
+                found[first + offset] = row
+    return [found[index] for index in range(pairs)]
 
 
 class RewardModelTask(TuningTask):
@@ -199,14 +238,7 @@ class RewardModelTask(TuningTask):
     def write_outputs(self, trainer: Trainer) -> None:
         spec = self.spec
         if spec.test is not None:
-            stream, batches = self._eval_stream(trainer, spec.test, "test data")
-            scores = summary(trainer.evaluate(stream, batches), self._device(trainer))
-            if trainer.rank == 0:
-                path = trainer.log_dir / "test_metrics.json"
-                path.write_text(json.dumps(scores, indent=2) + "\n")
-                trainer.say(f"test set: accuracy {scores['accuracy']:.3f}; {path}")
-            if self.standardization is None:
-                self.standardization = {"mean": scores["reward_mean"], "std": scores["reward_std"]}
+            self._test(trainer, spec.test)
         tensors = peft_file.gather_full(bare_chunks(trainer), lambda key: True)
         if trainer.rank == 0 and tensors is not None:
             if spec.peft is not None:  # LoRA folded into the weights it adapts
@@ -220,4 +252,47 @@ class RewardModelTask(TuningTask):
             config[REWARD_MODEL] = self.standardization or {"mean": 0.0, "std": 1.0}
             portable.write(spec.output_file, config, tensors)
             trainer.say(f"reward model ({file_size(spec.output_file)}): {spec.output_file}")
+            hf_dir_name = trainer.cfg.run.get("hf_dir_name")
+            if hf_dir_name:
+                hf_dir = trainer.log_dir / str(hf_dir_name)
+                with replaced_directory(hf_dir) as partial:
+                    write_hf_files(partial, config, tensors)
+                trainer.say(f"Hugging Face sequence classifier: {hf_dir}")
         dist.barrier()
+
+    def _test(self, trainer: Trainer, split: DataSplit) -> None:
+        """Accuracy and rewards over the test pairs (test_metrics.json), and each pair's
+        tokens and rewards (test_rewards.jsonl)."""
+        pairs = self._pairs(trainer, split, "test data")
+        gbs, mbs = int(trainer.cfg.model.global_batch_size), int(trainer.cfg.model.micro_batch_size)
+        samples = EvalPairs(pairs, gbs, self.seq_length, self.tokenizer.eod_id)
+        stream = data.SampleStream(samples, mbs, SAMPLE_KEYS)
+        outputs = trainer.evaluate(stream, samples.batches)
+        scores = summary(outputs, self._device(trainer))
+        loss = sum(float(o["lm loss"][0]) for o in outputs)
+        losses = torch.tensor(
+            [loss, real_pairs(outputs)], dtype=torch.float64, device=self._device(trainer)
+        )
+        dist.all_reduce(losses)
+        scores["loss"] = float(losses[0] / losses[1].clamp(min=1))
+        rewards = pair_rewards(trainer, outputs, len(pairs))
+        if self.standardization is None:
+            self.standardization = {"mean": scores["reward_mean"], "std": scores["reward_std"]}
+        if rewards is None:
+            return
+        lines = [
+            json.dumps(
+                {
+                    "source": pair.where,
+                    "chosen_ids": pair.side(False),
+                    "rejected_ids": pair.side(True),
+                    "chosen": chosen,
+                    "rejected": rejected,
+                }
+            )
+            for pair, (chosen, rejected) in zip(pairs, rewards, strict=True)
+        ]
+        write_atomic(trainer.log_dir / "test_rewards.jsonl", "".join(f"{line}\n" for line in lines))
+        path = trainer.log_dir / "test_metrics.json"
+        write_atomic(path, json.dumps(scores, indent=2) + "\n")
+        trainer.say(f"test set: accuracy {scores['accuracy']:.3f} over {len(pairs)} pairs; {path}")

@@ -22,6 +22,7 @@ from launcher_scripts.families.gpt_architectures import (
     hf_architecture,
 )
 from launcher_scripts.families.gpt_hf_config import LLAMA3_ORIGINAL_POSITIONS, LLAMA3_ROPE
+from launcher_scripts.formats.portable import REWARD_HEAD
 from launcher_scripts.jobs.models.base import HfModel
 from launcher_scripts.jobs.models.hf_common import dtype_name, split_qkv
 from launcher_scripts.jobs.models.hf_common import head_dims as _dims
@@ -40,12 +41,32 @@ def _standard_norms(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, t
 
 
 def to_hf(model: Any, tensors: dict[str, torch.Tensor]) -> HfModel:
-    """The checkpoint for the recipe's `model` section and its tensors."""
+    """The checkpoint for the recipe's `model` section and its tensors (a reward model's: the
+    architecture's sequence classifier)."""
     architecture = hf_architecture(model)
     tensors = _standard_norms(model, tensors)
     if architecture == GPT2:
-        return HfModel(*_gpt2(model, tensors))
-    return HfModel(*_rotary(model, tensors, architecture))
+        config, state = _gpt2(model, tensors)
+    else:
+        config, state = _rotary(model, tensors, architecture)
+    if REWARD_HEAD in tensors:
+        config, state = _sequence_classifier(config, state, tensors[REWARD_HEAD])
+    return HfModel(config, state)
+
+
+def _sequence_classifier(
+    config: dict[str, Any], state: dict[str, torch.Tensor], head: torch.Tensor
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A language model's checkpoint as its architecture's `*ForSequenceClassification` with
+    one label: the reward head is its `score` layer, read at each row's last token."""
+    name = config["architectures"][0]
+    classifier = name.replace("LMHeadModel", "ForSequenceClassification").replace(
+        "ForCausalLM", "ForSequenceClassification"
+    )
+    state = {key: value for key, value in state.items() if key != "lm_head.weight"}
+    state["score.weight"] = head
+    labels = {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
+    return config | {"architectures": [classifier], **labels}, state
 
 
 def _common_config(tensors: dict[str, torch.Tensor], architecture: Architecture) -> dict:
