@@ -108,6 +108,41 @@ def test_transformers_scores_the_export_as_we_do(trained: Path) -> None:
     assert loss == pytest.approx(test["loss"], rel=1e-5, abs=1e-7)
 
 
+def test_the_reference_s_indexed_pairs_train_it(
+    prepared: Path, tiny_portable: Path, tmp_path: Path
+) -> None:
+    """The reference's layout: consecutive {"text"} lines, chosen first, through
+    data_preparation's indexed files (the model's tokenizer, an end-of-document token each)."""
+    lines = []
+    for line in (SAMPLES / "preference_train.jsonl").read_text().splitlines():
+        pair = json.loads(line)
+        lines += [json.dumps({"text": pair["prompt"] + pair[k]}) for k in ("chosen", "rejected")]
+    texts = tmp_path / "pairs.jsonl"
+    texts.write_text("\n".join(lines) + "\n")
+    tokenizer = prepared / "data" / "custom_dataset" / "bpe" / "custom_sp_tokenizer.model"
+    result = run_main(
+        "stages=[data_preparation]",
+        f"base_results_dir={tmp_path}/results",
+        f"data_dir={tmp_path}/data",
+        "data_preparation.train_tokenizer=false",
+        f"data_preparation.tokenizer_model={tokenizer}",
+        f"data_preparation.raw_dataset_files=[{texts}]",
+        "data_preparation.append_eod=true",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    prefix = tmp_path / "data" / "custom_dataset" / "preprocessed" / "pairs_text_document"
+    folder = run_stage(
+        tmp_path / "rm",
+        tiny_portable,
+        f"{STAGE}.model.data.data_prefix.train=[{prefix}]",
+        f"{STAGE}.trainer.max_steps=40",
+        f"{STAGE}.trainer.val_check_interval=40",
+    )
+    log = next(folder.parent.glob("log-*.out")).read_text()
+    assert "training data: 640 preference pairs" in log
+    assert metric(folder, "validation_accuracy")[40] >= 0.9
+
+
 # ---- layouts and resume ---------------------------------------------------------------------
 
 SHORT = (
