@@ -257,3 +257,38 @@ def require_peft_family(
         f"{wanted.name} ones",
         _fix(family, wanted, reader),
     )
+
+
+# The model-section keys two files must share to be one architecture (a DPO policy and its
+# reference).
+SHAPE_KEYS = (
+    "model_family",
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "position_embedding_type",
+    "normalization",
+    "activation",
+)
+
+
+def twin_problem(model: Any, path: Path, other: Any, other_path: Path) -> str | None:
+    """Why two portable files are not the same architecture with the same tokenizer (what
+    comparing one's log-probabilities with the other's needs); None when they are."""
+    from launcher_scripts.formats.portable import tokenizer_digest
+
+    for key in SHAPE_KEYS:
+        if model.get(key) != other.get(key):
+            return (
+                f"{other_path} has {key} {other.get(key)!r} and {path} {model.get(key)!r}: "
+                "give a reference of the policy's architecture"
+            )
+    if tokenizer_digest(path) != tokenizer_digest(other_path):
+        return (
+            f"{other_path} and {path} hold different tokenizers: give a reference that shares "
+            "the policy's"
+        )
+    return None

@@ -114,6 +114,21 @@ def read_config(path: Path) -> DictConfig:
     return inspect_portable(path).config
 
 
+def tokenizer_digest(path: Path) -> str:
+    """A digest of the tokenizer files a portable file holds: equal exactly when two files
+    tokenize alike."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with tarfile.open(path) as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            if member.isfile() and member.name.startswith(f"{TOKENIZER_DIR}/"):
+                data = tar.extractfile(member)
+                digest.update(member.name.encode() + b"\0")
+                digest.update(data.read() if data is not None else b"")
+    return digest.hexdigest()
+
+
 def _config(tar: tarfile.TarFile, path: Path) -> DictConfig:
     try:
         member = tar.extractfile(CONFIG)

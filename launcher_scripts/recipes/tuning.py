@@ -21,6 +21,7 @@ from typing import Any
 
 from launcher_scripts.errors import RecipeError
 from launcher_scripts.formats.preference import preference_problem
+from launcher_scripts.recipes.preference import DPO_KEYS, read_dpo
 from launcher_scripts.tuning import (
     METHODS,
     PeftMethod,
@@ -116,6 +117,7 @@ class TuningSpec:
     peft_key: str = ""  # the recipe section holding the method's settings
     peft_restore_key: str = ""  # the recipe key naming the PEFT file to start from
     task: str = "sft"  # the training task its job runs (TuningStageSpec.task)
+    objective: Any = None  # the task's own settings (TuningStageSpec.objective), or None
 
     @property
     def virtual_tokens(self) -> int:
@@ -330,9 +332,12 @@ class TuningStageSpec:
     # Keys its reader and the tuning program read with a default that the stage's shipped
     # recipes may leave out (the preflight's key check knows them from here).
     optional_keys: tuple[str, ...] = ()
-    # The training task its job runs (jobs/fine_tuning/tasks.py): sft (supervised answers)
-    # or reward_model (a scalar head and the pairwise ranking loss).
+    # The training task its job runs (jobs/fine_tuning/tasks.py): sft (supervised answers),
+    # reward_model (a scalar head and the pairwise ranking loss) or dpo (direct preference
+    # optimisation against a frozen reference).
     task: str = "sft"
+    # (cfg, stage) -> the task's own settings (the DPO loss's), read and checked; None: none
+    objective: Callable[[Any, str], Any] | None = None
 
 
 def _sft_layout(cfg: Any, stage: str, output: Path) -> StageData:
@@ -521,6 +526,14 @@ TUNING_STAGE_SPECS: dict[str, TuningStageSpec] = {
         TuningStageSpec(
             "rlhf_rm", _preference_layout, _merging_method, _PREFERENCE_KEYS, "reward_model"
         ),
+        TuningStageSpec(
+            "dpo",
+            _preference_layout,
+            _merging_method,
+            (*_PREFERENCE_KEYS, *(f"model.dpo.{name}" for name in DPO_KEYS)),
+            "dpo",
+            read_dpo,
+        ),
     )
 }
 TUNING_STAGES = tuple(TUNING_STAGE_SPECS)
@@ -568,6 +581,7 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
         peft_key=trained.peft_key,
         peft_restore_key=trained.restore_key,
         task=spec.task,
+        objective=spec.objective(cfg, stage) if spec.objective is not None else None,
     )
 
 
@@ -605,7 +619,13 @@ def all_inputs(spec: TuningSpec) -> list[tuple[str, Path]]:
     for split in (spec.train, spec.validation, spec.test):
         if split is not None:
             inputs += split.inputs()
-    return inputs
+    return inputs + objective_models(spec)
+
+
+def objective_models(spec: TuningSpec) -> list[tuple[str, Path]]:
+    """The model files the task's settings name beside the base (a DPO reference)."""
+    models = getattr(spec.objective, "models", None)
+    return models() if models is not None else []
 
 
 def check_preference_files(spec: TuningSpec) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 from launcher_scripts.sample_data.make_tiny_corpus import SEED, corpus_lexicon
@@ -42,8 +43,7 @@ def pair(rng: random.Random, words: dict[str, list[str]]) -> dict[str, str]:
 
 def follows_rule(answer: str) -> bool:
     """Whether a generated answer names a preferred time first (what the rule asks)."""
-    first = answer.strip().split()[0].strip(".,") if answer.strip() else ""
-    return first in PREFERRED
+    return re.match(rf"\s*({'|'.join(PREFERRED)})\b", answer) is not None
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
-"""The tuning stages: fine_tuning (full SFT), peft, prompt_learning, adapter_learning and
-ia3_learning. One distributed job each, running the fine-tuning program on the recipe."""
+"""The tuning stages: fine_tuning (full SFT), peft, prompt_learning, adapter_learning,
+ia3_learning, rlhf_rm (reward models) and dpo. One distributed job each, running the tuning
+program on the recipe."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from omegaconf import OmegaConf
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import RecipeError
 from launcher_scripts.families import family_of, running
-from launcher_scripts.families.file_family import require_family, require_pair, tuning_reader
+from launcher_scripts.families.file_family import (
+    require_family,
+    require_pair,
+    tuning_reader,
+    twin_problem,
+)
 from launcher_scripts.formats.portable_check import require_peft, require_portable
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
@@ -24,6 +30,7 @@ from launcher_scripts.recipes.tuning import (
     check_positions,
     check_preference_files,
     most_layers,
+    objective_models,
     read_spec,
 )
 from launcher_scripts.stages.base import (
@@ -70,6 +77,13 @@ class TuningStage(StageDefaults):
                     f"tensor_model_parallel_size {par.tensor} (sequence_parallel): use a multiple"
                 )
         base = self._check_base(spec, family, cfg.model, par, stage)
+        for key, path in objective_models(spec):
+            if base is None or not path.is_file():
+                continue
+            other = require_portable(path, key, "Give a .nemo file the conversion stage writes")
+            problem = twin_problem(base, spec.base_model, other, path)
+            if problem is not None:
+                raise RecipeError(f"{key}: {problem}")
         if spec.peft_restore is not None and spec.peft_restore.is_file():
             restore = spec.peft_restore_key
             tuned = require_peft(spec.peft_restore, restore)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
 
 from launcher_scripts.formats.preference import preference_problem
 from launcher_scripts.jobs.fine_tuning.sft_data import SftDataError
@@ -89,7 +91,12 @@ def _fit(pair: Pair, seq_length: int, counts: Counts) -> Pair:
 
 
 def read_jsonl(
-    path: Path, tokenizer: Any, template: str | None, seq_length: int, counts: Counts
+    path: Path,
+    tokenizer: Any,
+    template: str | None,
+    seq_length: int,
+    counts: Counts,
+    answer_end: Sequence[int] = (),
 ) -> Iterator[Pair]:
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
@@ -105,11 +112,18 @@ def read_jsonl(
                 raise SftDataError(f"{where}: {problem}")
             counts.read += 1
             prompt = tokenizer.encode(prompt_text(record["prompt"], template))
-            chosen, rejected = (tokenizer.encode(record[k]) for k in ("chosen", "rejected"))
+            chosen, rejected = (
+                tokenizer.encode(record[k]) + list(answer_end) for k in ("chosen", "rejected")
+            )
             yield _fit(Pair(prompt, chosen, rejected, where), seq_length, counts)
 
 
-def read_indexed(prefix: Path, eod_id: int, seq_length: int, counts: Counts) -> Iterator[Pair]:
+def read_indexed(
+    prefix: Path, eod_id: int, seq_length: int, counts: Counts, split_prompt: bool = False
+) -> Iterator[Pair]:
+    """Pairs of consecutive documents. A reward model reads each whole, without its trailing
+    end-of-document token; with `split_prompt` (DPO) the tokens both share from the start are
+    the prompt, and each answer keeps its end-of-document token."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     documents = IndexedDataset(str(prefix))
@@ -119,28 +133,45 @@ def read_indexed(prefix: Path, eod_id: int, seq_length: int, counts: Counts) -> 
             "with its chosen answer, then with its rejected one)"
         )
     for index in range(0, len(documents), 2):
-        sides = []
-        for document in (documents[index], documents[index + 1]):
-            ids = [int(token) for token in document]
-            sides.append(ids[:-1] if ids and ids[-1] == eod_id else ids)
         where = f"{prefix} documents {index}-{index + 1}"
+        sides = [[int(t) for t in documents[i]] for i in (index, index + 1)]
+        if not split_prompt:
+            sides = [ids[:-1] if ids and ids[-1] == eod_id else ids for ids in sides]
         if sides[0] == sides[1]:
             raise SftDataError(f"{where}: chosen and rejected are the same text")
+        shared = 0
+        if split_prompt:
+            while shared < min(map(len, sides)) and sides[0][shared] == sides[1][shared]:
+                shared += 1
+            if shared in (len(sides[0]), len(sides[1])):
+                raise SftDataError(
+                    f"{where}: one document is the start of the other: each needs an answer "
+                    "after the prompt they share"
+                )
         counts.read += 1
-        yield _fit(Pair([], sides[0], sides[1], where), seq_length, counts)
+        pair = Pair(sides[0][:shared], sides[0][shared:], sides[1][shared:], where)
+        yield _fit(pair, seq_length, counts)
 
 
 def load_pairs(
-    files: Sequence[Path], tokenizer: Any, template: str | None, seq_length: int, label: str
+    files: Sequence[Path],
+    tokenizer: Any,
+    template: str | None,
+    seq_length: int,
+    label: str,
+    generative: bool = False,
 ) -> tuple[list[Pair], str]:
-    """Every pair of the files, and a line saying what was read."""
+    """Every pair of the files, and a line saying what was read. `generative` (DPO): each
+    answer ends with the end-of-document token, and an indexed pair's shared start is its
+    prompt."""
     counts = Counts()
     pairs: list[Pair] = []
+    end = [tokenizer.eod_id] if generative else []
     for path in files:
         if path.suffix in (".jsonl", ".json"):
-            pairs += read_jsonl(path, tokenizer, template, seq_length, counts)
+            pairs += read_jsonl(path, tokenizer, template, seq_length, counts, end)
         else:
-            pairs += read_indexed(path, tokenizer.eod_id, seq_length, counts)
+            pairs += read_indexed(path, tokenizer.eod_id, seq_length, counts, generative)
     if not pairs:
         raise SftDataError(f"{label}: {', '.join(map(str, files))} hold no preference pair")
     report = f"{label}: {len(pairs)} preference pairs"
@@ -169,21 +200,35 @@ def sample(ids: Sequence[int], seq_length: int, pad_id: int) -> dict[str, torch.
     }
 
 
+# (pair index, the pair or None for padding, whether the rejected side) -> a sample
+SampleOf = Callable[[int, "Pair | None", bool], dict[str, torch.Tensor]]
+
+
+def scored_sample(seq_length: int, pad_id: int) -> SampleOf:
+    """A reward model's sample: the side's whole text, its length (0: padding)."""
+
+    def make(index: int, pair: Pair | None, rejected: bool) -> dict[str, torch.Tensor]:
+        del index
+        return sample(pair.side(rejected) if pair else [], seq_length, pad_id)
+
+    return make
+
+
 class PairSamples:
     """`pairs` shuffled anew each epoch (by `seed`), as 2 x `count` samples: chosen, then
     rejected, of each pair in turn."""
 
     def __init__(
-        self, pairs: list[Pair], count: int, seq_length: int, pad_id: int, seed: int, shuffle: bool
+        self, pairs: list[Pair], count: int, make: SampleOf, seed: int, shuffle: bool
     ) -> None:
-        self.pairs, self.seq_length, self.pad_id = pairs, seq_length, pad_id
+        self.pairs, self.make = pairs, make
         self.count, self.seed, self.shuffle = count, seed, shuffle
         self._orders: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
         return 2 * self.count
 
-    def pair(self, index: int) -> Pair:
+    def pair_index(self, index: int) -> int:
         epoch, position = divmod(index, len(self.pairs))
         order = self._orders.get(epoch)
         if order is None:
@@ -191,19 +236,19 @@ class PairSamples:
             if self.shuffle:
                 random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
             self._orders = {epoch: order}  # epochs are read in turn
-        return self.pairs[order[position]]
+        return order[position]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        pair = self.pair(index // 2)
-        return sample(pair.side(bool(index % 2)), self.seq_length, self.pad_id)
+        pair = self.pair_index(index // 2)
+        return self.make(pair, self.pairs[pair], bool(index % 2))
 
 
 class EvalPairs:
-    """Every pair once, in order, then empty samples (length 0, which the loss leaves out)
-    up to a whole number of global batches of `batch` samples."""
+    """Every pair once, in order, then padding samples (which the losses leave out) up to a
+    whole number of global batches of `batch` samples."""
 
-    def __init__(self, pairs: list[Pair], batch: int, seq_length: int, pad_id: int) -> None:
-        self.pairs, self.seq_length, self.pad_id = pairs, seq_length, pad_id
+    def __init__(self, pairs: list[Pair], batch: int, make: SampleOf) -> None:
+        self.pairs, self.make = pairs, make
         self.batches = -(-2 * len(pairs) // batch)
         self.size = self.batches * batch
 
@@ -211,7 +256,35 @@ class EvalPairs:
         return self.size
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if index >= 2 * len(self.pairs):
-            return sample([], self.seq_length, self.pad_id)
-        pair = self.pairs[index // 2]
-        return sample(pair.side(bool(index % 2)), self.seq_length, self.pad_id)
+        pair = index // 2
+        real = self.pairs[pair] if pair < len(self.pairs) else None
+        return self.make(pair, real, bool(index % 2))
+
+
+def pair_values(
+    trainer: Any, outputs: list[dict[str, torch.Tensor]], pairs: int, key: str
+) -> list[list[float]] | None:
+    """The (chosen, rejected) values of the first `pairs` pairs of an evaluated EvalPairs
+    stream, in its order, from each micro-batch report's `key` ([pairs, 2]), on rank 0 (None
+    elsewhere): each data-parallel rank's micro-batches placed where SampleStream took them."""
+    par = trainer.par
+    mbs = int(trainer.cfg.model.micro_batch_size)
+    micro = int(trainer.cfg.model.global_batch_size) // (mbs * par.data)
+    reporting = bool(outputs) and parallel_state.get_tensor_model_parallel_rank() == 0
+    mine = []
+    if reporting:
+        dp_rank = parallel_state.get_data_parallel_rank()
+        for position, output in enumerate(outputs):
+            batch, index = divmod(position, micro)
+            first = batch * micro * mbs * par.data + index * mbs * par.data + dp_rank * mbs
+            mine.append((first // 2, output[key].double().cpu().tolist()))
+    gathered: list[Any] = [None] * dist.get_world_size() if trainer.rank == 0 else []
+    dist.gather_object(mine, gathered if trainer.rank == 0 else None, dst=0)
+    if trainer.rank != 0:
+        return None
+    found: dict[int, list[float]] = {}
+    for rank_pieces in gathered:
+        for first, rows in rank_pieces:
+            for offset, row in enumerate(rows):
+                found[first + offset] = row
+    return [found[index] for index in range(pairs)]

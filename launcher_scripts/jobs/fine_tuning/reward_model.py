@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from megatron.core import parallel_state
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import make_sharded_tensor_for_checkpoint
@@ -36,6 +35,8 @@ from launcher_scripts.jobs.fine_tuning.preference_data import (
     PairSamples,
     chat_template,
     load_pairs,
+    pair_values,
+    scored_sample,
 )
 from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks, file_size
 from launcher_scripts.jobs.training import data
@@ -138,33 +139,6 @@ def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, fl
     }
 
 
-def pair_rewards(trainer: Trainer, outputs: list[dict[str, torch.Tensor]], pairs: int):
-    """The (chosen, rejected) rewards of the first `pairs` pairs of an evaluated stream, in
-    its order, on rank 0 (None elsewhere): each data-parallel rank's micro-batches placed
-    where SampleStream took them from."""
-    par = trainer.par
-    mbs = int(trainer.cfg.model.micro_batch_size)
-    micro = int(trainer.cfg.model.global_batch_size) // (mbs * par.data)
-    reporting = bool(outputs) and parallel_state.get_tensor_model_parallel_rank() == 0
-    mine = []
-    if reporting:
-        dp_rank = parallel_state.get_data_parallel_rank()
-        for position, output in enumerate(outputs):
-            batch, index = divmod(position, micro)
-            first = batch * micro * mbs * par.data + index * mbs * par.data + dp_rank * mbs
-            mine.append((first // 2, output["pair_rewards"].double().cpu().tolist()))
-    gathered: list[Any] = [None] * dist.get_world_size() if trainer.rank == 0 else []
-    dist.gather_object(mine, gathered if trainer.rank == 0 else None, dst=0)
-    if trainer.rank != 0:
-        return None
-    found: dict[int, list[float]] = {}
-    for rank_pieces in gathered:
-        for first, rows in rank_pieces:
-            for offset, row in enumerate(rows):
-                found[first + offset] = row
-    return [found[index] for index in range(pairs)]
-
-
 class RewardModelTask(TuningTask):
     sequences_per_example = 2  # the recipe's batch sizes count pairs
     model_overrides = {"share_embeddings_and_output_weights": False}  # a head, not the table
@@ -190,16 +164,15 @@ class RewardModelTask(TuningTask):
     def _eval_stream(self, trainer: Trainer, split: DataSplit, label: str) -> tuple[Any, int]:
         pairs = self._pairs(trainer, split, label)
         gbs, mbs = int(trainer.cfg.model.global_batch_size), int(trainer.cfg.model.micro_batch_size)
-        samples = EvalPairs(pairs, gbs, self.seq_length, self.tokenizer.eod_id)
+        samples = EvalPairs(pairs, gbs, scored_sample(self.seq_length, self.tokenizer.eod_id))
         return data.SampleStream(samples, mbs, SAMPLE_KEYS), samples.batches
 
     def build_data(self, trainer: Trainer) -> Streams:
         model = trainer.cfg.model
         pairs = self._pairs(trainer, self.spec.train, "training data")
         count = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size) // 2
-        samples = PairSamples(
-            pairs, count, self.seq_length, self.tokenizer.eod_id, trainer.seed, shuffle=True
-        )
+        make = scored_sample(self.seq_length, self.tokenizer.eod_id)
+        samples = PairSamples(pairs, count, make, trainer.seed, shuffle=True)
         train = data.SampleStream(samples, int(model.micro_batch_size), SAMPLE_KEYS)
         if self.spec.validation is None:
             return Streams(train, None, 0)
@@ -265,7 +238,7 @@ class RewardModelTask(TuningTask):
         tokens and rewards (test_rewards.jsonl)."""
         pairs = self._pairs(trainer, split, "test data")
         gbs, mbs = int(trainer.cfg.model.global_batch_size), int(trainer.cfg.model.micro_batch_size)
-        samples = EvalPairs(pairs, gbs, self.seq_length, self.tokenizer.eod_id)
+        samples = EvalPairs(pairs, gbs, scored_sample(self.seq_length, self.tokenizer.eod_id))
         stream = data.SampleStream(samples, mbs, SAMPLE_KEYS)
         outputs = trainer.evaluate(stream, samples.batches)
         scores = summary(outputs, self._device(trainer))
@@ -275,7 +248,7 @@ class RewardModelTask(TuningTask):
         )
         dist.all_reduce(losses)
         scores["loss"] = float(losses[0] / losses[1].clamp(min=1))
-        rewards = pair_rewards(trainer, outputs, len(pairs))
+        rewards = pair_values(trainer, outputs, len(pairs), "pair_rewards")
         if self.standardization is None:
             self.standardization = {"mean": scores["reward_mean"], "std": scores["reward_std"]}
         if rewards is None:

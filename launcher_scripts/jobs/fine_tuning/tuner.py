@@ -280,6 +280,20 @@ class TuningTask(TrainingTask):
     # ----- outputs ----------------------------------------------------------------------
 
     def write_outputs(self, trainer: Trainer) -> None:
+        self.write_model(trainer)
+        spec = self.spec
+        if spec.test is not None:
+            records = [r for f in self._load(trainer, spec.test, "test data") for r in f.records]
+            rows = self.generate_for(trainer, records)
+            path = trainer.log_dir / "test_predictions.jsonl"
+            if trainer.rank == 0:
+                write_jsonl(path, rows)
+                score = _share(rows)
+                trainer.say(f"test set: exact_string_match {score:.3f} over {len(rows)}; {path}")
+        dist.barrier()
+
+    def write_model(self, trainer: Trainer) -> None:
+        """The tuned model: the PEFT file of a method's tensors, or the whole model."""
         spec = self.spec
         if spec.peft is not None:
             tensors = peft_file.gather_full(bare_chunks(trainer), peft.is_peft_key)
@@ -306,15 +320,6 @@ class TuningTask(TrainingTask):
                 config.pipeline_model_parallel_size = trainer.par.pipeline
                 portable.write(spec.output_file, config, tensors)
                 trainer.say(f"fine-tuned model ({file_size(spec.output_file)}): {spec.output_file}")
-        if spec.test is not None:
-            records = [r for f in self._load(trainer, spec.test, "test data") for r in f.records]
-            rows = self.generate_for(trainer, records)
-            path = trainer.log_dir / "test_predictions.jsonl"
-            if trainer.rank == 0:
-                write_jsonl(path, rows)
-                score = _share(rows)
-                trainer.say(f"test set: exact_string_match {score:.3f} over {len(rows)}; {path}")
-        dist.barrier()
 
 
 def _share(rows: list[dict[str, Any]]) -> float:

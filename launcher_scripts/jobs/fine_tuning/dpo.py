@@ -1,0 +1,318 @@
+"""Direct preference optimisation's training task (the dpo stage).
+
+The policy (a portable file, usually an SFT result; every weight or LoRA) learns from
+preference pairs against a frozen reference: the starting policy itself, or
+`model.dpo.reference_model`, a file of the same architecture and tokenizer. The reference's
+log-probabilities of every pair's answers are computed once, before training, with the
+model's own modules (the reference's weights loaded into them, then the policy's back; with
+LoRA the adapters start at zero, so the starting policy is the base with them off), and kept
+beside the checkpoints (reference_logps.pt): no second copy of the weights is held. Losses
+(recipes/preference.py): sigmoid DPO with label smoothing, IPO, and an SFT term on the chosen
+answer (RPO). Validation logs what practitioners read: the implicit rewards of the chosen and
+rejected answers, their margin, the share of pairs ranked right, both log-probabilities; they
+are plotted beside the loss curve (dpo_curves.png).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from launcher_scripts.files import write_atomic
+from launcher_scripts.formats import portable
+from launcher_scripts.jobs.fine_tuning import peft
+from launcher_scripts.jobs.fine_tuning.preference_data import (
+    EvalPairs,
+    Pair,
+    PairSamples,
+    SampleOf,
+    chat_template,
+    load_pairs,
+    pair_values,
+)
+from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks
+from launcher_scripts.jobs.training import data, init_weights
+from launcher_scripts.jobs.training.trainer import Streams, Trainer
+from launcher_scripts.recipes.preference import DpoSettings
+from launcher_scripts.recipes.tuning import DataSplit
+
+KEYS = ("tokens", "position_ids", "labels", "loss_mask", "lengths", "ref_logps")
+# The sums one micro-batch reports, in this order.
+STATS = (
+    "pairs",
+    "rewards_chosen",
+    "rewards_rejected",
+    "accuracy",
+    "margin",
+    "logps_chosen",
+    "logps_rejected",
+)
+
+
+def dpo_sample(seq_length: int, pad_id: int, reference: torch.Tensor | None) -> SampleOf:
+    """A policy sample: the side's tokens, next-token labels, the answer's tokens in the loss
+    mask, and the reference's log-probability of the answer (`reference` [pairs, 2]; zeros
+    while it is being computed)."""
+
+    def make(index: int, pair: Pair | None, rejected: bool) -> dict[str, torch.Tensor]:
+        ids = pair.side(rejected) if pair is not None else []
+        tokens = torch.full((seq_length,), pad_id, dtype=torch.long)
+        tokens[: len(ids)] = torch.tensor(ids, dtype=torch.long)
+        labels = torch.full((seq_length,), pad_id, dtype=torch.long)
+        labels[: max(len(ids) - 1, 0)] = tokens[1 : len(ids)]
+        mask = torch.zeros(seq_length, dtype=torch.float)
+        if pair is not None:  # position t predicts token t + 1: the answer's, after the prompt
+            mask[max(len(pair.prompt) - 1, 0) : len(ids) - 1] = 1.0
+        known = reference is not None and pair is not None
+        return {
+            "tokens": tokens,
+            "position_ids": torch.arange(seq_length, dtype=torch.long),
+            "labels": labels,
+            "loss_mask": mask,
+            "lengths": torch.tensor(len(ids), dtype=torch.long),
+            "ref_logps": reference[index, int(rejected)].clone() if known else torch.tensor(0.0),
+        }
+
+    return make
+
+
+def preference_loss(
+    settings: DpoSettings, batch: dict[str, torch.Tensor], output: torch.Tensor
+) -> tuple[Any, Any, Any]:
+    """The summed loss of a micro-batch's pairs (rows 2i chosen, 2i + 1 rejected; a pair of
+    empty rows is padding), their count, and the STATS sums beside it; `output` is the
+    model's per-token negative log-likelihood of the labels."""
+    mask = batch["loss_mask"].to(output.device).float()
+    logps = -(output.float() * mask).sum(dim=1)
+    counts = mask.sum(dim=1).clamp(min=1.0)
+    reference = batch["ref_logps"].to(logps)
+    real = (batch["lengths"][0::2] > 0).to(logps)
+    chosen, rejected = logps[0::2], logps[1::2]
+    chosen_ratio, rejected_ratio = chosen - reference[0::2], rejected - reference[1::2]
+    beta = settings.beta
+    if settings.loss == "ipo":  # per-token log ratios, as the IPO authors' results use
+        delta = chosen_ratio / counts[0::2] - rejected_ratio / counts[1::2]
+        losses = (delta - 1 / (2 * beta)) ** 2
+    else:
+        delta = chosen_ratio - rejected_ratio
+        smoothing = settings.label_smoothing
+        losses = -(1 - smoothing) * F.logsigmoid(beta * delta) - smoothing * F.logsigmoid(
+            -beta * delta
+        )
+    if settings.sft_loss_weight:  # RPO: the chosen answer's mean negative log-likelihood
+        losses = losses + settings.sft_loss_weight * (-chosen / counts[0::2])
+    loss = torch.sum(losses * real)
+    pairs = real.sum()
+    chosen_rewards, rejected_rewards = beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
+    stats = torch.stack(
+        [
+            pairs,
+            (chosen_rewards * real).sum(),
+            (rejected_rewards * real).sum(),
+            ((chosen_rewards > rejected_rewards).to(logps) * real).sum(),
+            ((chosen_rewards - rejected_rewards) * real).sum(),
+            (chosen.detach() * real).sum(),
+            (rejected.detach() * real).sum(),
+        ]
+    )
+    report = {
+        "lm loss": torch.stack([loss.detach(), pairs]),
+        "preference": stats,
+        "pair_logps": torch.stack([chosen, rejected], dim=1).detach(),
+    }
+    return loss, pairs.to(torch.int), report
+
+
+def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, float]:
+    """The STATS means over every rank's micro-batches (the same on every rank)."""
+    sums = torch.zeros(len(STATS), dtype=torch.float64, device=device)
+    for output in outputs:
+        sums += output["preference"].double()
+    dist.all_reduce(sums)
+    values = dict(zip(STATS, sums.tolist(), strict=True))
+    pairs = max(values.pop("pairs"), 1.0)
+    return {name: value / pairs for name, value in values.items()}
+
+
+class DpoTask(TuningTask):
+    sequences_per_example = 2  # the recipe's batch sizes count pairs
+
+    def __init__(self, cfg: Any, spec: Any, base: Any) -> None:
+        super().__init__(cfg, spec, base)
+        self.settings: DpoSettings = spec.objective
+        self.references: dict[str, torch.Tensor] = {}
+
+    # ----- data -------------------------------------------------------------------------
+
+    def _pairs(self, trainer: Trainer, split: DataSplit, label: str) -> list[Pair]:
+        template = chat_template(self.base.config.get("tokenizer"))
+        pairs, report = load_pairs(
+            split.files, self.tokenizer, template, self.seq_length, label, generative=True
+        )
+        trainer.say(report)
+        return pairs
+
+    def _make(self, name: str) -> SampleOf:
+        return dpo_sample(self.seq_length, self.tokenizer.eod_id, self.references.get(name))
+
+    def _eval_stream(self, trainer: Trainer, pairs: list[Pair], name: str) -> tuple[Any, int]:
+        gbs, mbs = int(trainer.cfg.model.global_batch_size), int(trainer.cfg.model.micro_batch_size)
+        samples = EvalPairs(pairs, gbs, self._make(name))
+        return data.SampleStream(samples, mbs, KEYS), samples.batches
+
+    def build_data(self, trainer: Trainer) -> Streams:
+        """The streams, with the reference's log-probabilities of each split's pairs: computed
+        here, with the starting weights (before a resume loads others), or read back."""
+        splits = {"train": self.spec.train}
+        if self.spec.validation is not None:
+            splits["validation"] = self.spec.validation
+        if self.spec.test is not None:
+            splits["test"] = self.spec.test
+        labels = {"train": "training data", "validation": "validation data", "test": "test data"}
+        self.pairs = {
+            name: self._pairs(trainer, split, labels[name]) for name, split in splits.items()
+        }
+        self._reference_logps(trainer)
+        model = trainer.cfg.model
+        count = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size) // 2
+        samples = PairSamples(self.pairs["train"], count, self._make("train"), trainer.seed, True)
+        train = data.SampleStream(samples, int(model.micro_batch_size), KEYS)
+        if "validation" not in self.pairs:
+            return Streams(train, None, 0)
+        valid, batches = self._eval_stream(trainer, self.pairs["validation"], "validation")
+        limit = trainer.cfg.trainer.get("limit_val_batches", 1.0)
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            batches = min(limit, batches)
+        else:
+            batches = max(1, math.ceil(float(limit or 0) * batches))
+        return Streams(train, valid, batches)
+
+    def _fingerprint(self) -> str:
+        """What the reference's log-probabilities depend on: the data, the sequence length,
+        the reference's weights."""
+        parts: list[Any] = [self.seq_length, str(self.settings.reference or self.spec.base_model)]
+        for name, pairs in sorted(self.pairs.items()):
+            parts.append([name, [(p.prompt, p.chosen, p.rejected) for p in pairs]])
+        reference = self.settings.reference or self.spec.base_model
+        parts.append(reference.stat().st_size)
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+    def _reference_logps(self, trainer: Trainer) -> None:
+        path = trainer.log_dir / "reference_logps.pt"
+        fingerprint = self._fingerprint()
+        if path.is_file():
+            saved = torch.load(path, weights_only=True)
+            if saved.get("fingerprint") == fingerprint:
+                self.references = saved["values"]
+                trainer.say(f"reference log-probabilities: read back from {path}")
+                return
+        swapped = self.settings.reference is not None
+        if swapped:
+            self._load_weights(self.settings.reference, trainer)
+        values: dict[str, Any] = {}
+        for name, pairs in self.pairs.items():
+            stream, batches = self._eval_stream(trainer, pairs, name)
+            outputs = trainer.evaluate(stream, batches)
+            values[name] = pair_values(trainer, outputs, len(pairs), "pair_logps")
+        if swapped:
+            self._load_weights(self.spec.base_model, trainer)
+        shared = [values]
+        dist.broadcast_object_list(shared, src=0)  # rank 0 gathered them
+        self.references = {
+            name: torch.tensor(rows, dtype=torch.float64) for name, rows in shared[0].items()
+        }
+        if trainer.rank == 0:
+            scratch = path.with_name(path.name + ".tmp")
+            torch.save({"fingerprint": fingerprint, "values": self.references}, scratch)
+            scratch.replace(path)
+        trainer.say(
+            "reference log-probabilities of "
+            + ", ".join(f"{len(p)} {n} pairs" for n, p in self.pairs.items())
+            + f": computed ({path})"
+        )
+
+    def _load_weights(self, path: Path, trainer: Trainer) -> None:
+        """A portable file's weights into the model's own modules (not the PEFT ones)."""
+        weights = portable.read(path, trainer.log_dir, extract=False).tensors  # no tokenizer
+        init_weights.load_full_tensors(
+            bare_chunks(trainer), weights, wanted=lambda key: not peft.is_peft_key(key)
+        )
+
+    def forward_step(self, trainer: Trainer, batch: dict[str, Any], model: Any) -> tuple[Any, Any]:
+        output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        return output, partial(preference_loss, self.settings, batch)
+
+    # ----- validation -------------------------------------------------------------------
+
+    def _device(self, trainer: Trainer) -> str:
+        return "cuda" if trainer.on_gpu else "cpu"
+
+    def after_validation(self, trainer: Trainer, loss: float, outputs: list[Any]) -> None:
+        if math.isnan(loss):
+            return
+        scores = summary(outputs, self._device(trainer))
+        metrics = {"validation_loss": loss, **{f"validation_{k}": v for k, v in scores.items()}}
+        trainer.state.metrics.update(metrics)
+        trainer.record({"step": trainer.state.step, **metrics})
+        trainer.say(
+            f"validation at step {trainer.state.step}: margin {scores['margin']:.3f}, "
+            f"accuracy {scores['accuracy']:.3f}, rewards chosen {scores['rewards_chosen']:.3f} "
+            f"rejected {scores['rewards_rejected']:.3f}"
+        )
+
+    # ----- outputs ----------------------------------------------------------------------
+
+    def write_outputs(self, trainer: Trainer) -> None:
+        self.write_model(trainer)
+        if "test" in self.pairs:
+            stream, batches = self._eval_stream(trainer, self.pairs["test"], "test")
+            outputs = trainer.evaluate(stream, batches)
+            scores = summary(outputs, self._device(trainer))
+            if trainer.rank == 0:
+                path = trainer.log_dir / "test_metrics.json"
+                write_atomic(path, json.dumps(scores, indent=2) + "\n")
+                trainer.say(f"test set: margin {scores['margin']:.3f}; {path}")
+        if trainer.rank == 0 and trainer.metrics_log is not None:
+            plotted = plot_curves(trainer.metrics_log.path, trainer.log_dir / "dpo_curves.png")
+            if plotted:
+                trainer.say(f"DPO curves: {trainer.log_dir / 'dpo_curves.png'}")
+        dist.barrier()
+
+
+def plot_curves(metrics_file: Path, output: Path) -> bool:
+    """The validation margin, accuracy and rewards against the step; False with fewer than
+    two validations."""
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    rows = [row for row in rows if "validation_margin" in row]
+    if len(rows) < 2:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [row["step"] for row in rows]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in ("rewards_chosen", "rewards_rejected", "margin"):
+        left.plot(steps, [row[f"validation_{name}"] for row in rows], marker="o", label=name)
+    left.set_xlabel("step")
+    left.set_title("implicit rewards (beta x log ratio)")
+    left.legend()
+    right.plot(steps, [row["validation_accuracy"] for row in rows], marker="o", color="C3")
+    right.set_ylim(0, 1.02)
+    right.set_xlabel("step")
+    right.set_title("pairs ranked right")
+    figure.tight_layout()
+    scratch = output.with_name(f".{output.name}.tmp.png")
+    figure.savefig(scratch, dpi=100)
+    plt.close(figure)
+    scratch.replace(output)
+    return True
