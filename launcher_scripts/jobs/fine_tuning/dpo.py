@@ -273,18 +273,46 @@ class DpoTask(TuningTask):
     def write_outputs(self, trainer: Trainer) -> None:
         self.write_model(trainer)
         if "test" in self.pairs:
-            stream, batches = self._eval_stream(trainer, self.pairs["test"], "test")
-            outputs = trainer.evaluate(stream, batches)
-            scores = summary(outputs, self._device(trainer))
-            if trainer.rank == 0:
-                path = trainer.log_dir / "test_metrics.json"
-                write_atomic(path, json.dumps(scores, indent=2) + "\n")
-                trainer.say(f"test set: margin {scores['margin']:.3f}; {path}")
+            self._test(trainer, self.pairs["test"])
         if trainer.rank == 0 and trainer.metrics_log is not None:
             plotted = plot_curves(trainer.metrics_log.path, trainer.log_dir / "dpo_curves.png")
             if plotted:
                 trainer.say(f"DPO curves: {trainer.log_dir / 'dpo_curves.png'}")
         dist.barrier()
+
+
+    def _test(self, trainer: Trainer, pairs: list[Pair]) -> None:
+        """The test pairs' metrics (test_metrics.json, with the mean loss), and each pair's
+        tokens with the policy's and the reference's log-probabilities (test_logps.jsonl)."""
+        stream, batches = self._eval_stream(trainer, pairs, "test")
+        outputs = trainer.evaluate(stream, batches)
+        scores = summary(outputs, self._device(trainer))
+        sums = torch.zeros(2, dtype=torch.float64, device=self._device(trainer))
+        for output in outputs:
+            sums += output["lm loss"].double()
+        dist.all_reduce(sums)
+        scores["loss"] = float(sums[0] / sums[1].clamp(min=1))
+        policy = pair_values(trainer, outputs, len(pairs), "pair_logps")
+        if policy is None:
+            return
+        reference = self.references["test"].tolist()
+        rows = [
+            {
+                "source": pair.where,
+                "prompt_ids": pair.prompt,
+                "chosen_ids": pair.chosen,
+                "rejected_ids": pair.rejected,
+                "policy": mine,
+                "reference": theirs,
+            }
+            for pair, mine, theirs in zip(pairs, policy, reference, strict=True)
+        ]
+        write_atomic(
+            trainer.log_dir / "test_logps.jsonl", "".join(json.dumps(r) + "\n" for r in rows)
+        )
+        path = trainer.log_dir / "test_metrics.json"
+        write_atomic(path, json.dumps(scores, indent=2) + "\n")
+        trainer.say(f"test set: margin {scores['margin']:.3f} over {len(pairs)} pairs; {path}")
 
 
 def plot_curves(metrics_file: Path, output: Path) -> bool:
