@@ -23,7 +23,7 @@ from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.sample_data.make_preference_pairs import follows_rule
 from tests.support import REPO
-from tests.support.commands import one_error_line, run_main, run_module
+from tests.support.commands import module_report, one_error_line, run_main, run_module
 
 STAGE = "dpo"
 VALIDATION = REPO / "launcher_scripts" / "sample_data" / "preference_validation.jsonl"
@@ -96,6 +96,64 @@ def test_the_test_log_probabilities_give_the_logged_rewards(tuned: Path) -> None
     assert sum(chosen) / len(rows) == pytest.approx(test["rewards_chosen"], rel=1e-6)
     assert sum(rejected) / len(rows) == pytest.approx(test["rewards_rejected"], rel=1e-6)
     assert all(row["chosen_ids"][-1] == row["rejected_ids"][-1] for row in rows)  # the EOD
+
+
+@pytest.mark.parametrize(
+    ("loss", "trl_types", "trl_weights"),
+    [
+        (f"{STAGE}.model.dpo.preference_loss=sigmoid", "sigmoid", "1"),
+        (f"{STAGE}.model.dpo.preference_loss=ipo", "ipo", "1"),
+        # RPO: TRL's SFT term is the chosen tokens' mean over the batch, ours each answer's
+        # mean (the RPO paper's); the sample answers are all one length, where they agree.
+        (f"{STAGE}.model.dpo.sft_loss_weight=1.0", "sigmoid,sft", "1,1"),
+    ],
+    ids=["sigmoid", "ipo", "rpo"],
+)
+def test_our_loss_and_rewards_are_trl_s(
+    loss: str,
+    trl_types: str,
+    trl_weights: str,
+    tuned: Path,
+    tiny_portable: Path,
+    tmp_path: Path,
+) -> None:
+    """TRL's DPOTrainer (fp32) on the same policy and reference, exported to Hugging Face,
+    over the same token ids, gives our test loss, rewards and log-probabilities to 1e-5. The
+    policy is the tuned one; the reference, as given in `reference_model`, the base."""
+    folder = run_stage(
+        tmp_path / "run",
+        tuned / "checkpoints" / "megatron_gpt_dpo.nemo",
+        loss,
+        f"{STAGE}.model.dpo.reference_model={tiny_portable}",
+        f"{STAGE}.model.data.data_prefix.test=[{VALIDATION}]",
+        f"{STAGE}.model.data.data_prefix.validation=null",
+        f"{STAGE}.trainer.max_steps=1",
+        f"{STAGE}.model.optim.lr=1e-6",  # TRL reads the policy this writes, whatever it is
+        f"{STAGE}.model.optim.sched.min_lr=0.0",
+    )
+    ours = json.loads((folder / "test_metrics.json").read_text())
+    theirs = module_report(
+        "tests.scripts.dpo_trl_check",
+        str(folder / "checkpoints" / "megatron_gpt_dpo.nemo"),
+        str(tiny_portable),
+        str(folder / "test_logps.jsonl"),
+        str(tmp_path / "trl"),
+        "0.1",
+        trl_types,
+        trl_weights,
+    )
+    pairs = {
+        "loss": "loss",
+        "rewards_chosen": "rewards/chosen",
+        "rewards_rejected": "rewards/rejected",
+        "margin": "rewards/margins",
+        "accuracy": "rewards/accuracies",
+        "logps_chosen": "logps/chosen",
+        "logps_rejected": "logps/rejected",
+    }
+    for mine, trl in pairs.items():
+        assert ours[mine] == pytest.approx(theirs[trl], abs=1e-5), (mine, ours, theirs)
+    assert ours["margin"] > 1.0  # not the trivial case of a policy equal to its reference
 
 
 # ---- layouts and resume ---------------------------------------------------------------------
