@@ -124,6 +124,11 @@ CASES = {
     "adapter_learning_gpt3": ("adapter_learning", ["adapter_learning=gpt3/squad"]),
     "ia3_learning_gpt3": ("ia3_learning", ["ia3_learning=gpt3/squad"]),
     "evaluation_peft_gpt3": ("evaluation", ["evaluation=peft_gpt3/squad"]),
+    "dpo_gpt3_tiny_pp2": (
+        "dpo",
+        ["dpo.trainer.devices=2", "dpo.model.pipeline_model_parallel_size=2"],
+    ),
+    "dpo_llama3_8b": ("dpo", ["dpo=llama3/8b"]),
     "rlhf_rm_gpt3_tiny_tp2": (
         "rlhf_rm",
         ["rlhf_rm.trainer.devices=2", "rlhf_rm.model.tensor_model_parallel_size=2"],
