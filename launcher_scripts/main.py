@@ -19,6 +19,7 @@ TOOLS = {
     "serve": "launcher_scripts.serving",
     "client": "launcher_scripts.jobs.export.client",
     "merge-lora": "launcher_scripts.jobs.fine_tuning.merge_lora",
+    "serve-reward": "launcher_scripts.jobs.inference.reward_server",
     "install-triton": "launcher_scripts.jobs.export.install",
 }
 COMMANDS = (*OPERATIONS, *TOOLS)

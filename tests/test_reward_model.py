@@ -24,6 +24,16 @@ from launcher_scripts.formats.portable import REWARD_HEAD, REWARD_MODEL
 from tests.support import REPO
 from tests.support.commands import one_error_line, run_main
 
+
+def run_module_unchecked(*args: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+
+
 STAGE = "rlhf_rm"
 SAMPLES = REPO / "launcher_scripts" / "sample_data"
 VALIDATION = SAMPLES / "preference_validation.jsonl"
@@ -141,6 +151,80 @@ def test_the_reference_s_indexed_pairs_train_it(
     log = next(folder.parent.glob("log-*.out")).read_text()
     assert "training data: 640 preference pairs" in log
     assert metric(folder, "validation_accuracy")[40] >= 0.9
+
+
+def _post(port: int, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_the_reward_server_scores_texts_as_training_did(trained: Path, tmp_path: Path) -> None:
+    """serve-reward answers a batch of texts with the rewards the job computed for them,
+    normalised on request by the mean and std the file records; a bad request is a 400 with
+    one line, and SIGTERM stops it cleanly."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from launcher_scripts.jobs.inference.text_tokenizer import load_text_tokenizer
+
+    model = trained / "checkpoints" / "megatron_gpt_reward_model.nemo"
+    rows = [json.loads(line) for line in (trained / "test_rewards.jsonl").read_text().splitlines()]
+    rows = rows[:6]
+    with tempfile.TemporaryDirectory() as scratch:
+        config = portable.read(model, Path(scratch)).config
+        tokenizer = load_text_tokenizer(config.tokenizer)
+        texts = [
+            tokenizer.decode(row[f"{side}_ids"]) for side in ("chosen", "rejected") for row in rows
+        ]
+        assert [tokenizer.encode(text) for text in texts[: len(rows)]] == [
+            r["chosen_ids"] for r in rows
+        ]
+    log = tmp_path / "server.log"
+    with log.open("w") as output:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "launcher_scripts", "serve-reward", str(model), "--port", "0"],
+            stdout=output, stderr=subprocess.STDOUT, cwd=REPO,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (found := re.search(r"127\.0\.0\.1:(\d+)/rewards", log.read_text())):
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        port = int(found.group(1))
+        status, answer = _post(port, "/rewards", {"texts": texts})
+        assert status == 200, answer
+        ours = [row["chosen"] for row in rows] + [row["rejected"] for row in rows]
+        assert answer["rewards"] == pytest.approx(ours, abs=1e-5)
+        status, normalized = _post(port, "/rewards", {"texts": texts, "normalize": True})
+        standardization = config[REWARD_MODEL]
+        expected = [(r - standardization.mean) / standardization.std for r in ours]
+        assert normalized["rewards"] == pytest.approx(expected, abs=1e-4)
+        status, refused = _post(port, "/rewards", {"texts": "one text"})
+        assert status == 400 and "non-empty list of strings" in refused["error"], refused
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+    assert code == 0 and "stopped: the reward server has shut down" in log.read_text()
+
+
+def test_the_reward_server_refuses_a_language_model_in_one_line(tiny_portable: Path) -> None:
+    result = run_module_unchecked(
+        "launcher_scripts", "serve-reward", str(tiny_portable), "--port", "0"
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error:")
+    assert "is not a reward model" in result.stderr and "rlhf_rm" in result.stderr
 
 
 # ---- layouts and resume ---------------------------------------------------------------------

@@ -9,8 +9,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.families import family_of
-from launcher_scripts.formats.portable import EMBEDDINGS, Portable
+from launcher_scripts.formats.portable import EMBEDDINGS, REWARD_MODEL, Portable
 from launcher_scripts.jobs.models.base import runtime_of
+from launcher_scripts.jobs.models.reward_head import with_reward_head
 from launcher_scripts.jobs.training.init_weights import load_full_tensors
 
 
@@ -45,6 +46,8 @@ def build(portable: Portable, tensor: int, pipeline: int, on_gpu: bool) -> list[
     runtime = runtime_of(family_of(portable.config, "model"))
     config = runtime.transformer_config(cfg, False, on_gpu)
     chunks = runtime.build_chunks(cfg, config, rows, False)
+    if REWARD_MODEL in portable.config:  # its head in place of the output layer
+        with_reward_head(chunks, config)
     if on_gpu:
         chunks = [chunk.cuda(torch.cuda.current_device()) for chunk in chunks]
     load_full_tensors(chunks, portable.tensors)

@@ -280,7 +280,6 @@ class DpoTask(TuningTask):
                 trainer.say(f"DPO curves: {trainer.log_dir / 'dpo_curves.png'}")
         dist.barrier()
 
-
     def _test(self, trainer: Trainer, pairs: list[Pair]) -> None:
         """The test pairs' metrics (test_metrics.json, with the mean loss), and each pair's
         tokens with the policy's and the reference's log-probabilities (test_logps.jsonl)."""

@@ -19,9 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
-from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.utils import make_sharded_tensor_for_checkpoint
 
 from launcher_scripts.files import replaced_directory, write_atomic
 from launcher_scripts.formats import portable
@@ -39,6 +36,7 @@ from launcher_scripts.jobs.fine_tuning.preference_data import (
     scored_sample,
 )
 from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks, file_size
+from launcher_scripts.jobs.models.reward_head import with_reward_head
 from launcher_scripts.jobs.training import data
 from launcher_scripts.jobs.training.trainer import Streams, Trainer
 from launcher_scripts.recipes.tuning import DataSplit
@@ -46,46 +44,6 @@ from launcher_scripts.recipes.tuning import DataSplit
 # The sums one micro-batch reports, in this order (all ratios of them survive the
 # tensor-parallel ranks' repeats).
 STATS = ("pairs", "ranked_right", "reward_sum", "reward_square_sum", "chosen_sum", "rejected_sum")
-
-
-class RewardHead(MegatronModule):
-    """GPTModel's output layer made a scalar: hidden states [s, b, h] -> rewards [s, b, 1].
-    Whole on every tensor-parallel rank: the hidden states are whole there (gathered first
-    under sequence parallelism), so each rank computes the same values and gradients."""
-
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self.weight = torch.nn.Parameter(
-            torch.zeros(1, config.hidden_size, dtype=config.params_dtype)
-        )
-        self.sequence_parallel = config.sequence_parallel  # GPTModel asks its output layer
-
-    def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None):
-        del weight, runtime_gather_output  # an output layer's arguments, not a head's
-        if self.config.sequence_parallel:
-            # Every rank computes the head and the loss on the whole sequence: the gradient
-            # of its share is its own slice, not the sum over the ranks.
-            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
-        return F.linear(hidden, self.weight), None
-
-    def sharded_state_dict(
-        self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None
-    ) -> dict[str, Any]:
-        """Under the output layer's entry (GPTModel looks it up) but named REWARD_HEAD: the
-        checkpoint and the portable file tell it from a language model's output layer."""
-        del metadata
-        head = make_sharded_tensor_for_checkpoint(
-            self.weight, REWARD_HEAD, prepend_offsets=sharded_offsets
-        )
-        return {f"{prefix}weight": head}
-
-
-def with_reward_head(chunks: list[Any], config: Any) -> None:
-    """The last pipeline stage's output layer replaced by a zero scalar head (the chunks
-    were built without tied embeddings: the head shares nothing)."""
-    for chunk in chunks:
-        if chunk.post_process:
-            chunk.output_layer = RewardHead(config)
 
 
 def pairwise_loss(lengths: torch.Tensor, output: torch.Tensor) -> tuple[Any, Any, Any]:
@@ -143,6 +101,7 @@ class RewardModelTask(TuningTask):
     sequences_per_example = 2  # the recipe's batch sizes count pairs
     model_overrides = {"share_embeddings_and_output_weights": False}  # a head, not the table
     standardization: dict[str, float] | None = None
+    validated_step: int | None = None  # the step of the last validation
 
     def reshape(self, trainer: Trainer, chunks: list[Any]) -> None:
         with_reward_head(chunks, trainer.config)
@@ -198,6 +157,7 @@ class RewardModelTask(TuningTask):
             return
         scores = summary(outputs, self._device(trainer))
         self.standardization = {"mean": scores["reward_mean"], "std": scores["reward_std"]}
+        self.validated_step = trainer.state.step
         metrics = {"validation_loss": loss, **{f"validation_{k}": v for k, v in scores.items()}}
         trainer.state.metrics.update(metrics)
         trainer.record({"step": trainer.state.step, **metrics})
@@ -210,6 +170,8 @@ class RewardModelTask(TuningTask):
 
     def write_outputs(self, trainer: Trainer) -> None:
         spec = self.spec
+        if trainer.valid_stream is not None and self.validated_step != trainer.state.step:
+            trainer.validate()  # the file's mean and std are the final model's
         if spec.test is not None:
             self._test(trainer, spec.test)
         tensors = peft_file.gather_full(bare_chunks(trainer), lambda key: True)
