@@ -227,6 +227,39 @@ def test_the_reward_server_refuses_a_language_model_in_one_line(tiny_portable: P
     assert "is not a reward model" in result.stderr and "rlhf_rm" in result.stderr
 
 
+def test_an_imported_llama_trains_and_exports_as_llama_for_sequence_classification(
+    tmp_path: Path,
+) -> None:
+    """The reward model of an imported Llama (GQA, rotary, RMSNorm, SwiGLU) goes back to
+    Hugging Face as LlamaForSequenceClassification, which scores our test texts as we do."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from tests.support.commands import run_module
+    from tests.support.conversion import hf_imported
+
+    run_module("tests.scripts.make_hf_gpt", str(tmp_path / "hf"), "llama3")
+    imported = hf_imported(tmp_path / "hf" / "llama3", tmp_path / "imported")
+    folder = run_stage(
+        tmp_path / "rm",
+        imported,
+        f"{STAGE}.trainer.max_steps=10",
+        f"{STAGE}.trainer.val_check_interval=10",
+        f"{STAGE}.model.data.data_prefix.test=[{VALIDATION}]",
+    )
+    exported = folder / "hf_reward_model"
+    model = AutoModelForSequenceClassification.from_pretrained(exported).eval()
+    assert type(model).__name__ == "LlamaForSequenceClassification"
+    rows = [json.loads(line) for line in (folder / "test_rewards.jsonl").read_text().splitlines()]
+    worst = 0.0
+    with torch.no_grad():
+        for row in rows[:16]:
+            for side in ("chosen", "rejected"):
+                logits = model(input_ids=torch.tensor([row[f"{side}_ids"]])).logits
+                worst = max(worst, abs(float(logits[0, 0]) - row[side]))
+    assert worst <= 1e-4
+
+
 # ---- layouts and resume ---------------------------------------------------------------------
 
 SHORT = (

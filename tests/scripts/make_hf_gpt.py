@@ -1,9 +1,9 @@
 """Tiny random-initialised Hugging Face decoder-only models, built and saved by transformers
 itself (no hub), with tokenizers trained on the shipped corpus:
 
-python -m tests.scripts.make_hf_gpt OUT_DIR
+python -m tests.scripts.make_hf_gpt OUT_DIR [VARIANT ...]
 
-writes OUT_DIR/<variant> for each of VARIANTS: Llama 3 style (GQA, its own output layer,
+writes OUT_DIR/<variant> for each of VARIANTS (or those named): Llama 3 style (GQA, its own output layer,
 rope_theta and Llama 3's rope scaling), Llama with one table for the embedding and the output
 layer and a head size of its own, Mistral (its tokenizer a SentencePiece tokenizer.model),
 Qwen2 (biases on Q, K and V), StableLM (LayerNorm, a quarter of each head rotated, Q/K/V
@@ -169,7 +169,9 @@ def main() -> None:
     out = Path(sys.argv[1])
     scratch = out / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    for name, (family, settings) in VARIANTS.items():
+    chosen = sys.argv[2:] or list(VARIANTS)
+    for name in chosen:
+        family, settings = VARIANTS[name]
         folder = out / name
         build(name, family, settings).save_pretrained(folder)
         save_tokenizer(name, folder, scratch)
