@@ -93,9 +93,10 @@ class TuningTask(TrainingTask):
             peft.freeze_base(chunks, keep=self.own_parameter)
         trainable = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
         total = sum(p.numel() for c in chunks for p in c.parameters())
+        method = "every weight" if self.spec.method == "sft" else self.spec.method
         print(
-            f"rank {trainer.rank}: {self.spec.method}: {trainable:,} of {total:,} parameters "
-            f"trainable on this rank",
+            f"rank {trainer.rank}: {self.spec.stage} ({method}): {trainable:,} of {total:,} "
+            "parameters trainable on this rank",
             flush=True,
         )
         return chunks
