@@ -35,9 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.serve import make_model, run_main  # noqa: E402
+from bench.tuning import WARM_UP_STEPS, step_seconds  # noqa: E402
 
 PAIRS, SEQUENCE, BETA, LR = 8, 128, 0.1, 1e-5
-WARM_UP_STEPS = 5
 TARGET = 1.0
 
 
@@ -76,26 +76,15 @@ def ours(work: Path, model: Path, pairs: Path, steps: int, attempt: int) -> floa
         "dpo.trainer.log_every_n_steps=1",
         "dpo.trainer.val_check_interval=100000",
     )
-    (metrics,) = results.rglob("metrics.jsonl")
-    times = [
-        record["train_step_timing"]
-        for record in map(json.loads, metrics.read_text().splitlines())
-        if "train_step_timing" in record and record["step"] > WARM_UP_STEPS
-    ]
-    return statistics.median(times)
+    return step_seconds(results)
 
 
 def export(model: Path, folder: Path) -> Path:
     if not (folder / "config.json").is_file():
         import launcher_scripts.families  # noqa: F401  (the families' tensor shapes)
-        from launcher_scripts.formats import portable
-        from launcher_scripts.jobs.conversion.convert import write_hf_files
+        from launcher_scripts.jobs.conversion.convert import write_hf_from_portable
 
-        with tempfile.TemporaryDirectory() as scratch:
-            loaded = portable.read(model, Path(scratch))
-            tensors = {key: loaded.tensors[key] for key in list(loaded.tensors.keys())}
-            folder.mkdir(parents=True, exist_ok=True)
-            write_hf_files(folder, loaded.config, tensors)
+        write_hf_from_portable(model, folder)
     return folder
 
 

@@ -12,24 +12,12 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 import launcher_scripts.families  # noqa: F401  (the families' tensor shapes)
-from launcher_scripts.formats import portable
-from launcher_scripts.jobs.conversion.convert import write_hf_files
-
-
-def exported(model_file: Path, folder: Path) -> Path:
-    """The portable file as a Hugging Face directory, by the conversion job's own export."""
-    with tempfile.TemporaryDirectory() as scratch:
-        model = portable.read(model_file, Path(scratch))
-        tensors = {key: model.tensors[key] for key in list(model.tensors.keys())}
-        folder.mkdir(parents=True, exist_ok=True)
-        write_hf_files(folder, model.config, tensors)
-    return folder
+from launcher_scripts.jobs.conversion.convert import write_hf_from_portable
 
 
 def main() -> None:
@@ -41,8 +29,12 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    policy = AutoModelForCausalLM.from_pretrained(exported(policy_file, work / "policy"))
-    reference = AutoModelForCausalLM.from_pretrained(exported(reference_file, work / "reference"))
+    policy = AutoModelForCausalLM.from_pretrained(
+        write_hf_from_portable(policy_file, work / "policy")
+    )
+    reference = AutoModelForCausalLM.from_pretrained(
+        write_hf_from_portable(reference_file, work / "reference")
+    )
     tokenizer = AutoTokenizer.from_pretrained(work / "policy")
     args = DPOConfig(
         output_dir=str(work / "trl"),

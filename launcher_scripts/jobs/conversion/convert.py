@@ -76,6 +76,20 @@ def write_hf_files(directory: Path, model: DictConfig, tensors: dict[str, Any]) 
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
 
+def write_hf_from_portable(model_file: Path, directory: Path) -> Path:
+    """A portable file as a Hugging Face directory (config.json, weights, tokenizer)."""
+    import tempfile
+
+    from launcher_scripts.formats import portable
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model = portable.read(model_file, Path(scratch))
+        tensors = {key: model.tensors[key] for key in list(model.tensors.keys())}
+        directory.mkdir(parents=True, exist_ok=True)
+        write_hf_files(directory, model.config, tensors)
+    return directory
+
+
 def convert(cfg: DictConfig) -> None:
     from launcher_scripts.formats import portable
 

@@ -36,7 +36,9 @@ from launcher_scripts.jobs.fine_tuning.preference_data import (
     SampleOf,
     chat_template,
     load_pairs,
+    mean_loss,
     pair_values,
+    reduced_sums,
 )
 from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks
 from launcher_scripts.jobs.training import data, init_weights
@@ -133,11 +135,7 @@ def preference_loss(
 
 def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, float]:
     """The STATS means over every rank's micro-batches (the same on every rank)."""
-    sums = torch.zeros(len(STATS), dtype=torch.float64, device=device)
-    for output in outputs:
-        sums += output["preference"].double()
-    dist.all_reduce(sums)
-    values = dict(zip(STATS, sums.tolist(), strict=True))
+    values = reduced_sums(outputs, "preference", STATS, device)
     pairs = max(values.pop("pairs"), 1.0)
     return {name: value / pairs for name, value in values.items()}
 
@@ -188,12 +186,7 @@ class DpoTask(TuningTask):
         if "validation" not in self.pairs:
             return Streams(train, None, 0)
         valid, batches = self._eval_stream(trainer, self.pairs["validation"], "validation")
-        limit = trainer.cfg.trainer.get("limit_val_batches", 1.0)
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            batches = min(limit, batches)
-        else:
-            batches = max(1, math.ceil(float(limit or 0) * batches))
-        return Streams(train, valid, batches)
+        return Streams(train, valid, self.validation_batches(trainer, batches))
 
     def _fingerprint(self) -> str:
         """What the reference's log-probabilities depend on: the data, the sequence length,
@@ -286,11 +279,7 @@ class DpoTask(TuningTask):
         stream, batches = self._eval_stream(trainer, pairs, "test")
         outputs = trainer.evaluate(stream, batches)
         scores = summary(outputs, self._device(trainer))
-        sums = torch.zeros(2, dtype=torch.float64, device=self._device(trainer))
-        for output in outputs:
-            sums += output["lm loss"].double()
-        dist.all_reduce(sums)
-        scores["loss"] = float(sums[0] / sums[1].clamp(min=1))
+        scores["loss"] = mean_loss(outputs, self._device(trainer))
         policy = pair_values(trainer, outputs, len(pairs), "pair_logps")
         if policy is None:
             return

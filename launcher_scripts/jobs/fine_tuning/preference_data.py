@@ -28,7 +28,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from launcher_scripts.formats.preference import preference_problem
-from launcher_scripts.jobs.fine_tuning.sft_data import SftDataError
+from launcher_scripts.jobs.fine_tuning.sft_data import SftDataError, json_lines
 
 SAMPLE_KEYS = ("tokens", "position_ids", "lengths")
 
@@ -98,24 +98,16 @@ def read_jsonl(
     counts: Counts,
     answer_end: Sequence[int] = (),
 ) -> Iterator[Pair]:
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise SftDataError(f"{where}: not JSON ({error.msg})") from None
-            problem = preference_problem(record)
-            if problem is not None:
-                raise SftDataError(f"{where}: {problem}")
-            counts.read += 1
-            prompt = tokenizer.encode(prompt_text(record["prompt"], template))
-            chosen, rejected = (
-                tokenizer.encode(record[k]) + list(answer_end) for k in ("chosen", "rejected")
-            )
-            yield _fit(Pair(prompt, chosen, rejected, where), seq_length, counts)
+    for where, record in json_lines(path):
+        problem = preference_problem(record)
+        if problem is not None:
+            raise SftDataError(f"{where}: {problem}")
+        counts.read += 1
+        prompt = tokenizer.encode(prompt_text(record["prompt"], template))
+        chosen, rejected = (
+            tokenizer.encode(record[k]) + list(answer_end) for k in ("chosen", "rejected")
+        )
+        yield _fit(Pair(prompt, chosen, rejected, where), seq_length, counts)
 
 
 def read_indexed(
@@ -288,3 +280,21 @@ def pair_values(
             for offset, row in enumerate(rows):
                 found[first + offset] = row
     return [found[index] for index in range(pairs)]
+
+
+def reduced_sums(
+    outputs: list[dict[str, torch.Tensor]], key: str, names: Sequence[str], device: str
+) -> dict[str, float]:
+    """Each named sum of the micro-batch reports' `key` over every rank (the same on every
+    rank; tensor-parallel ranks repeat every sum alike, so ratios of them stand)."""
+    sums = torch.zeros(len(names), dtype=torch.float64, device=device)
+    for output in outputs:
+        sums += output[key].double()
+    dist.all_reduce(sums)
+    return dict(zip(names, sums.tolist(), strict=True))
+
+
+def mean_loss(outputs: list[dict[str, torch.Tensor]], device: str) -> float:
+    """The loss per pair over every rank's micro-batches."""
+    total, pairs = reduced_sums(outputs, "lm loss", ("loss", "pairs"), device).values()
+    return total / max(pairs, 1.0)

@@ -32,7 +32,9 @@ from launcher_scripts.jobs.fine_tuning.preference_data import (
     PairSamples,
     chat_template,
     load_pairs,
+    mean_loss,
     pair_values,
+    reduced_sums,
     scored_sample,
 )
 from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks, file_size
@@ -74,18 +76,9 @@ def pairwise_loss(lengths: torch.Tensor, output: torch.Tensor) -> tuple[Any, Any
     return loss, pairs.to(torch.int), report
 
 
-def real_pairs(outputs: list[dict[str, torch.Tensor]]) -> float:
-    """The real pairs of this rank's micro-batches."""
-    return sum(float(output["rewards"][0]) for output in outputs)
-
-
 def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, float]:
     """Accuracy and rewards over every rank's micro-batches (the same on every rank)."""
-    sums = torch.zeros(len(STATS), dtype=torch.float64, device=device)
-    for output in outputs:
-        sums += output["rewards"].double()
-    dist.all_reduce(sums)
-    values = dict(zip(STATS, sums.tolist(), strict=True))
+    values = reduced_sums(outputs, "rewards", STATS, device)
     pairs = max(values["pairs"], 1.0)
     mean = values["reward_sum"] / (2 * pairs)
     return {
@@ -136,12 +129,7 @@ class RewardModelTask(TuningTask):
         if self.spec.validation is None:
             return Streams(train, None, 0)
         valid, batches = self._eval_stream(trainer, self.spec.validation, "validation data")
-        limit = trainer.cfg.trainer.get("limit_val_batches", 1.0)
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            batches = min(limit, batches)
-        else:
-            batches = max(1, math.ceil(float(limit or 0) * batches))
-        return Streams(train, valid, batches)
+        return Streams(train, valid, self.validation_batches(trainer, batches))
 
     def forward_step(self, trainer: Trainer, batch: dict[str, Any], model: Any) -> tuple[Any, Any]:
         output = model(batch["tokens"], batch["position_ids"], None)  # causal
@@ -204,12 +192,7 @@ class RewardModelTask(TuningTask):
         stream = data.SampleStream(samples, mbs, SAMPLE_KEYS)
         outputs = trainer.evaluate(stream, samples.batches)
         scores = summary(outputs, self._device(trainer))
-        loss = sum(float(o["lm loss"][0]) for o in outputs)
-        losses = torch.tensor(
-            [loss, real_pairs(outputs)], dtype=torch.float64, device=self._device(trainer)
-        )
-        dist.all_reduce(losses)
-        scores["loss"] = float(losses[0] / losses[1].clamp(min=1))
+        scores["loss"] = mean_loss(outputs, self._device(trainer))
         rewards = pair_values(trainer, outputs, len(pairs), "pair_rewards")
         if self.standardization is None:
             self.standardization = {"mean": scores["reward_mean"], "std": scores["reward_std"]}

@@ -266,6 +266,20 @@ def encode_chat(
 RecordEncoder = Callable[[Any, SftFormat, str, str, Counts, str], Encoded | None]
 
 
+def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """Each non-blank line's JSON value, with its "file:line"; SftDataError naming the first
+    line that is not JSON."""
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as error:
+                raise SftDataError(f"{where}: not JSON ({error.msg})") from None
+
+
 def read_records(
     path: Path,
     tokenizer: Tokenizer,
@@ -274,39 +288,31 @@ def read_records(
     encode: RecordEncoder = encode_record,
     chat: bool = True,
 ) -> Iterator[Record]:
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise SftDataError(f"{where}: not JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise SftDataError(f"{where}: a line must hold a JSON object")
-            counts.read += 1
-            if any(k in record for k in CHAT_KEYS):
-                if not chat:
-                    raise SftDataError(
-                        f"{where}: a chat record, which this model cannot be tuned on: give "
-                        f"{fmt.context_key!r}/{fmt.label_key!r} records (or src/tgt text files)"
-                    )
-                encoded = encode_chat(tokenizer, fmt, record, counts, where)
-                prompt, answer, answers = "", "", []
-            else:
-                if fmt.label_key not in record:
-                    raise SftDataError(
-                        f"{where}: no {fmt.label_key!r} key (label_key); the line has "
-                        f"{', '.join(sorted(record)) or 'no keys'}"
-                    )
-                prompt, answer = _split_template(fmt, record, where)
-                encoded = encode(tokenizer, fmt, prompt, answer, counts, where)
-                label = str(record[fmt.label_key])
-                extra = record.get("original_answers") or []
-                answers = [label, *(str(a) for a in extra if str(a) != label)]
-            if encoded is not None:
-                yield Record(prompt, answer, answers, where, encoded)
+    for where, record in json_lines(path):
+        if not isinstance(record, dict):
+            raise SftDataError(f"{where}: a line must hold a JSON object")
+        counts.read += 1
+        if any(k in record for k in CHAT_KEYS):
+            if not chat:
+                raise SftDataError(
+                    f"{where}: a chat record, which this model cannot be tuned on: give "
+                    f"{fmt.context_key!r}/{fmt.label_key!r} records (or src/tgt text files)"
+                )
+            encoded = encode_chat(tokenizer, fmt, record, counts, where)
+            prompt, answer, answers = "", "", []
+        else:
+            if fmt.label_key not in record:
+                raise SftDataError(
+                    f"{where}: no {fmt.label_key!r} key (label_key); the line has "
+                    f"{', '.join(sorted(record)) or 'no keys'}"
+                )
+            prompt, answer = _split_template(fmt, record, where)
+            encoded = encode(tokenizer, fmt, prompt, answer, counts, where)
+            label = str(record[fmt.label_key])
+            extra = record.get("original_answers") or []
+            answers = [label, *(str(a) for a in extra if str(a) != label)]
+        if encoded is not None:
+            yield Record(prompt, answer, answers, where, encoded)
 
 
 def read_pairs(

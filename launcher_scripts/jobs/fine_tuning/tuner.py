@@ -160,12 +160,17 @@ class TuningTask(TrainingTask):
         valid_files = self._load(trainer, self.spec.validation, "validation data")
         valid = sft_data.EvalSamples(valid_files, gbs, seq, pad, make_sample)
         self.valid_records = valid.records
-        limit = recipe_trainer.get("limit_val_batches", 1.0)
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            val_batches = min(limit, valid.batches)
-        else:
-            val_batches = max(1, math.ceil(float(limit or 0) * valid.batches))
+        val_batches = self.validation_batches(trainer, valid.batches)
         return Streams(train_stream, data.SampleStream(valid, mbs, keys), val_batches)
+
+    @staticmethod
+    def validation_batches(trainer: Trainer, batches: int) -> int:
+        """The global batches one validation reads of the `batches` its data fills:
+        trainer.limit_val_batches, a count or a share."""
+        limit = trainer.cfg.trainer.get("limit_val_batches", 1.0)
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            return min(limit, batches)
+        return max(1, math.ceil(float(limit or 0) * batches))
 
     # ----- validation -------------------------------------------------------------------
 
