@@ -4,12 +4,12 @@ itself (no hub), with tokenizers trained on the shipped corpus:
 python -m tests.scripts.make_hf_gpt OUT_DIR [VARIANT ...]
 
 writes OUT_DIR/<variant> for each of VARIANTS (or those named): Llama 3 style (GQA, its own
-output layer, rope_theta and Llama 3's rope scaling), Llama with one table for the embedding and
-the output layer and a head size of its own, Mistral (its tokenizer a SentencePiece
-tokenizer.model), Qwen2 (biases on Q, K and V), StableLM (LayerNorm, a quarter of each head rotated, Q/K/V
-biases) and GPT-2 (tanh GeLU, learned positions; also with 1001 rows, which no TP above 1
-divides). The norms and biases are not zeros and ones, so that a swapped or dropped tensor
-shows.
+output layer, rope_theta and Llama 3's rope scaling), Llama with one table for the embedding
+and the output layer and a head size of its own, Mistral (its tokenizer a SentencePiece
+tokenizer.model), Qwen2 (biases on Q, K and V), StableLM (LayerNorm, a quarter of each head
+rotated, Q/K/V biases) and GPT-2 (tanh GeLU, learned positions; also with 1001 rows, which no
+TP above 1 divides). The norms and biases are not zeros and ones, so that a swapped or dropped
+tensor shows.
 """
 
 from __future__ import annotations
