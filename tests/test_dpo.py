@@ -4,7 +4,7 @@ The sample pairs (launcher_scripts/sample_data/make_preference_pairs.py) prefer 
 name a morning time; the tiny base model, trained on a corpus that uses every time alike, does
 not answer so. DPO must raise the margin and make the policy's greedy answers follow the rule
 on held-out prompts, train alike at TP2 and PP2, resume exactly, run with LoRA (the reference:
-the adapters off), IPO and RPO, and refuse bad settings in one line.
+the adapters off), IPO and RPO, equal TRL's DPOTrainer, and refuse bad settings in one line.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_the_test_log_probabilities_give_the_logged_rewards(tuned: Path) -> None
     ],
     ids=["sigmoid", "ipo", "rpo"],
 )
-def test_our_loss_and_rewards_are_trl_s(
+def test_each_loss_trains_and_equals_trl_s(
     loss: str,
     trl_types: str,
     trl_weights: str,
@@ -117,20 +117,25 @@ def test_our_loss_and_rewards_are_trl_s(
     tiny_portable: Path,
     tmp_path: Path,
 ) -> None:
-    """TRL's DPOTrainer (fp32) on the same policy and reference, exported to Hugging Face,
-    over the same token ids, gives our test loss, rewards and log-probabilities to 1e-5. The
-    policy is the tuned one; the reference, as given in `reference_model`, the base."""
+    """Ten steps from the tuned policy against the base as `reference_model` lower the
+    validation loss; then TRL's DPOTrainer (fp32) on the policy they wrote and the same
+    reference, exported to Hugging Face, over the same token ids, gives our test loss, rewards
+    and log-probabilities to 1e-5."""
     folder = run_stage(
         tmp_path / "run",
         tuned / "checkpoints" / "megatron_gpt_dpo.nemo",
         loss,
         f"{STAGE}.model.dpo.reference_model={tiny_portable}",
         f"{STAGE}.model.data.data_prefix.test=[{VALIDATION}]",
-        f"{STAGE}.model.data.data_prefix.validation=null",
-        f"{STAGE}.trainer.max_steps=1",
-        f"{STAGE}.model.optim.lr=1e-6",  # TRL reads the policy this writes, whatever it is
-        f"{STAGE}.model.optim.sched.min_lr=0.0",
+        f"{STAGE}.trainer.max_steps=10",
+        f"{STAGE}.trainer.val_check_interval=10",
+        f"{STAGE}.model.optim.lr=1e-4",
     )
+    losses = metric(folder, "validation_loss")
+    assert losses[10] < losses[0], losses
+    if "sft_loss_weight" in loss:  # the SFT term raises the chosen answers' likelihood
+        chosen = metric(folder, "validation_logps_chosen")
+        assert chosen[10] > chosen[0], chosen
     ours = json.loads((folder / "test_metrics.json").read_text())
     theirs = module_report(
         "tests.scripts.dpo_trl_check",
@@ -153,7 +158,8 @@ def test_our_loss_and_rewards_are_trl_s(
     }
     for mine, trl in pairs.items():
         assert ours[mine] == pytest.approx(theirs[trl], abs=1e-5), (mine, ours, theirs)
-    assert ours["margin"] > 1.0  # not the trivial case of a policy equal to its reference
+    # Not the trivial case of a policy equal to its reference (every ratio 0).
+    assert abs(ours["rewards_chosen"]) + abs(ours["rewards_rejected"]) > 0.5, ours
 
 
 # ---- layouts and resume ---------------------------------------------------------------------
@@ -225,25 +231,6 @@ def test_lora_dpo_starts_at_the_reference_and_writes_a_peft_file(
     output = folder / "checkpoints" / "megatron_gpt_dpo.nemo"
     assert peft_file.is_peft_file(output)
     assert peft_file.read(output).settings.scheme == "lora"
-
-
-@pytest.mark.parametrize(
-    ("setting", "rises"),
-    [
-        (f"{STAGE}.model.dpo.preference_loss=ipo", "validation_margin"),
-        # RPO: the SFT term keeps the chosen answers' likelihood rising with the margin.
-        (f"{STAGE}.model.dpo.sft_loss_weight=1.0", "validation_logps_chosen"),
-    ],
-    ids=["ipo", "rpo"],
-)
-def test_ipo_and_rpo_train(setting: str, rises: str, tiny_portable: Path, tmp_path: Path) -> None:
-    folder = run_stage(
-        tmp_path, tiny_portable, setting, *SHORT[:3], f"{STAGE}.trainer.val_check_interval=20"
-    )
-    values = metric(folder, rises)
-    assert values[20] > values[0], values
-    losses = metric(folder, "validation_loss")
-    assert losses[20] < losses[0], losses
 
 
 # ---- bad input ------------------------------------------------------------------------------
