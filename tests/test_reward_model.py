@@ -218,6 +218,24 @@ def test_the_reward_server_scores_texts_as_training_did(trained: Path, tmp_path:
     assert code == 0 and "stopped: the reward server has shut down" in log.read_text()
 
 
+@pytest.mark.parametrize(
+    "stage_overrides",
+    [
+        ["stages=[export]", "export.model.nemo_file={model}"],
+        ["stages=[dpo]", "dpo.model.pretrained_checkpoint.restore_from_path={model}"],
+    ],
+    ids=["export", "dpo"],
+)
+def test_a_stage_that_needs_a_language_model_refuses_a_reward_model(
+    stage_overrides: list[str], trained: Path, tmp_path: Path
+) -> None:
+    model = trained / "checkpoints" / "megatron_gpt_reward_model.nemo"
+    result = run_main(
+        *(o.format(model=model) for o in stage_overrides), f"base_results_dir={tmp_path}"
+    )
+    one_error_line(result, "is a reward model", "serve-reward")
+
+
 def test_the_reward_server_refuses_a_language_model_in_one_line(tiny_portable: Path) -> None:
     result = run_module_unchecked(
         "launcher_scripts", "serve-reward", str(tiny_portable), "--port", "0"

@@ -23,7 +23,9 @@ import yaml
 
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families.base import DEFAULT, FAMILIES, ModelFamily
+from launcher_scripts.formats.portable import REWARD_MODEL
 from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
+from launcher_scripts.recipes.tuning import TUNING_STAGE_SPECS
 
 # A shipped recipe's top-level keys -> whether it takes a whole model's file of the family.
 RecipeTest = Callable[[dict[str, Any], ModelFamily], bool]
@@ -37,6 +39,8 @@ class Reader:
     group: str
     verb: str  # "this recipe <verb> gpt ones"
     takes: RecipeTest
+    # Whether it reads a reward model's file (a scalar head, no output layer) too.
+    scores: bool = False
 
 
 def _of_family(program: str, **keys: Any) -> RecipeTest:
@@ -59,7 +63,9 @@ def _hf_export(recipe: dict[str, Any], family: ModelFamily) -> bool:
 
 
 def tuning_reader(stage: str) -> Reader:
-    return Reader(stage, "tunes", _of_family(stage))
+    """A tuning stage's: a reward-model stage starts from a reward model as well."""
+    scores = TUNING_STAGE_SPECS[stage].task == "reward_model"
+    return Reader(stage, "tunes", _of_family(stage), scores)
 
 
 def evaluation_reader(kind: str, peft_method: str | None) -> Reader:
@@ -74,7 +80,7 @@ def evaluation_reader(kind: str, peft_method: str | None) -> Reader:
 
 EXPORT_READER = Reader("export", "exports", _of_family("export"))
 RESTORE_READER = Reader("training", "continues pretraining of", _of_family("training:restore"))
-HF_EXPORT_READER = Reader("conversion", "exports", _hf_export)
+HF_EXPORT_READER = Reader("conversion", "exports", _hf_export, scores=True)
 # Where a whole model's file of a family can go, in the order a fix names them.
 WHOLE_FILE_READERS = (
     tuning_reader("fine_tuning"),
@@ -163,6 +169,13 @@ def family_problem(
     """(problem, fix) when a portable file's model section (`source`: the file, for messages)
     is not of the family a recipe reads; None when it is."""
     held = held_family(model)
+    if REWARD_MODEL in model and not reader.scores:
+        return (
+            f"{source} is a reward model (a scalar head, no output layer), and this recipe "
+            f"{reader.verb} language models",
+            "Give a language model's .nemo file; serve a reward model with `python3 -m "
+            "launcher_scripts serve-reward`, or export it with conversion=hf_export",
+        )
     if held == wanted.name:
         return None
     return (
