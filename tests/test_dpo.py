@@ -233,6 +233,29 @@ def test_lora_dpo_starts_at_the_reference_and_writes_a_peft_file(
     assert peft_file.read(output).settings.scheme == "lora"
 
 
+def test_packed_pairs_see_only_themselves_and_learn(tiny_portable: Path, tmp_path: Path) -> None:
+    """Packed rows (three or four pairs each, every side its own segment): the first step's
+    loss is log 2 to 1e-5, so each side's log-probability in a packed row is the one the
+    unpacked reference pass computed (no side sees another); then the margin rises."""
+    import math
+
+    folder = run_stage(
+        tmp_path,
+        tiny_portable,
+        f"{STAGE}.model.data.packed_sequence=True",
+        f"{STAGE}.model.data.seq_length=128",
+        f"{STAGE}.model.global_batch_size=4",  # packed sequences, not pairs
+        f"{STAGE}.model.micro_batch_size=2",
+        f"{STAGE}.trainer.max_steps=20",
+        f"{STAGE}.trainer.log_every_n_steps=1",
+        f"{STAGE}.trainer.val_check_interval=20",
+    )
+    losses = metric(folder, "reduced_train_loss")
+    assert losses[1] == pytest.approx(math.log(2), abs=1e-5), losses
+    margin = metric(folder, "validation_margin")
+    assert margin[20] > margin[0] + 0.1, margin
+
+
 # ---- bad input ------------------------------------------------------------------------------
 
 

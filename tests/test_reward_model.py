@@ -391,8 +391,10 @@ def test_a_bad_preference_record_is_one_line_before_anything_runs(
         (f"{STAGE}.model.data.data_prefix=null",
          [f"{STAGE}.model.data.data_prefix", "{train: [files]"]),
         (f"{STAGE}.model.data.seq_length=4096", [f"{STAGE}.model.data.seq_length", "positions"]),
+        (f"{STAGE}.model.data.packed_sequence=True",
+         [f"{STAGE}.model.data.packed_sequence", "does not pack"]),
     ],
-    ids=["unmerged_method", "prefix_list", "too_long"],
+    ids=["unmerged_method", "prefix_list", "too_long", "packed"],
 )  # fmt: skip
 def test_bad_reward_model_settings_are_one_line(
     override: str, fragments: list[str], tiny_portable: Path, tmp_path: Path

@@ -338,6 +338,7 @@ class TuningStageSpec:
     task: str = "sft"
     # (cfg, stage) -> the task's own settings (the DPO loss's), read and checked; None: none
     objective: Callable[[Any, str], Any] | None = None
+    packs: bool = True  # whether its task packs several examples in a sequence
 
 
 def _sft_layout(cfg: Any, stage: str, output: Path) -> StageData:
@@ -445,7 +446,10 @@ def _preference_layout(cfg: Any, stage: str, output: Path) -> StageData:
     if unknown:
         raise RecipeError(f"{key}: {unknown} are not splits: use train, validation and test")
     length_key = f"{stage}.model.data.seq_length"
-    section = {"max_seq_length": int(data.get("seq_length") or model.get("encoder_seq_length"))}
+    section = {
+        "max_seq_length": int(data.get("seq_length") or model.get("encoder_seq_length")),
+        "packed_sequence": bool(data.get("packed_sequence", False)),
+    }
     splits: list[DataSplit | None] = []
     for name in ("train", "validation", "test"):
         files = file_list(f"{key}.{name}", prefixes.get(name), "preference")
@@ -507,6 +511,7 @@ def _older_stage_keys(stage: str) -> tuple[str, ...]:
 
 _PEFT_SECTION_KEYS = _method_keys(lambda method: f"peft.{method.section}")
 _PREFERENCE_KEYS = (
+    "model.data.packed_sequence",
     "model.data.data_prefix.validation",
     "model.data.data_prefix.test",
     "model.encoder_seq_length",
@@ -524,7 +529,12 @@ TUNING_STAGE_SPECS: dict[str, TuningStageSpec] = {
             for name in ("prompt_learning", "adapter_learning", "ia3_learning")
         ),
         TuningStageSpec(
-            "rlhf_rm", _preference_layout, _merging_method, _PREFERENCE_KEYS, "reward_model"
+            "rlhf_rm",
+            _preference_layout,
+            _merging_method,
+            _PREFERENCE_KEYS,
+            "reward_model",
+            packs=False,
         ),
         TuningStageSpec(
             "dpo",
@@ -559,6 +569,11 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
         )
     if trained.settings is not None:
         trained.settings.check(trained.settings_key)
+    if data.train.section.get("packed_sequence") and not spec.packs:
+        raise RecipeError(
+            f"{data.train.format_key.rsplit('.', 1)[0]}.packed_sequence: {stage} does not pack "
+            "sequences in this version: set it to false"
+        )
     if data.metric not in ("loss", "exact_string_match"):
         raise RecipeError(
             f"{stage}.model.data.validation_ds.metric.name: {data.metric!r}; this version "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from launcher_scripts.jobs.fine_tuning.preference_data import (
     pair_values,
     reduced_sums,
 )
+from launcher_scripts.jobs.fine_tuning.sft_data import SftDataError
 from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks
 from launcher_scripts.jobs.training import data, init_weights
 from launcher_scripts.jobs.training.trainer import Streams, Trainer
@@ -47,6 +49,16 @@ from launcher_scripts.recipes.preference import DpoSettings
 from launcher_scripts.recipes.tuning import DataSplit
 
 KEYS = ("tokens", "position_ids", "labels", "loss_mask", "lengths", "ref_logps")
+PACKED_KEYS = (
+    "tokens",
+    "position_ids",
+    "labels",
+    "loss_mask",
+    "attention_mask",
+    "segment",
+    "segment_ref",
+    "segment_real",
+)
 # The sums one micro-batch reports, in this order.
 STATS = (
     "pairs",
@@ -86,22 +98,64 @@ def dpo_sample(seq_length: int, pad_id: int, reference: torch.Tensor | None) -> 
     return make
 
 
+@dataclass
+class Sides:
+    """A micro-batch's pairs, side by side: each answer's log-probability under the policy,
+    under the reference, its token count, and whether the pair is real (not padding)."""
+
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    reference_chosen: torch.Tensor
+    reference_rejected: torch.Tensor
+    chosen_tokens: torch.Tensor
+    rejected_tokens: torch.Tensor
+    real: torch.Tensor
+
+    @classmethod
+    def of_rows(cls, batch: dict[str, torch.Tensor], token_logps: torch.Tensor) -> Sides:
+        """Rows 2i chosen, 2i + 1 rejected (a pair of empty rows is padding)."""
+        mask = batch["loss_mask"].to(token_logps)
+        logps, counts = (token_logps * mask).sum(dim=1), mask.sum(dim=1).clamp(min=1.0)
+        reference = batch["ref_logps"].to(token_logps)
+        return cls(
+            logps[0::2], logps[1::2], reference[0::2], reference[1::2],
+            counts[0::2], counts[1::2], (batch["lengths"][0::2] > 0).to(token_logps),
+        )  # fmt: skip
+
+    @classmethod
+    def of_packs(cls, batch: dict[str, torch.Tensor], token_logps: torch.Tensor) -> Sides:
+        """Packed rows: each side a segment (2j chosen, 2j + 1 rejected of the row's pair j;
+        -1 padding), summed per segment."""
+        mask = batch["loss_mask"].to(token_logps)
+        segment = batch["segment"].to(token_logps.device)
+        index, inside = segment.clamp(min=0), (segment >= 0).to(token_logps)
+        shape = batch["segment_ref"].shape
+        logps = token_logps.new_zeros(shape).scatter_add_(1, index, token_logps * mask * inside)
+        counts = token_logps.new_zeros(shape).scatter_add_(1, index, mask * inside)
+        reference = batch["segment_ref"].to(token_logps)
+        real = batch["segment_real"].to(token_logps)[:, 0::2]
+        return cls(
+            *(t.reshape(-1) for t in (logps[:, 0::2], logps[:, 1::2])),
+            *(t.reshape(-1) for t in (reference[:, 0::2], reference[:, 1::2])),
+            *(t.clamp(min=1.0).reshape(-1) for t in (counts[:, 0::2], counts[:, 1::2])),
+            real.reshape(-1),
+        )
+
+
 def preference_loss(
     settings: DpoSettings, batch: dict[str, torch.Tensor], output: torch.Tensor
 ) -> tuple[Any, Any, Any]:
-    """The summed loss of a micro-batch's pairs (rows 2i chosen, 2i + 1 rejected; a pair of
-    empty rows is padding), their count, and the STATS sums beside it; `output` is the
-    model's per-token negative log-likelihood of the labels."""
-    mask = batch["loss_mask"].to(output.device).float()
-    logps = -(output.float() * mask).sum(dim=1)
-    counts = mask.sum(dim=1).clamp(min=1.0)
-    reference = batch["ref_logps"].to(logps)
-    real = (batch["lengths"][0::2] > 0).to(logps)
-    chosen, rejected = logps[0::2], logps[1::2]
-    chosen_ratio, rejected_ratio = chosen - reference[0::2], rejected - reference[1::2]
+    """The summed loss of a micro-batch's real pairs, their count, and the STATS sums beside
+    it; `output` is the model's per-token negative log-likelihood of the labels."""
+    token_logps = -output.float()
+    packed = "segment" in batch
+    sides = Sides.of_packs(batch, token_logps) if packed else Sides.of_rows(batch, token_logps)
+    chosen, rejected, real = sides.chosen, sides.rejected, sides.real
+    chosen_ratio = chosen - sides.reference_chosen
+    rejected_ratio = rejected - sides.reference_rejected
     beta = settings.beta
     if settings.loss == "ipo":  # per-token log ratios, as the IPO authors' results use
-        delta = chosen_ratio / counts[0::2] - rejected_ratio / counts[1::2]
+        delta = chosen_ratio / sides.chosen_tokens - rejected_ratio / sides.rejected_tokens
         losses = (delta - 1 / (2 * beta)) ** 2
     else:
         delta = chosen_ratio - rejected_ratio
@@ -110,7 +164,7 @@ def preference_loss(
             -beta * delta
         )
     if settings.sft_loss_weight:  # RPO: the chosen answer's mean negative log-likelihood
-        losses = losses + settings.sft_loss_weight * (-chosen / counts[0::2])
+        losses = losses + settings.sft_loss_weight * (-chosen / sides.chosen_tokens)
     loss = torch.sum(losses * real)
     pairs = real.sum()
     chosen_rewards, rejected_rewards = beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
@@ -119,7 +173,7 @@ def preference_loss(
             pairs,
             (chosen_rewards * real).sum(),
             (rejected_rewards * real).sum(),
-            ((chosen_rewards > rejected_rewards).to(logps) * real).sum(),
+            ((chosen_rewards > rejected_rewards).to(real) * real).sum(),
             ((chosen_rewards - rejected_rewards) * real).sum(),
             (chosen.detach() * real).sum(),
             (rejected.detach() * real).sum(),
@@ -133,6 +187,94 @@ def preference_loss(
     return loss, pairs.to(torch.int), report
 
 
+class PackedPairs:
+    """Whole pairs, in the order of a PairSamples stream, packed into rows of `seq_length`
+    positions while they fit: each side a segment with its own positions (from 0) that sees
+    only itself (a block-diagonal causal mask), the pair's chosen side then its rejected one.
+    The packing is a pure function of the stream: the same on every rank and after a resume.
+    Each row carries its segments' reference log-probabilities and which are real."""
+
+    def __init__(
+        self,
+        stream: PairSamples,
+        rows: int,
+        seq_length: int,
+        pad_id: int,
+        reference: torch.Tensor,
+    ) -> None:
+        self.stream, self.rows, self.seq_length = stream, rows, seq_length
+        self.pad_id, self.reference = pad_id, reference
+        # A side of one token has no position to predict: at least 2 positions per pair.
+        self.segments = 2 * max(1, seq_length // 2)
+        self._starts = [0]  # the first stream pair of each row computed so far, and the next
+        for pair in stream.pairs:
+            width = sum(len(pair.side(rejected)) - 1 for rejected in (False, True))
+            if width > seq_length:
+                raise SftDataError(
+                    f"{pair.where}: its two sides need {width} positions, and a packed "
+                    f"sequence holds {seq_length}: raise model.data.seq_length (a packed "
+                    "sequence holds both sides of a pair) or set packed_sequence false"
+                )
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def _width(self, position: int) -> int:
+        pair = self.stream.pairs[self.stream.pair_index(position)]
+        return sum(len(pair.side(rejected)) - 1 for rejected in (False, True))
+
+    def _span(self, row: int) -> tuple[int, int]:
+        while len(self._starts) <= row + 1:
+            first = end = self._starts[-1]
+            used = 0
+            while end == first or used + self._width(end) <= self.seq_length:
+                used += self._width(end)
+                end += 1
+            self._starts.append(end)
+        return self._starts[row], self._starts[row + 1]
+
+    def __getitem__(self, row: int) -> dict[str, torch.Tensor]:
+        first, end = self._span(row % self.rows)
+        seq = self.seq_length
+        tokens = torch.full((seq,), self.pad_id, dtype=torch.long)
+        labels = torch.full((seq,), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(seq)
+        positions = torch.zeros(seq, dtype=torch.long)
+        segment = torch.full((seq,), -1, dtype=torch.long)
+        segment_ref = torch.zeros(self.segments)
+        segment_real = torch.zeros(self.segments)
+        at = number = 0
+        for position in range(first, end):
+            index = self.stream.pair_index(position)
+            pair = self.stream.pairs[index]
+            for rejected in (False, True):
+                ids = pair.side(rejected)
+                width = len(ids) - 1
+                span = slice(at, at + width)
+                tokens[span] = torch.tensor(ids[:width])
+                labels[span] = torch.tensor(ids[1 : width + 1])
+                answer = torch.arange(width) >= max(len(pair.prompt) - 1, 0)
+                mask[span] = answer.float()
+                positions[span] = torch.arange(width)
+                segment[span] = number
+                segment_ref[number] = float(self.reference[index, int(rejected)])
+                segment_real[number] = 1.0
+                at, number = at + width, number + 1
+        positions[at:] = torch.arange(seq - at)
+        causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+        allowed = causal & (segment[:, None] == segment[None, :])
+        return {
+            "tokens": tokens,
+            "labels": labels,
+            "loss_mask": mask,
+            "position_ids": positions,
+            "attention_mask": ~allowed.unsqueeze(0),  # megatron-core: True where masked
+            "segment": segment,
+            "segment_ref": segment_ref,
+            "segment_real": segment_real,
+        }
+
+
 def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, float]:
     """The STATS means over every rank's micro-batches (the same on every rank)."""
     values = reduced_sums(outputs, "preference", STATS, device)
@@ -141,7 +283,10 @@ def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, fl
 
 
 class DpoTask(TuningTask):
-    sequences_per_example = 2  # the recipe's batch sizes count pairs
+    @classmethod
+    def sequences_per_example(cls, spec: Any) -> int:
+        """Pairs (two sequences each), or, packed, the packed sequences themselves."""
+        return 1 if spec.train.section.get("packed_sequence") else 2
 
     def __init__(self, cfg: Any, spec: Any, base: Any) -> None:
         super().__init__(cfg, spec, base)
@@ -183,6 +328,12 @@ class DpoTask(TuningTask):
         count = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size) // 2
         samples = PairSamples(self.pairs["train"], count, self._make("train"), trainer.seed, True)
         train = data.SampleStream(samples, int(model.micro_batch_size), KEYS)
+        if self.spec.train.section.get("packed_sequence"):
+            rows = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size)
+            packed = PackedPairs(
+                samples, rows, self.seq_length, self.tokenizer.eod_id, self.references["train"]
+            )
+            train = data.SampleStream(packed, int(model.micro_batch_size), PACKED_KEYS)
         if "validation" not in self.pairs:
             return Streams(train, None, 0)
         valid, batches = self._eval_stream(trainer, self.pairs["validation"], "validation")
@@ -240,7 +391,8 @@ class DpoTask(TuningTask):
         )
 
     def forward_step(self, trainer: Trainer, batch: dict[str, Any], model: Any) -> tuple[Any, Any]:
-        output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        mask = batch.get("attention_mask")  # packed rows': block-diagonal; else causal
+        output = model(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
         return output, partial(preference_loss, self.settings, batch)
 
     # ----- validation -------------------------------------------------------------------

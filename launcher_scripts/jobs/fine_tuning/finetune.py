@@ -81,7 +81,7 @@ def training_cfg(
     if task is not None:
         model |= task.model_overrides
         for key in ("global_batch_size", "micro_batch_size"):
-            model[key] = int(model[key]) * task.sequences_per_example
+            model[key] = int(model[key]) * task.sequences_per_example(spec)
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer, dict)
     trainer["max_steps"] = max_steps(cfg, spec)

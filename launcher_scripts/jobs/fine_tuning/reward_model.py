@@ -91,10 +91,14 @@ def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, fl
 
 
 class RewardModelTask(TuningTask):
-    sequences_per_example = 2  # the recipe's batch sizes count pairs
     model_overrides = {"share_embeddings_and_output_weights": False}  # a head, not the table
     standardization: dict[str, float] | None = None
     validated_step: int | None = None  # the step of the last validation
+
+    @classmethod
+    def sequences_per_example(cls, spec: Any) -> int:
+        del spec
+        return 2  # the recipe's batch sizes count pairs
 
     def reshape(self, trainer: Trainer, chunks: list[Any]) -> None:
         with_reward_head(chunks, trainer.config)

@@ -32,10 +32,14 @@ GENERATION_BATCH = 16
 
 
 class TuningTask(TrainingTask):
-    # Sequences one example of the recipe's batch sizes is (a preference pair is two), and
-    # what the task changes in the base model's section before the model is built.
-    sequences_per_example = 1
+    # What the task changes in the base model's section before the model is built.
     model_overrides: dict[str, Any] = {}
+
+    @classmethod
+    def sequences_per_example(cls, spec: TuningSpec) -> int:
+        """The sequences one example of the recipe's batch sizes is (a pair is two)."""
+        del spec
+        return 1
 
     def __init__(self, cfg: Any, spec: TuningSpec, base: Portable) -> None:
         self.spec, self.base = spec, base
