@@ -307,10 +307,12 @@ def test_a_reference_unlike_the_policy_is_one_line(
         (f"{STAGE}.model.dpo.ref_policy_kl_penalty=0", ["ref_policy_kl_penalty", "above 0"]),
         (f"{STAGE}.model.dpo.preference_loss=kto", ["preference_loss", "sigmoid, ipo"]),
         (f"{STAGE}.model.dpo.label_smoothing=0.6", ["label_smoothing", "[0, 0.5)"]),
+        (f"{STAGE}.model.data.packed_sequence=True {STAGE}.model.micro_batch_size=1",
+         ["micro_batch_size", "even"]),
     ],
-    ids=["beta", "loss", "smoothing"],
-)
+    ids=["beta", "loss", "smoothing", "packed_odd_micro_batch"],
+)  # fmt: skip
 def test_bad_dpo_settings_are_one_line(
     override: str, fragments: list[str], tiny_portable: Path, tmp_path: Path
 ) -> None:
-    one_error_line(run_main(*overrides(tmp_path, tiny_portable, override)), *fragments)
+    one_error_line(run_main(*overrides(tmp_path, tiny_portable, *override.split())), *fragments)

@@ -65,6 +65,14 @@ def read_dpo(cfg: Any, stage: str) -> DpoSettings:
     sft = float(section.get("sft_loss_weight") or 0.0)
     if sft < 0:
         raise RecipeError(f"{key}.sft_loss_weight: {sft} must be 0 or more")
+    data = cfg.model.get("data") or {}
+    micro = int(cfg.model.get("micro_batch_size") or 1)
+    if data.get("packed_sequence") and micro % 2:
+        raise RecipeError(
+            f"{stage}.model.micro_batch_size: {micro} packed sequences, and the reference pass "
+            "and validation read pairs unpacked, two sequences to a micro-batch: give an even "
+            "micro_batch_size"
+        )
     reference = section.get("reference_model")
     return DpoSettings(
         beta=beta,
