@@ -397,13 +397,10 @@ class DpoTask(TuningTask):
 
     # ----- validation -------------------------------------------------------------------
 
-    def _device(self, trainer: Trainer) -> str:
-        return "cuda" if trainer.on_gpu else "cpu"
-
     def after_validation(self, trainer: Trainer, loss: float, outputs: list[Any]) -> None:
         if math.isnan(loss):
             return
-        scores = summary(outputs, self._device(trainer))
+        scores = summary(outputs, trainer.device)
         metrics = {"validation_loss": loss, **{f"validation_{k}": v for k, v in scores.items()}}
         trainer.state.metrics.update(metrics)
         trainer.record({"step": trainer.state.step, **metrics})
@@ -430,8 +427,8 @@ class DpoTask(TuningTask):
         tokens with the policy's and the reference's log-probabilities (test_logps.jsonl)."""
         stream, batches = self._eval_stream(trainer, pairs, "test")
         outputs = trainer.evaluate(stream, batches)
-        scores = summary(outputs, self._device(trainer))
-        scores["loss"] = mean_loss(outputs, self._device(trainer))
+        scores = summary(outputs, trainer.device)
+        scores["loss"] = mean_loss(outputs, trainer.device)
         policy = pair_values(trainer, outputs, len(pairs), "pair_logps")
         if policy is None:
             return

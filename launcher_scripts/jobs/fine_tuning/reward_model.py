@@ -141,13 +141,10 @@ class RewardModelTask(TuningTask):
 
     # ----- validation -------------------------------------------------------------------
 
-    def _device(self, trainer: Trainer) -> str:
-        return "cuda" if trainer.on_gpu else "cpu"
-
     def after_validation(self, trainer: Trainer, loss: float, outputs: list[Any]) -> None:
         if math.isnan(loss):
             return
-        scores = summary(outputs, self._device(trainer))
+        scores = summary(outputs, trainer.device)
         self.standardization = {"mean": scores["reward_mean"], "std": scores["reward_std"]}
         self.validated_step = trainer.state.step
         metrics = {"validation_loss": loss, **{f"validation_{k}": v for k, v in scores.items()}}
@@ -195,8 +192,8 @@ class RewardModelTask(TuningTask):
         samples = EvalPairs(pairs, gbs, scored_sample(self.seq_length, self.tokenizer.eod_id))
         stream = data.SampleStream(samples, mbs, SAMPLE_KEYS)
         outputs = trainer.evaluate(stream, samples.batches)
-        scores = summary(outputs, self._device(trainer))
-        scores["loss"] = mean_loss(outputs, self._device(trainer))
+        scores = summary(outputs, trainer.device)
+        scores["loss"] = mean_loss(outputs, trainer.device)
         rewards = pair_values(trainer, outputs, len(pairs), "pair_rewards")
         if self.standardization is None:
             self.standardization = {"mean": scores["reward_mean"], "std": scores["reward_std"]}

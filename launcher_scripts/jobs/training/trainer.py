@@ -318,11 +318,15 @@ class Trainer:
             forward_only=forward_only,
         )
 
+    @property
+    def device(self) -> str:
+        """Where this rank's tensors and collectives live."""
+        return "cuda" if self.on_gpu else "cpu"
+
     def _local_loss(self, outputs: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         """[summed token loss, token count] of this rank's micro-batches, left on the device."""
-        device = "cuda" if self.on_gpu else "cpu"
         if not outputs:  # not the last pipeline stage
-            return torch.zeros(2, dtype=torch.float64, device=device)
+            return torch.zeros(2, dtype=torch.float64, device=self.device)
         return torch.stack([o["lm loss"].detach() for o in outputs]).sum(0).double()
 
     def _reduce_loss(self, local: torch.Tensor) -> float:
