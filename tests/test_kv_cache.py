@@ -67,6 +67,21 @@ def test_the_t5_cache_is_the_full_pass_and_generates_as_whole_rows(
     assert t5_report["engine"] == {"greedy": True, "beam": True, "sampled": True}
 
 
+def test_the_lean_transformer_layers_are_megatron_core_s(report: dict[str, Any]) -> None:
+    """Inference calls a plain layer's norms, attention and MLP without megatron-core's
+    training wrappers (lean_layer.py): the same logits, whole rows and through the cache."""
+    assert report["lean_layers"]["layers"] >= 2, report["lean_layers"]
+    assert report["lean_layers"]["max_diff"] < 1e-6, report["lean_layers"]
+
+
+def test_t5_s_encoder_layers_are_lean_and_megatron_core_s(t5_report: dict[str, Any]) -> None:
+    """T5's encoder layers take the lean forward; its decoder's have cross-attention and keep
+    megatron-core's. The same logits either way."""
+    lean = t5_report["lean_layers"]
+    assert lean["layers"] >= 1, lean
+    assert lean["max_diff"] < 1e-6, lean
+
+
 def test_the_fused_local_attention_is_megatron_core_s() -> None:
     """What decoding runs in place of megatron-core's local attention gives its outputs, with
     grouped and plain heads, over a causal square, a cache step and left padding."""

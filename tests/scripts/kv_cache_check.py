@@ -167,6 +167,31 @@ def prompt_tuned(runner: ModelRunner, tokenizer: Any, max_length: int) -> dict:
     }
 
 
+def lean_layers(runner: ModelRunner, tokenizer: Any) -> dict:
+    """The runner's layers with the inference forward (lean_layer.py) against megatron-core's
+    own forward: the whole-row pass and a cache's first logits, the largest difference."""
+    rows = [tokenizer.encode("The history of the river"), tokenizer.encode("A")]
+    lean = [
+        module
+        for chunk in runner.chunks
+        for module in chunk.modules()
+        if "forward" in vars(module) and module.forward.__name__ == "_layer_forward"
+    ]
+
+    def outputs() -> list[torch.Tensor]:
+        return [full_pass(runner, rows), runner.cache(2, 16).add(rows)[1]]
+
+    leaned = outputs()
+    forwards = [vars(module).pop("forward") for module in lean]
+    try:
+        own = outputs()
+    finally:
+        for module, forward in zip(lean, forwards, strict=True):
+            module.forward = forward
+    worst = max(float((a - b).abs().max()) for a, b in zip(leaned, own, strict=True))
+    return {"layers": len(lean), "max_diff": worst}
+
+
 def main() -> None:
     tensor = int(sys.argv[2]) if len(sys.argv) > 2 else 1  # under torchrun with as many
     served = open_served(Path(sys.argv[1]), tensor=tensor, on_gpu=False)
@@ -175,6 +200,7 @@ def main() -> None:
         report = {
             "script": scripted(runner, served.tokenizer),
             "engine": engine(runner, served.tokenizer, served.max_length),
+            "lean_layers": lean_layers(runner, served.tokenizer),
         }
         if not hasattr(runner, "start_id") and tensor == 1:  # a decoder's: any ids
             report["refusals"] = refusals(runner)

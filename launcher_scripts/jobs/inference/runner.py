@@ -262,14 +262,16 @@ def open_runner(
 
 def inference_only(chunks: list[Any]) -> None:
     """Put inference's fast paths in a model opened for inference only (a served or evaluated
-    model; a model being trained must not take them): fused attention, plain linear layers,
-    keys rotated once as they enter the cache."""
+    model; a model being trained must not take them): fused attention, plain linear layers and
+    transformer layers, keys rotated once as they enter the cache."""
     from launcher_scripts.jobs.inference.fused_attention import fuse_local_attention
+    from launcher_scripts.jobs.inference.lean_layer import lean_layers
     from launcher_scripts.jobs.inference.lean_linear import lean_linears
     from launcher_scripts.jobs.inference.rope_at_append import rotate_keys_at_append
 
     fuse_local_attention(chunks)
     lean_linears(chunks)
+    lean_layers(chunks)
     rotate_keys_at_append(chunks)
 
 
