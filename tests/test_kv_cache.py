@@ -68,10 +68,12 @@ def test_the_t5_cache_is_the_full_pass_and_generates_as_whole_rows(
 
 
 def test_the_lean_transformer_layers_are_megatron_core_s(report: dict[str, Any]) -> None:
-    """Inference calls a plain layer's norms, attention and MLP without megatron-core's
-    training wrappers (lean_layer.py): the same logits, whole rows and through the cache."""
-    assert report["lean_layers"]["layers"] >= 2, report["lean_layers"]
-    assert report["lean_layers"]["max_diff"] < 1e-6, report["lean_layers"]
+    """Inference calls a plain layer's norms, attention and MLP, and the MLP's linear layers
+    and activation, without megatron-core's training wrappers (lean_layer.py): the same
+    logits, whole rows and through the cache."""
+    lean = report["lean_layers"]
+    assert lean["layers"] >= 2 and lean["mlps"] == lean["layers"], lean
+    assert lean["max_diff"] < 1e-6, lean
 
 
 def test_t5_s_encoder_layers_are_lean_and_megatron_core_s(t5_report: dict[str, Any]) -> None:

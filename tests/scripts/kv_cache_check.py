@@ -168,14 +168,17 @@ def prompt_tuned(runner: ModelRunner, tokenizer: Any, max_length: int) -> dict:
 
 
 def lean_layers(runner: ModelRunner, tokenizer: Any) -> dict:
-    """The runner's layers with the inference forward (lean_layer.py) against megatron-core's
-    own forward: the whole-row pass and a cache's first logits, the largest difference."""
+    """The runner's layers and MLPs with the inference forward (lean_layer.py) against
+    megatron-core's own forward: the whole-row pass and a cache's first logits, the largest
+    difference."""
+    from launcher_scripts.jobs.inference import lean_layer
+
     rows = [tokenizer.encode("The history of the river"), tokenizer.encode("A")]
     lean = [
         module
         for chunk in runner.chunks
         for module in chunk.modules()
-        if "forward" in vars(module) and module.forward.__name__ == "_layer_forward"
+        if getattr(vars(module).get("forward"), "__module__", None) == lean_layer.__name__
     ]
 
     def outputs() -> list[torch.Tensor]:
@@ -189,7 +192,8 @@ def lean_layers(runner: ModelRunner, tokenizer: Any) -> dict:
         for module, forward in zip(lean, forwards, strict=True):
             module.forward = forward
     worst = max(float((a - b).abs().max()) for a, b in zip(leaned, own, strict=True))
-    return {"layers": len(lean), "max_diff": worst}
+    layers = sum(hasattr(module, "self_attention") for module in lean)
+    return {"layers": layers, "mlps": len(lean) - layers, "max_diff": worst}
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""megatron-core's TransformerLayer with an inference-only forward.
+"""megatron-core's TransformerLayer and MLP with inference-only forwards.
 
 A layer's forward in megatron-core wraps its four parts (the input norm, self-attention, the
 pre-MLP norm, the MLP) in what training needs: recompute checkpoints, activation-offload
@@ -14,6 +14,12 @@ exactly that: a plain TransformerLayer (not MoE), no cross-attention, megatron-c
 bias-dropout-add in both slots (BERT's post-norm slots stay), no recompute, no offloading, no
 fused TP inference kernels. A call in training mode, or with an argument this forward does not
 know, goes to megatron-core's forward.
+
+The MLP likewise: megatron-core's builds its gated-unit closure and reads the activation's
+fusion and clamping options at every call, and adds a zero offset to the linear half. At
+inference, where nothing is fused or clamped: the first linear layer, its bias, the activation
+(of the gate times the linear half), the second linear layer. Every plain MLP takes it,
+T5's decoder's too.
 """
 
 from __future__ import annotations
@@ -60,6 +66,35 @@ def _layer_forward(self: Any, hidden_states: torch.Tensor, **arguments: Any) -> 
     return output, arguments.get("context")
 
 
+def _mlp_forward(self: Any, hidden_states: torch.Tensor, **options: Any) -> tuple[Any, Any]:
+    if self.training or options.get("per_token_scale") is not None:
+        return type(self).forward(self, hidden_states, **options)
+    intermediate, bias = self.linear_fc1(hidden_states)
+    if bias is not None:
+        intermediate = intermediate + bias
+    activation = self.config.activation_func
+    if self.config.gated_linear_unit:
+        gate, linear = torch.chunk(intermediate, 2, dim=-1)
+        intermediate = activation(gate) * linear
+    else:
+        intermediate = activation(intermediate)
+    return self.linear_fc2(intermediate)
+
+
+def _plain_mlp(module: Any) -> bool:
+    from megatron.core.transformer.mlp import MLP
+
+    if type(module) is not MLP:
+        return False
+    config = module.config
+    return (
+        not config.use_te_activation_func
+        and not config.bias_activation_fusion
+        and getattr(config, "activation_func_clamp_value", None) is None
+        and getattr(config, "glu_linear_offset", 0.0) == 0.0
+    )
+
+
 def _plain(layer: Any) -> bool:
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.transformer.identity_op import IdentityOp
@@ -85,7 +120,8 @@ def _plain(layer: Any) -> bool:
 
 
 def lean_layers(chunks: list[Any]) -> int:
-    """Give each plain transformer layer of the chunks the inference forward; how many."""
+    """Give each plain transformer layer and MLP of the chunks the inference forward; how
+    many layers."""
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
     replaced = 0
@@ -94,4 +130,6 @@ def lean_layers(chunks: list[Any]) -> int:
             if type(module) is TransformerLayer and _plain(module):
                 module.forward = types.MethodType(_layer_forward, module)
                 replaced += 1
+            elif _plain_mlp(module):
+                module.forward = types.MethodType(_mlp_forward, module)
     return replaced
