@@ -47,19 +47,22 @@ def test_a_prompt_tuned_model_generates_through_the_cache_as_over_whole_rows(
     assert report["prompt_tuned"] == {"same": True, "prompt_changed_logits": True}
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+@pytest.fixture(scope="module", params=[(1, 1), (2, 1), (1, 2)], ids=["tp1", "tp2", "pp2"])
 def t5_report(request: pytest.FixtureRequest, t5_converted: Path) -> dict[str, Any]:
     model = t5_converted / "t5_tiny" / "convert_nemo" / "megatron_t5.nemo"
-    tensor = request.param
-    return module_report("tests.scripts.kv_cache_check", str(model), str(tensor), processes=tensor)
+    tensor, pipeline = request.param
+    layout = (str(tensor), str(pipeline))
+    return module_report(
+        "tests.scripts.kv_cache_check", str(model), *layout, processes=tensor * pipeline
+    )
 
 
 def test_the_t5_cache_is_the_full_pass_and_generates_as_whole_rows(
     t5_report: dict[str, Any],
 ) -> None:
     """The encoder once per sequence, the decoder a token a step (with T5's relative position
-    bias at the cache's positions, split over the TP ranks' heads at TP=2), through the same
-    moves."""
+    bias at the cache's positions, split over the TP ranks' heads at TP=2; at PP=2 the encoder
+    on one stage, the decoder and its cache on the other), through the same moves."""
     script = t5_report["script"]
     assert script["max_diff"] < 1e-4, script
     for move in ("moved_right", "compacted", "forked", "dropped", "joined"):

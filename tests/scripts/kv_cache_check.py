@@ -2,7 +2,7 @@
 seq2seq_cache.py for T5 and mT5) on a real model, one process; prints one JSON object (rank 0) for
 tests/test_kv_cache.py:
 
-python -m tests.scripts.kv_cache_check MODEL.nemo [TP]   (TP > 1: under torchrun, TP processes)
+python -m tests.scripts.kv_cache_check MODEL.nemo [TP [PP]]   (under torchrun: TP x PP processes)
 
 Every logits row the cache returns is compared with the model's full pass over the sequence
 (ModelRunner.logits, no cache), through joins, forks, drops, a move to the right (a prompt
@@ -198,7 +198,8 @@ def lean_layers(runner: ModelRunner, tokenizer: Any) -> dict:
 
 def main() -> None:
     tensor = int(sys.argv[2]) if len(sys.argv) > 2 else 1  # under torchrun with as many
-    served = open_served(Path(sys.argv[1]), tensor=tensor, on_gpu=False)
+    pipeline = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    served = open_served(Path(sys.argv[1]), tensor=tensor, pipeline=pipeline, on_gpu=False)
     runner = served.decoding
     try:
         report = {
@@ -206,7 +207,7 @@ def main() -> None:
             "engine": engine(runner, served.tokenizer, served.max_length),
             "lean_layers": lean_layers(runner, served.tokenizer),
         }
-        if not hasattr(runner, "start_id") and tensor == 1:  # a decoder's: any ids
+        if not hasattr(runner, "start_id") and tensor * pipeline == 1:  # a decoder's: any ids
             report["refusals"] = refusals(runner)
             report["prompt_tuned"] = prompt_tuned(runner, served.tokenizer, served.max_length)
     finally:

@@ -7,8 +7,8 @@ part before and the decoder on the rest, and returns the decoder's logits at the
 positions. Greedy decoding, sampling, beam search, stop words and streaming then work as they
 do for GPT, at any TP/PP, with every rank computing the same logits.
 
-`logits` runs whole rows (scoring, and generation at PP > 1); `cache` opens the KV cache
-generation uses (seq2seq_cache.py: the encoder once per sequence, the decoder a token a step).
+`logits` runs whole rows (scoring); `cache` opens the KV cache generation uses
+(seq2seq_cache.py: the encoder once per sequence, the decoder a token a step).
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ class Seq2SeqRunner:
 
     def cache(self, slots: int, positions: int) -> Any:
         """A cache of `slots` sequences of rows up to `positions` tokens."""
-        # Why not at PP > 1: seq2seq_cache.py's docstring. With sequence parallelism (a
-        # training model generating during validation) the blocks split the sequence over
-        # the TP ranks, which a step's one new token cannot be.
-        if self.pipeline > 1 or self.sequence_parallel:
+        # With sequence parallelism (a training model generating during validation) the
+        # blocks split the sequence over the TP ranks, which a step's one new token cannot be.
+        if self.sequence_parallel:
             from launcher_scripts.jobs.inference.generation import Recomputing
 
             return Recomputing(self.logits).cache(slots, positions)
@@ -51,13 +50,14 @@ class Seq2SeqRunner:
 
     def cache_bytes_per_slot(self, positions: int) -> int:
         """What `cache(slots, positions)` allocates per slot on this rank: the decoder's keys
-        and values, and the encoder's output (nothing when it recomputes)."""
-        if self.pipeline > 1 or self.sequence_parallel:
+        and values, and the encoder's output, on the stage holding the decoder (nothing on an
+        encoder stage of a pipeline, nor when it recomputes)."""
+        chunk = self.chunks[0]
+        if self.sequence_parallel or not chunk.add_decoder:
             return 0
         from launcher_scripts.jobs.inference.kv_cache import bytes_per_slot
         from launcher_scripts.jobs.inference.seq2seq_cache import encoder_bytes_per_slot
 
-        chunk = self.chunks[0]
         decoder = min(positions, int(chunk.max_sequence_length))
         return bytes_per_slot(self, decoder) + encoder_bytes_per_slot(chunk)
 
@@ -115,6 +115,51 @@ class Seq2SeqRunner:
             result[index, split : len(row)] = decoded[index, : len(row) - split]
         return result
 
+    def encoded(self, tokens: torch.Tensor, masks: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        """The encoder's output [width, rows, hidden] over [rows, width] encoder ids (its final
+        norm applied), on the stage holding the decoder; None on a pipeline's encoder stages,
+        whose hidden states pass on through megatron-core's schedule as in `logits`. `masks`
+        as `attention_masks` makes them (the decoder's are not read). Run under `inference`."""
+        tokens, *masks = self.to_device(tokens, *masks)
+        starts = tokens[:, :1]  # the decoder is not run
+        if self.pipeline == 1:
+            return self.chunks[0](tokens, starts, *masks, output_encoder_hidden_only=True)
+        from megatron.core import parallel_state
+
+        outputs = self._schedule(
+            partial(self._encoder_step, tokens, starts, tuple(masks)), *tokens.shape
+        )
+        return outputs[0]["encoded"] if parallel_state.is_pipeline_last_stage() else None
+
+    @staticmethod
+    def _encoder_step(
+        tokens: torch.Tensor,
+        starts: torch.Tensor,
+        masks: tuple[torch.Tensor, ...],
+        _iterator: Any,
+        model: Any,
+    ) -> tuple[Any, Any]:
+        received = None if model.add_encoder else model.encoder_hidden_state
+        output = model(
+            tokens, starts, *masks, encoder_hidden_states=received, output_encoder_hidden_only=True
+        )
+        return output, _keep_encoded
+
+    def _schedule(self, forward_step: Any, rows: int, encoder_width: int) -> Any:
+        """One forward-only micro-batch through megatron-core's pipeline schedule, which hands
+        the encoder's hidden states [encoder_width, rows, hidden] from stage to stage."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter([None]),
+            model=self.chunks,
+            num_microbatches=1,
+            seq_length=encoder_width,
+            micro_batch_size=rows,
+            forward_only=True,
+        )
+
     @staticmethod
     def _forward(
         chunk: Any, encoder: torch.Tensor, decoder: torch.Tensor, masks: tuple[torch.Tensor, ...]
@@ -136,24 +181,24 @@ class Seq2SeqRunner:
         """One forward-only micro-batch through megatron-core's schedule (the encoder's output
         is what passes between stages); the last stage's logits are then broadcast."""
         from megatron.core import parallel_state
-        from megatron.core.pipeline_parallel import get_forward_backward_func
 
         rows, width = decoder.shape
-        outputs = get_forward_backward_func()(
-            forward_step_func=partial(self._forward_step, encoder, decoder, masks),
-            data_iterator=iter([None]),
-            model=self.chunks,
-            num_microbatches=1,
-            seq_length=encoder.shape[1],
-            micro_batch_size=rows,
-            forward_only=True,
-        )
-        chunk = self.chunks[0]
-        if parallel_state.is_pipeline_last_stage():
-            logits = outputs[0]["logits"].contiguous()
-        else:
+        step = partial(self._forward_step, encoder, decoder, masks)
+        outputs = self._schedule(step, rows, encoder.shape[1])
+        last = parallel_state.is_pipeline_last_stage()
+        shape = (rows, width, self.chunks[0].vocab_size)
+        return self.from_last_stage(outputs[0]["logits"].contiguous() if last else None, shape)
+
+    def from_last_stage(self, logits: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor:
+        """The pipeline's last stage's logits (of `shape`; None on the other stages), on every
+        stage."""
+        from megatron.core import parallel_state
+
+        if logits is None:
+            chunk = self.chunks[0]
+            device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else "cpu"
             dtype = next(chunk.parameters()).dtype
-            logits = torch.empty(rows, width, chunk.vocab_size, device=decoder.device, dtype=dtype)
+            logits = torch.empty(shape, device=device, dtype=dtype)
         dist.broadcast(
             logits,
             src=parallel_state.get_pipeline_model_parallel_last_rank(),
@@ -182,6 +227,11 @@ class Seq2SeqRunner:
         from launcher_scripts.jobs.training.cpu_compat import CudaDevicesOnCpu
 
         return CudaDevicesOnCpu()
+
+
+def _keep_encoded(output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    # The schedule expects (loss, reduced dict); the "loss" is unused in forward-only mode.
+    return output.new_zeros(()), {"encoded": output}
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -16,9 +16,11 @@ megatron-core's static context keys its buffers by layer number, which a decoder
 and cross-attention share, and a cross-attention's keys are the encoder's, not the decoder's
 positions; they are computed from the kept encoder output at each step instead.
 
-Pipeline parallelism is not built here: megatron-core's T5 passes the encoder's output from
-stage to stage inside its schedule, which the cache's per-slot encoder state would have to
-follow; a model served at PP > 1 is recomputed (generation.Recomputing).
+Under pipeline parallelism the encoder runs on the first stages and the whole decoder on the
+last (models/t5.py): `add` runs the encoder through megatron-core's schedule, which hands its
+hidden states from stage to stage, and the last stage keeps the output in its slots; the
+decoder's steps then run on the last stage alone, which sends each step's logits to the other
+stages. The encoder stages keep the cache's bookkeeping (slots, frontier) and no buffers.
 """
 
 from __future__ import annotations
@@ -68,12 +70,13 @@ class Seq2SeqCache(KVCache):
         self.encoder_positions = int(chunk.max_sequence_length)
         device = torch.device("cuda", torch.cuda.current_device()) if runner.on_gpu else "cpu"
         dtype = next(chunk.parameters()).dtype
+        # Kept by the stage that decodes (the only one at PP=1, the last under a pipeline).
+        kept = self.encoder_positions if chunk.add_decoder else 0
         hidden = chunk.config.hidden_size
-        self.encoded = torch.zeros(
-            self.encoder_positions, slots, hidden, dtype=dtype, device=device
-        )
+        self.encoded = torch.zeros(kept, slots, hidden, dtype=dtype, device=device)
         self.encoded_valid = torch.zeros(slots, self.encoder_positions, dtype=torch.bool)
-        uncached_cross_attention(chunk)
+        if chunk.add_decoder:
+            uncached_cross_attention(chunk)
         # The decoder's positions: a row's encoder part is not in this cache.
         side = _DecoderSide(self, runner.pad_id, runner.cached_stacks, runner.on_gpu)
         super().__init__(side, slots, min(positions, self.encoder_positions))
@@ -102,21 +105,17 @@ class Seq2SeqCache(KVCache):
 
     def _encode(self, rows: list[list[int]], first: int) -> None:
         """The encoder over `rows`, its output kept in slots first, first + 1, ..."""
-        chunk, width = self.chunk, max(len(row) for row in rows)
+        width = max(len(row) for row in rows)
         tokens = torch.full((len(rows), width), self.model.pad_id, dtype=torch.long)
         valid = torch.zeros(len(rows), width, dtype=torch.bool)
         for index, row in enumerate(rows):
             tokens[index, : len(row)] = torch.tensor(row, dtype=torch.long)
             valid[index, : len(row)] = True
-        mask, _, _ = attention_masks(valid, valid[:, :1])
-        positions = torch.arange(width).expand(len(rows), width)
         with self.model.inference():
-            tokens, positions, mask = self.model.to_device(tokens, positions, mask)
-            hidden = chunk.embedding(input_ids=tokens, position_ids=positions)
-            bias = self._relative_bias(chunk.encoder_relative_pos_emb, 0, width, width)
-            output = chunk.encoder(hidden_states=hidden, attention_mask=mask, attention_bias=bias)
-        self.encoded[:width, first : first + len(rows)] = output
-        self.encoded[width:, first : first + len(rows)] = 0
+            output = self.model.encoded(tokens, attention_masks(valid, valid[:, :1]))
+        if output is not None:
+            self.encoded[:width, first : first + len(rows)] = output
+            self.encoded[width:, first : first + len(rows)] = 0
         self.encoded_valid[first : first + len(rows)] = False
         self.encoded_valid[first : first + len(rows), :width] = valid
 
@@ -124,9 +123,13 @@ class Seq2SeqCache(KVCache):
         self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, context: Any
     ) -> torch.Tensor:
         """The decoder over [rows, width] new tokens of the slots from the context's batch
-        offset: next-token logits [rows, 1, vocab] of the last column."""
+        offset: next-token logits [rows, 1, vocab] of the last column, on every stage."""
         chunk = self.chunk
         first, rows, width = context.batch_size_offset, tokens.shape[0], tokens.shape[1]
+        if not chunk.add_decoder:  # an encoder stage: the last stage's logits
+            with self.model.inference():
+                logits = self.model.from_last_stage(None, (rows, 1, chunk.vocab_size))
+            return logits[..., : self.model.vocab_size].float().cpu()
         keys = mask.shape[-1]
         encoded_width = int(self.encoded_valid[first : first + rows].sum(dim=1).max())
         cross = ~self.encoded_valid[first : first + rows, None, None, :encoded_width]
@@ -146,6 +149,8 @@ class Seq2SeqCache(KVCache):
             weight = weight if chunk.share_embeddings_and_output_weights else None
             logits = chunk.lm_head(hidden[-1:], word_embeddings_weight=weight)
             logits = self.model.gather_vocab(logits).transpose(0, 1)
+            if self.model.pipeline > 1:
+                logits = self.model.from_last_stage(logits.contiguous(), tuple(logits.shape))
         return logits[..., : self.model.vocab_size].float().cpu()
 
     def _relative_bias(self, table: Any, offset: int, queries: int, keys: int) -> Any:
