@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from launcher_scripts.errors import RecipeError
 from launcher_scripts.formats.preference import preference_problem
+from launcher_scripts.formats.prompt import prompt_problem
+from launcher_scripts.recipes.grpo import GRPO_KEYS, read_grpo
 from launcher_scripts.recipes.preference import DPO_KEYS, read_dpo
 from launcher_scripts.tuning import (
     METHODS,
@@ -71,9 +74,13 @@ class DataSplit:
     target_key: str = ""
     names: tuple[str, ...] | None = None  # one per file, naming its metrics
     temperature: float = 1.0  # several files, no weights: p ~ records^(1/temperature)
-    # Preference pairs: each file is JSONL, or data_preparation's indexed files by their
-    # prefix (PREFIX.bin and PREFIX.idx).
-    preference: bool = False
+    # The JSONL records' format (RECORD_PROBLEMS' keys; "" for SFT's own): "preference" pairs
+    # may also be data_preparation's indexed files by their prefix (PREFIX.bin and PREFIX.idx).
+    record_format: str = ""
+
+    @property
+    def preference(self) -> bool:
+        return self.record_format == "preference"
 
     def inputs(self) -> list[tuple[str, Path]]:
         """(recipe key, path) of each file this split reads."""
@@ -333,8 +340,9 @@ class TuningStageSpec:
     # recipes may leave out (the preflight's key check knows them from here).
     optional_keys: tuple[str, ...] = ()
     # The training task its job runs (jobs/fine_tuning/tasks.py): sft (supervised answers),
-    # reward_model (a scalar head and the pairwise ranking loss) or dpo (direct preference
-    # optimisation against a frozen reference).
+    # reward_model (a scalar head and the pairwise ranking loss), dpo (direct preference
+    # optimisation against a frozen reference) or grpo (group-relative policy optimisation
+    # on the policy's own sampled completions).
     task: str = "sft"
     # (cfg, stage) -> the task's own settings (the DPO loss's), read and checked; None: none
     objective: Callable[[Any, str], Any] | None = None
@@ -428,12 +436,13 @@ def _older_stage(cfg: Any, stage: str) -> Trained:
     )
 
 
-def _preference_layout(cfg: Any, stage: str, output: Path) -> StageData:
+def _data_prefix_layout(record_format: str, cfg: Any, stage: str, output: Path) -> StageData:
     """The reference's reward-model layout: `model.data.data_prefix` {train, validation,
-    test}, each a list of preference files (data_preparation's indexed prefixes, whose
-    consecutive documents are a prompt with its chosen answer, then with its rejected one; or
-    JSONL of {"prompt", "chosen", "rejected"}), the base in
-    `model.pretrained_checkpoint.restore_from_path`."""
+    test}, each a list of record files, the base in `model.pretrained_checkpoint
+    .restore_from_path`. Preference pairs (rlhf_rm, dpo): data_preparation's indexed prefixes,
+    whose consecutive documents are a prompt with its chosen answer, then with its rejected
+    one; or JSONL of {"prompt", "chosen", "rejected"}. Prompts (grpo): JSONL of {"prompt", and
+    the fields its rewards read}."""
     model = cfg.model
     data = model.get("data") or {}
     key = f"{stage}.model.data.data_prefix"
@@ -452,12 +461,14 @@ def _preference_layout(cfg: Any, stage: str, output: Path) -> StageData:
     }
     splits: list[DataSplit | None] = []
     for name in ("train", "validation", "test"):
-        files = file_list(f"{key}.{name}", prefixes.get(name), "preference")
-        split = DataSplit(f"{key}.{name}", files, None, section, key, length_key, preference=True)
+        files = file_list(f"{key}.{name}", prefixes.get(name), record_format)
+        split = DataSplit(
+            f"{key}.{name}", files, None, section, key, length_key, record_format=record_format
+        )
         splits.append(split if files else None)
     train, validation, test = splits
     if train is None:
-        raise RecipeError(f"{key}.train: give the training preference files")
+        raise RecipeError(f"{key}.train: give the training {record_format} files")
     base = (model.get("pretrained_checkpoint") or {}).get("restore_from_path")
     return StageData(
         base_key=f"{stage}.model.pretrained_checkpoint.restore_from_path",
@@ -530,7 +541,7 @@ TUNING_STAGE_SPECS: dict[str, TuningStageSpec] = {
         ),
         TuningStageSpec(
             "rlhf_rm",
-            _preference_layout,
+            partial(_data_prefix_layout, "preference"),
             _merging_method,
             _PREFERENCE_KEYS,
             "reward_model",
@@ -538,11 +549,20 @@ TUNING_STAGE_SPECS: dict[str, TuningStageSpec] = {
         ),
         TuningStageSpec(
             "dpo",
-            _preference_layout,
+            partial(_data_prefix_layout, "preference"),
             _merging_method,
             (*_PREFERENCE_KEYS, *(f"model.dpo.{name}" for name in DPO_KEYS)),
             "dpo",
             read_dpo,
+        ),
+        TuningStageSpec(
+            "grpo",
+            partial(_data_prefix_layout, "prompt"),
+            _merging_method,
+            (*_PREFERENCE_KEYS, *(f"model.grpo.{name}" for name in GRPO_KEYS)),
+            "grpo",
+            read_grpo,
+            packs=False,
         ),
     )
 }
@@ -643,14 +663,23 @@ def objective_models(spec: TuningSpec) -> list[tuple[str, Path]]:
     return models() if models is not None else []
 
 
-def check_preference_files(spec: TuningSpec) -> None:
-    """Each existing JSONL file of a preference layout, record by record: RecipeError naming
-    the first bad line (a missing answer, chosen equal to rejected...), before any job."""
+# What is wrong with a record of each JSONL format a split may name (None: nothing).
+RECORD_PROBLEMS: dict[str, Callable[[Any], str | None]] = {
+    "preference": preference_problem,
+    "prompt": prompt_problem,
+}
+
+
+def check_record_files(spec: TuningSpec) -> None:
+    """Each existing JSONL file of a preference or prompt layout, record by record:
+    RecipeError naming the first bad line (a missing answer, chosen equal to rejected...),
+    before any job."""
     import json
 
     for split in (spec.train, spec.validation, spec.test):
-        if split is None or not split.preference:
+        if split is None or split.record_format not in RECORD_PROBLEMS:
             continue
+        problem_of = RECORD_PROBLEMS[split.record_format]
         for index, path in enumerate(split.files):
             if not is_jsonl(path) or not path.is_file():
                 continue
@@ -659,11 +688,14 @@ def check_preference_files(spec: TuningSpec) -> None:
                     if not line.strip():
                         continue
                     try:
-                        problem = preference_problem(json.loads(line))
+                        problem = problem_of(json.loads(line))
                     except json.JSONDecodeError as error:
                         problem = f"not JSON ({error.msg})"
                     if problem is not None:
+                        writer = (
+                            " (preference_convert writes valid files)" if split.preference else ""
+                        )
                         raise RecipeError(
                             f"{split.key}[{index}]: {path}:{number}: {problem}. Fix or drop "
-                            "the record (preference_convert writes valid files)"
+                            f"the record{writer}"
                         )

@@ -1,5 +1,7 @@
 """Regenerate preference_train.jsonl and preference_validation.jsonl: the preference pairs the
-reward-model and DPO recipes of the tiny model read out of the box.
+reward-model and DPO recipes of the tiny model read out of the box (and the GRPO recipe's
+prompts); and time_answers.jsonl: the training prompts, each with a time of the four alike, as
+{"input", "output"} records, the brief supervised start of the GRPO example.
 
 The preference has a rule that is known: a prompt is a sentence of the tiny corpus
 (make_tiny_corpus.py) up to its time, "A <noun> from <Place> <verb>s <n> <noun>s before";
@@ -55,6 +57,19 @@ def main() -> None:
             for _ in range(count):
                 out.write(json.dumps(pair(rng, words)) + "\n")
         print(f"wrote {path} ({count} pairs)")
+    write_time_answers(FOLDER / "preference_train.jsonl", FOLDER / "time_answers.jsonl")
+
+
+def write_time_answers(pairs: Path, path: Path) -> None:
+    """Each pair's prompt answered with any of the four times, alike: a model tuned on them
+    answers with a time, half the time a preferred one."""
+    rng = random.Random(SEED + 2)
+    times = (*PREFERRED, *DISPREFERRED)
+    with pairs.open(encoding="utf-8") as lines, path.open("w", encoding="utf-8") as out:
+        for line in lines:
+            record = {"input": json.loads(line)["prompt"], "output": f"{rng.choice(times)}."}
+            out.write(json.dumps(record) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from launcher_scripts.recipes.tuning import (
     TUNING_STAGES,
     all_inputs,
     check_positions,
-    check_preference_files,
+    check_record_files,
     most_layers,
     objective_models,
     read_spec,
@@ -62,7 +62,7 @@ class TuningStage(StageDefaults):
                     f"{key}: {ctx.not_written(path)}: give an existing file (see "
                     "docs/fine_tuning.md)"
                 )
-        check_preference_files(spec)
+        check_record_files(spec)
         par = recipe.parallelism(cfg, stage)
         recipe.check_world(par, stage)
         recipe.check_batch(cfg.model, par, stage)

@@ -1,6 +1,6 @@
 """Preference pairs, as the reward model (and DPO) train on them: read, encoded, batched.
 
-Two layouts (recipes/tuning.py `_preference_layout`):
+Two layouts (recipes/tuning.py `_data_prefix_layout`):
   - JSONL: {"prompt": text or chat turns, "chosen": text, "rejected": text} per line (what
     jobs/data_prep/preference_convert.py writes). Turns are rendered with the tokenizer's chat
     template when its tokenizer_config.json has one, else as "role: text" lines;

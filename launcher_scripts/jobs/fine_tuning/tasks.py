@@ -4,6 +4,7 @@ in recipes/tuning.py)."""
 from __future__ import annotations
 
 from launcher_scripts.jobs.fine_tuning.dpo import DpoTask
+from launcher_scripts.jobs.fine_tuning.grpo import GrpoTask
 from launcher_scripts.jobs.fine_tuning.reward_model import RewardModelTask
 from launcher_scripts.jobs.fine_tuning.tuner import TuningTask
 
@@ -11,4 +12,5 @@ TASKS: dict[str, type[TuningTask]] = {
     "sft": TuningTask,
     "reward_model": RewardModelTask,
     "dpo": DpoTask,
+    "grpo": GrpoTask,
 }

@@ -90,6 +90,14 @@ class TrainingTask:
     def before_training(self, trainer: Trainer) -> None:
         """Once the data, the resumed state and the metrics log are ready."""
 
+    def before_step(self, trainer: Trainer) -> None:
+        """Before each optimizer step (timed with it): an online task makes the step's data
+        (rollouts) here."""
+
+    def after_step(self, trainer: Trainer, outputs: list[Any], seconds: float) -> None:
+        """After each optimizer step, with this rank's loss-function reports of its
+        micro-batches and the step's time (before_step's included)."""
+
     def after_validation(self, trainer: Trainer, loss: float, outputs: list[Any]) -> None:
         """What validation measures beyond the loss (into `trainer.state.metrics`); `outputs`
         are this rank's loss functions' reports (none before the last pipeline stage)."""
@@ -344,6 +352,8 @@ class Trainer:
 
         The loss is reduced across ranks only when it is logged, not every step.
         """
+        tick = time.perf_counter()
+        self.task.before_step(self)
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -357,6 +367,7 @@ class Trainer:
         self.state.step += 1
         self.state.consumed_samples += batch_size
         update_num_microbatches(self.state.consumed_samples, consistency_check=True)
+        self.task.after_step(self, outputs, time.perf_counter() - tick)
         return self._local_loss(outputs), {
             "lr": float(self.optimizer.param_groups[0]["lr"]),
             "grad_norm": float(grad_norm) if grad_norm is not None else math.nan,
