@@ -20,12 +20,16 @@ ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def run_main(
-    *overrides: str, cwd: Path | None = None, timeout: float = 600
+    *overrides: str,
+    cwd: Path | None = None,
+    timeout: float = 600,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """`python3 main.py overrides...` as a user runs it, capturing its output. Its jobs run
-    one thread per process (see ONE_THREAD)."""
+    one thread per process (see ONE_THREAD); `extra_env` is added to the environment."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["OMP_NUM_THREADS"] = "1"
+    env |= extra_env or {}
     return subprocess.run(
         [sys.executable, str(REPO / "main.py"), *overrides],
         capture_output=True,

@@ -129,6 +129,8 @@ CASES = {
         ["dpo.trainer.devices=2", "dpo.model.pipeline_model_parallel_size=2"],
     ),
     "dpo_llama3_8b": ("dpo", ["dpo=llama3/8b"]),
+    "grpo_gpt3_tiny_dp2": ("grpo", ["grpo.trainer.devices=2"]),
+    "fine_tuning_gpt3_tiny": ("fine_tuning", ["fine_tuning=gpt3/tiny"]),
     "rlhf_rm_gpt3_tiny_tp2": (
         "rlhf_rm",
         ["rlhf_rm.trainer.devices=2", "rlhf_rm.model.tensor_model_parallel_size=2"],
