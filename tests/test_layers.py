@@ -137,6 +137,12 @@ def method_modules() -> set[str]:
     }
 
 
+def reward_modules() -> set[str]:
+    """The shipped reward functions' module (a recipe may name any other, the user's own,
+    outside this tree)."""
+    return {"launcher_scripts.recipes.rewards"}
+
+
 def family_modules() -> set[str]:
     return {f"launcher_scripts.families.{m.name}" for m in pkgutil.iter_modules(families.__path__)}
 
@@ -150,6 +156,7 @@ DYNAMIC_IMPORTS: dict[str, Callable[[], Iterable[str]]] = {
     "launcher_scripts/tuning/__init__.py": method_modules,  # each method module registers
     "launcher_scripts/jobs/fine_tuning/peft.py": method_runtimes,  # (method.runtime).attach
     "launcher_scripts/jobs/fine_tuning/merge_lora.py": method_runtimes,  # (...).merged
+    "launcher_scripts/recipes/grpo.py": reward_modules,  # model.grpo.reward_functions
 }
 
 
