@@ -24,6 +24,7 @@ from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.sample_data.make_preference_pairs import follows_rule
 from tests.support import REPO
 from tests.support.commands import module_report, one_error_line, run_main, run_module
+from tests.support.run_logs import job_log, metric
 
 STAGE = "dpo"
 VALIDATION = REPO / "launcher_scripts" / "sample_data" / "preference_validation.jsonl"
@@ -43,15 +44,6 @@ def run_stage(results: Path, base: Path, *extra: str) -> Path:
     result = run_main(*overrides(results, base, *extra))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return results / "gpt3_tiny" / STAGE / "results"
-
-
-def metric(log_dir: Path, name: str) -> dict[int, float]:
-    rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    return {row["step"]: row[name] for row in rows if name in row}
-
-
-def job_log(log_dir: Path) -> str:
-    return "\n".join(path.read_text() for path in sorted(log_dir.parent.glob("log-*.out")))
 
 
 def rule_share(model: Path) -> float:

@@ -22,6 +22,7 @@ from launcher_scripts.jobs.fine_tuning.grpo import advantages
 from launcher_scripts.recipes.rewards import exact_answer, final_answer, matches_format
 from tests.support import REPO
 from tests.support.commands import module_report, one_error_line, run_main
+from tests.support.run_logs import job_log, metric
 
 STAGE = "grpo"
 VALIDATION = REPO / "launcher_scripts" / "sample_data" / "preference_validation.jsonl"
@@ -47,15 +48,6 @@ def run_stage(results: Path, base: Path, *extra: str, **options: Any) -> Path:
     return results / "gpt3_tiny" / STAGE / "results"
 
 
-def metric(log_dir: Path, name: str) -> dict[int, float]:
-    rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    return {row["step"]: row[name] for row in rows if name in row}
-
-
-def job_log(log_dir: Path) -> str:
-    return "\n".join(path.read_text() for path in sorted(log_dir.parent.glob("log-*.out")))
-
-
 @pytest.fixture(scope="module")
 def sft_start(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped supervised start: the tiny GPT answering with any of four times."""
@@ -67,8 +59,13 @@ def sft_start(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         f"fine_tuning.model.restore_from_path={tiny_portable}",
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return results / "gpt3_tiny" / "time_answers" / "results" / "checkpoints" / (
-        "megatron_gpt3_time_answers.nemo"
+    return (
+        results
+        / "gpt3_tiny"
+        / "time_answers"
+        / "results"
+        / "checkpoints"
+        / ("megatron_gpt3_time_answers.nemo")
     )
 
 
@@ -216,14 +213,14 @@ def test_a_bad_prompt_record_is_one_line_before_anything_runs(
     one_error_line(result, f"{prompts}:2", "'prompt' missing")
 
 
-REWARDS = '''
+REWARDS = """
 def raises(prompt, completion, **fields):
     raise ValueError("cannot score this")
 
 
 def words(prompt, completion, **fields):
     return "high"
-'''
+"""
 
 
 @pytest.mark.parametrize(

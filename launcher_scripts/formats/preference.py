@@ -16,6 +16,20 @@ ROLES = ("system", "user", "assistant")
 
 def preference_problem(record: Any) -> str | None:
     """Why a record is not a preference pair of the format above; None when it is."""
+    problem = prompt_problem_of(record, "the answers")
+    if problem is not None:
+        return problem
+    for name in ("chosen", "rejected"):
+        if not is_text(record.get(name)):
+            return f"'{name}' missing or not a non-blank text"
+    if record["chosen"].strip() == record["rejected"].strip():
+        return "'chosen' and 'rejected' are the same text: the pair prefers nothing"
+    return None
+
+
+def prompt_problem_of(record: Any, following: str) -> str | None:
+    """Why a record is not a JSON object with a "prompt" (a text, or turns ending with a user
+    turn, which `following` follows); None when it is."""
     if not isinstance(record, dict):
         return "not a JSON object"
     prompt = record.get("prompt")
@@ -24,14 +38,9 @@ def preference_problem(record: Any) -> str | None:
         if problem:
             return problem
         if prompt[-1]["role"] != "user":
-            return "'prompt' must end with a user turn (the answers follow it)"
+            return f"'prompt' must end with a user turn ({following} follow it)"
     elif not is_text(prompt):
         return "'prompt' missing" if prompt is None else "'prompt' is neither a text nor turns"
-    for name in ("chosen", "rejected"):
-        if not is_text(record.get(name)):
-            return f"'{name}' missing or not a non-blank text"
-    if record["chosen"].strip() == record["rejected"].strip():
-        return "'chosen' and 'rejected' are the same text: the pair prefers nothing"
     return None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher_scripts.formats.preference import conversation_problem, is_text
+from launcher_scripts.formats.preference import prompt_problem_of
 
 # Keys the reward functions receive from the stage itself, which a record may not hold.
 RESERVED = ("completion",)
@@ -19,17 +19,9 @@ RESERVED = ("completion",)
 
 def prompt_problem(record: Any) -> str | None:
     """Why a record is not a prompt record of the format above; None when it is."""
-    if not isinstance(record, dict):
-        return "not a JSON object"
-    prompt = record.get("prompt")
-    if isinstance(prompt, list):
-        problem = conversation_problem(prompt, "prompt")
-        if problem:
-            return problem
-        if prompt[-1]["role"] != "user":
-            return "'prompt' must end with a user turn (the completion follows it)"
-    elif not is_text(prompt):
-        return "'prompt' missing" if prompt is None else "'prompt' is neither a text nor turns"
+    problem = prompt_problem_of(record, "completions")
+    if problem is not None:
+        return problem
     taken = [key for key in RESERVED if key in record]
     if taken:
         return f"{taken[0]!r} is a name the stage passes to reward functions: rename that key"

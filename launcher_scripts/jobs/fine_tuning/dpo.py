@@ -43,7 +43,7 @@ from launcher_scripts.jobs.fine_tuning.preference_data import (
 )
 from launcher_scripts.jobs.fine_tuning.sft_data import SftDataError
 from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks
-from launcher_scripts.jobs.training import data, init_weights
+from launcher_scripts.jobs.training import data, init_weights, metrics
 from launcher_scripts.jobs.training.trainer import Streams, Trainer
 from launcher_scripts.recipes.preference import DpoSettings
 from launcher_scripts.recipes.tuning import DataSplit
@@ -459,13 +459,12 @@ def plot_curves(metrics_file: Path, output: Path) -> bool:
     rows = [row for row in rows if "validation_margin" in row]
     if len(rows) < 2:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure of its own draws to the file without pyplot.
+    from matplotlib.figure import Figure
 
     steps = [row["step"] for row in rows]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    figure = Figure(figsize=(11, 4))
+    left, right = figure.subplots(1, 2)
     for name in ("rewards_chosen", "rewards_rejected", "margin"):
         left.plot(steps, [row[f"validation_{name}"] for row in rows], marker="o", label=name)
     left.set_xlabel("step")
@@ -475,9 +474,5 @@ def plot_curves(metrics_file: Path, output: Path) -> bool:
     right.set_ylim(0, 1.02)
     right.set_xlabel("step")
     right.set_title("pairs ranked right")
-    figure.tight_layout()
-    scratch = output.with_name(f".{output.name}.tmp.png")
-    figure.savefig(scratch, dpi=100)
-    plt.close(figure)
-    scratch.replace(output)
+    metrics.save_figure(figure, output)
     return True

@@ -44,7 +44,7 @@ from launcher_scripts.jobs.fine_tuning.preference_data import chat_template, pro
 from launcher_scripts.jobs.fine_tuning.sft_data import SftDataError, json_lines
 from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks
 from launcher_scripts.jobs.inference.generation import Completion, generate
-from launcher_scripts.jobs.training import data
+from launcher_scripts.jobs.training import data, metrics
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.jobs.training.trainer import Streams, Trainer
 from launcher_scripts.recipes.generation_params import MAX_SEED, GenerationParams
@@ -441,17 +441,17 @@ class GrpoTask(TuningTask):
     def rollout_metrics(self, rollouts: list[Rollout]) -> dict[str, float]:
         groups = self.settings.num_generations
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)
-        metrics = {
+        found = {
             "reward": float(rewards.mean()),
             "reward_std": float(rewards.view(-1, groups).std(dim=1).mean()),
             "completion_length": sum(len(r.completion) for r in rollouts) / len(rollouts),
             "truncated_share": sum(r.truncated for r in rollouts) / len(rollouts),
         }
         for position, (reward, _) in enumerate(self.rewards):
-            metrics[f"rewards/{reward.name}"] = sum(r.rewards[position] for r in rollouts) / len(
+            found[f"rewards/{reward.name}"] = sum(r.rewards[position] for r in rollouts) / len(
                 rollouts
             )
-        return metrics
+        return found
 
     # ----- validation and outputs ---------------------------------------------------------
 
@@ -465,9 +465,9 @@ class GrpoTask(TuningTask):
         if "validation" not in self.prompts:
             return
         scores, rows = self.answer(trainer, "validation")
-        metrics = {f"validation_{name}": value for name, value in scores.items()}
-        trainer.state.metrics.update(metrics)
-        trainer.record({"step": trainer.state.step, **metrics})
+        held_out = {f"validation_{name}": value for name, value in scores.items()}
+        trainer.state.metrics.update(held_out)
+        trainer.record({"step": trainer.state.step, **held_out})
         if trainer.rank == 0:
             write_jsonl(trainer.log_dir / "validation_completions.jsonl", rows)
         trainer.say(
@@ -567,12 +567,11 @@ def plot_curves(metrics_file: Path, output: Path) -> bool:
     steps = [row for row in rows if "reward" in row]
     if len(steps) < 2:
         return False
-    import matplotlib
+    # A Figure of its own draws to the file without pyplot.
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    figure = Figure(figsize=(11, 4))
+    left, right = figure.subplots(1, 2)
     left.plot([r["step"] for r in steps], [r["reward"] for r in steps], label="rollouts")
     held = [row for row in rows if "validation_reward" in row]
     if held:
@@ -586,9 +585,5 @@ def plot_curves(metrics_file: Path, output: Path) -> bool:
     right.plot([r["step"] for r in steps], [r["completion_length"] for r in steps], color="C2")
     right.set_xlabel("step")
     right.set_title("completion length (tokens)")
-    figure.tight_layout()
-    scratch = output.with_name(f".{output.name}.tmp.png")
-    figure.savefig(scratch, dpi=100)
-    plt.close(figure)
-    scratch.replace(output)
+    metrics.save_figure(figure, output)
     return True

@@ -106,11 +106,16 @@ def plot_loss_curve(metrics_file: Path, output: Path, title: str) -> bool:
     axes.set_title(f"{title}: first {train[0][1]:.3f}, last {train[-1][1]:.3f}")
     axes.grid(alpha=0.3)
     axes.legend()
-    figure.tight_layout()
-    tmp = output.with_suffix(".tmp.png")
-    figure.savefig(tmp, dpi=100)
-    os.replace(tmp, output)
+    save_figure(figure, output)
     return True
+
+
+def save_figure(figure: Any, output: Path) -> None:
+    """A matplotlib Figure written to `output` whole: to a scratch file, then renamed."""
+    figure.tight_layout()
+    scratch = output.with_name(f".{output.name}.tmp.png")
+    figure.savefig(scratch, dpi=100)
+    os.replace(scratch, output)
 
 
 def flush_stdout() -> None:
