@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import markers, scheduling, timings
+from tests.support import REPO, markers, scheduling, timings
 from tests.support.commands import run_main
 from tests.support.packaging import InstalledLauncher, build_wheel, install_launcher
 from tests.support.session_builds import WORDPIECE_DATA, WORDPIECE_VOCAB, built_once
@@ -180,6 +180,26 @@ def tiny_portable(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
     results = built_once(tmp_path_factory, "tiny_model", build)
     return results / "gpt3_tiny" / "convert_nemo" / "megatron_gpt.nemo"
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped reward-model recipe (rlhf_rm=gpt3/tiny) on the tiny GPT, with the held-out
+    pairs as its test set too: its results folder (the reward model is
+    checkpoints/megatron_gpt_reward_model.nemo)."""
+    validation = REPO / "launcher_scripts" / "sample_data" / "preference_validation.jsonl"
+
+    def build(results: Path) -> None:
+        result = run_main(
+            "stages=[rlhf_rm]",
+            f"base_results_dir={results}",
+            f"rlhf_rm.model.pretrained_checkpoint.restore_from_path={tiny_portable}",
+            f"rlhf_rm.model.data.data_prefix.test=[{validation}]",
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    results = built_once(tmp_path_factory, "tiny_reward_model", build)
+    return results / "gpt3_tiny" / "rlhf_rm" / "results"
 
 
 @pytest.fixture(scope="session")

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 import torch
 
+from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.fine_tuning.grpo import advantages
 from launcher_scripts.recipes.rewards import exact_answer, final_answer, matches_format
+from launcher_scripts.sample_data.make_preference_pairs import follows_rule
 from tests.support import REPO
 from tests.support.commands import module_report, one_error_line, run_main
 from tests.support.run_logs import job_log, metric
@@ -136,29 +138,111 @@ def test_a_resumed_run_continues_the_same_run(sft_start: Path, tmp_path: Path) -
     assert max(metric(whole, "clip_ratio").values()) > 0  # the second step of a batch clips
 
 
-def test_a_tp2_policy_trains_as_tp1(sft_start: Path, tmp_path: Path) -> None:
-    """The same rollouts (sampled alike at both layouts) and the same losses."""
-    common = (
-        *CONSTANT_LR,
-        f"{STAGE}.trainer.max_steps=4",
-        f"{STAGE}.trainer.log_every_n_steps=2",
-        f"{STAGE}.trainer.val_check_interval=100",
-        f"{STAGE}.model.data.data_prefix.validation=null",
-    )
-    one = run_stage(tmp_path / "tp1", sft_start, *common)
+SHORT = (
+    *CONSTANT_LR,
+    f"{STAGE}.trainer.max_steps=4",
+    f"{STAGE}.trainer.log_every_n_steps=2",
+    f"{STAGE}.trainer.val_check_interval=100",
+    f"{STAGE}.model.data.data_prefix.validation=null",
+)
+
+
+@pytest.fixture(scope="module")
+def short_run(sft_start: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_stage(tmp_path_factory.mktemp("grpo_short"), sft_start, *SHORT)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["tensor_model_parallel_size=2", "pipeline_model_parallel_size=2"],
+    ids=["tp2", "pp2"],
+)
+def test_a_model_parallel_policy_trains_as_one_process(
+    layout: str, short_run: Path, sft_start: Path, tmp_path: Path
+) -> None:
+    """The same rollouts (every rank of the replica samples the same tokens, as one process
+    does) and the same losses."""
     two = run_stage(
-        tmp_path / "tp2",
-        sft_start,
-        *common,
-        f"{STAGE}.trainer.devices=2",
-        f"{STAGE}.model.tensor_model_parallel_size=2",
+        tmp_path, sft_start, *SHORT, f"{STAGE}.trainer.devices=2", f"{STAGE}.model.{layout}"
     )
-    assert metric(two, "reward") == metric(one, "reward")
-    assert metric(two, "completion_length") == metric(one, "completion_length")
-    losses, reference = metric(two, "reduced_train_loss"), metric(one, "reduced_train_loss")
+    assert metric(two, "reward") == metric(short_run, "reward")
+    assert metric(two, "completion_length") == metric(short_run, "completion_length")
+    losses, reference = metric(two, "reduced_train_loss"), metric(short_run, "reduced_train_loss")
     assert sorted(losses) == [2, 4]
     for step, loss in losses.items():
         assert loss == pytest.approx(reference[step], rel=1e-4, abs=1e-6), (step, losses)
+
+
+def test_two_data_parallel_replicas_share_the_rollouts(sft_start: Path, tmp_path: Path) -> None:
+    """Each replica samples half of a step's completions, with its own seed, and both train
+    on all of them: the step's metrics (reduced over the replicas) cover every completion."""
+    two = run_stage(tmp_path, sft_start, *SHORT, f"{STAGE}.trainer.devices=2")
+    lengths = metric(two, "completion_length")
+    assert sorted(lengths) == [1, 2, 3, 4] and all(length > 0 for length in lengths.values())
+    log = job_log(two)
+    assert "8 completions each per step, 8 prompts a step" in log
+    assert "rank 1: grpo (every weight)" in log
+
+
+def test_lora_grpo_writes_the_peft_file_and_its_reference_is_the_base(
+    sft_start: Path, tmp_path: Path
+) -> None:
+    """LoRA's adapters start at zero, so the starting policy (the KL's reference, the adapters
+    at their start) is the base: the KL is 0 at the first step, above 0 once they learn."""
+    tuned = run_stage(
+        tmp_path,
+        sft_start,
+        *CONSTANT_LR,
+        f"{STAGE}.model.peft.peft_scheme=lora",
+        f"{STAGE}.model.grpo.beta=0.04",
+        f"{STAGE}.trainer.max_steps=4",
+        f"{STAGE}.trainer.val_check_interval=100",
+        f"{STAGE}.model.data.data_prefix.validation=null",
+    )
+    kl = metric(tuned, "kl")
+    assert kl[1] == pytest.approx(0.0, abs=1e-9) and kl[4] > 0, kl
+    output = tuned / "checkpoints" / "megatron_gpt_grpo.nemo"
+    assert peft_file.is_peft_file(output)
+    assert peft_file.read(output).settings.scheme == "lora"
+
+
+def test_grpo_with_the_reward_model(
+    sft_start: Path, tiny_reward_model: Path, tmp_path: Path
+) -> None:
+    """The reward model the rlhf_rm stage trained on the sample pairs (which prefer morning
+    times) as the only reward, standardised with its file's mean and std: the held-out
+    answers' reward rises, and they come to name morning times."""
+    model = tiny_reward_model / "checkpoints" / "megatron_gpt_reward_model.nemo"
+    tuned = run_stage(
+        tmp_path,
+        sft_start,
+        f"{STAGE}.model.grpo.reward_functions=[{{reward_model: {model}}}]",
+        f"{STAGE}.trainer.max_steps=20",
+    )
+    held_out = metric(tuned, "validation_reward")
+    assert held_out[20] >= held_out[0] + 1.0, held_out  # in the reward model's std units
+    assert len(metric(tuned, "rewards/reward_model")) == 20
+    lines = (tuned / "validation_completions.jsonl").read_text().splitlines()
+    answers = [json.loads(line)["completion"] for line in lines]
+    assert sum(map(follows_rule, answers)) / len(answers) >= 0.8, answers[:8]
+    assert f"reward model {model}" in job_log(tuned)
+
+
+def test_a_reward_model_must_be_one_and_share_the_policy_s_tokenizer(
+    tiny_portable: Path, t5_converted: Path, tmp_path: Path
+) -> None:
+    key = f"{STAGE}.model.grpo.reward_functions[0].reward_model"
+    t5 = t5_converted / "t5_tiny" / "convert_nemo" / "megatron_t5.nemo"
+    for model, fragment in ((t5, "hold different tokenizers"), (tiny_portable, "not a reward")):
+        result = run_main(
+            *overrides(
+                tmp_path,
+                tiny_portable,
+                f"{STAGE}.model.grpo.reward_functions=[{{reward_model: {model}}}]",
+            )
+        )
+        one_error_line(result, key, fragment)
+    assert not (tmp_path / "gpt3_tiny").exists()
 
 
 @pytest.mark.parametrize(

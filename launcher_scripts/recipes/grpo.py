@@ -10,7 +10,8 @@ checked before any job.
     model.grpo.loss_type              dapo | grpo | dr_grpo: how token losses are averaged
     model.grpo.scale_rewards          group | batch | none: what advantages are divided by
     model.grpo.mask_truncated_completions   leave completions cut at the length out of the loss
-    model.grpo.reward_functions       ["module:function", or {function, weight, kwargs}]
+    model.grpo.reward_functions       ["module:function", {function, weight, kwargs}, or a
+                                      reward model: {reward_model: RM.nemo, weight, normalize}]
 
 The global batch is completions: `global_batch_size / num_generations` prompts per step. The
 names and defaults are TRL's GRPOConfig's, so a TRL recipe reads across.
@@ -24,6 +25,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from launcher_scripts.errors import RecipeError
@@ -67,6 +69,22 @@ class RewardFunction:
 
 
 @dataclass(frozen=True)
+class RewardModel:
+    """A reward model the rlhf_rm stage wrote: a completion's reward is its value at the
+    completion's last token (prompt and completion as the policy's token ids: the two share a
+    tokenizer), standardised with the file's validation mean and std when `normalize`."""
+
+    path: Path
+    weight: float = 1.0
+    normalize: bool = True
+    key: str = ""  # the recipe key naming the file, for messages
+
+    @property
+    def name(self) -> str:
+        return "reward_model"
+
+
+@dataclass(frozen=True)
 class GrpoSettings:
     num_generations: int = 8
     max_completion_length: int = 32
@@ -80,10 +98,15 @@ class GrpoSettings:
     loss_type: str = "dapo"
     scale_rewards: str = "group"
     mask_truncated_completions: bool = False
-    rewards: tuple[RewardFunction, ...] = ()
+    rewards: tuple[RewardFunction | RewardModel, ...] = ()
 
     def prompts_per_step(self, global_batch_size: int) -> int:
         return global_batch_size // self.num_generations
+
+    def reward_models(self) -> list[tuple[str, Path]]:
+        """(recipe key, path) of the reward models it scores with: each must be a reward model
+        holding the base's tokenizer."""
+        return [(r.key, r.path) for r in self.rewards if isinstance(r, RewardModel)]
 
 
 def read_grpo(cfg: Any, stage: str) -> GrpoSettings:
@@ -152,9 +175,9 @@ def read_grpo(cfg: Any, stage: str) -> GrpoSettings:
     )
 
 
-def read_rewards(listed: Any, key: str) -> tuple[RewardFunction, ...]:
+def read_rewards(listed: Any, key: str) -> tuple[RewardFunction | RewardModel, ...]:
     """The reward functions, each found and callable where the launcher runs (the job imports
-    them alike)."""
+    them alike), and reward models."""
     if not listed:
         raise RecipeError(
             f"{key}: give at least one reward function, e.g. "
@@ -162,14 +185,18 @@ def read_rewards(listed: Any, key: str) -> tuple[RewardFunction, ...]:
         )
     if isinstance(listed, str) or not isinstance(listed, (list, tuple)) and not _is_list(listed):
         raise RecipeError(f"{key}: {listed!r}: give a list of reward functions")
-    rewards = []
+    rewards: list[RewardFunction | RewardModel] = []
     for index, entry in enumerate(listed):
         where = f"{key}[{index}]"
         if isinstance(entry, str):
             entry = {"function": entry}
+        if hasattr(entry, "get") and entry.get("reward_model"):
+            rewards.append(_reward_model(entry, where))
+            continue
         if not hasattr(entry, "get") or not entry.get("function"):
             raise RecipeError(
-                f"{where}: {entry!r}: give 'module:function' or {{function, weight, kwargs}}"
+                f"{where}: {entry!r}: give 'module:function', {{function, weight, kwargs}} or "
+                "{reward_model: RM.nemo, weight, normalize}"
             )
         extra = sorted(set(entry) - {"function", "weight", "kwargs"})
         if extra:
@@ -184,6 +211,23 @@ def read_rewards(listed: Any, key: str) -> tuple[RewardFunction, ...]:
         _check_callable(reward, f"{where}.function")
         rewards.append(reward)
     return tuple(rewards)
+
+
+def _reward_model(entry: Any, where: str) -> RewardModel:
+    extra = sorted(set(entry) - {"reward_model", "weight", "normalize"})
+    if extra:
+        raise RecipeError(
+            f"{where}: {extra} are not keys of a reward model: reward_model, weight, normalize"
+        )
+    normalize = entry.get("normalize", True)
+    if not isinstance(normalize, bool):
+        raise RecipeError(f"{where}.normalize: {normalize!r} must be true or false")
+    return RewardModel(
+        Path(str(entry["reward_model"])),
+        float(entry.get("weight", 1.0)),
+        normalize,
+        f"{where}.reward_model",
+    )
 
 
 def _is_list(value: Any) -> bool:

@@ -654,12 +654,20 @@ def all_inputs(spec: TuningSpec) -> list[tuple[str, Path]]:
     for split in (spec.train, spec.validation, spec.test):
         if split is not None:
             inputs += split.inputs()
-    return inputs + objective_models(spec)
+    return inputs + objective_models(spec) + reward_models(spec)
 
 
 def objective_models(spec: TuningSpec) -> list[tuple[str, Path]]:
-    """The model files the task's settings name beside the base (a DPO reference)."""
+    """The model files the task's settings name beside the base that must be its twins (a DPO
+    reference)."""
     models = getattr(spec.objective, "models", None)
+    return models() if models is not None else []
+
+
+def reward_models(spec: TuningSpec) -> list[tuple[str, Path]]:
+    """The reward models the task's settings score with (GRPO's): each must share the base's
+    tokenizer."""
+    models = getattr(spec.objective, "reward_models", None)
     return models() if models is not None else []
 
 

@@ -32,6 +32,7 @@ from launcher_scripts.recipes.tuning import (
     most_layers,
     objective_models,
     read_spec,
+    reward_models,
 )
 from launcher_scripts.stages.base import (
     StageContext,
@@ -84,6 +85,9 @@ class TuningStage(StageDefaults):
             problem = twin_problem(base, spec.base_model, other, path)
             if problem is not None:
                 raise RecipeError(f"{key}: {problem}")
+        for key, path in reward_models(spec):
+            if base is not None and path.is_file():
+                _check_reward_model(key, path, spec.base_model)
         if spec.peft_restore is not None and spec.peft_restore.is_file():
             restore = spec.peft_restore_key
             tuned = require_peft(spec.peft_restore, restore)
@@ -142,6 +146,24 @@ class TuningStage(StageDefaults):
                 progress_dir=str(log_dir / "checkpoints"),
             )
         ]
+
+
+def _check_reward_model(key: str, path: Path, base_path: Path) -> None:
+    """A reward model the rlhf_rm stage wrote, holding the policy's tokenizer (it scores the
+    policy's token ids)."""
+    from launcher_scripts.formats.portable import REWARD_MODEL, tokenizer_digest
+
+    scorer = require_portable(path, key, "Give the .nemo file the rlhf_rm stage writes")
+    if tokenizer_digest(path) != tokenizer_digest(base_path):
+        raise RecipeError(
+            f"{key}: {path} and {base_path} hold different tokenizers: the reward model scores "
+            "the policy's token ids, so train it from a model with the policy's tokenizer"
+        )
+    if REWARD_MODEL not in scorer:
+        raise RecipeError(
+            f"{key}: {path} is not a reward model (no {REWARD_MODEL} section): give the .nemo "
+            "file the rlhf_rm stage writes"
+        )
 
 
 def _declared(stage_name: str) -> tuple[Declared, ...]:

@@ -27,7 +27,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -48,7 +48,7 @@ from launcher_scripts.jobs.training import data, metrics
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.jobs.training.trainer import Streams, Trainer
 from launcher_scripts.recipes.generation_params import MAX_SEED, GenerationParams
-from launcher_scripts.recipes.grpo import GrpoSettings, RewardFunction
+from launcher_scripts.recipes.grpo import GrpoSettings, RewardFunction, RewardModel
 
 KEYS = ("tokens", "position_ids", "labels", "loss_mask", "advantages", "old_logps", "ref_logps")
 # The sums one training micro-batch reports, in this order.
@@ -117,29 +117,80 @@ def load_prompts(
     return prompts
 
 
-def reward_of(
-    functions: Sequence[tuple[RewardFunction, Callable[..., Any]]], prompt: Prompt, text: str
-) -> list[float]:
-    """Each reward function's score of a completion; JobError naming the function and the
-    record when one raises or returns anything but a number."""
-    scores = []
-    for reward, function in functions:
+class FunctionScorer:
+    """A reward function, called once per completion."""
+
+    def __init__(self, reward: RewardFunction) -> None:
+        self.reward, self.function = reward, reward.load()
+
+    def scores(self, prompts: Sequence[Prompt], completions: Sequence[Completion]) -> list[float]:
+        return [self.score(p, c.text) for p, c in zip(prompts, completions, strict=True)]
+
+    def score(self, prompt: Prompt, text: str) -> float:
+        """JobError naming the function and the record when it raises or returns anything but
+        a finite number."""
+        path = self.reward.path
         try:
-            value = function(prompt.text, text, **prompt.fields, **reward.kwargs)
+            value = self.function(prompt.text, text, **prompt.fields, **self.reward.kwargs)
         except Exception as error:  # noqa: BLE001 - the user's function: say what it raised
             raise JobError(
-                f"model.grpo.reward_functions: {reward.path} raised {type(error).__name__}: "
-                f"{error} (scoring {prompt.where}): fix the function"
+                f"model.grpo.reward_functions: {path} raised {type(error).__name__}: {error} "
+                f"(scoring {prompt.where}): fix the function"
             ) from None
         if isinstance(value, bool):
             value = float(value)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             raise JobError(
-                f"model.grpo.reward_functions: {reward.path} returned {value!r} scoring "
+                f"model.grpo.reward_functions: {path} returned {value!r} scoring "
                 f"{prompt.where}: a reward function returns a finite number"
             )
-        scores.append(float(value))
-    return scores
+        return float(value)
+
+
+class ModelScorer:
+    """A reward model built beside the policy in its TP/PP layout (every rank of a replica
+    scores the same rows): a completion's reward is the model's value at its last token, after
+    the prompt, without the end-of-document token (as the reward model was trained)."""
+
+    BATCH = 64
+
+    def __init__(self, reward: RewardModel, trainer: Trainer, tokenizer: Any) -> None:
+        from launcher_scripts.formats import portable
+        from launcher_scripts.formats.portable import REWARD_MODEL
+        from launcher_scripts.jobs.conversion import load
+        from launcher_scripts.jobs.inference.runner import ModelRunner
+
+        self.reward, self.eod = reward, tokenizer.eod_id
+        loaded = portable.read(reward.path, trainer.log_dir, extract=False)
+        chunks = load.build(loaded, trainer.par.tensor, trainer.par.pipeline, trainer.on_gpu)
+        section = loaded.config[REWARD_MODEL]
+        self.mean, self.std = float(section.mean), max(float(section.std), 1e-6)
+        self.runner = ModelRunner(
+            chunks=chunks,
+            tokenizer=tokenizer,
+            max_length=int(loaded.config.max_position_embeddings),
+            vocab_size=1,
+            tensor=trainer.par.tensor,
+            pipeline=trainer.par.pipeline,
+            on_gpu=trainer.on_gpu,
+            scalar=True,
+        )
+        trainer.say(f"reward model {reward.path}: mean {self.mean:.3f}, std {self.std:.3f}")
+
+    def scores(self, prompts: Sequence[Prompt], completions: Sequence[Completion]) -> list[float]:
+        rows = [
+            p.ids + [t for t in c.tokens if t != self.eod]
+            for p, c in zip(prompts, completions, strict=True)
+        ]
+        values: list[float] = []
+        for start in range(0, len(rows), self.BATCH):
+            batch = rows[start : start + self.BATCH]
+            found = self.runner.logits(batch)[..., 0]
+            last = torch.tensor([len(row) - 1 for row in batch])
+            values += found[torch.arange(len(batch)), last].tolist()
+        if self.reward.normalize:
+            values = [(value - self.mean) / self.std for value in values]
+        return values
 
 
 def advantages(rewards: torch.Tensor, groups: int, scale: str) -> torch.Tensor:
@@ -212,7 +263,7 @@ class GrpoTask(TuningTask):
     def __init__(self, cfg: Any, spec: Any, base: Any) -> None:
         super().__init__(cfg, spec, base)
         self.settings: GrpoSettings = spec.objective
-        self.rewards = [(reward, reward.load()) for reward in self.settings.rewards]
+        self.scorers: list[FunctionScorer | ModelScorer] = []
         self.batch = RolloutBatch()
         self.rollouts: list[Rollout] = []
         self.generation_seconds = 0.0
@@ -251,6 +302,12 @@ class GrpoTask(TuningTask):
             + f"; {self.settings.num_generations} completions each per step, "
             + f"{self.prompts_per_step(trainer)} prompts a step"
         )
+        self.scorers = [
+            ModelScorer(r, trainer, self.tokenizer)
+            if isinstance(r, RewardModel)
+            else FunctionScorer(r)
+            for r in self.settings.rewards
+        ]
         model = trainer.cfg.model
         self.batch.length = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size)
         train = data.SampleStream(self.batch, int(model.micro_batch_size), KEYS)
@@ -293,16 +350,14 @@ class GrpoTask(TuningTask):
             top_p=0.0 if settings.top_p >= 1.0 else settings.top_p,
             random_seed=(trainer.seed * 7919 + cycle) % MAX_SEED,
         )
-        completions = self._generate(trainer, "train", wanted, params)
+        scored = self._generate(trainer, "train", wanted, params)
         self.generation_seconds = time.perf_counter() - tick
         rollouts = []
-        for index, completion in zip(wanted, completions, strict=True):
-            prompt = self.prompts["train"][index]
-            scores = reward_of(self.rewards, prompt, completion.text)
+        for index, (completion, scores) in zip(wanted, scored, strict=True):
             ids = list(completion.tokens)
             if completion.finish_reason == "eod":
                 ids.append(self.tokenizer.eod_id)
-            total = sum(r.weight * s for (r, _), s in zip(self.rewards, scores, strict=True))
+            total = self.weighted(scores)
             rollouts.append(
                 Rollout(index, ids, completion.text, completion.finish_reason == "length",
                         scores, total)
@@ -319,18 +374,22 @@ class GrpoTask(TuningTask):
             with _Swapped(self.starting_values):  # the reference: the starting policy
                 self._attach_logps(trainer, "ref_logps")
 
+    def weighted(self, scores: Sequence[float]) -> float:
+        return sum(s.reward.weight * value for s, value in zip(self.scorers, scores, strict=True))
+
     def _generate(
         self, trainer: Trainer, split: str, wanted: list[int], params: GenerationParams
-    ) -> list[Completion]:
-        """Completions of the split's prompts `wanted` (in order): each data-parallel replica
-        samples a contiguous share (its own seed), then every rank has them all."""
+    ) -> list[tuple[Completion, list[float]]]:
+        """Completions of the split's prompts `wanted` (in order), each with its scores (one
+        per reward): each data-parallel replica samples and scores a contiguous share (its own
+        seed), then every rank has them all."""
         dp_size = parallel_state.get_data_parallel_world_size()
         dp_rank = parallel_state.get_data_parallel_rank()
         share = -(-len(wanted) // dp_size)
         mine = wanted[dp_rank * share : (dp_rank + 1) * share]
         if params.random_seed is not None:
             params = replace(params, random_seed=(params.random_seed + dp_rank) % MAX_SEED)
-        made: list[Completion] = []
+        made: list[tuple[Completion, list[float]]] = []
         if mine:
             decoding, tokenizer, limit = self.side.generation(
                 trainer.cfg, bare_chunks(trainer), self.tokenizer, trainer.par, trainer.on_gpu, []
@@ -339,10 +398,13 @@ class GrpoTask(TuningTask):
             for chunk in trainer.model:
                 chunk.eval()
             try:
-                made = generate(decoding, tokenizer, prompts, params, max_length=limit)
+                completions = generate(decoding, tokenizer, prompts, params, max_length=limit)
             finally:
                 for chunk in trainer.model:
                     chunk.train()
+            records = [self.prompts[split][index] for index in mine]
+            per_reward = [scorer.scores(records, completions) for scorer in self.scorers]
+            made = [(c, [s[i] for s in per_reward]) for i, c in enumerate(completions)]
         if dp_size == 1:
             return made
         shares: list[Any] = [None] * dp_size
@@ -447,10 +509,10 @@ class GrpoTask(TuningTask):
             "completion_length": sum(len(r.completion) for r in rollouts) / len(rollouts),
             "truncated_share": sum(r.truncated for r in rollouts) / len(rollouts),
         }
-        for position, (reward, _) in enumerate(self.rewards):
-            found[f"rewards/{reward.name}"] = sum(r.rewards[position] for r in rollouts) / len(
-                rollouts
-            )
+        for position, scorer in enumerate(self.scorers):
+            found[f"rewards/{scorer.reward.name}"] = sum(
+                r.rewards[position] for r in rollouts
+            ) / len(rollouts)
         return found
 
     # ----- validation and outputs ---------------------------------------------------------
@@ -480,12 +542,11 @@ class GrpoTask(TuningTask):
         sum's, `reward`, and each function's) and one row per prompt."""
         prompts = self.prompts[split]
         params = GenerationParams(tokens_to_generate=self.settings.max_completion_length, top_k=1)
-        completions = self._generate(trainer, split, list(range(len(prompts))), params)
-        rows, totals = [], [0.0] * len(self.rewards)
+        scored = self._generate(trainer, split, list(range(len(prompts))), params)
+        rows, totals = [], [0.0] * len(self.scorers)
         weighted = 0.0
-        for prompt, completion in zip(prompts, completions, strict=True):
-            scores = reward_of(self.rewards, prompt, completion.text)
-            total = sum(r.weight * s for (r, _), s in zip(self.rewards, scores, strict=True))
+        for prompt, (completion, scores) in zip(prompts, scored, strict=True):
+            total = self.weighted(scores)
             weighted += total
             totals = [a + b for a, b in zip(totals, scores, strict=True)]
             rows.append(
@@ -494,8 +555,8 @@ class GrpoTask(TuningTask):
             )  # fmt: skip
         count = len(prompts)
         scores = {"reward": weighted / count}
-        for (reward, _), value in zip(self.rewards, totals, strict=True):
-            scores[reward.name] = value / count
+        for scorer, value in zip(self.scorers, totals, strict=True):
+            scores[scorer.reward.name] = value / count
         return scores, rows
 
     def write_outputs(self, trainer: Trainer) -> None:

@@ -39,6 +39,8 @@ class ModelRunner:
     tensor: int
     pipeline: int
     on_gpu: bool
+    # A reward model's: one value per position (vocab_size 1), whole on every TP rank.
+    scalar: bool = False
 
     @torch.no_grad()
     def logits(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -98,7 +100,7 @@ class ModelRunner:
         return bytes_per_slot(self, positions)
 
     def _gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.tensor == 1:
+        if self.tensor == 1 or self.scalar:
             return logits
         from megatron.core import tensor_parallel
 
@@ -157,7 +159,7 @@ class ModelRunner:
         return forward_shape(self.chunks[0], self.tensor, self.vocab_size, self.on_gpu)
 
     def _padded_vocab(self) -> int:
-        return int(self.chunks[0].vocab_size)
+        return 1 if self.scalar else int(self.chunks[0].vocab_size)
 
     def _dtype(self) -> torch.dtype:
         return next(self.chunks[0].parameters()).dtype
