@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -40,7 +39,11 @@ from megatron.core import parallel_state
 from launcher_scripts.files import write_atomic
 from launcher_scripts.formats.prompt import prompt_problem
 from launcher_scripts.jobs.fine_tuning.answers import write_jsonl
-from launcher_scripts.jobs.fine_tuning.preference_data import chat_template, prompt_text
+from launcher_scripts.jobs.fine_tuning.preference_data import (
+    chat_template,
+    epoch_order,
+    prompt_text,
+)
 from launcher_scripts.jobs.fine_tuning.sft_data import SftDataError, json_lines
 from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks
 from launcher_scripts.jobs.inference.generation import Completion, generate
@@ -253,10 +256,9 @@ def grpo_loss(
 
 def logps_report(batch: dict[str, torch.Tensor], output: torch.Tensor) -> tuple[Any, Any, Any]:
     """A forward-only pass's per-token log-probabilities of the labels ([mbs, seq])."""
-    logps = -output.float().detach()
-    zero = logps.new_zeros(())
     del batch
-    return zero, torch.ones((), dtype=torch.int), {"logps": logps}
+    logps = -output.float().detach()
+    return logps.new_zeros(()), torch.ones((), dtype=torch.int), {"logps": logps}
 
 
 class GrpoTask(TuningTask):
@@ -270,6 +272,7 @@ class GrpoTask(TuningTask):
         self.cycle = -1  # the rollout batch held: that of steps cycle x num_iterations on
         self.mode = "train"  # or "logps": the forward step reports log-probabilities
         self.starting_values: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self._orders: dict[int, list[int]] = {}  # the training prompts' order, by epoch
 
     # ----- model ------------------------------------------------------------------------
 
@@ -319,13 +322,13 @@ class GrpoTask(TuningTask):
     def _prompt_order(self, trainer: Trainer, cycle: int) -> list[int]:
         """The prompts of a rollout batch: the next ones of the training prompts shuffled anew
         each epoch (by the seed), so the order depends on the batch's number only."""
-        count, prompts = self.prompts_per_step(trainer), self.prompts["train"]
+        count, prompts = self.prompts_per_step(trainer), len(self.prompts["train"])
         chosen = []
         for position in range(cycle * count, (cycle + 1) * count):
-            epoch, index = divmod(position, len(prompts))
-            order = list(range(len(prompts)))
-            random.Random(trainer.seed * 1_000_003 + epoch).shuffle(order)
-            chosen.append(order[index])
+            epoch, index = divmod(position, prompts)
+            if epoch not in self._orders:  # epochs are read in turn: keep the latest
+                self._orders = {epoch: epoch_order(prompts, trainer.seed, epoch)}
+            chosen.append(self._orders[epoch][index])
         return chosen
 
     # ----- rollouts ---------------------------------------------------------------------

@@ -206,6 +206,14 @@ def scored_sample(seq_length: int, pad_id: int) -> SampleOf:
     return make
 
 
+def epoch_order(count: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+    """The order records are read in during an epoch: shuffled anew each epoch by the seed."""
+    order = list(range(count))
+    if shuffle:
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
 class PairSamples:
     """`pairs` shuffled anew each epoch (by `seed`), as 2 x `count` samples: chosen, then
     rejected, of each pair in turn."""
@@ -224,9 +232,7 @@ class PairSamples:
         epoch, position = divmod(index, len(self.pairs))
         order = self._orders.get(epoch)
         if order is None:
-            order = list(range(len(self.pairs)))
-            if self.shuffle:
-                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            order = epoch_order(len(self.pairs), self.seed, epoch, self.shuffle)
             self._orders = {epoch: order}  # epochs are read in turn
         return order[position]
 
