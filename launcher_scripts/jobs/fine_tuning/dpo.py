@@ -31,22 +31,19 @@ from launcher_scripts.files import write_atomic
 from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft
 from launcher_scripts.jobs.fine_tuning.preference_data import (
-    EvalPairs,
     Pair,
     PairSamples,
     SampleOf,
-    chat_template,
-    load_pairs,
     mean_loss,
     pair_values,
     reduced_sums,
 )
+from launcher_scripts.jobs.fine_tuning.preference_task import PreferenceTask
 from launcher_scripts.jobs.fine_tuning.sft_data import SftDataError
-from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks
+from launcher_scripts.jobs.fine_tuning.tuner import bare_chunks
 from launcher_scripts.jobs.training import data, init_weights, metrics
 from launcher_scripts.jobs.training.trainer import Streams, Trainer
 from launcher_scripts.recipes.preference import DpoSettings
-from launcher_scripts.recipes.tuning import DataSplit
 
 KEYS = ("tokens", "position_ids", "labels", "loss_mask", "lengths", "ref_logps")
 PACKED_KEYS = (
@@ -282,7 +279,10 @@ def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, fl
     return {name: value / pairs for name, value in values.items()}
 
 
-class DpoTask(TuningTask):
+class DpoTask(PreferenceTask):
+    sample_keys = KEYS
+    generative = True
+
     @classmethod
     def sequences_per_example(cls, spec: Any) -> int:
         """Pairs (two sequences each), or, packed, the packed sequences themselves."""
@@ -295,21 +295,8 @@ class DpoTask(TuningTask):
 
     # ----- data -------------------------------------------------------------------------
 
-    def _pairs(self, trainer: Trainer, split: DataSplit, label: str) -> list[Pair]:
-        template = chat_template(self.base.config.get("tokenizer"))
-        pairs, report = load_pairs(
-            split.files, self.tokenizer, template, self.seq_length, label, generative=True
-        )
-        trainer.say(report)
-        return pairs
-
-    def _make(self, name: str) -> SampleOf:
-        return dpo_sample(self.seq_length, self.tokenizer.eod_id, self.references.get(name))
-
-    def _eval_stream(self, trainer: Trainer, pairs: list[Pair], name: str) -> tuple[Any, int]:
-        gbs, mbs = int(trainer.cfg.model.global_batch_size), int(trainer.cfg.model.micro_batch_size)
-        samples = EvalPairs(pairs, gbs, self._make(name))
-        return data.SampleStream(samples, mbs, KEYS), samples.batches
+    def sample_maker(self, split: str) -> SampleOf:
+        return dpo_sample(self.seq_length, self.tokenizer.eod_id, self.references.get(split))
 
     def build_data(self, trainer: Trainer) -> Streams:
         """The streams, with the reference's log-probabilities of each split's pairs: computed
@@ -319,14 +306,10 @@ class DpoTask(TuningTask):
             splits["validation"] = self.spec.validation
         if self.spec.test is not None:
             splits["test"] = self.spec.test
-        labels = {"train": "training data", "validation": "validation data", "test": "test data"}
-        self.pairs = {
-            name: self._pairs(trainer, split, labels[name]) for name, split in splits.items()
-        }
+        self.pairs = {name: self.read_pairs(trainer, split, name) for name, split in splits.items()}
         self._reference_logps(trainer)
         model = trainer.cfg.model
-        count = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size) // 2
-        samples = PairSamples(self.pairs["train"], count, self._make("train"), trainer.seed, True)
+        samples = self.train_samples(trainer, self.pairs["train"])
         train = data.SampleStream(samples, int(model.micro_batch_size), KEYS)
         if self.spec.train.section.get("packed_sequence"):
             rows = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size)
@@ -336,17 +319,16 @@ class DpoTask(TuningTask):
             train = data.SampleStream(packed, int(model.micro_batch_size), PACKED_KEYS)
         if "validation" not in self.pairs:
             return Streams(train, None, 0)
-        valid, batches = self._eval_stream(trainer, self.pairs["validation"], "validation")
+        valid, batches = self.eval_stream(trainer, self.pairs["validation"], "validation")
         return Streams(train, valid, self.validation_batches(trainer, batches))
 
     def _fingerprint(self) -> str:
         """What the reference's log-probabilities depend on: the data, the sequence length,
         the reference's weights."""
-        parts: list[Any] = [self.seq_length, str(self.settings.reference or self.spec.base_model)]
+        reference = self.settings.reference or self.spec.base_model
+        parts: list[Any] = [self.seq_length, str(reference), reference.stat().st_size]
         for name, pairs in sorted(self.pairs.items()):
             parts.append([name, [(p.prompt, p.chosen, p.rejected) for p in pairs]])
-        reference = self.settings.reference or self.spec.base_model
-        parts.append(reference.stat().st_size)
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
     def _reference_logps(self, trainer: Trainer) -> None:
@@ -363,7 +345,7 @@ class DpoTask(TuningTask):
             self._load_weights(self.settings.reference, trainer)
         values: dict[str, Any] = {}
         for name, pairs in self.pairs.items():
-            stream, batches = self._eval_stream(trainer, pairs, name)
+            stream, batches = self.eval_stream(trainer, pairs, name)
             outputs = trainer.evaluate(stream, batches)
             values[name] = pair_values(trainer, outputs, len(pairs), "pair_logps")
         if swapped:
@@ -401,13 +383,12 @@ class DpoTask(TuningTask):
         if math.isnan(loss):
             return
         scores = summary(outputs, trainer.device)
-        metrics = {"validation_loss": loss, **{f"validation_{k}": v for k, v in scores.items()}}
-        trainer.state.metrics.update(metrics)
-        trainer.record({"step": trainer.state.step, **metrics})
-        trainer.say(
-            f"validation at step {trainer.state.step}: margin {scores['margin']:.3f}, "
-            f"accuracy {scores['accuracy']:.3f}, rewards chosen {scores['rewards_chosen']:.3f} "
-            f"rejected {scores['rewards_rejected']:.3f}"
+        self.record_validation(
+            trainer,
+            loss,
+            scores,
+            f"margin {scores['margin']:.3f}, accuracy {scores['accuracy']:.3f}, rewards chosen "
+            f"{scores['rewards_chosen']:.3f} rejected {scores['rewards_rejected']:.3f}",
         )
 
     # ----- outputs ----------------------------------------------------------------------
@@ -425,7 +406,7 @@ class DpoTask(TuningTask):
     def _test(self, trainer: Trainer, pairs: list[Pair]) -> None:
         """The test pairs' metrics (test_metrics.json, with the mean loss), and each pair's
         tokens with the policy's and the reference's log-probabilities (test_logps.jsonl)."""
-        stream, batches = self._eval_stream(trainer, pairs, "test")
+        stream, batches = self.eval_stream(trainer, pairs, "test")
         outputs = trainer.evaluate(stream, batches)
         scores = summary(outputs, trainer.device)
         scores["loss"] = mean_loss(outputs, trainer.device)

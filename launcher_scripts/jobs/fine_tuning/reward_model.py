@@ -28,16 +28,14 @@ from launcher_scripts.jobs.fine_tuning import peft, peft_file
 from launcher_scripts.jobs.fine_tuning.merge_lora import merged
 from launcher_scripts.jobs.fine_tuning.preference_data import (
     SAMPLE_KEYS,
-    EvalPairs,
-    PairSamples,
-    chat_template,
-    load_pairs,
+    SampleOf,
     mean_loss,
     pair_values,
     reduced_sums,
     scored_sample,
 )
-from launcher_scripts.jobs.fine_tuning.tuner import TuningTask, bare_chunks, file_size
+from launcher_scripts.jobs.fine_tuning.preference_task import PreferenceTask
+from launcher_scripts.jobs.fine_tuning.tuner import bare_chunks, file_size
 from launcher_scripts.jobs.models.reward_head import with_reward_head
 from launcher_scripts.jobs.training import data
 from launcher_scripts.jobs.training.trainer import Streams, Trainer
@@ -90,7 +88,8 @@ def summary(outputs: list[dict[str, torch.Tensor]], device: str) -> dict[str, fl
     }
 
 
-class RewardModelTask(TuningTask):
+class RewardModelTask(PreferenceTask):
+    sample_keys = SAMPLE_KEYS
     model_overrides = {"share_embeddings_and_output_weights": False}  # a head, not the table
     standardization: dict[str, float] | None = None
     validated_step: int | None = None  # the step of the last validation
@@ -111,28 +110,19 @@ class RewardModelTask(TuningTask):
 
     # ----- data -------------------------------------------------------------------------
 
-    def _pairs(self, trainer: Trainer, split: DataSplit, label: str) -> list[Any]:
-        template = chat_template(self.base.config.get("tokenizer"))
-        pairs, report = load_pairs(split.files, self.tokenizer, template, self.seq_length, label)
-        trainer.say(report)
-        return pairs
-
-    def _eval_stream(self, trainer: Trainer, split: DataSplit, label: str) -> tuple[Any, int]:
-        pairs = self._pairs(trainer, split, label)
-        gbs, mbs = int(trainer.cfg.model.global_batch_size), int(trainer.cfg.model.micro_batch_size)
-        samples = EvalPairs(pairs, gbs, scored_sample(self.seq_length, self.tokenizer.eod_id))
-        return data.SampleStream(samples, mbs, SAMPLE_KEYS), samples.batches
+    def sample_maker(self, split: str) -> SampleOf:
+        del split
+        return scored_sample(self.seq_length, self.tokenizer.eod_id)
 
     def build_data(self, trainer: Trainer) -> Streams:
-        model = trainer.cfg.model
-        pairs = self._pairs(trainer, self.spec.train, "training data")
-        count = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size) // 2
-        make = scored_sample(self.seq_length, self.tokenizer.eod_id)
-        samples = PairSamples(pairs, count, make, trainer.seed, shuffle=True)
-        train = data.SampleStream(samples, int(model.micro_batch_size), SAMPLE_KEYS)
+        pairs = self.read_pairs(trainer, self.spec.train, "train")
+        samples = self.train_samples(trainer, pairs)
+        mbs = int(trainer.cfg.model.micro_batch_size)
+        train = data.SampleStream(samples, mbs, SAMPLE_KEYS)
         if self.spec.validation is None:
             return Streams(train, None, 0)
-        valid, batches = self._eval_stream(trainer, self.spec.validation, "validation data")
+        valid_pairs = self.read_pairs(trainer, self.spec.validation, "validation")
+        valid, batches = self.eval_stream(trainer, valid_pairs, "validation")
         return Streams(train, valid, self.validation_batches(trainer, batches))
 
     def forward_step(self, trainer: Trainer, batch: dict[str, Any], model: Any) -> tuple[Any, Any]:
@@ -147,12 +137,12 @@ class RewardModelTask(TuningTask):
         scores = summary(outputs, trainer.device)
         self.standardization = {"mean": scores["reward_mean"], "std": scores["reward_std"]}
         self.validated_step = trainer.state.step
-        metrics = {"validation_loss": loss, **{f"validation_{k}": v for k, v in scores.items()}}
-        trainer.state.metrics.update(metrics)
-        trainer.record({"step": trainer.state.step, **metrics})
-        trainer.say(
-            f"validation at step {trainer.state.step}: accuracy {scores['accuracy']:.3f}, "
-            f"reward mean {scores['reward_mean']:.3f} std {scores['reward_std']:.3f}"
+        self.record_validation(
+            trainer,
+            loss,
+            scores,
+            f"accuracy {scores['accuracy']:.3f}, reward mean {scores['reward_mean']:.3f} "
+            f"std {scores['reward_std']:.3f}",
         )
 
     # ----- outputs ----------------------------------------------------------------------
@@ -187,11 +177,9 @@ class RewardModelTask(TuningTask):
     def _test(self, trainer: Trainer, split: DataSplit) -> None:
         """Accuracy and rewards over the test pairs (test_metrics.json), and each pair's
         tokens and rewards (test_rewards.jsonl)."""
-        pairs = self._pairs(trainer, split, "test data")
-        gbs, mbs = int(trainer.cfg.model.global_batch_size), int(trainer.cfg.model.micro_batch_size)
-        samples = EvalPairs(pairs, gbs, scored_sample(self.seq_length, self.tokenizer.eod_id))
-        stream = data.SampleStream(samples, mbs, SAMPLE_KEYS)
-        outputs = trainer.evaluate(stream, samples.batches)
+        pairs = self.read_pairs(trainer, split, "test")
+        stream, batches = self.eval_stream(trainer, pairs, "test")
+        outputs = trainer.evaluate(stream, batches)
         scores = summary(outputs, trainer.device)
         scores["loss"] = mean_loss(outputs, trainer.device)
         rewards = pair_values(trainer, outputs, len(pairs), "pair_rewards")
