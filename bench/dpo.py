@@ -28,13 +28,13 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve import make_model, run_main  # noqa: E402
+from bench.serve import run_main  # noqa: E402
+from bench.trl_runs import median_step, tiny_model_and_export  # noqa: E402
 from bench.tuning import WARM_UP_STEPS, step_seconds  # noqa: E402
 
 PAIRS, SEQUENCE, BETA, LR = 8, 128, 0.1, 1e-5
@@ -79,30 +79,13 @@ def ours(work: Path, model: Path, pairs: Path, steps: int, attempt: int) -> floa
     return step_seconds(results)
 
 
-def export(model: Path, folder: Path) -> Path:
-    if not (folder / "config.json").is_file():
-        import launcher_scripts.families  # noqa: F401  (the families' tensor shapes)
-        from launcher_scripts.jobs.conversion.convert import write_hf_from_portable
-
-        write_hf_from_portable(model, folder)
-    return folder
-
-
 def trl(hf_dir: Path, pairs: Path, work: Path, steps: int, precompute: bool) -> float:
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
-
-    class StepTimes(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-
-        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-            self.ends.append(time.perf_counter())
 
     rows = [json.loads(line) for line in pairs.read_text().splitlines()]
     dataset = Dataset.from_list(rows)
-    timer = StepTimes()
     args = DPOConfig(
         output_dir=str(work / "trl-out"),
         beta=BETA,
@@ -118,19 +101,16 @@ def trl(hf_dir: Path, pairs: Path, work: Path, steps: int, precompute: bool) -> 
         precompute_ref_log_probs=precompute,
         dataloader_num_workers=0,
     )
-    trainer = DPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(hf_dir),
-        ref_model=AutoModelForCausalLM.from_pretrained(hf_dir),
-        args=args,
-        train_dataset=dataset,
-        processing_class=AutoTokenizer.from_pretrained(hf_dir),
-        callbacks=[timer],
+    return median_step(
+        lambda callbacks: DPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(hf_dir),
+            ref_model=AutoModelForCausalLM.from_pretrained(hf_dir),
+            args=args,
+            train_dataset=dataset,
+            processing_class=AutoTokenizer.from_pretrained(hf_dir),
+            callbacks=callbacks,
+        )
     )
-    start = time.perf_counter()
-    trainer.train()
-    ends = [start, *timer.ends]
-    steps_times = [b - a for a, b in zip(ends, ends[1:], strict=False)]
-    return statistics.median(steps_times[WARM_UP_STEPS:])
 
 
 def main() -> None:
@@ -140,10 +120,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-dpo-"))
-    model = work / "results" / "gpt3_tiny" / "convert_nemo" / "megatron_gpt.nemo"
-    if not model.is_file():
-        model = make_model(work)
-    hf_dir = export(model, work / "hf_tiny")
+    model, hf_dir = tiny_model_and_export(work)
     pairs = work / "dpo_pairs.jsonl"
     write_pairs(pairs)
     seconds: dict[str, list[float]] = {}

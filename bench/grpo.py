@@ -27,14 +27,13 @@ import re
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.dpo import export  # noqa: E402
-from bench.serve import make_model, run_main  # noqa: E402
+from bench.serve import run_main  # noqa: E402
+from bench.trl_runs import median_step, tiny_model_and_export  # noqa: E402
 from bench.tuning import WARM_UP_STEPS, step_seconds  # noqa: E402
 
 PROMPTS, GROUP, COMPLETION, LR = 8, 8, 16, 1e-5
@@ -45,7 +44,7 @@ SAMPLES = REPO / "launcher_scripts" / "sample_data" / "preference_train.jsonl"
 
 def ours(work: Path, model: Path, steps: int, attempt: int) -> tuple[float, float]:
     """Our median step time and mean generation share past the warm-up."""
-    results = work / "runs" / f"ours-{attempt}"
+    results = work / "runs" / f"grpo-ours-{attempt}"
     run_main(
         "stages=[grpo]",
         f"base_results_dir={results}",
@@ -80,18 +79,10 @@ def morning(completions: list[str], **_: object) -> list[float]:
 
 def trl(hf_dir: Path, work: Path, steps: int) -> float:
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    class StepTimes(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
-
-        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-            self.ends.append(time.perf_counter())
-
     rows = [{"prompt": json.loads(line)["prompt"]} for line in SAMPLES.read_text().splitlines()]
-    timer = StepTimes()
     args = GRPOConfig(
         output_dir=str(work / "trl-out"),
         learning_rate=LR,
@@ -109,20 +100,16 @@ def trl(hf_dir: Path, work: Path, steps: int) -> float:
         bf16=False,
         dataloader_num_workers=0,
     )
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    trainer = GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(hf_dir),
-        reward_funcs=morning,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        callbacks=[timer],
+    return median_step(
+        lambda callbacks: GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(hf_dir),
+            reward_funcs=morning,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=AutoTokenizer.from_pretrained(hf_dir),
+            callbacks=callbacks,
+        )
     )
-    start = time.perf_counter()
-    trainer.train()
-    ends = [start, *timer.ends]
-    steps_times = [b - a for a, b in zip(ends, ends[1:], strict=False)]
-    return statistics.median(steps_times[WARM_UP_STEPS:])
 
 
 def main() -> None:
@@ -132,10 +119,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-grpo-"))
-    model = work / "results" / "gpt3_tiny" / "convert_nemo" / "megatron_gpt.nemo"
-    if not model.is_file():
-        model = make_model(work)
-    hf_dir = export(model, work / "hf_tiny")
+    model, hf_dir = tiny_model_and_export(work)
     seconds: dict[str, list[float]] = {"ours": [], "trl": []}
     shares: list[float] = []
     for attempt in range(args.repeat):
