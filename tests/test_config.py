@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -133,3 +136,21 @@ def test_a_sites_own_cluster_file_wins_over_the_cluster_type(tmp_path) -> None:
 def test_the_default_cluster_file_matches_the_default_cluster_type() -> None:
     cfg = compose_config([])
     assert cfg.cluster == OmegaConf.load(conf_dir() / "cluster" / f"{cfg.cluster_type}.yaml")
+
+
+def test_a_recipe_file_that_is_not_yaml_is_one_line_naming_its_line(tmp_path: Path) -> None:
+    """A flow list holding an interpolation (PyYAML reads `{` as a mapping) is the usual way
+    to break a recipe: the file, line and column, what PyYAML found, and the fix."""
+    from launcher_scripts.config.compose import compose_in, conf_dir
+
+    root = tmp_path / "conf"
+    shutil.copytree(conf_dir(), root)
+    recipe = root / "training" / "gpt3" / "tiny.yaml"
+    lines = recipe.read_text().splitlines()
+    recipe.write_text("\n".join([*lines, "broken: [${x}/a.jsonl]", ""]))
+    with pytest.raises(LauncherError) as raised:
+        compose_in(root, "config", [], "")
+    message = str(raised.value)
+    assert message.startswith(f"{recipe}:{len(lines) + 1}:"), message
+    assert "not valid YAML" in message and "quote a value" in message
+    assert "\n" not in message

@@ -297,6 +297,8 @@ def compose_in(
             )
     except MissingConfigException as error:
         raise ConfigError("config", _first_line(error), missing_fix) from error
+    except yaml.YAMLError as error:  # a recipe file PyYAML cannot read
+        raise LauncherError(yaml_problem(error)) from None
     except HydraException as error:
         message = f"bad override: {_first_line(error)}"
         missing = NOT_OVERRIDABLE.search(str(error))
@@ -306,6 +308,17 @@ def compose_in(
                 if override.partition("=")[0] == key:
                     raise UnknownOverride(message, override, key) from error
         raise LauncherError(message) from error
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML file's parse error as one line: where, what, and the usual fix."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else "a recipe"
+    problem = getattr(error, "problem", None) or _first_line(error)
+    return (
+        f"{where}: not valid YAML ({problem}): fix that line (quote a value that holds "
+        "${...}, ': ' or ' #', e.g. in a [ ] list)"
+    )
 
 
 def _first_line(error: Exception) -> str:
