@@ -397,15 +397,11 @@ class GrpoTask(TuningTask):
             decoding, tokenizer, limit = self.side.generation(
                 trainer.cfg, bare_chunks(trainer), self.tokenizer, trainer.par, trainer.on_gpu, []
             )
-            prompts = [self.prompts[split][index].ids for index in mine]
-            for chunk in trainer.model:
-                chunk.eval()
-            try:
-                completions = generate(decoding, tokenizer, prompts, params, max_length=limit)
-            finally:
-                for chunk in trainer.model:
-                    chunk.train()
             records = [self.prompts[split][index] for index in mine]
+            with trainer.eval_mode():
+                completions = generate(
+                    decoding, tokenizer, [r.ids for r in records], params, max_length=limit
+                )
             per_reward = [scorer.scores(records, completions) for scorer in self.scorers]
             made = [(c, [s[i] for s in per_reward]) for i, c in enumerate(completions)]
         if dp_size == 1:

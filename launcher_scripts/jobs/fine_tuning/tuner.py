@@ -248,11 +248,9 @@ class TuningTask(TrainingTask):
             trainer.cfg, bare_chunks(trainer), self.tokenizer, trainer.par, trainer.on_gpu, prefix
         )
         params = GenerationParams(tokens_to_generate=self.spec.tokens_to_generate, top_k=1)
-        for chunk in trainer.model:
-            chunk.eval()
         rows: list[dict[str, Any]] = []
         usable = [r for r in records if r.prompt]
-        try:
+        with trainer.eval_mode():
             for start in range(0, len(usable), GENERATION_BATCH):
                 batch = usable[start : start + GENERATION_BATCH]
                 fits = [
@@ -275,9 +273,6 @@ class TuningTask(TrainingTask):
                             "source": record.source,
                         }
                     )
-        finally:
-            for chunk in trainer.model:
-                chunk.train()
         if len(rows) < len(usable):
             trainer.say(
                 f"{len(usable) - len(rows)} prompts left out of generation: prompt plus "

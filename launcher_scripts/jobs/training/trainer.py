@@ -10,9 +10,11 @@ schedule, checkpoints, resume, signals, metrics) is the same for all of them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -392,18 +394,26 @@ class Trainer:
         """The model, forward only, over `batches` global batches of `stream` (from its
         start): this rank's loss-function reports, one per micro-batch (none before the last
         pipeline stage)."""
-        for chunk in self.model:
-            chunk.eval()
         micro = int(self.cfg.model.global_batch_size) // (
             int(self.cfg.model.micro_batch_size) * self.par.data
         )
         outputs = []
         gbs = int(self.cfg.model.global_batch_size)
-        for batch in range(batches):
-            outputs += self._run_schedule(batch * gbs, micro, True, stream)
-        for chunk in self.model:
-            chunk.train()
+        with self.eval_mode():
+            for batch in range(batches):
+                outputs += self._run_schedule(batch * gbs, micro, True, stream)
         return outputs
+
+    @contextlib.contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        """The model in eval mode (no dropout) inside, in training mode again after."""
+        for chunk in self.model:
+            chunk.eval()
+        try:
+            yield
+        finally:
+            for chunk in self.model:
+                chunk.train()
 
     # ----- checkpoints ------------------------------------------------------------------
 
