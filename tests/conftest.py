@@ -203,6 +203,25 @@ def tiny_reward_model(tiny_portable: Path, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture(scope="session")
+def sft_start(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped supervised start of the online tuning stages (fine_tuning=gpt3/tiny): the
+    tiny GPT answering the sample prompts with any of four times alike. Its .nemo file."""
+
+    def build(results: Path) -> None:
+        result = run_main(
+            "stages=[fine_tuning]",
+            "fine_tuning=gpt3/tiny",
+            f"base_results_dir={results}",
+            f"fine_tuning.model.restore_from_path={tiny_portable}",
+        )
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+    results = built_once(tmp_path_factory, "sft_start", build)
+    checkpoints = results / "gpt3_tiny" / "time_answers" / "results" / "checkpoints"
+    return checkpoints / "megatron_gpt3_time_answers.nemo"
+
+
+@pytest.fixture(scope="session")
 def exported(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The export stage run by main.py on the tiny model; returns its results dir."""
     results = tmp_path_factory.mktemp("export")

@@ -51,27 +51,6 @@ def run_stage(results: Path, base: Path, *extra: str, **options: Any) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sft_start(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shipped supervised start: the tiny GPT answering with any of four times."""
-    results = tmp_path_factory.mktemp("time_answers")
-    result = run_main(
-        "stages=[fine_tuning]",
-        "fine_tuning=gpt3/tiny",
-        f"base_results_dir={results}",
-        f"fine_tuning.model.restore_from_path={tiny_portable}",
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return (
-        results
-        / "gpt3_tiny"
-        / "time_answers"
-        / "results"
-        / "checkpoints"
-        / ("megatron_gpt3_time_answers.nemo")
-    )
-
-
-@pytest.fixture(scope="module")
 def tuned(sft_start: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped recipe as it is, with the held-out prompts as its test set too."""
     results = tmp_path_factory.mktemp("grpo")
@@ -180,7 +159,7 @@ def test_two_data_parallel_replicas_share_the_rollouts(sft_start: Path, tmp_path
     lengths = metric(two, "completion_length")
     assert sorted(lengths) == [1, 2, 3, 4] and all(length > 0 for length in lengths.values())
     log = job_log(two)
-    assert "8 completions each per step, 8 prompts a step" in log
+    assert "8 prompts per rollout batch, 8 completions each" in log
     assert "rank 1: grpo (every weight)" in log
 
 

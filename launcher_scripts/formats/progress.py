@@ -40,6 +40,9 @@ class TrainState:
     # Every file of the checkpoint (path relative to it) and its size when saved; empty for
     # checkpoints saved before sizes were recorded, which are then trusted as they are.
     files: dict[str, int] = field(default_factory=dict)
+    # What the run's task keeps beyond its models (PPO's KL coefficient, the schedules of the
+    # models it trains beside the main one), JSON values.
+    task: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

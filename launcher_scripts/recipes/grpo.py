@@ -115,7 +115,7 @@ def read_grpo(cfg: Any, stage: str) -> GrpoSettings:
     unknown = sorted(set(section) - set(GRPO_KEYS))
     if unknown:
         raise RecipeError(f"{key}: {unknown} are not settings of it; it reads {list(GRPO_KEYS)}")
-    groups = _number(section, "num_generations", 8, int, key)
+    groups = number(section, "num_generations", 8, int, key)
     if groups < 2:
         raise RecipeError(
             f"{key}.num_generations: {groups}; a group needs 2 or more completions (its rewards "
@@ -127,29 +127,29 @@ def read_grpo(cfg: Any, stage: str) -> GrpoSettings:
             f"{stage}.model.global_batch_size: {gbs} completions do not make whole groups of "
             f"{key}.num_generations={groups}: give a multiple of {groups}"
         )
-    length = _number(section, "max_completion_length", 32, int, key)
+    length = number(section, "max_completion_length", 32, int, key)
     if length < 1:
         raise RecipeError(f"{key}.max_completion_length: {length} must be 1 or more")
-    temperature = _number(section, "temperature", 1.0, float, key)
+    temperature = number(section, "temperature", 1.0, float, key)
     if not temperature > 0:
         raise RecipeError(
             f"{key}.temperature: {temperature}; rollouts are sampled: give a temperature above 0"
         )
-    top_k = _number(section, "top_k", 0, int, key)
-    top_p = _number(section, "top_p", 1.0, float, key)
+    top_k = number(section, "top_k", 0, int, key)
+    top_p = number(section, "top_p", 1.0, float, key)
     if top_k < 0 or not 0 < top_p <= 1:
         raise RecipeError(f"{key}: top_k {top_k} must be >= 0 and top_p {top_p} in (0, 1]")
-    beta = _number(section, "beta", 0.0, float, key)
+    beta = number(section, "beta", 0.0, float, key)
     if beta < 0:
         raise RecipeError(f"{key}.beta: {beta} must be 0 (no KL penalty) or more")
-    epsilon = _number(section, "epsilon", 0.2, float, key)
+    epsilon = number(section, "epsilon", 0.2, float, key)
     high = section.get("epsilon_high")
-    epsilon_high = epsilon if high is None else _number(section, "epsilon_high", 0.2, float, key)
+    epsilon_high = epsilon if high is None else number(section, "epsilon_high", 0.2, float, key)
     if not 0 < epsilon < 1 or epsilon_high <= 0:
         raise RecipeError(
             f"{key}: epsilon {epsilon} must be in (0, 1) and epsilon_high {epsilon_high} above 0"
         )
-    iterations = _number(section, "num_iterations", 1, int, key)
+    iterations = number(section, "num_iterations", 1, int, key)
     if iterations < 1:
         raise RecipeError(f"{key}.num_iterations: {iterations} must be 1 or more")
     loss_type = str(section.get("loss_type") or "dapo")
@@ -260,7 +260,7 @@ def _check_callable(reward: RewardFunction, key: str) -> None:
         raise RecipeError(f"{key}: {reward.path} is a {type(function).__name__}, not a function")
 
 
-def _number(section: Any, name: str, default: Any, kind: type, key: str) -> Any:
+def number(section: Any, name: str, default: Any, kind: type, key: str) -> Any:
     value = section.get(name, default)
     if value is None:
         value = default

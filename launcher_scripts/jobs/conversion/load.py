@@ -38,8 +38,14 @@ def inference_cfg(model: DictConfig, tensor: int, pipeline: int) -> DictConfig:
     return OmegaConf.create({"model": section, "trainer": trainer | {"num_nodes": 1}})
 
 
-def build(portable: Portable, tensor: int, pipeline: int, on_gpu: bool) -> list[Any]:
+def build(
+    portable: Portable, tensor: int, pipeline: int, on_gpu: bool, precision: Any = None
+) -> list[Any]:
+    """The file's model in this layout, in eval mode; at `precision` (a trainer.precision
+    value) instead of the file's when given."""
     cfg = inference_cfg(portable.config, tensor, pipeline)
+    if precision is not None:
+        cfg.trainer.precision = precision
     rows = portable.tensors.shape(EMBEDDINGS)[0]
     if rows % tensor:
         raise ValueError(f"the {rows} embedding rows do not split over TP={tensor}")

@@ -38,10 +38,12 @@ class RewardHead(MegatronModule):
         self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None
     ) -> dict[str, Any]:
         """Under the output layer's entry (GPTModel looks it up) but named REWARD_HEAD: the
-        checkpoint and the portable file tell it from a language model's output layer."""
+        checkpoint and the portable file tell it from a language model's output layer. A
+        model saved under a prefix (PPO's critic: `critic.`) has its head under it too."""
         del metadata
+        model_prefix = prefix.removesuffix("output_layer.")
         head = make_sharded_tensor_for_checkpoint(
-            self.weight, REWARD_HEAD, prepend_offsets=sharded_offsets
+            self.weight, model_prefix + REWARD_HEAD, prepend_offsets=sharded_offsets
         )
         return {f"{prefix}weight": head}
 

@@ -112,18 +112,48 @@ def unwrap(chunk: Any) -> Any:
     return chunk
 
 
-def sharded_state(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
+# Models a task trains beside the main one (PPO's critic), by name: (model chunks, optimizer).
+Beside = dict[str, tuple[list[Any], Any]]
+
+
+def _model_state(model: list[Any], prefix: str) -> dict[str, Any]:
     chunks = [unwrap(chunk) for chunk in model]
     if len(chunks) == 1:
-        state = {"model": chunks[0].sharded_state_dict()}
-    else:
-        state = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
+        return {"model": chunks[0].sharded_state_dict(prefix=prefix)}
+    return {f"model{i}": chunk.sharded_state_dict(prefix=prefix) for i, chunk in enumerate(chunks)}
+
+
+def sharded_state(
+    model: list[Any], optimizer: Any, is_loading: bool, beside: Beside | None = None
+) -> dict[str, Any]:
+    """The checkpoint's sharded state: the model and its optimizer, and each model trained
+    beside it with its optimizer under its name (its tensors' keys prefixed `<name>.`)."""
+    state = _model_state(model, "")
     # dp_reshardable: every rank writes its own optimizer shard in parallel, and the
     # checkpoint loads at any data-parallel size.
     state["optimizer"] = optimizer.sharded_state_dict(
         state, is_loading=is_loading, metadata=OPTIMIZER_FORMAT
     )
+    for name, (other, other_optimizer) in (beside or {}).items():
+        part = _model_state(other, f"{name}.")
+        part["optimizer"] = other_optimizer.sharded_state_dict(
+            part, is_loading=is_loading, metadata=OPTIMIZER_FORMAT
+        )
+        state[name] = part
     return state
+
+
+def _load_models(model: list[Any], loaded: dict[str, Any]) -> None:
+    if len(model) == 1:
+        unwrap(model[0]).load_state_dict(loaded["model"])
+    else:
+        for i, chunk in enumerate(model):
+            unwrap(chunk).load_state_dict(loaded[f"model{i}"])
+
+
+def _strip(state: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A loaded state dict's keys without the prefix they were saved under."""
+    return {key.removeprefix(prefix): value for key, value in state.items()}
 
 
 @contextlib.contextmanager
@@ -157,16 +187,26 @@ def _write_results_in_process() -> None:
 
 
 def save(
-    directory: Path, name: str, model: list[Any], optimizer: Any, train_state: TrainState
+    directory: Path,
+    name: str,
+    model: list[Any],
+    optimizer: Any,
+    train_state: TrainState,
+    beside: Beside | None = None,
 ) -> Path:
     """Write a checkpoint atomically; every rank calls this."""
     _write_results_in_process()
     with stop_signals_held():
-        return _save(directory, name, model, optimizer, train_state)
+        return _save(directory, name, model, optimizer, train_state, beside)
 
 
 def _save(
-    directory: Path, name: str, model: list[Any], optimizer: Any, train_state: TrainState
+    directory: Path,
+    name: str,
+    model: list[Any],
+    optimizer: Any,
+    train_state: TrainState,
+    beside: Beside | None,
 ) -> Path:
     final, tmp = directory / name, directory / f"{TMP_PREFIX}{name}"
     rank = dist.get_rank()
@@ -174,7 +214,7 @@ def _save(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    dist_checkpointing.save(sharded_state(model, optimizer, is_loading=False), str(tmp))
+    dist_checkpointing.save(sharded_state(model, optimizer, False, beside), str(tmp))
     (tmp / RNG_DIR).mkdir(exist_ok=True)
     torch.save(_rng_state(), tmp / RNG_DIR / f"rank_{rank:05d}.pt")
     dist.barrier()
@@ -275,19 +315,26 @@ def _restore_adam_steps(optimizer: Any) -> None:
 
 
 @torch.no_grad()  # states are copied into parameters in place
-def load(checkpoint: Checkpoint, model: list[Any], optimizer: Any) -> TrainState:
-    """Restore model, optimizer and (when the layout is unchanged) RNG states."""
-    _materialize_optimizer_state(optimizer)
+def load(
+    checkpoint: Checkpoint, model: list[Any], optimizer: Any, beside: Beside | None = None
+) -> TrainState:
+    """Restore model, optimizer, the models trained beside them and (when the layout is
+    unchanged) RNG states."""
+    beside = beside or {}
+    optimizers = [optimizer, *(other_optimizer for _, other_optimizer in beside.values())]
+    for each in optimizers:
+        _materialize_optimizer_state(each)
     loaded = dist_checkpointing.load(
-        sharded_state(model, optimizer, is_loading=True), str(checkpoint.path)
+        sharded_state(model, optimizer, True, beside), str(checkpoint.path)
     )
-    if len(model) == 1:
-        unwrap(model[0]).load_state_dict(loaded["model"])
-    else:
-        for i, chunk in enumerate(model):
-            unwrap(chunk).load_state_dict(loaded[f"model{i}"])
+    _load_models(model, loaded)
     optimizer.load_state_dict(loaded["optimizer"])
-    _restore_adam_steps(optimizer)
+    for name, (other, other_optimizer) in beside.items():
+        part = loaded[name]
+        _load_models(other, {key: _strip(value, f"{name}.") for key, value in part.items()})
+        other_optimizer.load_state_dict(part["optimizer"])
+    for each in optimizers:
+        _restore_adam_steps(each)
     rng_file = checkpoint.path / RNG_DIR / f"rank_{dist.get_rank():05d}.pt"
     if checkpoint.state.world == _world() and rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=False))

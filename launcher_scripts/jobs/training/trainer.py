@@ -14,7 +14,8 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,18 @@ class Streams:
         self.train, self.valid, self.val_batches = train, valid, val_batches
 
 
+@dataclass
+class TrainedBeside:
+    """A model a task trains beside the main one (PPO's critic): its wrapped chunks, optimizer
+    and schedule, built as the main model's are (Trainer.train_beside). Checkpoints hold it
+    under its name; resume restores it."""
+
+    model: list[Any]
+    optimizer: Any
+    scheduler: OptimizerParamScheduler
+    config: Any  # its TransformerConfig
+
+
 class TrainingTask:
     """What one kind of run trains: the hooks the loop asks, each given the trainer (its
     recipe, layout, model and state). The defaults are what every kind shares."""
@@ -106,6 +119,11 @@ class TrainingTask:
 
     def on_checkpoint(self, trainer: Trainer) -> None:
         """Files written beside each checkpoint, on rank 0, beyond hparams.yaml."""
+
+    def trained_beside(self) -> dict[str, TrainedBeside]:
+        """The models the task trains beside the main one, by name (saved and resumed with
+        it); the task keeps its other state in `trainer.state.task`."""
+        return {}
 
     def write_outputs(self, trainer: Trainer) -> None:
         """The run's outputs, once it has done every step (fit() calls it on every rank)."""
@@ -217,18 +235,21 @@ class Trainer:
         self.task.on_checkpoint(self)
 
     def _build_model(self) -> list[Any]:
-        chunks = self.task.make_chunks(self)
-        if self.config.fp16 or self.config.bf16:
-            chunks = [Float16Module(self.config, chunk) for chunk in chunks]
+        return self._wrap(self.task.make_chunks(self), self.config)
+
+    def _wrap(self, chunks: list[Any], config: Any) -> list[Any]:
+        """Chunks in the mixed-precision and data-parallel wrappers training needs."""
+        if config.fp16 or config.bf16:
+            chunks = [Float16Module(config, chunk) for chunk in chunks]
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=self.config.fp16 or self.config.bf16,
+            grad_reduce_in_fp32=config.fp16 or config.bf16,
             overlap_grad_reduce=self.on_gpu and self.par.data > 1,
             use_distributed_optimizer=self._distributed_optimizer(),
             check_for_nan_in_grad=True,
         )
         return [
             DistributedDataParallel(
-                config=self.config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0
+                config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0
             )
             for i, chunk in enumerate(chunks)
         ]
@@ -237,34 +258,39 @@ class Trainer:
         return str(self.cfg.model.optim.name) == "distributed_fused_adam"
 
     def _build_optimizer(self) -> Any:
-        optim = self.cfg.model.optim
+        return self._optimizer_of(self.model, self.config, self.cfg.model.optim)
+
+    def _optimizer_of(self, model: list[Any], model_config: Any, optim: Any) -> Any:
         betas = list(optim.get("betas") or (0.9, 0.999))
         clip = self.cfg.trainer.get("gradient_clip_val")
         config = OptimizerConfig(
             optimizer="sgd" if optim.name == "sgd" else "adam",
             lr=float(optim.lr),
-            min_lr=recipe.schedule(self.cfg).min_lr,
+            min_lr=float((optim.get("sched") or {}).get("min_lr") or 0.0),
             weight_decay=float(optim.get("weight_decay", 0.0)),
             adam_beta1=float(betas[0]),
             adam_beta2=float(betas[1]),
             adam_eps=float(optim.get("eps", 1e-8)),
             clip_grad=float(clip) if clip else 0.0,
-            fp16=self.config.fp16,
-            bf16=self.config.bf16,
-            params_dtype=self.config.params_dtype,
+            fp16=model_config.fp16,
+            bf16=model_config.bf16,
+            params_dtype=model_config.params_dtype,
             use_distributed_optimizer=self._distributed_optimizer(),
             initial_loss_scale=float(self.cfg.model.get("native_amp_init_scale", 2**32)),
             loss_scale_window=float(self.cfg.model.get("native_amp_growth_interval", 1000)),
         )
-        return get_megatron_optimizer(config, self.model)
+        return get_megatron_optimizer(config, model)
 
     def _build_scheduler(self) -> OptimizerParamScheduler:
-        sched = recipe.schedule(self.cfg)
-        optim = self.cfg.model.optim
+        return self._scheduler_of(self.optimizer, self.cfg.model.optim)
+
+    def _scheduler_of(self, optimizer: Any, optim: Any) -> OptimizerParamScheduler:
         max_steps = int(self.cfg.trainer.max_steps)
+        shape = {"model": {"optim": optim}, "trainer": {"max_steps": max_steps}}
+        sched = recipe.schedule(OmegaConf.create(shape))
         weight_decay = float(optim.get("weight_decay", 0.0))
         return OptimizerParamScheduler(
-            self.optimizer,
+            optimizer,
             init_lr=0.0,
             max_lr=float(optim.lr),
             min_lr=sched.min_lr,
@@ -279,12 +305,40 @@ class Trainer:
         )
 
     def _configure_schedule_hooks(self) -> None:
-        config = self.config
-        config.grad_scale_func = self.optimizer.scale_loss
+        self._hook_schedule(self.config, self.model, self.optimizer)
+
+    def _hook_schedule(self, config: Any, model: list[Any], optimizer: Any) -> None:
+        """What megatron-core's schedules ask a model's config: loss scaling, the gradients'
+        reduction, and (overlapped on GPUs) no-sync contexts."""
+        config.grad_scale_func = optimizer.scale_loss
         config.finalize_model_grads_func = self.runtime.finalize_grads or finalize_model_grads
         if self.on_gpu and self.par.data > 1:
-            no_sync = [chunk.no_sync for chunk in self.model]
+            no_sync = [chunk.no_sync for chunk in model]
             config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+
+    def train_beside(self, chunks: list[Any], config: Any, optim: Any) -> TrainedBeside:
+        """A model the task trains beside the main one (its chunks built in this layout with
+        their starting weights, and their TransformerConfig), wrapped, with its own optimizer
+        and schedule as `optim` (a model.optim-shaped section) sets them."""
+        model = self._wrap(chunks, config)
+        optimizer = self._optimizer_of(model, config, optim)
+        self._hook_schedule(config, model, optimizer)
+        return TrainedBeside(model, optimizer, self._scheduler_of(optimizer, optim), config)
+
+    def step_beside(
+        self, trained: TrainedBeside, start: int, stream: Any, forward: Callable[..., Any]
+    ) -> list[Any]:
+        """One optimizer step of a model trained beside the main one on the global batch of
+        `stream` from sample `start`: this rank's loss-function reports."""
+        for chunk in trained.model:
+            chunk.zero_grad_buffer()
+        trained.optimizer.zero_grad()
+        micro = get_num_microbatches()
+        outputs = self._run_schedule(start, micro, False, stream, trained.model, forward)
+        success, _grad_norm, _zeros = trained.optimizer.step()
+        if success:
+            trained.scheduler.step(increment=1)
+        return outputs
 
     def _init_batch_calculator(self) -> None:
         model = self.cfg.model
@@ -306,21 +360,36 @@ class Trainer:
         self.train_stream, self.valid_stream = streams.train, streams.valid
         self.val_batches = streams.val_batches
 
-    def _forward_step(self, data_iterator: Any, model: Any) -> tuple[Any, Any]:
+    def _forward_step(
+        self, forward: Callable[..., Any] | None, data_iterator: Any, model: Any
+    ) -> tuple[Any, Any]:
         batch = next(data_iterator)
         if self.par.context > 1:
             batch = get_batch_on_this_cp_rank(batch)
         if self.on_gpu:
             batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
+        if forward is not None:
+            return forward(batch, model)
         return self.task.forward_step(self, batch, model)
 
-    def _run_schedule(self, start: int, micro_batches: int, forward_only: bool, stream: Any):
-        iterators = [stream.micro_batches(start, micro_batches) for _ in range(len(self.model))]
+    def _run_schedule(
+        self,
+        start: int,
+        micro_batches: int,
+        forward_only: bool,
+        stream: Any,
+        model: list[Any] | None = None,
+        forward: Callable[..., Any] | None = None,
+    ):
+        """megatron-core's schedule over `micro_batches` of `stream` from sample `start`: the
+        main model and the task's forward step, or another model and forward(batch, model)."""
+        model = model or self.model
+        iterators = [stream.micro_batches(start, micro_batches) for _ in range(len(model))]
         seq_length, decoder_seq_length = self.runtime.sequence_lengths(self.cfg)
         return get_forward_backward_func()(
-            forward_step_func=self._forward_step,
+            forward_step_func=functools.partial(self._forward_step, forward),
             data_iterator=iterators if len(iterators) > 1 else iterators[0],
-            model=self.model,
+            model=model,
             num_microbatches=micro_batches,
             seq_length=seq_length,
             decoder_seq_length=decoder_seq_length,
@@ -390,29 +459,36 @@ class Trainer:
         return self.evaluate(self.valid_stream, self.val_batches)
 
     @torch.no_grad()
-    def evaluate(self, stream: Any, batches: int) -> list[dict[str, torch.Tensor]]:
-        """The model, forward only, over `batches` global batches of `stream` (from its
-        start): this rank's loss-function reports, one per micro-batch (none before the last
-        pipeline stage)."""
+    def evaluate(
+        self,
+        stream: Any,
+        batches: int,
+        model: list[Any] | None = None,
+        forward: Callable[..., Any] | None = None,
+    ) -> list[dict[str, torch.Tensor]]:
+        """The model (or another, with forward(batch, model)), forward only, over `batches`
+        global batches of `stream` (from its start): this rank's loss-function reports, one
+        per micro-batch (none before the last pipeline stage)."""
         micro = int(self.cfg.model.global_batch_size) // (
             int(self.cfg.model.micro_batch_size) * self.par.data
         )
         outputs = []
         gbs = int(self.cfg.model.global_batch_size)
-        with self.eval_mode():
+        with self.eval_mode(model):
             for batch in range(batches):
-                outputs += self._run_schedule(batch * gbs, micro, True, stream)
+                outputs += self._run_schedule(batch * gbs, micro, True, stream, model, forward)
         return outputs
 
     @contextlib.contextmanager
-    def eval_mode(self) -> Iterator[None]:
-        """The model in eval mode (no dropout) inside, in training mode again after."""
-        for chunk in self.model:
+    def eval_mode(self, model: list[Any] | None = None) -> Iterator[None]:
+        """The model (or another) in eval mode (no dropout) inside, in training mode after."""
+        chunks = model or self.model
+        for chunk in chunks:
             chunk.eval()
         try:
             yield
         finally:
-            for chunk in self.model:
+            for chunk in chunks:
                 chunk.train()
 
     # ----- checkpoints ------------------------------------------------------------------
@@ -430,7 +506,12 @@ class Trainer:
         }
         name = checkpointing.checkpoint_name(template, values)
         self.state.scheduler = self.scheduler.state_dict()
-        path = checkpointing.save(self.checkpoint_dir, name, self.model, self.optimizer, self.state)
+        beside = self.task.trained_beside()
+        for other, trained in beside.items():
+            self.state.task[f"{other}.scheduler"] = trained.scheduler.state_dict()
+        path = checkpointing.save(
+            self.checkpoint_dir, name, self.model, self.optimizer, self.state, _pairs(beside)
+        )
         if self.rank == 0:
             self._write_hparams()
             checkpointing.apply_retention(
@@ -493,8 +574,11 @@ class Trainer:
                     "checkpoint: set exp_manager.resume_ignore_no_checkpoint=True to start fresh"
                 )
             return
-        self.state = checkpointing.load(newest, self.model, self.optimizer)
+        beside = self.task.trained_beside()
+        self.state = checkpointing.load(newest, self.model, self.optimizer, _pairs(beside))
         self.scheduler.load_state_dict(self.state.scheduler)
+        for other, trained in beside.items():
+            trained.scheduler.load_state_dict(self.state.task[f"{other}.scheduler"])
         update_num_microbatches(self.state.consumed_samples, consistency_check=False)
         if self.rank == 0:
             print(
@@ -641,3 +725,7 @@ class Trainer:
                 print(f"loss curve: {curve}", flush=True)
         dist.barrier()
         return 0
+
+
+def _pairs(beside: dict[str, TrainedBeside]) -> checkpointing.Beside:
+    return {name: (trained.model, trained.optimizer) for name, trained in beside.items()}
