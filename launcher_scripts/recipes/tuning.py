@@ -24,6 +24,7 @@ from launcher_scripts.errors import RecipeError
 from launcher_scripts.formats.preference import preference_problem
 from launcher_scripts.formats.prompt import prompt_problem
 from launcher_scripts.recipes.grpo import GRPO_KEYS, read_grpo
+from launcher_scripts.recipes.ppo import RLHF_KEYS, read_ppo
 from launcher_scripts.recipes.preference import DPO_KEYS, read_dpo
 from launcher_scripts.tuning import (
     METHODS,
@@ -341,8 +342,8 @@ class TuningStageSpec:
     optional_keys: tuple[str, ...] = ()
     # The training task its job runs (jobs/fine_tuning/tasks.py): sft (supervised answers),
     # reward_model (a scalar head and the pairwise ranking loss), dpo (direct preference
-    # optimisation against a frozen reference) or grpo (group-relative policy optimisation
-    # on the policy's own sampled completions).
+    # optimisation against a frozen reference), grpo (group-relative policy optimisation
+    # on the policy's own sampled completions) or ppo (PPO with a critic and a reward model).
     task: str = "sft"
     # (cfg, stage) -> the task's own settings (the DPO loss's), read and checked; None: none
     objective: Callable[[Any, str], Any] | None = None
@@ -441,8 +442,8 @@ def _data_prefix_layout(record_format: str, cfg: Any, stage: str, output: Path) 
     test}, each a list of record files, the base in `model.pretrained_checkpoint
     .restore_from_path`. Preference pairs (rlhf_rm, dpo): data_preparation's indexed prefixes,
     whose consecutive documents are a prompt with its chosen answer, then with its rejected
-    one; or JSONL of {"prompt", "chosen", "rejected"}. Prompts (grpo): JSONL of {"prompt", and
-    the fields its rewards read}."""
+    one; or JSONL of {"prompt", "chosen", "rejected"}. Prompts (grpo, rlhf_ppo): JSONL of
+    {"prompt", and the fields its rewards read}."""
     model = cfg.model
     data = model.get("data") or {}
     key = f"{stage}.model.data.data_prefix"
@@ -562,6 +563,15 @@ TUNING_STAGE_SPECS: dict[str, TuningStageSpec] = {
             (*_PREFERENCE_KEYS, *(f"model.grpo.{name}" for name in GRPO_KEYS)),
             "grpo",
             read_grpo,
+            packs=False,
+        ),
+        TuningStageSpec(
+            "rlhf_ppo",
+            partial(_data_prefix_layout, "prompt"),
+            _merging_method,
+            (*_PREFERENCE_KEYS, *(f"model.{name}" for name in RLHF_KEYS)),
+            "ppo",
+            read_ppo,
             packs=False,
         ),
     )

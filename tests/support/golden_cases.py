@@ -130,6 +130,7 @@ CASES = {
     ),
     "dpo_llama3_8b": ("dpo", ["dpo=llama3/8b"]),
     "grpo_gpt3_tiny_dp2": ("grpo", ["grpo.trainer.devices=2"]),
+    "rlhf_ppo_gpt3_tiny": ("rlhf_ppo", []),
     "fine_tuning_gpt3_tiny": ("fine_tuning", ["fine_tuning=gpt3/tiny"]),
     "rlhf_rm_gpt3_tiny_tp2": (
         "rlhf_rm",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from launcher_scripts.jobs.fine_tuning.dpo import DpoTask
 from launcher_scripts.jobs.fine_tuning.grpo import GrpoTask
+from launcher_scripts.jobs.fine_tuning.ppo import PpoTask
 from launcher_scripts.jobs.fine_tuning.reward_model import RewardModelTask
 from launcher_scripts.jobs.fine_tuning.tuner import TuningTask
 
@@ -13,4 +14,5 @@ TASKS: dict[str, type[TuningTask]] = {
     "reward_model": RewardModelTask,
     "dpo": DpoTask,
     "grpo": GrpoTask,
+    "ppo": PpoTask,
 }
