@@ -20,6 +20,7 @@ import torch
 
 from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable import REWARD_MODEL
+from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.fine_tuning.ppo import adapted_coefficient, gae
 from tests.support.commands import one_error_line, run_main
 from tests.support.run_logs import job_log, metric
@@ -178,6 +179,25 @@ def test_two_data_parallel_replicas_share_the_rollouts(
     )
     assert sorted(metric(two, "value_loss")) == [1, 2, 3, 4]
     assert "rank 1: rlhf_ppo (every weight)" in job_log(two)
+
+
+def test_lora_ppo_writes_the_peft_file_and_its_initial_policy_is_the_base(
+    sft_start: Path, tiny_reward_model: Path, tmp_path: Path
+) -> None:
+    """LoRA's adapters start at zero, so the initial policy (the adapters at their start) is
+    the base: the KL is 0 on the first batch."""
+    tuned = run_stage(
+        tmp_path,
+        sft_start,
+        reward_model(tiny_reward_model),
+        *SHORT,
+        f"{STAGE}.model.peft.peft_scheme=lora",
+    )
+    kl = metric(tuned, "kl")
+    assert kl[1] == pytest.approx(0.0, abs=1e-9) and kl[3] != 0, kl
+    output = tuned / "checkpoints" / "megatron_gpt_ppo_actor.nemo"
+    assert peft_file.is_peft_file(output)
+    assert peft_file.read(output).settings.scheme == "lora"
 
 
 def bad(override: str, fragments: list[str]) -> Any:

@@ -22,8 +22,8 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from launcher_scripts.jobs.fine_tuning.preference_data import reduced_sums
 from launcher_scripts.jobs.fine_tuning.rollouts import (
     SAMPLE_KEYS,
     Rollout,
@@ -143,11 +143,7 @@ class GrpoTask(RolloutTask):
     # ----- what a step logs ---------------------------------------------------------------
 
     def after_step(self, trainer: Trainer, outputs: list[Any], seconds: float) -> None:
-        sums = torch.zeros(len(STATS), dtype=torch.float64, device=trainer.device)
-        for output in outputs:
-            sums += output["grpo"].double()
-        dist.all_reduce(sums)
-        totals = dict(zip(STATS, sums.tolist(), strict=True))
+        totals = reduced_sums(outputs, "grpo", STATS, trainer.device)
         tokens = max(totals["tokens"], 1.0)
         record = self.rollout_metrics(self.rollouts)
         groups = self.settings.num_generations

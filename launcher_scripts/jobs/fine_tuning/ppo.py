@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 
 from launcher_scripts.formats import portable
 from launcher_scripts.jobs.fine_tuning import peft_file
-from launcher_scripts.jobs.fine_tuning.preference_data import epoch_order
+from launcher_scripts.jobs.fine_tuning.preference_data import epoch_order, reduced_sums
 from launcher_scripts.jobs.fine_tuning.rollouts import (
     SAMPLE_KEYS,
     Rollout,
@@ -303,8 +303,8 @@ class PpoTask(RolloutTask):
         critic_outputs = trainer.step_beside(
             self.critic, start, trainer.train_stream, self._critic_forward
         )
-        actor = self._sums(trainer, outputs, "ppo", ACTOR_STATS)
-        critic = self._sums(trainer, critic_outputs, "critic", CRITIC_STATS)
+        actor = reduced_sums(outputs, "ppo", ACTOR_STATS, trainer.device)
+        critic = reduced_sums(critic_outputs, "critic", CRITIC_STATS, trainer.device)
         tokens, critic_tokens = max(actor["tokens"], 1.0), max(critic["tokens"], 1.0)
         record = self.rollout_metrics(self.rollouts)
         record |= self.rollout_stats
@@ -322,18 +322,6 @@ class PpoTask(RolloutTask):
                 f"(coefficient {record['kl_coef']:.4f}), entropy {record['entropy']:.3f}, "
                 f"value loss {record['value_loss']:.4f}, clipped {record['clip_ratio']:.3f}"
             )
-
-    @staticmethod
-    def _sums(
-        trainer: Trainer, outputs: list[Any], key: str, names: tuple[str, ...]
-    ) -> dict[str, float]:
-        """The reports' sums over every rank's micro-batches (tensor-parallel ranks repeat
-        them: ratios survive)."""
-        sums = torch.zeros(len(names), dtype=torch.float64, device=trainer.device)
-        for output in outputs:
-            sums += output[key].double()
-        dist.all_reduce(sums)
-        return dict(zip(names, sums.tolist(), strict=True))
 
     # ----- outputs ------------------------------------------------------------------------
 

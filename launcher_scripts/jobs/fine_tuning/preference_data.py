@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
 
 from launcher_scripts.formats.preference import preference_problem
 from launcher_scripts.jobs.fine_tuning.sft_data import SftDataError, json_lines
+from launcher_scripts.jobs.training import data
 
 SAMPLE_KEYS = ("tokens", "position_ids", "lengths")
 
@@ -264,28 +264,18 @@ def pair_values(
 ) -> list[list[float]] | None:
     """The (chosen, rejected) values of the first `pairs` pairs of an evaluated EvalPairs
     stream, in its order, from each micro-batch report's `key` ([pairs, 2]), on rank 0 (None
-    elsewhere): each data-parallel rank's micro-batches placed where SampleStream took them."""
-    par = trainer.par
-    mbs = int(trainer.cfg.model.micro_batch_size)
-    micro = int(trainer.cfg.model.global_batch_size) // (mbs * par.data)
-    reporting = bool(outputs) and parallel_state.get_tensor_model_parallel_rank() == 0
-    mine = []
-    if reporting:
-        dp_rank = parallel_state.get_data_parallel_rank()
-        for position, output in enumerate(outputs):
-            batch, index = divmod(position, micro)
-            first = batch * micro * mbs * par.data + index * mbs * par.data + dp_rank * mbs
-            mine.append((first // 2, output[key].double().cpu().tolist()))
-    gathered: list[Any] = [None] * dist.get_world_size() if trainer.rank == 0 else []
-    dist.gather_object(mine, gathered if trainer.rank == 0 else None, dst=0)
-    if trainer.rank != 0:
-        return None
-    found: dict[int, list[float]] = {}
-    for rank_pieces in gathered:
-        for first, rows in rank_pieces:
-            for offset, row in enumerate(rows):
-                found[first + offset] = row
-    return [found[index] for index in range(pairs)]
+    elsewhere)."""
+    model = trainer.cfg.model
+    rows = data.evaluated_rows(
+        outputs,
+        key,
+        pairs,
+        int(model.micro_batch_size),
+        int(model.global_batch_size),
+        rows_per_sample=2,
+        everywhere=False,
+    )
+    return None if rows is None else [row.double().tolist() for row in rows]
 
 
 def reduced_sums(

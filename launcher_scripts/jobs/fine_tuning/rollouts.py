@@ -420,7 +420,9 @@ class RolloutTask(TuningTask):
             outputs = trainer.evaluate(stream, -(-len(samples) // gbs), model, forward)
         finally:
             self.mode = "train"
-        for index, values in enumerate(sample_rows(trainer, outputs, len(samples), report)):
+        rows = data.evaluated_rows(outputs, report, len(samples), mbs, gbs)
+        assert rows is not None
+        for index, values in enumerate(rows):
             samples[index][key] = values
 
     def _read_saved(self, trainer: Trainer, cycle: int) -> bool:
@@ -551,33 +553,6 @@ class Swapped:
             for (param, _), value in zip(self.starting, self.current, strict=True):
                 param.copy_(value)
         self.current = []
-
-
-def sample_rows(
-    trainer: Trainer, outputs: list[dict[str, torch.Tensor]], count: int, key: str
-) -> list[torch.Tensor]:
-    """Per-sample rows of an evaluated stream of `count` samples (whole global batches), from
-    the micro-batch reports' `key` ([mbs, ...]), in the stream's order, on every rank: each
-    data-parallel rank's micro-batches placed where SampleStream took them."""
-    par = trainer.par
-    mbs = int(trainer.cfg.model.micro_batch_size)
-    per_batch = int(trainer.cfg.model.global_batch_size) // (mbs * par.data)
-    reporting = bool(outputs) and parallel_state.get_tensor_model_parallel_rank() == 0
-    mine = []
-    if reporting:
-        dp_rank = parallel_state.get_data_parallel_rank()
-        for index, output in enumerate(outputs):
-            batch, micro = divmod(index, per_batch)
-            first = batch * mbs * par.data * per_batch + micro * mbs * par.data + dp_rank * mbs
-            mine.append((first, output[key].cpu()))
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    found: dict[int, torch.Tensor] = {}
-    for pieces in gathered:
-        for first, rows in pieces:
-            for offset, row in enumerate(rows):
-                found[first + offset] = row
-    return [found[index] for index in range(count)]
 
 
 def plot_curves(metrics_file: Path, output: Path) -> bool:

@@ -169,3 +169,47 @@ class SampleStream:
                 for name in self.keys
                 if name in items[0]
             }
+
+
+def evaluated_rows(
+    outputs: list[dict[str, torch.Tensor]],
+    key: str,
+    count: int,
+    micro_batch_size: int,
+    global_batch_size: int,
+    rows_per_sample: int = 1,
+    everywhere: bool = True,
+) -> list[torch.Tensor] | None:
+    """The first `count` rows of a SampleStream evaluated from its start in whole global
+    batches, in the stream's order, from each micro-batch report's `key` ([rows, ...]; a
+    sample is `rows_per_sample` of the stream's sequences, as a preference pair is two): each
+    data-parallel rank's micro-batches placed where `micro_batches` took them. On every rank
+    (`everywhere`), else on rank 0 and None elsewhere."""
+    dp_size = parallel_state.get_data_parallel_world_size()
+    per_batch = global_batch_size // (micro_batch_size * dp_size)
+    mine = []
+    if outputs and parallel_state.get_tensor_model_parallel_rank() == 0:
+        dp_rank = parallel_state.get_data_parallel_rank()
+        for position, output in enumerate(outputs):
+            batch, micro = divmod(position, per_batch)
+            first = (
+                batch * global_batch_size
+                + micro * micro_batch_size * dp_size
+                + dp_rank * micro_batch_size
+            )
+            mine.append((first // rows_per_sample, output[key].cpu()))
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    if everywhere:
+        gathered: list[Any] = [None] * world
+        torch.distributed.all_gather_object(gathered, mine)
+    else:
+        gathered = [None] * world if rank == 0 else []
+        torch.distributed.gather_object(mine, gathered if rank == 0 else None, dst=0)
+        if rank != 0:
+            return None
+    found: dict[int, torch.Tensor] = {}
+    for pieces in gathered:
+        for first, rows in pieces:
+            for offset, row in enumerate(rows):
+                found[first + offset] = row
+    return [found[index] for index in range(count)]
