@@ -11,6 +11,7 @@ over several steps); a TP2 actor and critic must train as TP1; bad settings stop
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,12 @@ from launcher_scripts.formats import portable
 from launcher_scripts.formats.portable import REWARD_MODEL
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.fine_tuning.ppo import adapted_coefficient, gae
+from tests.support import REPO
 from tests.support.commands import one_error_line, run_main
 from tests.support.run_logs import job_log, metric
 
 STAGE = "rlhf_ppo"
+TRAIN = REPO / "launcher_scripts" / "sample_data" / "preference_train.jsonl"
 CONSTANT_LR = (
     f"{STAGE}.model.optim.sched.min_lr=5e-4",
     f"{STAGE}.model.optim.sched.warmup_steps=0",
@@ -171,14 +174,27 @@ def test_a_model_parallel_actor_and_critic_train_as_one_process(
             assert value == pytest.approx(reference[step], rel=1e-4, abs=1e-5), (name, step)
 
 
-def test_two_data_parallel_replicas_share_the_rollouts(
+def test_two_data_parallel_replicas_on_the_reference_s_prompt_files(
     sft_start: Path, tiny_reward_model: Path, tmp_path: Path
 ) -> None:
+    """The reference's PPO prompt files hold {"text": prompt} (5.16.2.4); each replica samples
+    its share of a batch and both train on all of it."""
+    prompts = tmp_path / "prompts.jsonl"
+    lines = TRAIN.read_text().splitlines()
+    prompts.write_text(
+        "".join(json.dumps({"text": json.loads(line)["prompt"]}) + "\n" for line in lines)
+    )
     two = run_stage(
-        tmp_path, sft_start, reward_model(tiny_reward_model), *SHORT, f"{STAGE}.trainer.devices=2"
+        tmp_path / "results",
+        sft_start,
+        reward_model(tiny_reward_model),
+        *SHORT,
+        f"{STAGE}.trainer.devices=2",
+        f"{STAGE}.model.data.data_prefix.train=[{prompts}]",
     )
     assert sorted(metric(two, "value_loss")) == [1, 2, 3, 4]
-    assert "rank 1: rlhf_ppo (every weight)" in job_log(two)
+    log = job_log(two)
+    assert f"prompts: {len(lines)} train" in log and "rank 1: rlhf_ppo (every weight)" in log
 
 
 def test_lora_ppo_writes_the_peft_file_and_its_initial_policy_is_the_base(

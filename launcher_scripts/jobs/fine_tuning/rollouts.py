@@ -33,7 +33,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from launcher_scripts.files import write_atomic
-from launcher_scripts.formats.prompt import prompt_problem
+from launcher_scripts.formats.prompt import as_prompt_record, prompt_problem
 from launcher_scripts.jobs.fine_tuning.answers import write_jsonl
 from launcher_scripts.jobs.fine_tuning.preference_data import (
     chat_template,
@@ -98,7 +98,8 @@ def load_prompts(
     sequence leaves after the longest completion) stops the run naming its line."""
     prompts = []
     for path in files:
-        for where, record in json_lines(path):
+        for where, line in json_lines(path):
+            record = as_prompt_record(line)
             problem = prompt_problem(record)
             if problem is not None:
                 raise SftDataError(f"{where}: {problem}")
