@@ -231,7 +231,7 @@ def bad(override: str, fragments: list[str]) -> Any:
         ),
         bad(f"{STAGE}.model.rlhf.ppo.gae_lambda=1.5", ["gae_lambda 1.5", "[0, 1]"]),
         bad(f"{STAGE}.model.rlhf.ppo.ratio_eps=0", ["ratio_eps: 0.0", "(0, 1)"]),
-        bad(f"{STAGE}.model.rlhf.ppo.temperature=0", ["temperature 0.0", "above 0"]),
+        bad(f"{STAGE}.model.rlhf.ppo.temperature=0", ["temperature: 0.0", "above 0"]),
         bad(f"+{STAGE}.model.rlhf.ppo.clip=0.2", ["rlhf.ppo.clip", "no program reads it"]),
         bad(f"{STAGE}.model.rlhf.critic.optim.lr=0", ["critic.optim.lr: 0", "above 0"]),
     ],

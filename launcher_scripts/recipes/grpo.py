@@ -130,15 +130,7 @@ def read_grpo(cfg: Any, stage: str) -> GrpoSettings:
     length = number(section, "max_completion_length", 32, int, key)
     if length < 1:
         raise RecipeError(f"{key}.max_completion_length: {length} must be 1 or more")
-    temperature = number(section, "temperature", 1.0, float, key)
-    if not temperature > 0:
-        raise RecipeError(
-            f"{key}.temperature: {temperature}; rollouts are sampled: give a temperature above 0"
-        )
-    top_k = number(section, "top_k", 0, int, key)
-    top_p = number(section, "top_p", 1.0, float, key)
-    if top_k < 0 or not 0 < top_p <= 1:
-        raise RecipeError(f"{key}: top_k {top_k} must be >= 0 and top_p {top_p} in (0, 1]")
+    temperature, top_k, top_p = read_sampling(section, key)
     beta = number(section, "beta", 0.0, float, key)
     if beta < 0:
         raise RecipeError(f"{key}.beta: {beta} must be 0 (no KL penalty) or more")
@@ -173,6 +165,20 @@ def read_grpo(cfg: Any, stage: str) -> GrpoSettings:
         mask_truncated_completions=bool(section.get("mask_truncated_completions", False)),
         rewards=read_rewards(section.get("reward_functions"), f"{key}.reward_functions"),
     )
+
+
+def read_sampling(section: Any, key: str) -> tuple[float, int, float]:
+    """The rollouts' temperature (above 0: they are sampled), top_k and top_p."""
+    temperature = number(section, "temperature", 1.0, float, key)
+    if not temperature > 0:
+        raise RecipeError(
+            f"{key}.temperature: {temperature}; rollouts are sampled: give a temperature above 0"
+        )
+    top_k = number(section, "top_k", 0, int, key)
+    top_p = number(section, "top_p", 1.0, float, key)
+    if top_k < 0 or not 0 < top_p <= 1:
+        raise RecipeError(f"{key}: top_k {top_k} must be >= 0 and top_p {top_p} in (0, 1]")
+    return temperature, top_k, top_p
 
 
 def read_rewards(listed: Any, key: str) -> tuple[RewardFunction | RewardModel, ...]:

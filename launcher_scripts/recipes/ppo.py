@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.errors import RecipeError
-from launcher_scripts.recipes.grpo import RewardModel, number
+from launcher_scripts.recipes.grpo import RewardModel, number, read_sampling
 
 PPO_KEYS = (
     "num_rollout_samples",
@@ -137,14 +137,7 @@ def read_ppo(cfg: Any, stage: str) -> PpoSettings:
         raise RecipeError(
             f"{ppo_key}: epochs {epochs} and max_completion_length {length} must be 1 or more"
         )
-    temperature = number(ppo, "temperature", 1.0, float, ppo_key)
-    top_k = number(ppo, "top_k", 0, int, ppo_key)
-    top_p = number(ppo, "top_p", 1.0, float, ppo_key)
-    if not temperature > 0 or top_k < 0 or not 0 < top_p <= 1:
-        raise RecipeError(
-            f"{ppo_key}: temperature {temperature} must be above 0 (rollouts are sampled), "
-            f"top_k {top_k} 0 or more and top_p {top_p} in (0, 1]"
-        )
+    temperature, top_k, top_p = read_sampling(ppo, ppo_key)
     penalty = number(ppo, "initial_policy_kl_penalty", 0.02, float, ppo_key)
     if penalty < 0:
         raise RecipeError(f"{ppo_key}.initial_policy_kl_penalty: {penalty} must be 0 or more")

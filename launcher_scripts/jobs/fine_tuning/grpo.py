@@ -152,13 +152,11 @@ class GrpoTask(RolloutTask):
         record["clip_ratio"] = totals["clipped"] / tokens
         if self.settings.beta:
             record["kl"] = totals["kl"] / tokens
-        fresh = self.fresh_rollouts(trainer)
-        record["generation_share"] = self.generation_seconds / seconds if fresh else 0.0
-        trainer.record({"step": trainer.state.step, **record})
-        if trainer.state.step % int(trainer.cfg.trainer.log_every_n_steps) == 0:
-            trainer.say(
-                f"step {trainer.state.step}: reward {record['reward']:.3f} (std within groups "
-                f"{record['reward_std']:.3f}), completion length "
-                f"{record['completion_length']:.1f}, clipped {record['clip_ratio']:.3f}"
-                + (f", kl {record['kl']:.4f}" if "kl" in record else "")
-            )
+        self.log_step(
+            trainer,
+            record,
+            seconds,
+            f"reward {record['reward']:.3f} (std within groups {record['reward_std']:.3f}), "
+            f"completion length {record['completion_length']:.1f}, clipped "
+            f"{record['clip_ratio']:.3f}" + (f", kl {record['kl']:.4f}" if "kl" in record else ""),
+        )

@@ -313,15 +313,14 @@ class PpoTask(RolloutTask):
         record["approx_kl"] = actor["approx_kl"] / tokens  # to the policy that sampled
         record["value_loss"] = critic["value_loss"] / critic_tokens
         record["value_clip_ratio"] = critic["clipped"] / critic_tokens
-        fresh = self.fresh_rollouts(trainer)
-        record["generation_share"] = self.generation_seconds / seconds if fresh else 0.0
-        trainer.record({"step": trainer.state.step, **record})
-        if trainer.state.step % int(trainer.cfg.trainer.log_every_n_steps) == 0:
-            trainer.say(
-                f"step {trainer.state.step}: reward {record['reward']:.3f}, kl {record['kl']:.4f} "
-                f"(coefficient {record['kl_coef']:.4f}), entropy {record['entropy']:.3f}, "
-                f"value loss {record['value_loss']:.4f}, clipped {record['clip_ratio']:.3f}"
-            )
+        self.log_step(
+            trainer,
+            record,
+            seconds,
+            f"reward {record['reward']:.3f}, kl {record['kl']:.4f} (coefficient "
+            f"{record['kl_coef']:.4f}), entropy {record['entropy']:.3f}, value loss "
+            f"{record['value_loss']:.4f}, clipped {record['clip_ratio']:.3f}",
+        )
 
     # ----- outputs ------------------------------------------------------------------------
 

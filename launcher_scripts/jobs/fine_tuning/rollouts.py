@@ -462,6 +462,17 @@ class RolloutTask(TuningTask):
         """Whether the step just taken was the first on its rollout batch."""
         return (trainer.state.step - 1) % self.steps_per_rollout(trainer) == 0
 
+    def log_step(
+        self, trainer: Trainer, record: dict[str, float], seconds: float, line: str
+    ) -> None:
+        """A step's metrics (with the share of its `seconds` spent sampling) into the log, and
+        `line` at the recipe's log interval."""
+        fresh = self.fresh_rollouts(trainer)
+        record["generation_share"] = self.generation_seconds / seconds if fresh else 0.0
+        trainer.record({"step": trainer.state.step, **record})
+        if trainer.state.step % int(trainer.cfg.trainer.log_every_n_steps) == 0:
+            trainer.say(f"step {trainer.state.step}: {line}")
+
     def rollout_metrics(self, rollouts: list[Rollout]) -> dict[str, float]:
         rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float64)
         found = {
