@@ -33,6 +33,24 @@ class Resources:
     exclusive: bool = False
 
 
+# Where a companion finds the node of its job's main program, when a scheduler placed them
+# apart (Slurm's heterogeneous job): a host name, in its environment.
+MAIN_HOST_VARIABLE = "LAUNCHER_MAIN_HOST"
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A program started with a job and ended with it, on resources of its own (PPO's servers
+    beside the actor): the job's end ends it; its end first ends the job, as a failure naming
+    it. Slurm runs a job with companions as one heterogeneous job; local, as processes of one
+    script."""
+
+    name: str  # what messages and its log call it: "reward_model"
+    command: Command
+    resources: Resources
+    key: str = ""  # the recipe key that asks for it, for messages
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One job of a stage. A stage may have several, run one after the other."""
@@ -54,3 +72,4 @@ class JobSpec:
     # requeue it; progress_dir holds its checkpoints (to tell whether an attempt advanced).
     checkpoint_exit_code: int | None = None
     progress_dir: str | None = None
+    companions: tuple[Companion, ...] = ()  # started with the job's last command, ended with it

@@ -16,7 +16,7 @@ from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.config.preflight import resolve
 from launcher_scripts.stages import STAGES, StageContext
-from tests.support.golden_cases import CASES, GOLDEN, assert_goldens, case_overrides
+from tests.support.golden_cases import GOLDEN, assert_goldens, case_backends, case_overrides
 
 
 def rendered(case: str, backend_name: str) -> dict[str, str]:
@@ -28,8 +28,7 @@ def rendered(case: str, backend_name: str) -> dict[str, str]:
     return {f"{job.name}{suffix}": backend.render(job) for job in jobs}
 
 
-@pytest.mark.parametrize("backend_name", sorted(BACKENDS))
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(("case", "backend_name"), case_backends(BACKENDS))
 def test_rendered_scripts_match_goldens(
     case: str, backend_name: str, update_goldens: bool, tmp_path: Path
 ) -> None:

@@ -263,6 +263,20 @@ def shell_word(*parts: str | ShellVar) -> str:
     return "".join(words)
 
 
+def refuse_companions(jobs: Sequence[JobSpec], backend: str) -> None:
+    """ConfigError for a job with companions on a backend that does not start them."""
+    for job in jobs:
+        if job.companions:
+            names = ", ".join(c.name for c in job.companions)
+            raise ConfigError(
+                job.companions[0].key or f"{job.stage}",
+                f"job {job.name} runs {names} beside it as jobs of their own, which "
+                f"cluster_type={backend} does not start in this version",
+                "Use cluster_type=bcm (Slurm) or local, or run the roles in one job "
+                "(rlhf.layout=colocated)",
+            )
+
+
 def time_limit_seconds(limit: str, key: str) -> int:
     """Slurm's time formats (as the recipes write them) in seconds: "MM", "MM:SS",
     "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"."""
@@ -281,3 +295,62 @@ def time_limit_seconds(limit: str, key: str) -> int:
     if total < 1:
         raise ConfigError(key, f"{limit!r} is no time at all", 'Use e.g. "04:00:00"')
     return total
+
+
+# Where a job's companions log, under its results folder: one <name>.log each.
+COMPANION_LOGS = "companions"
+
+
+def with_companions(
+    main: str,
+    companions: Sequence[tuple[str, str]],
+    log_dir: str,
+    signals: Sequence[tuple[str, str]],
+) -> list[str]:
+    """Bash that runs a job's companions (name, their command line) in the background, each
+    logging to `<log_dir>/<name>.log`, then its main command line; each of `signals`
+    (received, sent) the script receives goes to the main program as the signal sent. The main
+    program's end ends the companions and the script with its exit code; a companion that
+    fails first ends the run with one line naming it and exit code 1 (one that exits 0 was
+    told to stop). Portable to bash 4 (no `wait -n -p`)."""
+    lines = [
+        "",
+        "# The job's companions, each with its own log; the main program after them.",
+        f"companion_logs={shlex.quote(log_dir)}",
+        'mkdir -p "$companion_logs"',
+        "declare -A companion=()",
+    ]
+    for name, command in companions:
+        log = f'"$companion_logs"/{shlex.quote(name + ".log")}'
+        lines += ["", f"{command} \\\n    >{log} 2>&1 &", f"companion[$!]={shlex.quote(name)}"]
+    lines += ["", f"{main} &", "main=$!"]
+    for received, sent in signals:
+        lines.append(f"trap 'kill -s {sent} \"$main\" 2>/dev/null || true' {received}")
+    lines += [
+        "end_companions() {",
+        "    local pid",
+        '    for pid in "${!companion[@]}"; do kill -s TERM "$pid" 2>/dev/null || true; done',
+        "    wait || true",
+        "}",
+        'while kill -0 "$main" 2>/dev/null; do',
+        '    for pid in "${!companion[@]}"; do',
+        '        kill -0 "$pid" 2>/dev/null && continue',
+        "        code=0",
+        '        wait "$pid" || code=$?',
+        "        name=${companion[$pid]}",
+        '        unset "companion[$pid]"',
+        "        ((code == 0)) && continue",
+        "        echo \"error: the job's $name ended with exit code $code while the main program"
+        ' ran: the run stops (its log: $companion_logs/$name.log)" >&2',
+        '        kill -s TERM "$main" 2>/dev/null || true',
+        "        end_companions",
+        "        exit 1",
+        "    done",
+        "    sleep 1",
+        "done",
+        "code=0",
+        'wait "$main" || code=$?',
+        "end_companions",
+        'exit "$code"',
+    ]
+    return lines

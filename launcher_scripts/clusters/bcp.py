@@ -34,6 +34,7 @@ from launcher_scripts.clusters.base import (
     format_argv,
     format_quoted,
     nodes_key,
+    refuse_companions,
     shell_word,
     shutdown_env,
 )
@@ -103,7 +104,8 @@ class BcpBackend(LocalBackend):
     # ----- checks before running ---------------------------------------------------------
 
     def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
-        return None  # the BCP job's replicas are known on its node 0: check_submission
+        # The BCP job's replicas are known on its node 0 (check_submission).
+        refuse_companions(jobs, self.name)
 
     def jobs_find_gpus(self) -> bool | None:
         return None  # the jobs run on the BCP job's nodes, not here

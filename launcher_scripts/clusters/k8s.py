@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from launcher_scripts.clusters.base import BackendDefaults, JobLog, JobRecord, utc_now
+from launcher_scripts.clusters.base import (
+    BackendDefaults,
+    JobLog,
+    JobRecord,
+    refuse_companions,
+    utc_now,
+)
 from launcher_scripts.clusters.k8s_manifest import (
     CONTAINER,
     JOB_NAME_LABEL,
@@ -189,6 +195,9 @@ class K8sBackend(BackendDefaults):
 
     def jobs_use_launcher_environment(self) -> bool:
         return False  # every pod runs an image
+
+    def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
+        refuse_companions(jobs, self.name)
 
     # ----- rendering ---------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher_scripts.clusters.base import (
+    COMPANION_LOGS,
     BackendDefaults,
     JobLog,
     JobRecord,
@@ -40,6 +41,7 @@ from launcher_scripts.clusters.base import (
     shutdown_env,
     signal_grace_seconds,
     utc_now,
+    with_companions,
 )
 from launcher_scripts.clusters.process_group import kill_group, members, running, send
 from launcher_scripts.errors import ConfigError
@@ -79,6 +81,12 @@ class LocalBackend(BackendDefaults):
         ]
         for position, command in enumerate(job.commands, start=1):
             argv = format_argv(python_argv(command))
+            if position == len(job.commands) and job.companions:
+                companions = [(c.name, format_argv(python_argv(c.command))) for c in job.companions]
+                log_dir = str(Path(job.results_dir) / COMPANION_LOGS)
+                signals = (("TERM", "TERM"), ("INT", "INT"))
+                lines += with_companions(argv, companions, log_dir, signals)
+                break
             # The last program replaces the shell: signals sent to the job reach it.
             lines += ["", f"exec {argv}" if position == len(job.commands) else argv]
         return "\n".join(lines) + "\n"

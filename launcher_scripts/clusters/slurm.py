@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.clusters.base import (
+    COMPANION_LOGS,
     BackendDefaults,
     JobLog,
     JobRecord,
@@ -26,12 +27,13 @@ from launcher_scripts.clusters.base import (
     nodes_key,
     shell_word,
     utc_now,
+    with_companions,
 )
 from launcher_scripts.clusters.slurm_nodes import SinfoAnswer, SlurmNodes, ask_sinfo
 from launcher_scripts.clusters.slurm_settings import slurm_settings
 from launcher_scripts.clusters.unhealthy import Unhealthy, unhealthy_nodes
 from launcher_scripts.errors import ConfigError, LauncherError
-from launcher_scripts.jobspec import JobSpec
+from launcher_scripts.jobspec import MAIN_HOST_VARIABLE, Command, Companion, JobSpec
 
 # Signals srun forwards to the tasks of its step; the batch shell forwards this one to srun.
 CHECKPOINT_SIGNAL = "USR1"
@@ -59,6 +61,13 @@ def excluded_nodes_name(job: str, job_id: str | ShellVar) -> list[str | ShellVar
     return ["excluded_nodes-", job, "_", job_id, ".json"]
 
 
+def _attempt_log(job: JobSpec) -> str:
+    """The shell word of a checkpointing job's log: one per attempt (a requeued job keeps its
+    id, so the attempt is in the name)."""
+    name = attempt_log_parts(job.name, ShellVar("SLURM_JOB_ID"), ShellVar("SLURM_RESTART_COUNT:-0"))
+    return shell_word(f"{Path(job.results_dir)}/", *name)
+
+
 def slurm_log_name(job: str, job_id: str, task: str | None = None) -> str:
     """The file sbatch's --output names: per array task when `task` is given."""
     return f"slurm-{job}_{job_id}" + ("" if task is None else f"_{task}") + ".out"
@@ -70,6 +79,19 @@ def _number_in(file_name: str, template: str) -> int | None:
     middle = file_name[len(head) : len(file_name) - len(tail)]
     matches = file_name.startswith(head) and file_name.endswith(tail)
     return int(middle) if matches and middle.isdigit() else None
+
+
+# An sbatch option: (name, value or None for a flag, the key that sets it).
+Option = tuple[str, "str | None", str]
+
+
+def _sbatch(options: Sequence[Option]) -> list[str]:
+    return [
+        f"#SBATCH --{name}"
+        if value is None
+        else f"#SBATCH --{name}={shlex.quote(one_line(key, value))}"
+        for name, value, key in options
+    ]
 
 
 def slurm_time(limit: str, key: str) -> str:
@@ -219,6 +241,18 @@ class SlurmBackend(BackendDefaults):
                 )
             if asked > len(left):
                 raise self._too_few_left(job, where, partition.nodes, left, drained_here)
+            whole = asked + sum(c.resources.nodes for c in job.companions)
+            apart = self.settings.companion_partition not in (None, self.settings.partition)
+            if job.companions and not apart and whole > len(left):
+                names = ", ".join(c.name for c in job.companions)
+                raise ConfigError(
+                    job.companions[0].key or key,
+                    f"job {job.name} and its {names} need {whole} nodes (each part of a "
+                    f"heterogeneous job has nodes of its own) but {where} has {len(left)} to "
+                    "give: Slurm would keep it pending forever",
+                    "Use a partition with more nodes, give the companions their own "
+                    "(cluster.companion_partition), or run the roles in one job",
+                )
 
     def _too_few_left(
         self,
@@ -268,13 +302,15 @@ class SlurmBackend(BackendDefaults):
                 "cluster's slurm.conf, or use dry_run=true to render the scripts",
             )
         known = list(self.cluster_nodes.partitions)
-        partition = self.settings.partition
-        if partition and known and partition not in known:
-            raise ConfigError(
-                "cluster.partition",
-                f"{partition!r} is not a partition of this cluster",
-                f"Use one of: {', '.join(sorted(set(known)))}",
-            )
+        # Slurm takes a list, "a,b": the job runs in whichever can start it first.
+        for key in ("partition", "companion_partition"):
+            for partition in (getattr(self.settings, key) or "").split(","):
+                if partition and known and partition not in known:
+                    raise ConfigError(
+                        f"cluster.{key}",
+                        f"{partition!r} is not a partition of this cluster",
+                        f"Use one of: {', '.join(sorted(set(known)))}",
+                    )
         self._check_cpus(jobs)
         if self.root.container:
             if "--container-image" not in _run(["srun", "--help"]):
@@ -359,23 +395,48 @@ class SlurmBackend(BackendDefaults):
         if job.array_size:
             options.append(("array", f"0-{job.array_size - 1}", f"{job.stage}"))
         if job.checkpoint_exit_code is not None:
-            options += [
+            options.append(
                 (
                     "signal",
                     f"B:{CHECKPOINT_SIGNAL}@{settings.signal_grace_seconds}",
                     "cluster.signal_grace_seconds",
-                ),
-                ("requeue", None, "cluster.max_restarts"),
-                ("open-mode", "append", "cluster.max_restarts"),
-            ]
+                )
+            )
+            if not job.companions:  # a heterogeneous job ends with its checkpoint, unrequeued
+                options += [
+                    ("requeue", None, "cluster.max_restarts"),
+                    ("open-mode", "append", "cluster.max_restarts"),
+                ]
         for name, value in settings.sbatch_options:
             options.append((name, value, f"cluster.sbatch_options.{name}"))
-        return [
-            f"#SBATCH --{name}"
-            if value is None
-            else f"#SBATCH --{name}={shlex.quote(one_line(key, value))}"
-            for name, value, key in options
+        lines = _sbatch(options)
+        for companion in job.companions:
+            lines += ["#SBATCH hetjob", *_sbatch(self._component_options(job, companion))]
+        return lines
+
+    def _component_options(self, job: JobSpec, companion: Companion) -> list[Option]:
+        """A companion's component of the heterogeneous job: its nodes and tasks, and what
+        the cluster section asks of every allocation."""
+        settings, resources = self.settings, companion.resources
+        options: list[Option] = [
+            ("nodes", str(resources.nodes), companion.key),
+            ("ntasks-per-node", str(resources.ntasks_per_node), companion.key),
+            ("time", slurm_time(resources.time_limit, f"{job.stage}.run.time_limit"), ""),
         ]
+        for name, value in settings.direct_options():
+            if name == "partition" and settings.companion_partition:
+                options.append((name, settings.companion_partition, "cluster.companion_partition"))
+            else:
+                options.append((name, value, f"cluster.{name}"))
+        if settings.companion_partition and not settings.partition:
+            options.append(
+                ("partition", settings.companion_partition, "cluster.companion_partition")
+            )
+        if resources.gpus_per_node and settings.gpus_per_node_option:
+            options.append(("gpus-per-node", str(resources.gpus_per_node), companion.key))
+        if resources.exclusive and settings.exclusive:
+            options.append(("exclusive", None, "cluster.exclusive"))
+        return options
 
     def _container_flags(self, job: JobSpec) -> list[str]:
         if not job.container:
@@ -403,6 +464,8 @@ class SlurmBackend(BackendDefaults):
         return argv + command_argv
 
     def render(self, job: JobSpec) -> str:
+        if job.companions:
+            return self._render_with_companions(job)
         lines = [
             "#!/usr/bin/env bash",
             f"# Stage {job.stage}, job {job.name}: rendered by launcher_scripts (Slurm backend).",
@@ -411,11 +474,7 @@ class SlurmBackend(BackendDefaults):
         ]
         log = ""
         if job.checkpoint_exit_code is not None:
-            # One log per attempt: a requeued job keeps its id, so the attempt is in the name.
-            name = attempt_log_parts(
-                job.name, ShellVar("SLURM_JOB_ID"), ShellVar("SLURM_RESTART_COUNT:-0")
-            )
-            log = shell_word(f"{Path(job.results_dir)}/", *name)
+            log = _attempt_log(job)
             lines.append(f"exec >>{log} 2>&1")
         lines += [
             "",
@@ -435,6 +494,54 @@ class SlurmBackend(BackendDefaults):
                 lines += ["", format_argv(srun)]
             else:
                 lines += ["", *self._restartable_step(job, srun, log)]
+        return "\n".join(lines) + "\n"
+
+    def _render_with_companions(self, job: JobSpec) -> str:
+        """One heterogeneous job: the job's own program in component 0, each companion in a
+        component of its own; each component's processes meet on its first node."""
+        lines = [
+            "#!/usr/bin/env bash",
+            f"# Stage {job.stage}, job {job.name}: rendered by launcher_scripts (Slurm backend).",
+            "# A heterogeneous job: the main program, and "
+            + ", ".join(c.name for c in job.companions)
+            + " beside it.",
+            *self._sbatch_lines(job),
+            "set -euo pipefail",
+        ]
+        if job.checkpoint_exit_code is not None:  # where `logs` looks, as for other such jobs
+            lines.append(f"exec >>{_attempt_log(job)} 2>&1")
+        lines += [
+            "",
+            f"export PYTHONPATH={shlex.quote(job.pythonpath)}${{PYTHONPATH:+:${{PYTHONPATH}}}}",
+            *export_lines(job.env),
+            "port=$((20000 + SLURM_JOB_ID % 20000))",
+            # The companions reach the main program's node by the route to it.
+            f'{MAIN_HOST_VARIABLE}="$(scontrol show hostnames '
+            '"$SLURM_JOB_NODELIST_HET_GROUP_0" | head -n 1)"',
+            f"export {MAIN_HOST_VARIABLE}",
+            f"cd {shlex.quote(job.results_dir)}",
+        ]
+
+        def step(group: int, command: Command) -> str:
+            program = ["python3", "-u", "-m", command.module, *command.args]
+            srun = self._srun_argv(job, program, command.nproc_per_node)
+            srun.insert(1, f"--het-group={group}")
+            first = (
+                f'"$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_{group}" | head -n 1)"'
+            )
+            return f"MASTER_ADDR={first} MASTER_PORT=$((port + {group})) \\\n    " + format_argv(
+                srun
+            )
+
+        *before, last = job.commands
+        for command in before:
+            lines += ["", step(0, command)]
+        companions = [(c.name, step(i, c.command)) for i, c in enumerate(job.companions, 1)]
+        log_dir = str(Path(job.results_dir) / COMPANION_LOGS)
+        # The checkpoint signal (before the time limit) and the launcher's cancel both ask the
+        # main program to save and stop; its end ends the companions.
+        signals = ((CHECKPOINT_SIGNAL, CHECKPOINT_SIGNAL), (CANCEL_SIGNAL, CHECKPOINT_SIGNAL))
+        lines += with_companions(step(0, last), companions, log_dir, (*signals, ("TERM", "TERM")))
         return "\n".join(lines) + "\n"
 
     def _restartable_step(self, job: JobSpec, srun: list[str], log: str) -> list[str]:

@@ -66,6 +66,8 @@ class SlurmSettings:
     reservation: str | None
     comment: str | None
     nodelist: str | None
+    # The partition of a job's companions (PPO's servers); None: the job's.
+    companion_partition: str | None
     exclude: str  # cluster.exclude as sbatch takes it ("" for none)
     job_name_prefix: str
     # Where cluster validation's verdicts are when cluster.exclude_unhealthy is set, else None.
@@ -122,6 +124,7 @@ def slurm_settings(cluster: Mapping[str, Any] | None) -> SlurmSettings:
         reservation=_set_text(cluster.get("reservation")),
         comment=_set_text(cluster.get("comment")),
         nodelist=_set_text(cluster.get("nodelist")),
+        companion_partition=_set_text(cluster.get("companion_partition")),
         exclude=str(cluster.get("exclude") or ""),
         job_name_prefix=str(cluster.get("job_name_prefix") or ""),
         validation_results=Path(str(cluster.get("validation_results"))) if unhealthy else None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher_scripts.config.checks import require_choice, require_env_name
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
-from launcher_scripts.jobspec import USER_DEPENDENCIES, Command, JobSpec, Resources
+from launcher_scripts.jobspec import USER_DEPENDENCIES, Command, Companion, JobSpec, Resources
 from launcher_scripts.recipes.numa import NumaPolicy
 
 NUMA_BINDING = "launcher_scripts.jobs.numa_binding"
@@ -151,6 +151,7 @@ def make_job(
     progress_dir: str | None = None,
     task_to_task: bool = False,
     results_dir: str | None = None,
+    companions: tuple[Companion, ...] = (),
 ) -> JobSpec:
     """A JobSpec with the settings every job of every stage shares, taken from the root config.
 
@@ -179,6 +180,9 @@ def make_job(
         writes=writes,
         checkpoint_exit_code=checkpoint_exit_code,
         progress_dir=progress_dir,
+        companions=tuple(
+            replace(c, command=numa_bound(root, c.command, c.resources)) for c in companions
+        ),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -131,6 +132,7 @@ CASES = {
     "dpo_llama3_8b": ("dpo", ["dpo=llama3/8b"]),
     "grpo_gpt3_tiny_dp2": ("grpo", ["grpo.trainer.devices=2"]),
     "rlhf_ppo_gpt3_tiny": ("rlhf_ppo", []),
+    "rlhf_ppo_gpt3_tiny_servers": ("rlhf_ppo", ["rlhf_ppo.model.rlhf.layout=servers"]),
     "fine_tuning_gpt3_tiny": ("fine_tuning", ["fine_tuning=gpt3/tiny"]),
     "rlhf_rm_gpt3_tiny_tp2": (
         "rlhf_rm",
@@ -151,6 +153,20 @@ K8S = [
     "{name:results,mount_path:/results,nfs:{server:nfs.example.com,path:/export/results}}]",
 ]
 IMAGE = "nvcr.io/nvidia/nemo:24.05"
+
+
+# Cases only some backends render: the rest refuse them in one line (tested beside the feature).
+ONLY_ON = {"rlhf_ppo_gpt3_tiny_servers": ("bcm", "local")}
+
+
+def case_backends(backends: Iterable[str]) -> list[tuple[str, str]]:
+    """(case, backend) for every case of CASES and backend that renders it."""
+    return [
+        (case, backend)
+        for case in sorted(CASES)
+        for backend in sorted(backends)
+        if backend in ONLY_ON.get(case, (backend,))
+    ]
 
 
 def case_overrides(
