@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +29,9 @@ from launcher_scripts.formats.portable import REWARD_MODEL
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.fine_tuning.ppo import adapted_coefficient, gae
 from tests.support import REPO
-from tests.support.commands import one_error_line, run_main
+from tests.support.commands import one_error_line, run_main, run_ops
 from tests.support.run_logs import job_log, metric
+from tests.support.slurm import MULTI_PARTITION, wait_for_run
 
 STAGE = "rlhf_ppo"
 TRAIN = REPO / "launcher_scripts" / "sample_data" / "preference_train.jsonl"
@@ -214,6 +220,152 @@ def test_lora_ppo_writes_the_peft_file_and_its_initial_policy_is_the_base(
     output = tuned / "checkpoints" / "megatron_gpt_ppo_actor.nemo"
     assert peft_file.is_peft_file(output)
     assert peft_file.read(output).settings.scheme == "lora"
+
+
+SERVED = (f"{STAGE}.model.rlhf.layout=servers",)
+ROLES = ("reward_model", "initial_policy", "critic")
+
+
+def test_the_servers_layout_trains_as_the_colocated_one(
+    short_run: Path, sft_start: Path, tiny_reward_model: Path, tmp_path: Path
+) -> None:
+    """The reward model, the initial policy and the critic as jobs of their own (here local
+    processes beside the actor's): the same rollouts and the same critic as in one job, the
+    critic's checkpoint in its own folder, and every server ended with the run."""
+    served = run_stage(tmp_path, sft_start, reward_model(tiny_reward_model), *SHORT, *SERVED)
+    for name in ("reward", "completion_length", "value_loss", "values"):
+        mine, reference = metric(served, name), metric(short_run, name)
+        for step in (1, 2):  # the first rollout batch: the same weights everywhere
+            assert mine[step] == pytest.approx(reference[step], rel=1e-4, abs=1e-6), name
+    assert metric(served, "kl")[1] == pytest.approx(0.0, abs=1e-5)
+    assert (served / "critic" / "checkpoints" / "critic--step=4").is_dir()
+    companions = served.parent / "companions"
+    for role in ROLES:
+        assert f"serving {role} at" in (companions / f"{role}.log").read_text()
+        address = json.loads((served / "servers" / f"{role}.json").read_text())
+        assert not Path(f"/proc/{address['pid']}").exists(), role
+
+
+def test_a_server_that_dies_ends_the_run_in_one_line(
+    sft_start: Path, tiny_reward_model: Path, tmp_path: Path
+) -> None:
+    """The critic's server killed while the actor trains: the run stops with one line naming
+    it (not a hang), and the other servers end with it."""
+    command = overrides(
+        tmp_path, sft_start, reward_model(tiny_reward_model), *SHORT, *SERVED,
+        f"{STAGE}.trainer.max_steps=400",
+    )  # fmt: skip
+    results = tmp_path / "gpt3_tiny" / STAGE / "results"
+    with subprocess.Popen(
+        [sys.executable, str(REPO / "main.py"), *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    ) as launcher:
+        critic = results / "servers" / "critic.json"
+        deadline = time.monotonic() + 300
+        while not (critic.is_file() and metric_lines(results)) and launcher.poll() is None:
+            assert time.monotonic() < deadline, "the run never started training"
+            time.sleep(0.5)
+        os.kill(json.loads(critic.read_text())["pid"], signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode != 0, output[-2000:]
+    log = job_log(results)
+    errors = [line for line in log.splitlines() if line.startswith("error: the job's critic")]
+    assert len(errors) == 1 and "exit code 137" in errors[0], log[-3000:]
+    for role in ("reward_model", "initial_policy"):
+        address = json.loads((results / "servers" / f"{role}.json").read_text())
+        assert not Path(f"/proc/{address['pid']}").exists(), role
+
+
+@pytest.mark.parametrize("backend", ["bcp", "k8s"])
+def test_the_servers_layout_is_refused_where_no_companion_starts(
+    backend: str, tiny_portable: Path, tiny_reward_model: Path, tmp_path: Path
+) -> None:
+    scorer = reward_model(tiny_reward_model)
+    result = run_main(
+        *overrides(tmp_path, tiny_portable, scorer, *SERVED),
+        f"cluster_type={backend}",
+        "container=nvcr.io/nvidia/nemo:24.05",
+        "cluster.volumes=[{name: work, mount_path: /, host_path: /}]"
+        if backend == "k8s"
+        else "dry_run=true",
+        "dry_run=true",
+    )
+    one_error_line(result, f"{STAGE}.model.rlhf.layout", f"cluster_type={backend}", "colocated")
+
+
+def slurm_run(results: Path, base: Path, scorer: Path, *extra: str) -> str:
+    """The servers layout submitted to the CI's namespace nodes: the job's Slurm id."""
+    submitted = run_main(
+        *overrides(results, base, scorer, *SHORT, *SERVED, *extra),
+        "cluster_type=bcm",
+        "cluster.gpus_per_node=null",
+        # Each component of a heterogeneous job has nodes of its own: the actor on this
+        # machine's node, a server on each namespace node.
+        "cluster.partition=batch",
+        f"cluster.companion_partition={MULTI_PARTITION}",
+    )
+    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
+    manifest = json.loads(run_ops("status", str(results), "--json").stdout)
+    (job_id,) = manifest["stages"][0]["jobs"][0]["job_ids"]
+    return job_id
+
+
+def queued(job_id: str) -> list[str]:
+    """The job's components still in the queue."""
+    listed = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True, check=True
+    )
+    return listed.stdout.split()
+
+
+@pytest.mark.slow
+def test_on_slurm_the_four_roles_are_one_job_and_end_together(
+    slurm_nodes: list[str], sft_start: Path, tiny_reward_model: Path, tmp_path: Path
+) -> None:
+    """On the CI's Slurm: the actor and the three servers as the four components of one
+    heterogeneous job, which finishes; then a second run, cancelled while it trains, saves the
+    actor's checkpoint and ends all four."""
+    del slurm_nodes
+    scorer = reward_model(tiny_reward_model)
+    too_small = run_main(
+        *overrides(tmp_path / "refused", sft_start, scorer, *SERVED),
+        "cluster_type=bcm",
+        "cluster.gpus_per_node=null",
+        f"cluster.partition={MULTI_PARTITION}",
+        "dry_run=true",
+    )
+    one_error_line(too_small, f"{STAGE}.model.rlhf.layout", "need 4 nodes", "has 3 to give")
+    done = tmp_path / "done"
+    job_id = slurm_run(done, sft_start, scorer)
+    assert wait_for_run(done, timeout=900) == {f"{STAGE}_gpt3_tiny": "COMPLETED"}
+    trained = done / "gpt3_tiny" / STAGE / "results"
+    assert sorted(metric(trained, "value_loss")) == [1, 2, 3, 4]
+    script = (done / "gpt3_tiny" / STAGE / f"{STAGE}_gpt3_tiny_submission.sh").read_text()
+    assert script.count("#SBATCH hetjob") == 3
+    # Four allocations: each server on a node of its own (the actor on this machine's).
+    hosts = {json.loads((trained / "servers" / f"{r}.json").read_text())["host"] for r in ROLES}
+    assert len(hosts) == 3, hosts
+
+    cancelled = tmp_path / "cancelled"
+    job_id = slurm_run(cancelled, sft_start, scorer, f"{STAGE}.trainer.max_steps=400")
+    results = cancelled / "gpt3_tiny" / STAGE / "results"
+    deadline = time.monotonic() + 600
+    while not metric_lines(results):
+        assert time.monotonic() < deadline, "the run never started training"
+        time.sleep(1)
+    assert run_ops("cancel", str(cancelled)).returncode == 0
+    wait_for_run(cancelled, timeout=600)
+    assert queued(job_id) == []
+    assert "stopped by a signal" in job_log(results)
+    assert list((results / "checkpoints").glob("megatron_gpt_ppo_actor--*"))
+
+
+def metric_lines(results: Path) -> bool:
+    path = results / "metrics.jsonl"
+    return path.is_file() and '"value_loss"' in path.read_text()
 
 
 def bad(override: str, fragments: list[str]) -> Any:

@@ -26,7 +26,7 @@ Pure Python: the launcher's preflight and the job program read it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,11 @@ PPO_KEYS = (
     "critic_loss_clip_value",
 )
 CRITIC_OPTIM_KEYS = ("lr", "weight_decay", "betas", "eps", "sched")
+LAYOUTS = ("colocated", "servers")
+SERVER_ROLES = ("reward_model", "initial_policy", "critic")
 RLHF_KEYS = (
+    "rlhf.layout",
+    *(f"rlhf.{role}.devices" for role in SERVER_ROLES),
     "rlhf.reward_model.restore_from_path",
     "rlhf.reward_model.normalize",
     "rlhf.critic.restore_from_path",
@@ -83,10 +87,19 @@ class PpoSettings:
     gae_lambda: float = 0.95
     normalize_advantage: bool = True
     critic_loss_clip_value: float = 0.2
+    layout: str = "colocated"  # or servers: the other roles as jobs of their own
+    # Processes per server (servers layout), by role: each server's ranks hold its model.
+    server_devices: dict[str, int] = field(default_factory=dict)
 
     @property
     def rewards(self) -> tuple[RewardModel, ...]:
         return (self.reward,)
+
+    def served(self) -> list[tuple[str, int]]:
+        """(role, processes) of the roles that run as servers beside the actor's job."""
+        if self.layout != "servers":
+            return []
+        return [(role, self.server_devices.get(role, 1)) for role in SERVER_ROLES]
 
     def reward_models(self) -> list[tuple[str, Path]]:
         """(recipe key, path) of the reward-model files it reads (the reward model and the
@@ -100,14 +113,31 @@ class PpoSettings:
 def read_ppo(cfg: Any, stage: str) -> PpoSettings:
     rlhf = cfg.model.get("rlhf") or {}
     key = f"{stage}.model.rlhf"
-    unknown = sorted(set(rlhf) - {"reward_model", "critic", "ppo"})
+    unknown = sorted(set(rlhf) - {"layout", "reward_model", "initial_policy", "critic", "ppo"})
     if unknown:
-        raise RecipeError(f"{key}: {unknown} are not sections of it: reward_model, critic, ppo")
+        raise RecipeError(
+            f"{key}: {unknown} are not settings of it: layout, reward_model, initial_policy, "
+            "critic, ppo"
+        )
+    layout = str(rlhf.get("layout") or "colocated")
+    if layout not in LAYOUTS:
+        raise RecipeError(f"{key}.layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
+    devices = {}
+    for role in SERVER_ROLES:
+        section = rlhf.get(role) or {}
+        devices[role] = number(section, "devices", 1, int, f"{key}.{role}")
+        if devices[role] < 1:
+            raise RecipeError(f"{key}.{role}.devices: {devices[role]} must be 1 or more")
+    extra = sorted(set(rlhf.get("initial_policy") or {}) - {"devices"})
+    if extra:
+        raise RecipeError(f"{key}.initial_policy: {extra} are not settings of it: devices")
     reward = _reward_model(rlhf.get("reward_model") or {}, f"{key}.reward_model")
     critic_section = rlhf.get("critic") or {}
-    extra = sorted(set(critic_section) - {"restore_from_path", "optim"})
+    extra = sorted(set(critic_section) - {"restore_from_path", "optim", "devices"})
     if extra:
-        raise RecipeError(f"{key}.critic: {extra} are not settings of it: restore_from_path, optim")
+        raise RecipeError(
+            f"{key}.critic: {extra} are not settings of it: restore_from_path, optim, devices"
+        )
     critic = critic_section.get("restore_from_path")
     optim = dict(critic_section.get("optim") or {})
     extra = sorted(set(optim) - set(CRITIC_OPTIM_KEYS))
@@ -192,13 +222,17 @@ def read_ppo(cfg: Any, stage: str) -> PpoSettings:
         gae_lambda=lam,
         normalize_advantage=_flag(ppo, "normalize_advantage", True, ppo_key),
         critic_loss_clip_value=clip,
+        layout=layout,
+        server_devices=devices,
     )
 
 
 def _reward_model(section: Any, key: str) -> RewardModel:
-    extra = sorted(set(section) - {"restore_from_path", "normalize"})
+    extra = sorted(set(section) - {"restore_from_path", "normalize", "devices"})
     if extra:
-        raise RecipeError(f"{key}: {extra} are not settings of it: restore_from_path, normalize")
+        raise RecipeError(
+            f"{key}: {extra} are not settings of it: restore_from_path, normalize, devices"
+        )
     path = section.get("restore_from_path")
     if not path:
         raise RecipeError(

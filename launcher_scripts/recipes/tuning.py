@@ -674,6 +674,13 @@ def objective_models(spec: TuningSpec) -> list[tuple[str, Path]]:
     return models() if models is not None else []
 
 
+def served_roles(spec: TuningSpec) -> list[tuple[str, int]]:
+    """(role, processes) of the jobs that serve the task's other models beside its own (PPO's
+    servers layout): its stage starts them as the job's companions."""
+    served = getattr(spec.objective, "served", None)
+    return served() if served is not None else []
+
+
 def reward_models(spec: TuningSpec) -> list[tuple[str, Path]]:
     """The reward models the task's settings score with (GRPO's): each must share the base's
     tokenizer."""

@@ -20,7 +20,7 @@ from launcher_scripts.families.file_family import (
 )
 from launcher_scripts.formats.portable_check import require_peft, require_portable
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
-from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.jobspec import Command, Companion, JobSpec, Resources
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.optimizer import check_optimizer
 from launcher_scripts.recipes.tuning import (
@@ -33,6 +33,7 @@ from launcher_scripts.recipes.tuning import (
     objective_models,
     read_spec,
     reward_models,
+    served_roles,
 )
 from launcher_scripts.stages.base import (
     StageContext,
@@ -43,6 +44,7 @@ from launcher_scripts.stages.base import (
 )
 
 FINETUNE = "launcher_scripts.jobs.fine_tuning.finetune"
+SERVER = "launcher_scripts.jobs.fine_tuning.ppo_server"  # a served role of a tuning task
 
 
 class TuningStage(StageDefaults):
@@ -123,27 +125,44 @@ class TuningStage(StageDefaults):
         log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
         reads: tuple[str, ...] = ()
         writes: tuple[str, ...] = (str(log_dir),)
+        served: list[tuple[str, int]] = []
         if family_of(cfg, ctx.stage).runs(self.name):
             spec = read_spec(cfg, ctx.stage)
             reads = tuple(str(path) for _, path in all_inputs(spec))
             writes = (str(log_dir / "checkpoints"), str(spec.output_file))
+            served = served_roles(spec)
         argv = ("--config", str(ctx.config_path), "--stage", ctx.stage)
+        time_limit = str(cfg.run.time_limit)
+
+        def resources(processes: int, node_count: int) -> Resources:
+            return Resources(
+                nodes=node_count,
+                ntasks_per_node=processes,
+                gpus_per_node=processes if on_gpu else 0,
+                time_limit=time_limit,
+                exclusive=on_gpu,
+            )
+
+        companions = tuple(
+            Companion(
+                role,
+                Command(SERVER, (*argv, "--role", role), nproc_per_node=processes),
+                resources(processes, 1),
+                f"{ctx.stage}.model.rlhf.layout",
+            )
+            for role, processes in served
+        )
         return [
             make_job(
                 ctx,
                 str(cfg.run.name),
                 (Command(FINETUNE, argv, nproc_per_node=devices),),
-                Resources(
-                    nodes=nodes,
-                    ntasks_per_node=devices,
-                    gpus_per_node=devices if on_gpu else 0,
-                    time_limit=str(cfg.run.time_limit),
-                    exclusive=on_gpu,
-                ),
+                resources(devices, nodes),
                 reads=reads,
                 writes=writes,
                 checkpoint_exit_code=EXIT_PREEMPTED,
                 progress_dir=str(log_dir / "checkpoints"),
+                companions=companions,
             )
         ]
 

@@ -20,7 +20,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.errors import ConfigError
@@ -127,15 +126,9 @@ def max_steps(cfg: Any, spec: TuningSpec) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     recipe_cfg = OmegaConf.load(args.config)
-    from launcher_scripts.jobs.training import cpu_compat, runtime, wandb_logger
+    from launcher_scripts.jobs.training import runtime, wandb_logger
 
-    on_gpu = (
-        str(recipe_cfg.trainer.get("accelerator", "gpu")) != "cpu" and torch.cuda.is_available()
-    )
-    info = runtime.process_info()
-    if not on_gpu:
-        cpu_compat.patch_cuda_queries()
-        cpu_compat.CudaDevicesOnCpu().__enter__()
+    on_gpu, info = runtime.start_job(recipe_cfg)
     from launcher_scripts.formats import portable
     from launcher_scripts.formats.portable_check import inspect_peft, inspect_portable
     from launcher_scripts.formats.tokenizer import TokenizerError

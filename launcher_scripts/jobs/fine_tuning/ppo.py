@@ -1,4 +1,6 @@
-"""PPO's training task (the rlhf_ppo stage, reference 5.16.2), its four roles in one job.
+"""PPO's training task (the rlhf_ppo stage, reference 5.16.2): the actor's job, with the other
+three roles in it (`model.rlhf.layout: colocated`, ColocatedRoles) or served by jobs of their
+own (`servers`: jobs/fine_tuning/ppo_remote.py asks jobs/fine_tuning/ppo_server.py's).
 
 - The actor: the policy being trained, from the SFT model (every weight, or LoRA).
 - The initial policy: the actor's starting weights, kept and swapped in for its pass (LoRA's:
@@ -166,6 +168,72 @@ def adapted_coefficient(
     return coefficient * (1 + error * samples / horizon)
 
 
+class ColocatedRoles:
+    """The initial policy, the critic and (through the task's scorers) the reward model in the
+    actor's job: the critic trained beside the actor, the initial policy the actor's starting
+    weights swapped in."""
+
+    def __init__(self, task: PpoTask, trainer: Trainer) -> None:
+        from launcher_scripts.jobs.conversion import load
+
+        path = task.settings.critic
+        self.file = portable.read(path, trainer.log_dir, extract=False)
+        par, precision = trainer.par, trainer.cfg.trainer.precision
+        chunks = load.build(self.file, par.tensor, par.pipeline, trainer.on_gpu, precision)
+        for chunk in chunks:
+            chunk.train()
+        optim = OmegaConf.merge(trainer.cfg.model.optim, task.settings.critic_optim)
+        self.critic = trainer.train_beside(chunks, chunks[0].config, optim)
+        self.settings, self.mode = task.settings, "train"
+        trainer.say(f"critic from {path}: learning rate {float(optim.lr):g}")
+
+    def _forward(self, batch: dict[str, Any], model: Any) -> tuple[Any, Any]:
+        output = model(batch["tokens"], batch["position_ids"], None)
+        return output, partial(critic_loss, self.settings, self.mode, batch)
+
+    def reference_logps(self, task: PpoTask, trainer: Trainer) -> None:
+        with Swapped(task.starting_values):
+            task.attach_logps(trainer, "ref_logps")
+
+    def critic_values(self, task: PpoTask, trainer: Trainer) -> None:
+        self.mode = "values"
+        try:
+            task.attach_rows(trainer, "old_values", "values", self.critic.model, self._forward)
+        finally:
+            self.mode = "train"
+
+    def train_critic(self, task: PpoTask, trainer: Trainer, start: int) -> dict[str, float]:
+        del task
+        outputs = trainer.step_beside(self.critic, start, trainer.train_stream, self._forward)
+        return reduced_sums(outputs, "critic", CRITIC_STATS, trainer.device)
+
+    def trained_beside(self) -> dict[str, TrainedBeside]:
+        return {"critic": self.critic}
+
+    def on_checkpoint(self, trainer: Trainer) -> None:
+        del trainer  # the critic is in the actor's checkpoint
+
+    def check_resumed(self, trainer: Trainer) -> None:
+        del trainer
+
+    def write(self, task: PpoTask, trainer: Trainer) -> None:
+        """critic.nemo: a reward model's file with the critic's weights (the next run's
+        critic)."""
+        tensors = peft_file.gather_full([unwrap(c) for c in self.critic.model], lambda key: True)
+        if trainer.rank == 0 and tensors is not None:
+            config = self.file.config.copy()
+            # The same tokenizer (preflight compares them), the base's files extracted here.
+            config.tokenizer = task.base.config.tokenizer
+            config.tensor_model_parallel_size = trainer.par.tensor
+            config.pipeline_model_parallel_size = trainer.par.pipeline
+            path = task.spec.output_file.parent / CRITIC_FILE
+            portable.write(path, config, tensors)
+            trainer.say(f"critic ({file_size(path)}): {path}")
+
+    def finish(self, trainer: Trainer) -> None:
+        del trainer
+
+
 class PpoTask(RolloutTask):
     settings: PpoSettings
     settings_key = "model.rlhf.ppo"
@@ -173,9 +241,12 @@ class PpoTask(RolloutTask):
 
     def __init__(self, cfg: Any, spec: Any, base: Any) -> None:
         super().__init__(cfg, spec, base)
-        self.critic: TrainedBeside | None = None
-        self.critic_config: Any = None
-        self.critic_mode = "train"
+        self.roles: Any = None  # ColocatedRoles, or ppo_remote.ServedRoles
+
+    def uses_reference(self) -> bool:
+        # The KL to the initial policy is in every reward and every log line; served, the
+        # initial policy is a server's.
+        return self.settings.layout == "colocated"
 
     def completions_per_prompt(self) -> int:
         return 1
@@ -187,9 +258,6 @@ class PpoTask(RolloutTask):
     def steps_per_rollout(self, trainer: Trainer) -> int:
         gbs = int(trainer.cfg.model.global_batch_size)
         return self.settings.epochs * self.settings.num_rollout_samples // gbs
-
-    def uses_reference(self) -> bool:
-        return True  # the KL to the initial policy is in every reward and every log line
 
     def sample_keys(self) -> tuple[str, ...]:
         return KEYS
@@ -203,50 +271,44 @@ class PpoTask(RolloutTask):
             for index in epoch_order(count, trainer.seed + cycle, epoch)
         ]
 
-    # ----- the critic ---------------------------------------------------------------------
+    # ----- the roles ------------------------------------------------------------------------
 
     def build_data(self, trainer: Trainer) -> Streams:
+        if self.settings.layout == "servers":
+            from launcher_scripts.jobs.fine_tuning.ppo_remote import ServedRoles
+
+            self.roles = ServedRoles(trainer.log_dir)
         streams = super().build_data(trainer)
-        self._build_critic(trainer)
+        if self.roles is None:
+            self.roles = ColocatedRoles(self, trainer)
         return streams
 
-    def _build_critic(self, trainer: Trainer) -> None:
-        from launcher_scripts.jobs.conversion import load
+    def make_scorers(self, trainer: Trainer) -> list[Any]:
+        if self.settings.layout == "servers":
+            from launcher_scripts.jobs.fine_tuning.ppo_remote import ServedScorer
 
-        path = self.settings.critic
-        loaded = portable.read(path, trainer.log_dir, extract=False)
-        self.critic_file = loaded
-        par, precision = trainer.par, trainer.cfg.trainer.precision
-        chunks = load.build(loaded, par.tensor, par.pipeline, trainer.on_gpu, precision)
-        for chunk in chunks:
-            chunk.train()
-        config = chunks[0].config
-        optim = OmegaConf.merge(trainer.cfg.model.optim, self.settings.critic_optim)
-        self.critic = trainer.train_beside(chunks, config, optim)
-        trainer.say(f"critic from {path}: learning rate {float(optim.lr):g}")
+            return [ServedScorer(self.settings.reward, self.roles.reward, self.tokenizer.eod_id)]
+        return super().make_scorers(trainer)
 
     def trained_beside(self) -> dict[str, TrainedBeside]:
-        return {"critic": self.critic} if self.critic is not None else {}
+        return self.roles.trained_beside() if self.roles is not None else {}
 
-    def _critic_forward(self, batch: dict[str, Any], model: Any) -> tuple[Any, Any]:
-        output = model(batch["tokens"], batch["position_ids"], None)
-        return output, partial(critic_loss, self.settings, self.critic_mode, batch)
+    def before_training(self, trainer: Trainer) -> None:
+        self.roles.check_resumed(trainer)
+        super().before_training(trainer)
+
+    def on_checkpoint(self, trainer: Trainer) -> None:
+        super().on_checkpoint(trainer)
+        self.roles.on_checkpoint(trainer)
 
     # ----- rollouts -----------------------------------------------------------------------
 
     def prepare(self, trainer: Trainer, rollouts: list[Rollout]) -> None:
         settings = self.settings
-        assert self.critic is not None
         self.batch.samples = [self.sample(rollout) for rollout in rollouts]
         self.attach_logps(trainer, "old_logps")
-        with Swapped(self.starting_values):  # the initial policy
-            self.attach_logps(trainer, "ref_logps")
-        self.critic_mode = "values"
-        try:
-            critic, forward = self.critic.model, self._critic_forward
-            self.attach_rows(trainer, "old_values", "values", critic, forward)
-        finally:
-            self.critic_mode = "train"
+        self.roles.reference_logps(self, trainer)
+        self.roles.critic_values(self, trainer)
         coefficient = float(trainer.state.task.get("kl_coef", settings.initial_policy_kl_penalty))
         kls, values, returns = [], [], []
         for rollout, sample in zip(rollouts, self.batch.samples, strict=True):
@@ -297,14 +359,9 @@ class PpoTask(RolloutTask):
 
     def after_step(self, trainer: Trainer, outputs: list[Any], seconds: float) -> None:
         """The critic's step on the mini-batch the actor just trained on, then the log."""
-        assert self.critic is not None
         gbs = int(trainer.cfg.model.global_batch_size)
-        start = trainer.state.consumed_samples - gbs
-        critic_outputs = trainer.step_beside(
-            self.critic, start, trainer.train_stream, self._critic_forward
-        )
+        critic = self.roles.train_critic(self, trainer, trainer.state.consumed_samples - gbs)
         actor = reduced_sums(outputs, "ppo", ACTOR_STATS, trainer.device)
-        critic = reduced_sums(critic_outputs, "critic", CRITIC_STATS, trainer.device)
         tokens, critic_tokens = max(actor["tokens"], 1.0), max(critic["tokens"], 1.0)
         record = self.rollout_metrics(self.rollouts)
         record |= self.rollout_stats
@@ -325,18 +382,9 @@ class PpoTask(RolloutTask):
     # ----- outputs ------------------------------------------------------------------------
 
     def write_outputs(self, trainer: Trainer) -> None:
-        """The actor's file (as SFT's), and the critic's beside it (a reward model's file
-        with its value head: the next PPO run's critic)."""
+        """The actor's file (as SFT's), the critic's beside it (colocated), and the servers
+        stopped (served)."""
         super().write_outputs(trainer)
-        assert self.critic is not None
-        tensors = peft_file.gather_full([unwrap(c) for c in self.critic.model], lambda key: True)
-        if trainer.rank == 0 and tensors is not None:
-            config = self.critic_file.config.copy()
-            # The same tokenizer (preflight compares them), the base's files extracted here.
-            config.tokenizer = self.base.config.tokenizer
-            config.tensor_model_parallel_size = trainer.par.tensor
-            config.pipeline_model_parallel_size = trainer.par.pipeline
-            path = self.spec.output_file.parent / CRITIC_FILE
-            portable.write(path, config, tensors)
-            trainer.say(f"critic ({file_size(path)}): {path}")
+        self.roles.write(self, trainer)
         dist.barrier()
+        self.roles.finish(trainer)

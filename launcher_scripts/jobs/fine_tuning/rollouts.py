@@ -281,16 +281,20 @@ class RolloutTask(TuningTask):
             + f"{per_prompt} completion{'s' if per_prompt > 1 else ''} each, "
             + f"{self.steps_per_rollout(trainer)} optimizer step(s) on each batch"
         )
-        self.scorers = [
+        self.scorers = self.make_scorers(trainer)
+        model = trainer.cfg.model
+        self.batch.length = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size)
+        train = data.SampleStream(self.batch, int(model.micro_batch_size), self.sample_keys())
+        return Streams(train, None, 0)
+
+    def make_scorers(self, trainer: Trainer) -> list[Any]:
+        """One scorer per reward of the settings: a function, or a reward model built here."""
+        return [
             ModelScorer(r, trainer, self.tokenizer)
             if isinstance(r, RewardModel)
             else FunctionScorer(r, f"{self.settings_key}.reward_functions")
             for r in self.settings.rewards
         ]
-        model = trainer.cfg.model
-        self.batch.length = int(trainer.cfg.trainer.max_steps) * int(model.global_batch_size)
-        train = data.SampleStream(self.batch, int(model.micro_batch_size), self.sample_keys())
-        return Streams(train, None, 0)
 
     def sample_keys(self) -> tuple[str, ...]:
         raise NotImplementedError

@@ -16,7 +16,6 @@ import signal
 import sys
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.formats.progress import STOP_SIGNALS
@@ -46,13 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = OmegaConf.load(args.config)
     assert isinstance(cfg, DictConfig)
     # Imported here so `--help` and config errors are instant.
-    from launcher_scripts.jobs.training import cpu_compat, runtime, wandb_logger
+    from launcher_scripts.jobs.training import runtime, wandb_logger
 
-    on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu" and torch.cuda.is_available()
-    info = runtime.process_info()
-    if not on_gpu:
-        cpu_compat.patch_cuda_queries()
-        cpu_compat.CudaDevicesOnCpu().__enter__()
+    on_gpu, info = runtime.start_job(cfg)
     from launcher_scripts.errors import ConfigError
     from launcher_scripts.families import family_of
     from launcher_scripts.formats.tokenizer import TokenizerError

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,17 @@ from launcher_scripts.ports import free_port
 from launcher_scripts.recipes.training import Parallelism
 
 COLLECTIVE_TIMEOUT_MINUTES = 30
+
+
+def start_job(cfg: Any) -> tuple[bool, ProcessInfo]:
+    """A job program's start: whether it runs on GPUs (the recipe's accelerator, and CUDA is
+    there) and this process's place in the job; on CPU, CUDA's queries answered for the CPU."""
+    on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu" and torch.cuda.is_available()
+    info = process_info()
+    if not on_gpu:
+        cpu_compat.patch_cuda_queries()
+        cpu_compat.CudaDevicesOnCpu().__enter__()
+    return on_gpu, info
 
 
 def init_distributed(info: ProcessInfo, on_gpu: bool, rendezvous_timeout: float) -> None:
