@@ -38,8 +38,8 @@ from auto_configurator.recipes import (
 from auto_configurator.searched_models import searched_model
 from auto_configurator.settings import PREFIX, TrainSettings
 from launcher_scripts import families
-from launcher_scripts.costmodel.shapes import Layout
 from launcher_scripts.costmodel.throughput import ClusterSpec
+from launcher_scripts.recipes.layout import Layout
 
 STOP_BEFORE_LIMIT_S = 1800  # trainer.max_time stops this long before the job's time limit
 

@@ -19,9 +19,10 @@ from auto_configurator.settings import PREFIX, TrainSettings
 from launcher_scripts.config.checks import splits_heads
 from launcher_scripts.costmodel.encoder_decoder import EncoderDecoderShape
 from launcher_scripts.costmodel.memory import MemoryBreakdown
-from launcher_scripts.costmodel.shapes import Layout, ModelShape
 from launcher_scripts.costmodel.throughput import ClusterSpec, StepPrediction
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.recipes.layout import Layout
+from launcher_scripts.recipes.model_shape import ModelShape
 
 AUTO_MICRO_BATCHES = (1, 2, 4, 8, 16)
 AUTO_VIRTUAL_PIPELINE = (None, 2, 4, 8)
@@ -236,9 +237,9 @@ RULES = (
     Rule(
         "GPUs % (TP x PP x CP)",
         "num_nodes",
-        lambda _s, lay, _sp: lay.world % (lay.tensor * lay.pipeline * lay.context) == 0,
+        lambda _s, lay, _sp: lay.world_size % (lay.tensor * lay.pipeline * lay.context) == 0,
         lambda _s, lay, _sp: (
-            f"Choose TP, PP and CP sizes whose product divides the {lay.world} GPUs"
+            f"Choose TP, PP and CP sizes whose product divides the {lay.world_size} GPUs"
         ),
     ),
     Rule(

@@ -36,13 +36,6 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher_scripts.costmodel import encoder_decoder
 from launcher_scripts.costmodel.memory import GIB, MemoryBreakdown, memory_breakdown
 from launcher_scripts.costmodel.plan import Costs
-from launcher_scripts.costmodel.shapes import (
-    GATED_ACTIVATIONS,
-    Layout,
-    ModelShape,
-    check_layout,
-    tokenizer_vocab,
-)
 from launcher_scripts.costmodel.throughput import (
     CLUSTERS,
     ClusterSpec,
@@ -52,7 +45,9 @@ from launcher_scripts.costmodel.throughput import (
 )
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.families import family_of
-from launcher_scripts.recipes import training as recipe_keys
+from launcher_scripts.formats.portable_check import GATED_ACTIVATIONS
+from launcher_scripts.recipes.layout import Layout, check_layout, read_layout
+from launcher_scripts.recipes.model_shape import ModelShape, read_shape, tokenizer_vocab
 
 MODEL_KEYS = (
     "num_layers",
@@ -290,7 +285,7 @@ class EncoderDecoderEstimate:
     """A T5/mT5 recipe's costs (the launcher plan's) at its layout."""
 
     model: dict[str, Any]  # the blocks' shapes, the sequence lengths, the vocabulary
-    par: recipe_keys.Parallelism
+    par: Layout
     encoder_stages: int
     micro_batch: int
     global_batch: int
@@ -344,8 +339,8 @@ def make_estimate(request: Request) -> Estimate | EncoderDecoderEstimate:
     vocab, assumed = None, False
     if cfg.model.get("padded_vocab_size") is None:
         vocab, assumed = tokenizer_vocab(cfg.model.get("tokenizer") or {})
-    shape = ModelShape.from_recipe(cfg.model, vocab_size=vocab)
-    layout = Layout.from_recipe(cfg)
+    shape = read_shape(cfg.model, vocab_size=vocab)
+    layout = read_layout(cfg, "")
     check_layout(shape, layout)
     return Estimate(
         shape=shape,
@@ -366,11 +361,10 @@ def encoder_decoder_estimate(
     family = family_of(cfg, "training")
     family.validate(cfg, "training", lambda _path: True)
     model = cfg.model
-    par = recipe_keys.parallelism(cfg, "training")
     vocab, assumed = tokenizer_vocab(model.tokenizer)
-    layout = Layout.from_recipe(cfg)
-    costs = family.costs(cfg, par, vocab, layout.micro_batches, "training")
-    shape = encoder_decoder.EncoderDecoderShape(model, vocab)
+    layout = read_layout(cfg, "training")
+    shape = family.shape(model, vocab, "training")
+    costs = family.costs(shape, layout)
     blocks = {
         block: {
             name: OmegaConf.select(model, f"{block}.{name}")
@@ -385,13 +379,13 @@ def encoder_decoder_estimate(
             "seq_length_dec": int(model.data.seq_length_dec),
             "vocab_size": vocab,
         },
-        par=par,
+        par=layout,
         encoder_stages=encoder_decoder.encoder_stages(layout),
         micro_batch=layout.micro_batch,
         global_batch=layout.global_batch,
         micro_batches=layout.micro_batches,
         vocab_assumed=assumed,
-        padded_vocab=shape.padded_vocab(par.tensor),
+        padded_vocab=shape.padded_vocab(layout.tensor),
         costs=costs,
         cluster=cluster,
         step=encoder_decoder.predict_step(shape, layout, cluster) if cluster else None,

@@ -21,8 +21,9 @@ from launcher_scripts import families
 from launcher_scripts.costmodel import encoder_decoder, memory, throughput
 from launcher_scripts.costmodel.encoder_decoder import EncoderDecoderShape
 from launcher_scripts.costmodel.memory import MemoryBreakdown
-from launcher_scripts.costmodel.shapes import Layout, ModelShape, tokenizer_vocab
 from launcher_scripts.costmodel.throughput import ClusterSpec, StepPrediction
+from launcher_scripts.recipes.layout import Layout, read_layout
+from launcher_scripts.recipes.model_shape import ModelShape, read_shape, tokenizer_vocab
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,8 @@ def searched_model(
     model = OmegaConf.to_container(training.model, resolve=True)
     vocab, assumed = tokenizer_vocab(model.get("tokenizer") or {})
     vocab = settings.vocab_size if assumed else vocab
-    layout = Layout.from_recipe(OmegaConf.to_container(training, resolve=True), f"{prefix}.")
+    layout = read_layout(OmegaConf.to_container(training, resolve=True), prefix)
     if families.of_model_type(settings.family).encoder_decoder:
         return EncoderDecoderModel(EncoderDecoderShape(OmegaConf.create(model), vocab)), layout
-    shape = ModelShape.from_recipe(model, vocab_size=vocab, prefix=f"{prefix}.model")
+    shape = read_shape(model, vocab_size=vocab, prefix=f"{prefix}.model")
     return StackModel(shape), layout

@@ -71,9 +71,9 @@ from auto_configurator.config import compose_config  # noqa: E402
 from auto_configurator.main import train_settings  # noqa: E402
 from auto_configurator.report import spearman  # noqa: E402
 from auto_configurator.settings import parse  # noqa: E402
-from launcher_scripts.costmodel.shapes import ModelShape  # noqa: E402
 from launcher_scripts.costmodel.throughput import model_flops_per_sample  # noqa: E402
 from launcher_scripts.ports import free_port  # noqa: E402
+from launcher_scripts.recipes.model_shape import ModelShape  # noqa: E402
 
 SEARCH_CONFIG = "gpt3/tiny"
 NEAR_BEST = 0.05  # "within 5% of the measured best"

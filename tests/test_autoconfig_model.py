@@ -23,7 +23,6 @@ from launcher_scripts.costmodel.memory import (
     memory_breakdown,
     stage_activations,
 )
-from launcher_scripts.costmodel.shapes import Layout, ModelShape
 from launcher_scripts.costmodel.throughput import (
     ClusterSpec,
     hardware_flops_per_step,
@@ -32,6 +31,8 @@ from launcher_scripts.costmodel.throughput import (
     predict_step,
 )
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.recipes.layout import Layout, read_layout
+from launcher_scripts.recipes.model_shape import ModelShape, read_shape
 from tests.support.autoconfig import run_autoconfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -418,12 +419,12 @@ def test_shape_and_layout_from_a_recipe() -> None:
     from launcher_scripts.config.compose import compose_config
 
     cfg = compose_config(["training=gpt3/1b_improved"]).training
-    shape = ModelShape.from_recipe(cfg.model, vocab_size=50257)
-    layout = Layout.from_recipe(cfg)
+    shape = read_shape(cfg.model, vocab_size=50257)
+    layout = read_layout(cfg, "")
     assert shape.gated_mlp and not shape.tied_embeddings and not shape.learned_positions
     assert shape.ffn_hidden_size == int(cfg.model.ffn_hidden_size)
     assert layout.recompute == "selective" and not layout.distributed_optimizer
-    assert layout.world == int(cfg.trainer.num_nodes) * int(cfg.trainer.devices)
+    assert layout.world_size == int(cfg.trainer.num_nodes) * int(cfg.trainer.devices)
 
 
 # ----- the estimate command -------------------------------------------------------------------

@@ -28,9 +28,10 @@ from auto_configurator.searched_models import StackModel
 from auto_configurator.settings import parse
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.costmodel.memory import memory_breakdown
-from launcher_scripts.costmodel.shapes import Layout, ModelShape
 from launcher_scripts.costmodel.throughput import ClusterSpec, predict_step
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.recipes.layout import Layout
+from launcher_scripts.recipes.model_shape import ModelShape
 from tests.support.autoconfig import run_autoconfig, validate_training
 
 # ----- size recommendation and the time to train ---------------------------------------------

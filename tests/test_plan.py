@@ -40,7 +40,7 @@ def test_126m_as_published(tmp_path: Path) -> None:
     assert LAYER == 7_087_872 and TOTAL == 125_262_336
     assert plan.vocab == 50257 and plan.vocab_assumed
     assert plan.params.total == TOTAL == plan.params.per_gpu
-    assert plan.par.data == 64 and plan.micro_batches == 1  # 8 nodes x 8 GPUs, GBS 256 / MBS 4
+    assert plan.layout.data == 64 and plan.micro_batches == 1  # 8 nodes x 8 GPUs, GBS 256 / MBS 4
     assert plan.memory.stage == "only"
     assert plan.memory.weights == 2 * TOTAL  # bf16
     assert plan.memory.gradients == 4 * TOTAL  # fp32 gradient buffer
@@ -76,7 +76,7 @@ def test_126m_at_tp2_pp2_with_sequence_parallelism_and_selective_recompute(
     words_rank = 50432 * h // 2
     first_params = words_rank + POSITIONS + 6 * layer_rank
     last_params = 6 * layer_rank + FINAL_NORM + words_rank
-    assert plan.par.data == 2 and plan.micro_batches == 32
+    assert plan.layout.data == 2 and plan.micro_batches == 32
     # Activations, s*b*h/t * 34 per layer (Table 2, TP + SP + selective), sbh/t = 3,145,728:
     # the first stage holds its 6 layers for 2 micro-batches in flight and their embedding
     # dropout masks (sbh/t each); the last stage 6 layers for 1 micro-batch, plus the final
@@ -111,7 +111,7 @@ def test_175b_as_published(tmp_path: Path) -> None:
     plan = plan_of(tmp_path, recipe="175b")
     assert layer == 12 * h * h + 13 * h == 1_812_099_072 and total == 174_615_846_912
     assert plan.params.total == total and plan.params.per_gpu == busiest == 1_463_270_400
-    assert plan.par.data == 8 and plan.micro_batches == 256
+    assert plan.layout.data == 8 and plan.micro_batches == 256
     assert plan.memory.stage == "first"
     assert plan.memory.weights == 2 * busiest and plan.memory.gradients == 4 * busiest
     assert plan.memory.optimizer == 12 * busiest / 8

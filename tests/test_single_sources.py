@@ -15,10 +15,11 @@ from launcher_scripts.clusters import BACKENDS, Backend
 from launcher_scripts.clusters.local import LocalBackend
 from launcher_scripts.config.checks import require_heads_split, require_layout
 from launcher_scripts.config.compose import compose_config, config_groups
-from launcher_scripts.costmodel.shapes import Layout, ModelShape, check_layout
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families.gpt_hf_config import PRECISIONS as HF_DTYPE_PRECISIONS
 from launcher_scripts.recipes import evaluation, training
+from launcher_scripts.recipes.layout import Layout, check_layout, read_layout
+from launcher_scripts.recipes.model_shape import ModelShape
 from launcher_scripts.recipes.precision import PRECISIONS
 from launcher_scripts.recipes.tuning import OPTIONAL_KEYS, TUNING_STAGES
 from launcher_scripts.stages import STAGES, Stage
@@ -108,7 +109,7 @@ def test_every_precision_is_taken_by_every_reader_as_the_same_dtype(name: str) -
     dtype = PRECISIONS[name]
     section = training_section(name)
     assert training.precision(section) == dtype
-    layout = Layout.from_recipe(OmegaConf.to_container(section, resolve=True))
+    layout = read_layout(OmegaConf.to_container(section, resolve=True), "")
     assert layout.dtype == dtype
     evaluation.check_precision(name, name)  # a model trained in it, evaluated as trained
 
@@ -119,7 +120,7 @@ def test_a_precision_not_in_the_table_is_refused_by_every_reader(name: str) -> N
     with pytest.raises(ConfigError, match="is not a precision"):
         training.precision(section)
     with pytest.raises(ConfigError, match="is not a precision"):
-        Layout.from_recipe(OmegaConf.to_container(section, resolve=True))
+        read_layout(OmegaConf.to_container(section, resolve=True), "")
     with pytest.raises(ConfigError, match="is not a precision"):
         evaluation.check_precision(name, name)
 
@@ -164,9 +165,9 @@ def test_tp_that_does_not_split_the_heads_is_one_error_for_every_reader() -> Non
     with pytest.raises(ConfigError) as by_layout:
         require_layout(OmegaConf.create(model), 4, 1, "conversion.model")
     shape = ModelShape(4, 256, 1024, 8, 512, 1000, num_query_groups=2)
+    parallel = Layout(num_nodes=1, gpus_per_node=4, tensor=4)
     with pytest.raises(ConfigError) as by_cost_model:
-        check_layout(shape, Layout(num_nodes=1, gpus_per_node=4, tensor=4))
-    parallel = training.Parallelism(4, 1, None, 1, False, 4)
+        check_layout(shape, parallel)
     block = OmegaConf.create(model | {"hidden_size": 256, "ffn_hidden_size": 1024})
     with pytest.raises(ConfigError) as by_recipe:
         training.check_attention(block, parallel, "training.model")

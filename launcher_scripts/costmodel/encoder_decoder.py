@@ -38,8 +38,9 @@ from typing import Any
 
 from launcher_scripts.costmodel import estimates, throughput
 from launcher_scripts.costmodel.memory import MemoryBreakdown, bytes_per_parameter
-from launcher_scripts.costmodel.shapes import Layout, ModelShape
 from launcher_scripts.costmodel.throughput import ClusterSpec, StepPrediction, ring_seconds
+from launcher_scripts.recipes.layout import Layout
+from launcher_scripts.recipes.model_shape import ModelShape
 
 GB = 1e9
 # A decoder layer's fixed per-layer cost relative to an encoder layer's (see the docstring).
@@ -235,7 +236,9 @@ def predict_step(
 
     p2p_bytes = encoder_bytes / t if layout.sequence_parallel else encoder_bytes
     pp_gbps = (
-        cluster.intra_node_gbps if layout.world <= layout.gpus_per_node else cluster.inter_node_gbps
+        cluster.intra_node_gbps
+        if layout.world_size <= layout.gpus_per_node
+        else cluster.inter_node_gbps
     )
     pp_comm = 0.0 if p == 1 else m * 2 * (latency + p2p_bytes / (pp_gbps * GB))
 
@@ -252,7 +255,7 @@ def predict_step(
         pp_bubble_s=bubble,
         dp_comm_s=dp_comm,
         step_time_s=step,
-        tflops_per_gpu=model_flops / step / layout.world / 1e12,
+        tflops_per_gpu=model_flops / step / layout.world_size / 1e12,
         dp_exposed_s=dp_exposed,
         hardware_flops_per_step=model_flops + layout.global_batch * recomputed,
         overhead_s=m * busiest.overhead,

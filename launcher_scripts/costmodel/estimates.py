@@ -13,21 +13,25 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from launcher_scripts.costmodel import memory, shapes, throughput
-from launcher_scripts.costmodel.shapes import Layout, ModelShape
+from launcher_scripts.costmodel import memory, throughput
+from launcher_scripts.recipes import model_shape
+from launcher_scripts.recipes.layout import Layout
+from launcher_scripts.recipes.model_shape import ModelShape, read_shape
 
 GB = 1e9
 
 
 def padded_vocab(vocab: int, model: Any, tensor: int) -> int:
     """The vocabulary of a recipe's `model` section as Megatron pads it."""
-    return shapes.padded_vocab(vocab, int(model.get("make_vocab_size_divisible_by", 128)), tensor)
+    return model_shape.padded_vocab(
+        vocab, int(model.get("make_vocab_size_divisible_by", 128)), tensor
+    )
 
 
 def model_flops_per_sample(model: Any, seq_length: int, padded_vocab: int) -> float:
     """Megatron's model FLOPs for one sequence of a GPT recipe's `model` section, forward and
     backward, no recompute (launcher_scripts.costmodel.throughput.model_flops_per_sample)."""
-    shape = ModelShape.from_recipe(model, vocab_size=padded_vocab, seq_length=seq_length)
+    shape = read_shape(model, vocab_size=padded_vocab, seq_length=seq_length)
     return throughput.model_flops_per_sample(shape, padded_vocab)
 
 
@@ -48,7 +52,7 @@ class Parameters:
 
 def block_shape(block: Any, seq: int, vocab: int, max_positions: int | None = None) -> ModelShape:
     """An encoder or decoder block of a T5 recipe as the analytical model's stack shape."""
-    shape = ModelShape.from_recipe(block, vocab_size=vocab, seq_length=seq)
+    shape = read_shape(block, vocab_size=vocab, seq_length=seq)
     return replace(shape, max_position_embeddings=max_positions)
 
 

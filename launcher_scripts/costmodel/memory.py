@@ -76,7 +76,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from launcher_scripts.costmodel.shapes import Layout, ModelShape
+from launcher_scripts.recipes.layout import Layout
+from launcher_scripts.recipes.model_shape import ModelShape
 
 GIB = 2**30
 MASK_BYTES = 1  # dropout masks are bytes

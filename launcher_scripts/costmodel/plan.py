@@ -11,23 +11,19 @@ from typing import Any
 
 from launcher_scripts.costmodel import encoder_decoder, estimates, throughput
 from launcher_scripts.costmodel.memory import MemoryBreakdown, memory_breakdown
-from launcher_scripts.costmodel.shapes import Layout, ModelShape, tokenizer_vocab
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable import EMBEDDINGS
 from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
 from launcher_scripts.recipes import restore
-from launcher_scripts.recipes import training as recipe
-from launcher_scripts.recipes.training import encoder_decoder_split
+from launcher_scripts.recipes.layout import Layout, read_layout
+from launcher_scripts.recipes.model_shape import ModelShape, read_shape, tokenizer_vocab
 
 
 @dataclass(frozen=True)
 class TrainingPlan:
     nodes: int
     gpus_per_node: int
-    par: recipe.Parallelism
-    micro_batch: int
-    global_batch: int
-    micro_batches: int  # per step and data-parallel rank (gradient accumulation)
+    layout: Layout
     seq: int
     vocab: int
     vocab_assumed: bool
@@ -38,6 +34,19 @@ class TrainingPlan:
     tokens: float
     tflops_per_gpu: float
     on_gpu: bool
+
+    @property
+    def micro_batch(self) -> int:
+        return self.layout.micro_batch
+
+    @property
+    def global_batch(self) -> int:
+        return self.layout.global_batch
+
+    @property
+    def micro_batches(self) -> int:
+        """Per step and data-parallel rank (gradient accumulation)."""
+        return self.layout.micro_batches
 
     @property
     def steps(self) -> float:
@@ -57,29 +66,34 @@ class Costs:
     seq: int  # the tokens of one sample that `plan.num_tokens` counts
 
 
-CostFunction = Callable[[Any, recipe.Parallelism, int, int, str], Costs]
+# (the family's shape of the recipe's model, the layout) -> its costs (ModelFamily.costs)
+CostFunction = Callable[[Any, Layout], Costs]
+# (the recipe's model section, its vocabulary, the stage) -> the family's shape of it
+ShapeFunction = Callable[[Any, int, str], Any]
 
 
-def decoder_stack_costs(
-    cfg: Any, par: recipe.Parallelism, vocab: int, micro_batches: int, stage: str
-) -> Costs:
+def stack_shape(model: Any, vocab: int, stage: str) -> ModelShape:
+    """A decoder-only (GPT) or encoder-only (BERT) recipe's stack."""
+    return read_shape(model, vocab_size=vocab, prefix=f"{stage}.model")
+
+
+def decoder_stack_costs(shape: ModelShape, layout: Layout) -> Costs:
     """GPT, and BERT (the same layer stack; its small pooler and heads are left out), through
     the AutoConfigurator's analytical model."""
-    shape = ModelShape.from_recipe(cfg.model, vocab_size=vocab, prefix=f"{stage}.model")
-    layout = Layout.from_recipe(cfg, prefix=f"{stage}.")
     memory = memory_breakdown(shape, layout)
     params = estimates.Parameters(shape.total_parameters(layout.tensor), memory.parameters_per_gpu)
     flops = throughput.model_flops_per_sample(shape, shape.padded_vocab(layout.tensor))
     return Costs(params, memory, flops, shape.seq_length)
 
 
-def encoder_decoder_costs(
-    cfg: Any, par: recipe.Parallelism, vocab: int, micro_batches: int, stage: str
-) -> Costs:
+def encoder_decoder_shape(
+    model: Any, vocab: int, stage: str
+) -> encoder_decoder.EncoderDecoderShape:
     """T5 and mT5: an encoder over seq_length tokens, a decoder over seq_length_dec."""
-    encoder_decoder_split(cfg.model, par.pipeline, stage)  # one line for a split it cannot run
-    shape = encoder_decoder.EncoderDecoderShape(cfg.model, vocab)
-    layout = Layout.from_recipe(cfg, prefix=f"{stage}.")
+    return encoder_decoder.EncoderDecoderShape(model, vocab)
+
+
+def encoder_decoder_costs(shape: encoder_decoder.EncoderDecoderShape, layout: Layout) -> Costs:
     memory = encoder_decoder.memory_breakdown(shape, layout)
     params = encoder_decoder.parameters(shape, layout)
     flops = encoder_decoder.model_flops_per_sample(shape, layout.tensor)
@@ -109,26 +123,24 @@ def plan_settings(root: Any) -> tuple[float, float | None]:
     return tflops, tokens
 
 
-def make_plan(root: Any, stage: str, costs_of: CostFunction) -> TrainingPlan:
-    """`costs_of`: the recipe's model family's (`ModelFamily.costs`)."""
+def make_plan(
+    root: Any, stage: str, shape_of: ShapeFunction, costs_of: CostFunction
+) -> TrainingPlan:
+    """`shape_of`, `costs_of`: the recipe's model family's (`ModelFamily.shape`, `.costs`)."""
     cfg = root[stage]
     model = cfg.model
-    par = recipe.parallelism(cfg, stage)
-    micro, global_batch = int(model.micro_batch_size), int(model.global_batch_size)
+    layout = read_layout(cfg, stage)
     vocab, assumed = model_vocab(model)
-    micro_batches = max(1, global_batch // (micro * par.data))
-    costs = costs_of(cfg, par, vocab, micro_batches, stage)
+    costs = costs_of(shape_of(model, vocab, stage), layout)
+    global_batch = layout.global_batch
     tflops_per_gpu, num_tokens = plan_settings(root)
     tokens = num_tokens or int(cfg.trainer.max_steps) * global_batch * costs.seq
     gpu_memory = (root.get("cluster") or {}).get("gpu_memory_gb")
     on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu"
     return TrainingPlan(
-        nodes=int(cfg.trainer.num_nodes),
-        gpus_per_node=int(cfg.trainer.devices),
-        par=par,
-        micro_batch=micro,
-        global_batch=global_batch,
-        micro_batches=micro_batches,
+        nodes=layout.num_nodes,
+        gpus_per_node=layout.gpus_per_node,
+        layout=layout,
         seq=costs.seq,
         vocab=vocab,
         vocab_assumed=assumed,
@@ -189,7 +201,7 @@ def memory_terms(m: MemoryBreakdown, digits: int = 1) -> str:
 
 def describe(plan: TrainingPlan) -> list[str]:
     """The plan as aligned lines for the terminal."""
-    par, m = plan.par, plan.memory
+    par, m = plan.layout, plan.memory
     gb = estimates.GB
     budget = f" of {plan.gpu_memory_gb:g} GB" if plan.gpu_memory_gb and plan.on_gpu else ""
     vocab = f"vocab {plan.vocab}" + (" (assumed: tokenizer not readable yet)" * plan.vocab_assumed)
@@ -201,7 +213,12 @@ def describe(plan: TrainingPlan) -> list[str]:
         (
             "TP/PP/VP/CP/DP",
             f"{par.tensor}/{par.pipeline}/{par.virtual_pipeline or '-'}/{par.context}/{par.data}"
-            + (" (sequence parallel)" if par.sequence_parallel else ""),
+            + (" (sequence parallel)" if par.sequence_parallel else "")
+            + (
+                f", EP {par.expert} x expert TP {par.expert_tensor_size}"
+                if par.expert > 1 or par.expert_tensor not in (None, par.tensor)
+                else ""
+            ),
         ),
         (
             "batch",

@@ -54,8 +54,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
 from launcher_scripts.costmodel.memory import bytes_per_parameter, stage_parameters
-from launcher_scripts.costmodel.shapes import Layout, ModelShape
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.recipes.layout import Layout
+from launcher_scripts.recipes.model_shape import ModelShape
 
 GB = 1e9  # bandwidths are GB/s
 FRACTIONS = ("compute_efficiency", "dp_overlap")
@@ -215,7 +216,7 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
     overhead = m * layers * cluster.layer_overhead_us * 1e-6
     bubble = (p - 1) / (m * v) * (compute + overhead + tp_comm + cp_comm)
     p2p_bytes = tp_bytes / t if layout.sequence_parallel else tp_bytes
-    pp_gbps = cluster.intra_node_gbps if layout.world <= node else cluster.inter_node_gbps
+    pp_gbps = cluster.intra_node_gbps if layout.world_size <= node else cluster.inter_node_gbps
     pp_comm = 0.0 if p == 1 else m * v * 2 * (latency + p2p_bytes / (pp_gbps * GB))
 
     params = max(stage_parameters(shape, layout, stage) for stage in stages)
@@ -231,7 +232,7 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
         pp_bubble_s=bubble,
         dp_comm_s=dp_comm,
         step_time_s=step,
-        tflops_per_gpu=model_flops / step / layout.world / 1e12,
+        tflops_per_gpu=model_flops / step / layout.world_size / 1e12,
         cp_comm_s=cp_comm,
         dp_exposed_s=dp_exposed,
         hardware_flops_per_step=hardware_flops_per_step(shape, layout),

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.config.checks import require_choice
-from launcher_scripts.costmodel.plan import CostFunction, TrainingPlan, make_plan
+from launcher_scripts.costmodel.plan import CostFunction, ShapeFunction, TrainingPlan, make_plan
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable_check import SHAPE_TABLES, ShapeTable, require_portable
 from launcher_scripts.recipes.training import key
@@ -71,7 +71,11 @@ class ModelFamily:
     # with its own tokenizer and data).
     model_types: tuple[str, ...]
     validate: Validator  # a training recipe's checks, run in preflight
-    costs: CostFunction  # parameters, memory and FLOPs for the plan and the AutoConfigurator
+    # The model a recipe's `model` section describes, in numbers (recipes.model_shape's
+    # ModelShape for a stack, costmodel.encoder_decoder's EncoderDecoderShape for T5): what
+    # the plan, the AutoConfigurator and the job's FLOPs count read.
+    shape: ShapeFunction
+    costs: CostFunction  # parameters, memory and FLOPs of that shape at a layout
     encoder_decoder: bool
     pile_tokenizers: tuple[str, ...]  # the tokenizer types its Pile data is prepared with
     programs: frozenset[str]  # what this version's job programs do with it (PROGRAMS)
@@ -107,7 +111,7 @@ class ModelFamily:
 
     def plan(self, root: Any, stage: str) -> TrainingPlan:
         """The plan of a training recipe of this family (root: the resolved configuration)."""
-        return make_plan(root, stage, self.costs)
+        return make_plan(root, stage, self.shape, self.costs)
 
 
 FAMILIES: dict[str, ModelFamily] = {}

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from launcher_scripts.config.checks import require_choice
-from launcher_scripts.costmodel.plan import decoder_stack_costs
+from launcher_scripts.costmodel.plan import decoder_stack_costs, stack_shape
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families.base import (
     Architecture,
@@ -20,6 +20,7 @@ from launcher_scripts.families.encoder_checks import (
     common_checks,
 )
 from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.layout import check_world, read_layout
 from launcher_scripts.recipes.training import key
 
 # BERT's, as megatron-core's BertModel takes them.
@@ -32,13 +33,13 @@ DATALOADERS = ("single", "cyclic")
 
 def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     model = cfg.model
-    par = recipe.parallelism(cfg, stage)
-    recipe.check_world(par, stage)
+    layout = read_layout(cfg, stage)
+    check_world(layout, stage)
     recipe.check_layer_split(
-        model.num_layers, par.pipeline * (par.virtual_pipeline or 1), par, stage
+        model.num_layers, layout.pipeline * (layout.virtual_pipeline or 1), layout, stage
     )
-    recipe.check_attention(model, par, key(stage, "model"))
-    seq = recipe.check_sequence(model.data.seq_length, par, stage)
+    recipe.check_attention(model, layout, key(stage, "model"))
+    seq = recipe.check_sequence(model.data.seq_length, layout, stage)
     recipe.check_positions(model, seq, "model.data.seq_length", stage)
     require_choice(
         key(stage, "model.activation"), model.get("activation", "gelu"), ENCODER_ACTIVATIONS
@@ -116,6 +117,7 @@ BERT = register(
         name="bert",
         model_types=("bert",),
         validate=validate,
+        shape=stack_shape,
         costs=decoder_stack_costs,  # the same layer stack; its small pooler and heads left out
         encoder_decoder=False,
         pile_tokenizers=("BertWordPieceLowerCase", "BertWordPieceCase"),

@@ -9,6 +9,7 @@ from typing import Any
 from launcher_scripts.config.checks import require_choice
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.layout import read_layout
 from launcher_scripts.recipes.optimizer import check_optimizer
 from launcher_scripts.recipes.training import key
 
@@ -62,8 +63,8 @@ def common_checks(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> No
     """What every family shares after its layout checks: batch, precision, trainer, inputs."""
     model = cfg.model
     check_optimizer(model, stage)
-    par = recipe.parallelism(cfg, stage)
-    recipe.check_batch(model, par, stage)
+    layout = read_layout(cfg, stage)
+    recipe.check_batch(model, layout, stage)
     recipe.precision(cfg, stage)
     recipe.check_trainer(cfg, stage)
     recipe.rendezvous_timeout(cfg, stage)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher_scripts.costmodel.plan import decoder_stack_costs
+from launcher_scripts.costmodel.plan import decoder_stack_costs, stack_shape
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families.base import ModelFamily, register
 from launcher_scripts.families.gpt_architectures import ARCHITECTURES, hf_architecture
@@ -14,15 +14,15 @@ from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.tuning import TUNING_STAGES
 
 
-def check_base(base: Any, model: Any, par: Any, stage: str, name: str) -> None:
+def check_base(base: Any, model: Any, layout: Any, stage: str, name: str) -> None:
     """The tuning layout splits the base's heads over TP and its layers over PP."""
     del model
-    recipe.check_attention(base, par, name)
+    recipe.check_attention(base, layout, name)
     layers = int(base.num_layers)
-    if layers % par.pipeline:
+    if layers % layout.pipeline:
         raise ConfigError(
             f"{stage}.model.pipeline_model_parallel_size",
-            f"the base model's {layers} layers do not split over {par.pipeline} pipeline stages",
+            f"the base model's {layers} layers do not split over {layout.pipeline} pipeline stages",
             "Choose a divisor",
         )
 
@@ -32,6 +32,7 @@ GPT = register(
         name="gpt",
         model_types=("gpt3",),
         validate=recipe.validate,
+        shape=stack_shape,
         costs=decoder_stack_costs,
         encoder_decoder=False,
         pile_tokenizers=("GPT2BPETokenizer",),

@@ -9,13 +9,14 @@ from collections.abc import Callable
 from typing import Any
 
 from launcher_scripts.config.checks import require_choice, require_int
-from launcher_scripts.costmodel.plan import encoder_decoder_costs
+from launcher_scripts.costmodel.plan import encoder_decoder_costs, encoder_decoder_shape
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import t5_hf_config
 from launcher_scripts.families.base import Architecture, ModelFamily, register
 from launcher_scripts.families.encoder_checks import ENCODER_ACTIVATIONS, common_checks
 from launcher_scripts.formats.portable_check import expected_shapes
 from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.layout import check_world, read_layout
 from launcher_scripts.recipes.training import encoder_decoder_split, key
 from launcher_scripts.recipes.tuning import SFT_STAGES
 
@@ -32,29 +33,29 @@ HF_T5_TOKENIZER = "hf_t5"
 
 def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     model = cfg.model
-    par = recipe.parallelism(cfg, stage)
-    recipe.check_world(par, stage)
+    layout = read_layout(cfg, stage)
+    check_world(layout, stage)
     for name, value in (
-        ("model.virtual_pipeline_model_parallel_size", par.virtual_pipeline),
-        ("model.context_parallel_size", par.context if par.context > 1 else None),
+        ("model.virtual_pipeline_model_parallel_size", layout.virtual_pipeline),
+        ("model.context_parallel_size", layout.context if layout.context > 1 else None),
     ):
         if value is not None:
             raise ConfigError(
                 key(stage, name), "is not supported for T5 models", "Set it to null (or 1)"
             )
-    encoder_stages, decoder_stages = encoder_decoder_split(model, par.pipeline, stage)
+    encoder_stages, decoder_stages = encoder_decoder_split(model, layout.pipeline, stage)
     blocks = (("encoder", encoder_stages), ("decoder", decoder_stages))
     for block, stages in blocks:
         prefix = f"model.{block}"
         recipe.check_layer_split(
-            model[block].num_layers, stages, par, stage, f"{prefix}.num_layers"
+            model[block].num_layers, stages, layout, stage, f"{prefix}.num_layers"
         )
-        recipe.check_attention(model[block], par, key(stage, prefix))
+        recipe.check_attention(model[block], layout, key(stage, prefix))
         activation = model[block].get("activation", "gelu")
         require_choice(key(stage, f"{prefix}.activation"), activation, ENCODER_ACTIVATIONS)
         recipe.check_recompute(model[block], stage, prefix)
-        layout = model[block].get("transformer_block_type", "pre_ln")
-        require_choice(key(stage, f"{prefix}.transformer_block_type"), layout, BLOCK_TYPES)
+        block_type = model[block].get("transformer_block_type", "pre_ln")
+        require_choice(key(stage, f"{prefix}.transformer_block_type"), block_type, BLOCK_TYPES)
     _positions(model, stage)
     if model.encoder.hidden_size != model.decoder.hidden_size:
         raise ConfigError(
@@ -62,7 +63,7 @@ def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
             f"{model.decoder.hidden_size} differs from the encoder's {model.encoder.hidden_size}",
             "Use one hidden size: the decoder attends to the encoder's output",
         )
-    seq = recipe.check_sequence(model.data.seq_length, par, stage)
+    seq = recipe.check_sequence(model.data.seq_length, layout, stage)
     recipe.check_positions(model, seq, "model.data.seq_length", stage)
     decoder_seq = require_int(key(stage, "model.data.seq_length_dec"), model.data.seq_length_dec)
     recipe.check_positions(model, decoder_seq, "model.data.seq_length_dec", stage)
@@ -152,12 +153,12 @@ def masked_tokens_at_most(probability: float, seq: int) -> int:
     return math.floor(probability * (seq - 2))
 
 
-def check_base(base: Any, model: Any, par: Any, stage: str, name: str) -> None:
+def check_base(base: Any, model: Any, layout: Any, stage: str, name: str) -> None:
     """The tuning layout splits each block's heads over TP, and the encoder over the stages
     before the recipe's split rank (the decoder runs on the last)."""
-    encoder_stages, _ = encoder_decoder_split(model, par.pipeline, stage)
+    encoder_stages, _ = encoder_decoder_split(model, layout.pipeline, stage)
     for block in BLOCKS:
-        recipe.check_attention(base[block], par, f"{name} {block}")
+        recipe.check_attention(base[block], layout, f"{name} {block}")
     layers = int(base.encoder.num_layers)
     if layers % encoder_stages:
         raise ConfigError(
@@ -278,6 +279,7 @@ T5 = register(
         name="t5",
         model_types=("t5", "mt5"),
         validate=validate,
+        shape=encoder_decoder_shape,
         costs=encoder_decoder_costs,
         encoder_decoder=True,
         pile_tokenizers=("BertWordPieceCase", "BertWordPieceLowerCase"),

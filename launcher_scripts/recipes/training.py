@@ -17,14 +17,20 @@ from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable import EMBEDDINGS
 from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
 from launcher_scripts.recipes import restore
+from launcher_scripts.recipes.layout import (
+    Layout,
+    check_experts,
+    check_world,
+    read_layout,
+    read_recompute,
+)
+from launcher_scripts.recipes.model_shape import read_experts
 from launcher_scripts.recipes.optimizer import OPTIMIZERS, check_optimizer
 from launcher_scripts.recipes.precision import dtype_of
 
 ACTIVATIONS = ("gelu", "gelu-tanh", "fast-swiglu", "swiglu", "squared-relu")
 NORMALIZATIONS = ("layernorm", "layernorm1p", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")
-RECOMPUTE_GRANULARITIES = ("selective", "full")
-RECOMPUTE_METHODS = ("uniform", "block")
 # NeMo's schedule names and megatron-core's decay styles for them. WarmupAnnealing: linear
 # warm-up, then linear decay to min_lr; InverseSquareRootAnnealing: lr ~ 1 / sqrt(step).
 DECAY_STYLES = {
@@ -63,24 +69,6 @@ RESTORE_OPTIONAL_KEYS = ("model.restore_from_path", "model.padded_vocab_size")
 
 
 @dataclass(frozen=True)
-class Parallelism:
-    tensor: int
-    pipeline: int
-    virtual_pipeline: int | None
-    context: int
-    sequence_parallel: bool
-    world_size: int
-
-    @property
-    def model_parallel(self) -> int:
-        return self.tensor * self.pipeline * self.context
-
-    @property
-    def data(self) -> int:
-        return self.world_size // self.model_parallel
-
-
-@dataclass(frozen=True)
 class DataBlend:
     prefixes: tuple[str, ...]
     weights: tuple[float, ...] | None  # None: one prefix, or sizes decide
@@ -101,29 +89,6 @@ def key(stage: str, *parts: str) -> str:
 def section(cfg: Any, name: str) -> Any:
     value = cfg.get(name) if hasattr(cfg, "get") else None
     return value if value is not None else {}
-
-
-def parallelism(cfg: Any, stage: str = "training") -> Parallelism:
-    model, trainer = cfg.model, cfg.trainer
-    vp = model.get("virtual_pipeline_model_parallel_size")
-    devices = require_int(key(stage, "trainer.devices"), trainer.devices)
-    nodes = require_int(key(stage, "trainer.num_nodes"), trainer.num_nodes)
-    return Parallelism(
-        tensor=require_int(
-            key(stage, "model.tensor_model_parallel_size"), model.tensor_model_parallel_size
-        ),
-        pipeline=require_int(
-            key(stage, "model.pipeline_model_parallel_size"), model.pipeline_model_parallel_size
-        ),
-        virtual_pipeline=None
-        if vp in (None, 1)
-        else require_int(key(stage, "model.virtual_pipeline_model_parallel_size"), vp),
-        context=require_int(
-            key(stage, "model.context_parallel_size"), model.get("context_parallel_size", 1)
-        ),
-        sequence_parallel=bool(model.get("sequence_parallel", False)),
-        world_size=devices * nodes,
-    )
 
 
 def data_blend(cfg: Any, stage: str = "training") -> DataBlend:
@@ -202,12 +167,15 @@ def validate(cfg: Any, stage: str = "training", will_exist: Any = None) -> None:
     """
     model = cfg.model
     check_optimizer(model, stage)
-    par = parallelism(cfg, stage)
-    check_world(par, stage)
-    check_layer_split(model.num_layers, par.pipeline * (par.virtual_pipeline or 1), par, stage)
-    check_attention(model, par, key(stage, "model"))
-    check_sequence(model.data.seq_length, par, stage)
-    check_batch(model, par, stage)
+    layout = read_layout(cfg, stage)
+    check_world(layout, stage)
+    chunks = layout.pipeline * (layout.virtual_pipeline or 1)
+    check_layer_split(model.num_layers, chunks, layout, stage)
+    check_attention(model, layout, key(stage, "model"))
+    experts = read_experts(model, key(stage, "model"), model.num_layers, model.ffn_hidden_size)
+    check_experts(experts, layout, stage)
+    check_sequence(model.data.seq_length, layout, stage)
+    check_batch(model, layout, stage)
     _check_architecture(model, stage)
     precision(cfg, stage)
     schedule(cfg, stage)
@@ -233,31 +201,8 @@ def rendezvous_timeout(cfg: Any, stage: str = "training") -> float:
     return float(value)
 
 
-def check_world(par: Parallelism, stage: str) -> None:
-    """The parallel sizes fit the processes and each other."""
-    if par.world_size % par.model_parallel:
-        raise ConfigError(
-            key(stage, "model.tensor_model_parallel_size"),
-            f"TP {par.tensor} x PP {par.pipeline} x CP {par.context} = {par.model_parallel} "
-            f"does not divide the {par.world_size} processes (num_nodes x devices)",
-            "Change the parallel sizes or trainer.devices/num_nodes so that it divides",
-        )
-    if par.virtual_pipeline and par.pipeline < 2:
-        raise ConfigError(
-            key(stage, "model.virtual_pipeline_model_parallel_size"),
-            "needs pipeline_model_parallel_size >= 2",
-            "Set it to null, or raise pipeline_model_parallel_size",
-        )
-    if par.sequence_parallel and par.tensor < 2:
-        raise ConfigError(
-            key(stage, "model.sequence_parallel"),
-            "needs tensor_model_parallel_size >= 2",
-            "Set sequence_parallel=False, or raise tensor_model_parallel_size",
-        )
-
-
 def check_layer_split(
-    value: Any, chunks: int, par: Parallelism, stage: str, name: str = "model.num_layers"
+    value: Any, chunks: int, layout: Layout, stage: str, name: str = "model.num_layers"
 ) -> int:
     """`value` layers split into `chunks` equal pipeline chunks."""
     layers = require_int(key(stage, name), value)
@@ -265,13 +210,13 @@ def check_layer_split(
         raise ConfigError(
             key(stage, name),
             f"{layers} layers do not split into {chunks} equal pipeline chunks (PP "
-            f"{par.pipeline}, VP {par.virtual_pipeline or 1})",
+            f"{layout.pipeline}, VP {layout.virtual_pipeline or 1})",
             "Choose num_layers divisible by PP x VP (T5: by each side's pipeline stages)",
         )
     return layers
 
 
-def check_attention(block: Any, par: Parallelism, prefix: str) -> None:
+def check_attention(block: Any, layout: Layout, prefix: str) -> None:
     """Heads (and query groups) divide over tensor parallelism; a head has whole channels."""
     heads = require_int(f"{prefix}.num_attention_heads", block.num_attention_heads)
     groups = block.get("num_query_groups")
@@ -279,7 +224,7 @@ def check_attention(block: Any, par: Parallelism, prefix: str) -> None:
         groups = require_int(f"{prefix}.num_query_groups", groups)
     require_heads_split(
         f"{prefix}.num_attention_heads",
-        par.tensor,
+        layout.tensor,
         heads,
         groups,
         groups_key=f"{prefix}.num_query_groups",
@@ -300,27 +245,27 @@ def check_attention(block: Any, par: Parallelism, prefix: str) -> None:
     require_int(f"{prefix}.ffn_hidden_size", block.ffn_hidden_size)
 
 
-def check_sequence(value: Any, par: Parallelism, stage: str) -> int:
+def check_sequence(value: Any, layout: Layout, stage: str) -> int:
     seq = require_int(key(stage, "model.data.seq_length"), value)
-    if seq % (2 * par.context if par.context > 1 else 1) or (
-        par.sequence_parallel and seq % par.tensor
+    if seq % (2 * layout.context if layout.context > 1 else 1) or (
+        layout.sequence_parallel and seq % layout.tensor
     ):
         raise ConfigError(
             key(stage, "model.data.seq_length"),
-            f"{seq} does not divide by 2 x CP ({par.context}) or by TP for sequence parallelism",
+            f"{seq} does not divide by 2 x CP ({layout.context}) or by TP for sequence parallelism",
             "Choose a sequence length divisible by them",
         )
     return seq
 
 
-def check_batch(model: Any, par: Parallelism, stage: str) -> None:
+def check_batch(model: Any, layout: Layout, stage: str) -> None:
     mbs = require_int(key(stage, "model.micro_batch_size"), model.micro_batch_size)
     gbs = require_int(key(stage, "model.global_batch_size"), model.global_batch_size)
-    per_step = mbs * par.data
+    per_step = mbs * layout.data
     if gbs % per_step:
         raise ConfigError(
             key(stage, "model.global_batch_size"),
-            f"{gbs} is not a multiple of micro_batch_size {mbs} x data-parallel size {par.data}",
+            f"{gbs} is not a multiple of micro_batch_size {mbs} x data-parallel size {layout.data}",
             f"Use a multiple of {per_step}",
         )
     ramp = rampup(model, stage)
@@ -333,12 +278,12 @@ def check_batch(model: Any, par: Parallelism, stage: str) -> None:
                 f"and reach global_batch_size {gbs}",
                 "Adjust the ramp-up",
             )
-    if par.pipeline > 1 and par.virtual_pipeline and (gbs // per_step) % par.pipeline:
+    if layout.pipeline > 1 and layout.virtual_pipeline and (gbs // per_step) % layout.pipeline:
         raise ConfigError(
             key(stage, "model.global_batch_size"),
             f"gives {gbs // per_step} micro-batches per step, not a multiple of PP "
-            f"{par.pipeline} as the interleaved schedule needs",
-            f"Use a multiple of {per_step * par.pipeline}",
+            f"{layout.pipeline} as the interleaved schedule needs",
+            f"Use a multiple of {per_step * layout.pipeline}",
         )
 
 
@@ -378,20 +323,7 @@ def check_positions(model: Any, seq: int, name: str, stage: str) -> None:
 
 
 def check_recompute(block: Any, stage: str, prefix: str = "model") -> None:
-    granularity = block.get("activations_checkpoint_granularity")
-    if granularity is not None and granularity not in RECOMPUTE_GRANULARITIES:
-        raise ConfigError(
-            key(stage, f"{prefix}.activations_checkpoint_granularity"),
-            f"{granularity!r} is not valid",
-            "Use selective, full or null",
-        )
-    method = block.get("activations_checkpoint_method")
-    if granularity == "full" and method not in RECOMPUTE_METHODS:
-        raise ConfigError(
-            key(stage, f"{prefix}.activations_checkpoint_method"),
-            f"{method!r} is not valid with full recompute",
-            "Use uniform or block",
-        )
+    read_recompute(block, stage, prefix)
 
 
 def _check_warmup(cfg: Any, stage: str) -> None:

@@ -22,6 +22,7 @@ from launcher_scripts.formats.portable_check import require_peft, require_portab
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, Companion, JobSpec, Resources
 from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.layout import check_world, read_layout
 from launcher_scripts.recipes.optimizer import check_optimizer
 from launcher_scripts.recipes.tuning import (
     OPTIONAL_KEYS,
@@ -66,20 +67,20 @@ class TuningStage(StageDefaults):
                     "docs/fine_tuning.md)"
                 )
         check_record_files(spec)
-        par = recipe.parallelism(cfg, stage)
-        recipe.check_world(par, stage)
-        recipe.check_batch(cfg.model, par, stage)
+        layout = read_layout(cfg, stage)
+        check_world(layout, stage)
+        recipe.check_batch(cfg.model, layout, stage)
         lengths = [(spec.train.length_key, spec.train.max_seq_length)]
         if spec.train.max_target_length is not None:
             target_key = f"{spec.train.format_key}.max_tgt_seq_length"
             lengths.append((target_key, spec.train.max_target_length))
         for length_key, seq in lengths:
-            if par.sequence_parallel and seq % par.tensor:
+            if layout.sequence_parallel and seq % layout.tensor:
                 raise RecipeError(
-                    f"{length_key}: {seq} does not split over "
-                    f"tensor_model_parallel_size {par.tensor} (sequence_parallel): use a multiple"
+                    f"{length_key}: {seq} does not split over tensor_model_parallel_size "
+                    f"{layout.tensor} (sequence_parallel): use a multiple"
                 )
-        base = self._check_base(spec, family, cfg.model, par, stage)
+        base = self._check_base(spec, family, cfg.model, layout, stage)
         for key, path in objective_models(spec):
             if base is None or not path.is_file():
                 continue
@@ -97,7 +98,7 @@ class TuningStage(StageDefaults):
                 require_pair(tuned, restore, spec.peft_restore, base, spec.base_model)
 
     @staticmethod
-    def _check_base(spec, family, model, par, stage: str) -> Any:  # type: ignore[no-untyped-def]
+    def _check_base(spec, family, model, layout, stage: str) -> Any:  # type: ignore[no-untyped-def]
         """The base model's section, checked to take the recipe; None before it exists."""
         if not spec.base_model.is_file():
             return None
@@ -107,7 +108,7 @@ class TuningStage(StageDefaults):
         family_of(base, spec.base_key)  # a family this version knows
         require_family(base, family, spec.base_key, spec.base_model, tuning_reader(stage))
         assert family.check_base is not None, family.name
-        family.check_base(base, model, par, stage, f"{spec.base_key} ({spec.base_model.name})")
+        family.check_base(base, model, layout, stage, f"{spec.base_key} ({spec.base_model.name})")
         if spec.peft is not None:
             spec.peft.check_layers(f"{stage}.model", most_layers(base))
             check_model = spec.peft.method.check_model

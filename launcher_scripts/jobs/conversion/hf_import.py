@@ -29,11 +29,11 @@ from launcher_scripts.jobs.models.base import HfImportError
 
 
 def hf_import(cfg: DictConfig) -> None:
-    from launcher_scripts.costmodel.shapes import padded_vocab
     from launcher_scripts.families import family_of
     from launcher_scripts.formats import portable
     from launcher_scripts.formats.safetensors_stream import TensorSource
     from launcher_scripts.jobs.models.hf_common import padded_vocabulary
+    from launcher_scripts.recipes.model_shape import padded_vocab
 
     directory = Path(str(cfg.hf_model_dir))
     config = json.loads((directory / "config.json").read_text())

@@ -178,7 +178,7 @@ class ColocatedRoles:
 
         path = task.settings.critic
         self.file = portable.read(path, trainer.log_dir, extract=False)
-        par, precision = trainer.par, trainer.cfg.trainer.precision
+        par, precision = trainer.layout, trainer.cfg.trainer.precision
         chunks = load.build(self.file, par.tensor, par.pipeline, trainer.on_gpu, precision)
         for chunk in chunks:
             chunk.train()
@@ -224,8 +224,8 @@ class ColocatedRoles:
             config = self.file.config.copy()
             # The same tokenizer (preflight compares them), the base's files extracted here.
             config.tokenizer = task.base.config.tokenizer
-            config.tensor_model_parallel_size = trainer.par.tensor
-            config.pipeline_model_parallel_size = trainer.par.pipeline
+            config.tensor_model_parallel_size = trainer.layout.tensor
+            config.pipeline_model_parallel_size = trainer.layout.pipeline
             path = task.spec.output_file.parent / CRITIC_FILE
             portable.write(path, config, tensors)
             trainer.say(f"critic ({file_size(path)}): {path}")

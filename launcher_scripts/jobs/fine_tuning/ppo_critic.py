@@ -36,7 +36,7 @@ class CriticTask(TrainingTask):
     def make_chunks(self, trainer: Trainer) -> list[Any]:
         from launcher_scripts.jobs.conversion import load
 
-        par, precision = trainer.par, trainer.cfg.trainer.precision
+        par, precision = trainer.layout, trainer.cfg.trainer.precision
         chunks = load.build(self.loaded, par.tensor, par.pipeline, trainer.on_gpu, precision)
         for chunk in chunks:
             chunk.train()

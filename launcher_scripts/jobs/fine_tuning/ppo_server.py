@@ -281,16 +281,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_group(world: int) -> Any:
     """This job's ranks as one tensor-parallel group."""
-    from launcher_scripts.recipes.training import Parallelism
+    from launcher_scripts.recipes.layout import Layout
 
-    return Parallelism(
-        tensor=world,
-        pipeline=1,
-        virtual_pipeline=None,
-        context=1,
-        sequence_parallel=False,
-        world_size=world,
-    )
+    return Layout(num_nodes=1, gpus_per_node=world, tensor=world)
 
 
 if __name__ == "__main__":

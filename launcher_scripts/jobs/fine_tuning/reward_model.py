@@ -160,8 +160,8 @@ class RewardModelTask(PreferenceTask):
                 kept = {k: v for k, v in tensors.items() if not peft.is_peft_key(k)}
                 tensors = merged(kept, added, spec.peft)
             config = self.base.config.copy()
-            config.tensor_model_parallel_size = trainer.par.tensor
-            config.pipeline_model_parallel_size = trainer.par.pipeline
+            config.tensor_model_parallel_size = trainer.layout.tensor
+            config.pipeline_model_parallel_size = trainer.layout.pipeline
             config.share_embeddings_and_output_weights = False
             config[REWARD_MODEL] = self.standardization or {"mean": 0.0, "std": 1.0}
             portable.write(spec.output_file, config, tensors)

@@ -161,7 +161,7 @@ class ModelScorer:
 
         self.reward, self.eod = reward, tokenizer.eod_id
         loaded = portable.read(reward.path, trainer.log_dir, extract=False)
-        chunks = load.build(loaded, trainer.par.tensor, trainer.par.pipeline, trainer.on_gpu)
+        chunks = load.build(loaded, trainer.layout.tensor, trainer.layout.pipeline, trainer.on_gpu)
         section = loaded.config[REWARD_MODEL]
         self.mean, self.std = float(section.mean), max(float(section.std), 1e-6)
         self.runner = ModelRunner(
@@ -169,8 +169,8 @@ class ModelScorer:
             tokenizer=tokenizer,
             max_length=int(loaded.config.max_position_embeddings),
             vocab_size=1,
-            tensor=trainer.par.tensor,
-            pipeline=trainer.par.pipeline,
+            tensor=trainer.layout.tensor,
+            pipeline=trainer.layout.pipeline,
             on_gpu=trainer.on_gpu,
             scalar=True,
         )
@@ -370,7 +370,12 @@ class RolloutTask(TuningTask):
         made: list[tuple[Completion, list[float]]] = []
         if mine:
             decoding, tokenizer, limit = self.side.generation(
-                trainer.cfg, bare_chunks(trainer), self.tokenizer, trainer.par, trainer.on_gpu, []
+                trainer.cfg,
+                bare_chunks(trainer),
+                self.tokenizer,
+                trainer.layout,
+                trainer.on_gpu,
+                [],
             )
             records = [self.prompts[split][index] for index in mine]
             with trainer.eval_mode():

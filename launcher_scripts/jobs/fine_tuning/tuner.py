@@ -245,7 +245,12 @@ class TuningTask(TrainingTask):
         if self._format(self.spec.train).add_bos:
             prefix.append(getattr(self.tokenizer, "bos_id", self.tokenizer.eod_id))
         logits, tokenizer, limit = self.side.generation(
-            trainer.cfg, bare_chunks(trainer), self.tokenizer, trainer.par, trainer.on_gpu, prefix
+            trainer.cfg,
+            bare_chunks(trainer),
+            self.tokenizer,
+            trainer.layout,
+            trainer.on_gpu,
+            prefix,
         )
         params = GenerationParams(tokens_to_generate=self.spec.tokens_to_generate, top_k=1)
         rows: list[dict[str, Any]] = []
@@ -321,8 +326,8 @@ class TuningTask(TrainingTask):
             tensors = peft_file.gather_full(bare_chunks(trainer), lambda key: True)
             if trainer.rank == 0 and tensors is not None:
                 config = self.base.config.copy()
-                config.tensor_model_parallel_size = trainer.par.tensor
-                config.pipeline_model_parallel_size = trainer.par.pipeline
+                config.tensor_model_parallel_size = trainer.layout.tensor
+                config.pipeline_model_parallel_size = trainer.layout.pipeline
                 portable.write(spec.output_file, config, tensors)
                 trainer.say(f"fine-tuned model ({file_size(spec.output_file)}): {spec.output_file}")
 

@@ -60,7 +60,8 @@ from launcher_scripts.jobs.models.transformer import LocalNorm
 from launcher_scripts.jobs.training import data
 from launcher_scripts.jobs.training.checkpointing import unwrap
 from launcher_scripts.jobs.training.runtime import JobError
-from launcher_scripts.recipes.training import encoder_decoder_split, parallelism
+from launcher_scripts.recipes.layout import read_layout
+from launcher_scripts.recipes.training import encoder_decoder_split
 
 BATCH_KEYS = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask")
 TOKENIZER_KEY = "training.model.tokenizer"
@@ -255,7 +256,7 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
     from it."""
     config = transformer.transformer_config(block_view(cfg, "decoder"), use_te, on_gpu)
     encoder = transformer.transformer_config(block_view(cfg, "encoder"), use_te, on_gpu)
-    pipeline = parallelism(cfg).pipeline
+    pipeline = read_layout(cfg).pipeline
     if pipeline > 1:
         encoder_stages, _ = encoder_decoder_split(cfg.model, pipeline, "training")
         encoder = dataclasses.replace(encoder, pipeline_model_parallel_size=encoder_stages)

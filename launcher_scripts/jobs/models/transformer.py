@@ -13,9 +13,10 @@ from megatron.core.activations import squared_relu
 from megatron.core.transformer import TransformerConfig
 
 from launcher_scripts.costmodel import estimates
-from launcher_scripts.formats.portable_check import GATED_ACTIVATIONS
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.layout import read_layout
+from launcher_scripts.recipes.model_shape import read_shape
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -23,8 +24,8 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-# Which of them is gated (fc1 gives value and gate) is GATED_ACTIVATIONS, shared with the
-# file checks and the cost model.
+# Which of them is gated (fc1 gives value and gate) is portable_check.GATED_ACTIVATIONS,
+# shared with the file checks and the model's shape.
 ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu-tanh": gelu_tanh,  # GPT-2's own (Hugging Face's gelu_new)
@@ -75,10 +76,11 @@ class LocalNorm(torch.nn.Module):
 
 def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfig:
     model = cfg.model
-    par = recipe.parallelism(cfg)
+    layout = read_layout(cfg)
+    # The config holds neither the vocabulary nor the sequence length.
+    shape = read_shape(model, vocab_size=1, prefix="training.model", seq_length=1)
     dtype_name = recipe.precision(cfg)
     activation = ACTIVATIONS[model.activation]
-    gated = model.activation in GATED_ACTIVATIONS
     granularity = model.get("activations_checkpoint_granularity")
     fp8 = None
     if model.get("fp8"):
@@ -89,12 +91,12 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
             )
         fp8 = "hybrid" if model.get("fp8_hybrid") else "e4m3"
     return TransformerConfig(
-        num_layers=model.num_layers,
-        hidden_size=model.hidden_size,
-        ffn_hidden_size=model.ffn_hidden_size,
-        num_attention_heads=model.num_attention_heads,
-        num_query_groups=model.get("num_query_groups"),
-        kv_channels=model.get("kv_channels"),
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_query_groups,
+        kv_channels=shape.kv_channels,
         # None: 1/sqrt(head size); an imported T5 has 1.0 (its query weights hold the scale)
         softmax_scale=model.get("softmax_scale"),
         init_method_std=model.init_method_std,
@@ -103,18 +105,20 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
         layernorm_epsilon=model.get("layernorm_epsilon", 1e-5),
         normalization="RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm",
         layernorm_zero_centered_gamma=model.normalization == "layernorm1p",
-        add_bias_linear=bool(model.get("bias", True)),
+        add_bias_linear=shape.bias,
         # Qwen2's (and some StableLM's) biases on Q, K and V alone
         add_qkv_bias=bool(model.get("qkv_bias", False)),
-        gated_linear_unit=gated,
+        gated_linear_unit=shape.gated_mlp,
         activation_func=activation,
         apply_query_key_layer_scaling=bool(model.get("apply_query_key_layer_scaling", False))
         and dtype_name == "fp16",
-        tensor_model_parallel_size=par.tensor,
-        pipeline_model_parallel_size=par.pipeline,
-        virtual_pipeline_model_parallel_size=par.virtual_pipeline,
-        context_parallel_size=par.context,
-        sequence_parallel=par.sequence_parallel,
+        tensor_model_parallel_size=layout.tensor,
+        pipeline_model_parallel_size=layout.pipeline,
+        virtual_pipeline_model_parallel_size=layout.virtual_pipeline,
+        context_parallel_size=layout.context,
+        expert_model_parallel_size=layout.expert,
+        expert_tensor_parallel_size=layout.expert_tensor,
+        sequence_parallel=layout.sequence_parallel,
         params_dtype=DTYPES[dtype_name],
         pipeline_dtype=DTYPES[dtype_name],
         fp16=dtype_name == "fp16",
@@ -149,7 +153,7 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
 
 
 def padded_vocab_size(vocab_size: int, cfg: Any) -> int:
-    return estimates.padded_vocab(vocab_size, cfg.model, recipe.parallelism(cfg).tensor)
+    return estimates.padded_vocab(vocab_size, cfg.model, read_layout(cfg).tensor)
 
 
 def count_parameters(chunks: list[torch.nn.Module]) -> int:

@@ -16,7 +16,7 @@ from launcher_scripts.errors import JobError  # noqa: F401  (the job programs' n
 from launcher_scripts.jobs.process import ProcessInfo, process_info  # noqa: F401
 from launcher_scripts.jobs.training import cpu_compat
 from launcher_scripts.ports import free_port
-from launcher_scripts.recipes.training import Parallelism
+from launcher_scripts.recipes.layout import Layout
 
 COLLECTIVE_TIMEOUT_MINUTES = 30
 
@@ -85,18 +85,20 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def init_model_parallel(par: Parallelism, seed: int, on_gpu: bool) -> None:
-    if par.world_size != dist.get_world_size():
+def init_model_parallel(layout: Layout, seed: int, on_gpu: bool) -> None:
+    if layout.world_size != dist.get_world_size():
         raise JobError(
-            f"trainer.num_nodes x trainer.devices: the recipe asks for {par.world_size} "
+            f"trainer.num_nodes x trainer.devices: the recipe asks for {layout.world_size} "
             f"processes but {dist.get_world_size()} were started: make them match the launch "
             "(srun's tasks, torchrun's --nnodes x --nproc-per-node)"
         )
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=par.tensor,
-        pipeline_model_parallel_size=par.pipeline,
-        virtual_pipeline_model_parallel_size=par.virtual_pipeline,
-        context_parallel_size=par.context,
+        tensor_model_parallel_size=layout.tensor,
+        pipeline_model_parallel_size=layout.pipeline,
+        virtual_pipeline_model_parallel_size=layout.virtual_pipeline,
+        context_parallel_size=layout.context,
+        expert_model_parallel_size=layout.expert,
+        expert_tensor_parallel_size=layout.expert_tensor,
     )
     if on_gpu:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)

@@ -57,6 +57,7 @@ from launcher_scripts.jobs.training.runtime import (
     seed_everything,
 )
 from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.layout import read_layout
 
 if TYPE_CHECKING:
     from launcher_scripts.formats.portable import Portable
@@ -178,10 +179,10 @@ class Trainer:
         self.task = task
         self.started = time.monotonic()
         self.rank = dist.get_rank()
-        self.par = recipe.parallelism(cfg)
+        self.layout = read_layout(cfg)
         self.seed = int(cfg.model.get("seed", 1234))
         seed_everything(self.seed)
-        init_model_parallel(self.par, self.seed, on_gpu)
+        init_model_parallel(self.layout, self.seed, on_gpu)
         print(f"rank {self.rank}: joined;{self._layout()}", flush=True)
 
         self.log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
@@ -199,7 +200,7 @@ class Trainer:
             and bool(cfg.model.get("transformer_engine", False))
             and transformer_engine_available()
         )
-        if self.par.context > 1 and not self.use_te:
+        if self.layout.context > 1 and not self.use_te:
             raise JobError(
                 "training.model.context_parallel_size > 1 needs Transformer Engine on GPUs "
                 "(and transformer_engine=True): set it to 1 here"
@@ -217,10 +218,10 @@ class Trainer:
 
     def _layout(self) -> str:
         return (
-            f" tp {parallel_state.get_tensor_model_parallel_rank()}/{self.par.tensor}"
-            f" pp {parallel_state.get_pipeline_model_parallel_rank()}/{self.par.pipeline}"
-            f" dp {parallel_state.get_data_parallel_rank()}/{self.par.data}"
-            f" cp {parallel_state.get_context_parallel_rank()}/{self.par.context}"
+            f" tp {parallel_state.get_tensor_model_parallel_rank()}/{self.layout.tensor}"
+            f" pp {parallel_state.get_pipeline_model_parallel_rank()}/{self.layout.pipeline}"
+            f" dp {parallel_state.get_data_parallel_rank()}/{self.layout.data}"
+            f" cp {parallel_state.get_context_parallel_rank()}/{self.layout.context}"
         )
 
     def _write_hparams(self) -> None:
@@ -243,7 +244,7 @@ class Trainer:
             chunks = [Float16Module(config, chunk) for chunk in chunks]
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=config.fp16 or config.bf16,
-            overlap_grad_reduce=self.on_gpu and self.par.data > 1,
+            overlap_grad_reduce=self.on_gpu and self.layout.data > 1,
             use_distributed_optimizer=self._distributed_optimizer(),
             check_for_nan_in_grad=True,
         )
@@ -312,7 +313,7 @@ class Trainer:
         reduction, and (overlapped on GPUs) no-sync contexts."""
         config.grad_scale_func = optimizer.scale_loss
         config.finalize_model_grads_func = self.runtime.finalize_grads or finalize_model_grads
-        if self.on_gpu and self.par.data > 1:
+        if self.on_gpu and self.layout.data > 1:
             no_sync = [chunk.no_sync for chunk in model]
             config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
 
@@ -349,7 +350,7 @@ class Trainer:
             [str(v) for v in ramp] if ramp else None,
             int(model.global_batch_size),
             int(model.micro_batch_size),
-            self.par.data,
+            self.layout.data,
         )
 
     # ----- steps ------------------------------------------------------------------------
@@ -364,7 +365,7 @@ class Trainer:
         self, forward: Callable[..., Any] | None, data_iterator: Any, model: Any
     ) -> tuple[Any, Any]:
         batch = next(data_iterator)
-        if self.par.context > 1:
+        if self.layout.context > 1:
             batch = get_batch_on_this_cp_rank(batch)
         if self.on_gpu:
             batch = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
@@ -470,7 +471,7 @@ class Trainer:
         global batches of `stream` (from its start): this rank's loss-function reports, one
         per micro-batch (none before the last pipeline stage)."""
         micro = int(self.cfg.model.global_batch_size) // (
-            int(self.cfg.model.micro_batch_size) * self.par.data
+            int(self.cfg.model.micro_batch_size) * self.layout.data
         )
         outputs = []
         gbs = int(self.cfg.model.global_batch_size)
@@ -632,7 +633,8 @@ class Trainer:
             self.say(f"training already finished: step {self.state.step} of {max_steps}")
             return self._complete()
         self.task.before_training(self)
-        costs = self.family.costs(self.cfg, self.par, self.vocab.vocab_size, 1, "training")
+        shape = self.family.shape(self.cfg.model, self.vocab.vocab_size, "training")
+        costs = self.family.costs(shape, self.layout)
         window: list[float] = []  # step times since the last log line
         window_loss: torch.Tensor | None = None
         saved_step = self.state.step
@@ -688,7 +690,7 @@ class Trainer:
             "model_tflops_per_gpu": costs.flops_per_sample
             * record["global_batch_size"]
             / step_time
-            / self.par.world_size
+            / self.layout.world_size
             / 1e12,
             "peak_memory_gb": metrics.peak_memory_gb(self.on_gpu),
         }
