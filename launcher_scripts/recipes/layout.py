@@ -184,7 +184,7 @@ def check_world(layout: Layout, stage: str) -> None:
 
 
 def check_experts(
-    experts: Experts | None, layout: Layout, stage: str, prefix: str = "model"
+    experts: Experts | None, layout: Layout, stage: str, bias: bool, prefix: str = "model"
 ) -> None:
     """EP splits the experts evenly, expert TP their MLPs; a dense model has EP 1."""
     if experts is None:
@@ -208,6 +208,22 @@ def check_experts(
             f"{layout.expert_tensor_size} does not divide the experts' width "
             f"{experts.ffn_hidden_size} (moe_ffn_hidden_size)",
             "Choose a divisor, or set expert_tensor_parallel_size=1",
+        )
+    if layout.tensor > 1 and not layout.sequence_parallel:
+        raise ConfigError(
+            key(stage, "model.sequence_parallel"),
+            f"is false with tensor_model_parallel_size {layout.tensor}, and megatron-core trains "
+            "MoE layers under TP only with sequence parallelism (each TP rank routes its own "
+            "share of the tokens)",
+            "Set sequence_parallel=true",
+        )
+    if bias and layout.expert_tensor_size > 1:
+        raise ConfigError(
+            key(stage, "model.expert_tensor_parallel_size"),
+            f"is {layout.expert_tensor_size} (null: TP's), but megatron-core's experts have "
+            f"biases ({prefix}.bias=true) only when each expert is whole on a rank",
+            "Set expert_tensor_parallel_size=1 (experts split over EP instead), or bias=false "
+            "(as Mixtral, Qwen-MoE and DeepSeek have none)",
         )
 
 
@@ -244,7 +260,7 @@ def check_layout(shape: ModelShape, layout: Layout, stage: str = "") -> None:
         if not ok:
             raise ConfigError(key(stage, name), problem, fix)
     check_world(layout, stage)
-    check_experts(shape.experts, layout, stage)
+    check_experts(shape.experts, layout, stage, shape.bias)
     per_step = layout.micro_batch * layout.data
     if layout.global_batch % per_step:
         raise ConfigError(

@@ -173,7 +173,7 @@ def validate(cfg: Any, stage: str = "training", will_exist: Any = None) -> None:
     check_layer_split(model.num_layers, chunks, layout, stage)
     check_attention(model, layout, key(stage, "model"))
     experts = read_experts(model, key(stage, "model"), model.num_layers, model.ffn_hidden_size)
-    check_experts(experts, layout, stage)
+    check_experts(experts, layout, stage, bool(model.get("bias", True)))
     check_sequence(model.data.seq_length, layout, stage)
     check_batch(model, layout, stage)
     _check_architecture(model, stage)

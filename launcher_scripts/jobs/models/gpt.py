@@ -8,15 +8,19 @@ from typing import Any
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
+    get_gpt_decoder_layer_specs,
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
     get_num_layers_to_build,
 )
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from launcher_scripts.jobs.fine_tuning import peft, sft_data
 from launcher_scripts.jobs.fine_tuning.answers import prompt_logits
@@ -30,6 +34,7 @@ from launcher_scripts.jobs.models.transformer import (
     LocalNorm,
     padded_vocab_size,
     transformer_config,
+    use_local_experts,
 )
 from launcher_scripts.jobs.training import data
 
@@ -37,7 +42,20 @@ from launcher_scripts.jobs.training import data
 def layer_spec(
     config: TransformerConfig, use_te: bool, vp_stage: int | None
 ) -> ModuleSpec | TransformerBlockSubmodules:
-    """The layers of this pipeline stage (and virtual stage)."""
+    """The layers of this pipeline stage (and virtual stage): megatron-core's MoE layers where
+    the model has experts (moe_layer_freq), dense ones elsewhere."""
+    if config.num_moe_experts:
+        if use_te:
+            return get_gpt_decoder_block_spec(config, True, config.normalization, vp_stage=vp_stage)
+        specs = get_gpt_decoder_layer_specs(config, False, config.normalization)
+        for spec in {id(spec): spec for spec in specs}.values():
+            spec.submodules.input_layernorm = LocalNorm
+            spec.submodules.pre_mlp_layernorm = LocalNorm
+            if spec.submodules.mlp.module is MoELayer:
+                use_local_experts(spec)
+        first = get_transformer_layer_offset(config, vp_stage=vp_stage)
+        mine = specs[first : first + get_num_layers_to_build(config, vp_stage=vp_stage)]
+        return TransformerBlockSubmodules(layer_specs=mine, layer_norm=LocalNorm)
     if use_te:
         return get_gpt_layer_with_transformer_engine_spec(
             num_experts=None, qk_layernorm=False, fp8=None

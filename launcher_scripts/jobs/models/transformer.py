@@ -10,13 +10,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from megatron.core.activations import squared_relu
+from megatron.core.tensor_parallel import RowParallelLinear
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.moe import moe_utils
+from megatron.core.transformer.spec_utils import ModuleSpec
 
 from launcher_scripts.costmodel import estimates
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.layout import read_layout
-from launcher_scripts.recipes.model_shape import read_shape
+from launcher_scripts.recipes.model_shape import Experts, read_shape
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -72,6 +75,23 @@ class LocalNorm(torch.nn.Module):
         if self.rms:
             return F.rms_norm(hidden, (hidden.shape[-1],), weight, self.eps)
         return F.layer_norm(hidden, (hidden.shape[-1],), weight, self.bias, self.eps)
+
+
+class ExpertOutputLinear(RowParallelLinear):
+    """A routed expert's fc2 in megatron-core's local layers. Its MLP adds the bias (weighted
+    by the routing probability) to this output in place; with one expert-TP rank the output is
+    the reduction's input handed back as a view, which autograd refuses to modify in place. A
+    biased expert's output gets a tensor of its own."""
+
+    def forward(self, input_: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        output, bias = super().forward(input_, *args, **kwargs)
+        return (output if bias is None else output.clone()), bias
+
+
+def use_local_experts(layer: ModuleSpec) -> None:
+    """A MoE layer spec of megatron-core's local modules, its experts' fc2 mended (above)."""
+    experts = layer.submodules.mlp.submodules.experts
+    experts.submodules.linear_fc2 = ExpertOutputLinear
 
 
 def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfig:
@@ -149,7 +169,41 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
         # Freeing a sent activation early is safe on CUDA streams, but gloo sends from its own
         # thread and could still be reading it.
         deallocate_pipeline_outputs=on_gpu,
+        **expert_settings(shape.experts, use_te, on_gpu),
     )
+
+
+def expert_settings(experts: Experts | None, use_te: bool, on_gpu: bool) -> dict[str, Any]:
+    """megatron-core's MoE settings for the model's experts (none for a dense model)."""
+    if experts is None:
+        return {}
+    if not hasattr(moe_utils, "te_general_gemm"):
+        # megatron-core 0.16 binds it only when Transformer Engine imports, then tests it
+        # against None in the router's fp32 gating: a NameError without Transformer Engine.
+        moe_utils.te_general_gemm = None
+    return {
+        "num_moe_experts": experts.count,
+        "moe_router_topk": experts.top_k,
+        "moe_ffn_hidden_size": experts.ffn_hidden_size,
+        "moe_shared_expert_intermediate_size": experts.shared_ffn_hidden_size or None,
+        "moe_shared_expert_gate": experts.shared_gate,
+        "moe_layer_freq": experts.pattern,
+        "moe_router_pre_softmax": experts.pre_softmax,
+        "moe_router_load_balancing_type": experts.balancing,
+        "moe_aux_loss_coeff": experts.aux_loss_coeff,
+        "moe_z_loss_coeff": experts.z_loss_coeff,
+        "moe_expert_capacity_factor": experts.capacity_factor,
+        # With a capacity, megatron-core drops what exceeds it; padding every expert's input
+        # to the capacity keeps shapes static (what its docs advise with a capacity factor).
+        "moe_pad_expert_input_to_capacity": experts.capacity_factor is not None,
+        "moe_token_dispatcher_type": experts.dispatcher,
+        # Grouped GEMM needs CUDA kernels (Transformer Engine's or the grouped_gemm package);
+        # on the CPU the experts run one after the other (SequentialMLP), the same numbers.
+        "moe_grouped_gemm": experts.grouped_gemm and on_gpu and use_te,
+        "moe_router_dtype": "fp32",  # routing decided in fp32 whatever the precision
+        "moe_permute_fusion": False,
+        "moe_router_fusion": False,
+    }
 
 
 def padded_vocab_size(vocab_size: int, cfg: Any) -> int:

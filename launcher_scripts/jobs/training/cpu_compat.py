@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import torch
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
+from megatron.core.transformer.moe import token_dispatcher
 from megatron.core.utils import GlobalMemoryBuffer
 
 
@@ -67,6 +68,18 @@ def install() -> None:
     parallel_state._GLOBAL_MEMORY_BUFFER = CpuMemoryBuffer()
     mcore_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    token_dispatcher.maybe_move_tensor_to_cpu = host_copy
+
+
+def host_copy(tensor: object, as_numpy: bool = False, record_stream: bool = False) -> object:
+    """megatron-core's maybe_move_tensor_to_cpu for tensors already on the CPU. Its own
+    returns a CPU tensor unchanged even when asked for a numpy array, and the all-to-all token
+    dispatcher passes the result to all_to_all_single as split sizes, which must be a sequence
+    of ints (a numpy array is, as on a GPU run)."""
+    del record_stream
+    if as_numpy and isinstance(tensor, torch.Tensor):
+        return tensor.numpy()
+    return tensor
 
 
 def seed_model_parallel_rngs(seed: int) -> None:
@@ -117,12 +130,41 @@ def _no_op(*_args: object, **_kwargs: object) -> None:
     return None
 
 
+class CpuEvent:
+    """A CUDA event's stand-in: CPU work is done when the call that queued it returns."""
+
+    def synchronize(self) -> None:
+        return None
+
+
+class CpuStream:
+    """A CUDA stream's stand-in. megatron-core's all-to-all token dispatcher copies the routing
+    counts to the host on a side stream of its own and waits on an event of it; on the CPU
+    there is nothing to overlap, so waiting and recording are immediate."""
+
+    def __init__(self, *_args: object, **_kwargs: object) -> None:
+        pass
+
+    def wait_stream(self, _other: object) -> None:
+        return None
+
+    def record_event(self, _event: object = None) -> CpuEvent:
+        return CpuEvent()
+
+
+_DEFAULT_STREAM = CpuStream()
+
+
 def patch_cuda_queries() -> None:
     """The few `torch.cuda` calls megatron-core makes unconditionally, answered for the CPU.
 
     `current_device()` mostly feeds `device=` arguments. It answers the CPU device rather than
     an index because the mode above is thread-local, and backward passes of megatron-core's
     autograd functions may run on autograd's own threads, where only this answer reaches.
+    Streams: see CpuStream.
     """
     torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     torch.cuda.synchronize = _no_op  # type: ignore[assignment]
+    torch.cuda.Stream = CpuStream  # type: ignore[assignment,misc]
+    torch.cuda.current_stream = lambda *_args, **_kwargs: _DEFAULT_STREAM  # type: ignore[assignment]
+    torch.cuda.stream = lambda *_args, **_kwargs: contextlib.nullcontext()  # type: ignore[assignment]

@@ -76,6 +76,8 @@ def progress_line(step: int, max_steps: int, record: dict[str, Any]) -> str:
         ("reduced_train_loss", "loss {:.4f}"),
         ("lr", "lr {:.3e}"),
         ("grad_norm", "grad_norm {:.3f}"),
+        ("moe_load_balancing_loss", "aux {:.3f}"),
+        ("moe_load_max", "expert load max {:.2f}x"),
         ("train_step_timing", "{:.3f} s/step"),
         ("tokens_per_sec", "{:.0f} tok/s"),
         ("model_tflops_per_gpu", "{:.2f} TFLOP/s/GPU"),

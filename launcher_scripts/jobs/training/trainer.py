@@ -51,6 +51,7 @@ from launcher_scripts.jobs.models import runtime_of
 from launcher_scripts.jobs.models.transformer import transformer_engine_available
 from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, wandb_logger
 from launcher_scripts.jobs.training.checkpointing import TrainState
+from launcher_scripts.jobs.training.expert_load import ExpertLoad
 from launcher_scripts.jobs.training.runtime import (
     JobError,
     init_model_parallel,
@@ -207,6 +208,11 @@ class Trainer:
             )
         self.config = self.runtime.transformer_config(cfg, self.use_te, on_gpu)
         self.model = self._build_model()
+        self.expert_load = (
+            ExpertLoad(self.model, self.config.num_layers, self.config.num_moe_experts)
+            if self.config.num_moe_experts
+            else None
+        )
         self.optimizer = self._build_optimizer()
         self.scheduler = self._build_scheduler()
         self._configure_schedule_hooks()
@@ -649,6 +655,8 @@ class Trainer:
             if step % log_every == 0 or step == max_steps:
                 # The mean over the steps since the last log line, as Megatron reports it.
                 record["reduced_train_loss"] = self._reduce_loss(window_loss)
+                if self.expert_load is not None:
+                    record.update(self.expert_load.window_metrics())
                 self._log_train(step, record, window, costs)
                 window, window_loss = [], None
             if step % self._val_interval() == 0:
@@ -725,6 +733,9 @@ class Trainer:
             curve = self.log_dir / "loss_curve.png"
             if metrics.plot_loss_curve(self.metrics_log.path, curve, str(self.cfg.run.name)):
                 print(f"loss curve: {curve}", flush=True)
+            load = self.log_dir / "expert_load.png"
+            if self.expert_load is not None and self.expert_load.plot(load, str(self.cfg.run.name)):
+                print(f"expert load: {load}", flush=True)
         dist.barrier()
         return 0
 
