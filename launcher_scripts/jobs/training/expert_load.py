@@ -8,8 +8,9 @@ hold parts of the sequence), so the counts are summed over all ranks when a step
 The losses are megatron-core's own per-layer records (its aux-loss tracker): each TP x CP
 rank records its tokens' part of a micro-batch's loss, so their sum over all ranks divided by
 the micro-batches (forwards over TP x CP) is the mean over the window's micro-batches and
-data-parallel ranks; the logged value is its mean over the MoE layers. Loads are shares of the even split: 1.0 is an expert given
-exactly tokens x top_k / experts of the window's tokens, 2.0 twice that.
+data-parallel ranks; the logged value is its mean over the MoE layers. Loads are shares of the
+even split: 1.0 is an expert given exactly tokens x top_k / experts of the window's tokens,
+2.0 twice that.
 """
 
 from __future__ import annotations
