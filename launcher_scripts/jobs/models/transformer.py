@@ -12,10 +12,11 @@ import torch.nn.functional as F
 from megatron.core.activations import squared_relu
 from megatron.core.tensor_parallel import RowParallelLinear
 from megatron.core.transformer import TransformerConfig
-from megatron.core.transformer.moe import moe_utils
+from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from launcher_scripts.costmodel import estimates
+from launcher_scripts.jobs.training import mcore_mends
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.layout import read_layout
@@ -92,6 +93,22 @@ def use_local_experts(layer: ModuleSpec) -> None:
     """A MoE layer spec of megatron-core's local modules, its experts' fc2 mended (above)."""
     experts = layer.submodules.mlp.submodules.experts
     experts.submodules.linear_fc2 = ExpertOutputLinear
+
+
+def separate_expert_parameters(chunks: list[torch.nn.Module]) -> bool:
+    """Marks the routed experts' parameters as megatron-core marks them under expert
+    parallelism (reduced over the expert-data-parallel group, stepped by an optimizer of their
+    own), at EP 1 too; whether the chunks have experts. At EP 1 that group is the data-parallel
+    one, so training is the same; what changes is that a MoE model's optimizer is the same
+    chain (dense, experts) at every EP, so a checkpoint resumes at another EP."""
+    found = False
+    for chunk in chunks:
+        for module in chunk.modules():
+            if isinstance(module, MoELayer):
+                for param in module.experts.parameters():
+                    param.allreduce = False  # type: ignore[attr-defined]
+                    found = True
+    return found
 
 
 def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfig:
@@ -177,10 +194,7 @@ def expert_settings(experts: Experts | None, use_te: bool, on_gpu: bool) -> dict
     """megatron-core's MoE settings for the model's experts (none for a dense model)."""
     if experts is None:
         return {}
-    if not hasattr(moe_utils, "te_general_gemm"):
-        # megatron-core 0.16 binds it only when Transformer Engine imports, then tests it
-        # against None in the router's fp32 gating: a NameError without Transformer Engine.
-        moe_utils.te_general_gemm = None
+    mcore_mends.moe_without_te()
     return {
         "num_moe_experts": experts.count,
         "moe_router_topk": experts.top_k,

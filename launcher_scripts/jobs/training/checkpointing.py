@@ -37,9 +37,15 @@ from launcher_scripts.formats.progress import (
     TrainState,
     complete_checkpoints,
 )
+from launcher_scripts.jobs.training import mcore_mends
 
 RNG_DIR = "rng_state"
+# dp_reshardable: every rank writes its own optimizer shard in parallel, and the checkpoint
+# loads at any data-parallel size. A MoE model's expert-parallel size changes how its experts'
+# optimizer state is bucketed, so its optimizer is saved per parameter instead (gathered on
+# each data-parallel group's first rank): it loads at any EP.
 OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
+EXPERTS_OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "fully_reshardable"}
 # A template field and the "-" that follows it, which goes with the field when it is left out.
 FIELD = re.compile(r"\{(\w+)(:[^}]*)?\}(-?)")
 
@@ -123,21 +129,29 @@ def _model_state(model: list[Any], prefix: str) -> dict[str, Any]:
     return {f"model{i}": chunk.sharded_state_dict(prefix=prefix) for i, chunk in enumerate(chunks)}
 
 
+def _optimizer_format(model: list[Any]) -> dict[str, str]:
+    experts = any(
+        not getattr(param, "allreduce", True) for chunk in model for param in chunk.parameters()
+    )
+    if not experts:
+        return OPTIMIZER_FORMAT
+    mcore_mends.torch_adam_resumes_per_parameter()
+    return EXPERTS_OPTIMIZER_FORMAT
+
+
 def sharded_state(
     model: list[Any], optimizer: Any, is_loading: bool, beside: Beside | None = None
 ) -> dict[str, Any]:
     """The checkpoint's sharded state: the model and its optimizer, and each model trained
     beside it with its optimizer under its name (its tensors' keys prefixed `<name>.`)."""
     state = _model_state(model, "")
-    # dp_reshardable: every rank writes its own optimizer shard in parallel, and the
-    # checkpoint loads at any data-parallel size.
     state["optimizer"] = optimizer.sharded_state_dict(
-        state, is_loading=is_loading, metadata=OPTIMIZER_FORMAT
+        state, is_loading=is_loading, metadata=_optimizer_format(model)
     )
     for name, (other, other_optimizer) in (beside or {}).items():
         part = _model_state(other, f"{name}.")
         part["optimizer"] = other_optimizer.sharded_state_dict(
-            part, is_loading=is_loading, metadata=OPTIMIZER_FORMAT
+            part, is_loading=is_loading, metadata=_optimizer_format(other)
         )
         state[name] = part
     return state

@@ -48,7 +48,10 @@ from launcher_scripts.formats.progress import (
     damaged_checkpoints,
 )
 from launcher_scripts.jobs.models import runtime_of
-from launcher_scripts.jobs.models.transformer import transformer_engine_available
+from launcher_scripts.jobs.models.transformer import (
+    separate_expert_parameters,
+    transformer_engine_available,
+)
 from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, wandb_logger
 from launcher_scripts.jobs.training.checkpointing import TrainState
 from launcher_scripts.jobs.training.expert_load import ExpertLoad
@@ -246,6 +249,7 @@ class Trainer:
 
     def _wrap(self, chunks: list[Any], config: Any) -> list[Any]:
         """Chunks in the mixed-precision and data-parallel wrappers training needs."""
+        separate_expert_parameters(chunks)
         if config.fp16 or config.bf16:
             chunks = [Float16Module(config, chunk) for chunk in chunks]
         ddp_config = DistributedDataParallelConfig(
