@@ -84,7 +84,10 @@ def test_the_tiny_moe_gpt_learns_and_logs_its_routing(prepared: Path, tmp_path: 
         # split matmuls differ in the last bits, and a router's top-2 choice between two near
         # scores can follow them: a few tokens routed elsewhere by step 6 move the loss ~1e-3.
         (
-            ("training.model.tensor_model_parallel_size=2", "training.model.sequence_parallel=true"),
+            (
+                "training.model.tensor_model_parallel_size=2",
+                "training.model.sequence_parallel=true",
+            ),
             "single",
             5e-3,
         ),

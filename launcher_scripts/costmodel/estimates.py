@@ -38,7 +38,8 @@ def model_flops_per_sample(model: Any, seq_length: int, padded_vocab: int) -> fl
 @dataclass(frozen=True)
 class Parameters:
     total: int
-    per_gpu: int  # the busiest pipeline stage's share on one tensor-parallel rank
+    per_gpu: int  # the busiest pipeline stage's share on one GPU
+    active: int | None = None  # a mixture of experts': those one token passes through
 
 
 # ----- encoder-decoder (T5) models ---------------------------------------------------------

@@ -65,6 +65,28 @@ Context parallelism (CP) gives each rank s/cp of the sequence: every sequence-si
 divided by cp; attention scores are (s/cp) x s per head (local queries against all keys; fused
 attention kernels keep none of them, so selective recompute's figure then applies).
 
+Mixture-of-experts layers (megatron-core's MoELayer; derived here term by term as [K] derives
+the dense MLP's, for its all-to-all dispatcher). Megatron-core trains them under TP only with
+sequence parallelism, so each rank routes s b / t of the tokens (s b without TP), and each
+token goes to k experts: k s b / t token copies leave the rank, and as many arrive on average
+(balanced routing; with a capacity factor c and padding to it, exactly c k s b / t). With
+expert tensor parallelism of size et the copies are gathered over the et ranks, whose experts'
+weights are split et ways. Kept for backward per MoE layer and micro-batch, in place of the
+dense MLP's activation and fc2 inputs:
+    the experts' fc1 input (the permuted, dispatched tokens)   e c k s b h et / t
+    their fc1 output (the activation's input)                  e c k s b fc1_e / t
+    their fc2 input                                            e c k s b ffn_e / t
+    the router's fp32 logits and probabilities                 8 s b E / t
+    a shared expert: a dense MLP of its width                  e s b (fc1_s + ffn_s) / t
+(c = 1 when dropless; fc1_e = 2 ffn_e gated). The router's input is the pre-MLP norm's output,
+already counted as the dense fc1's input. `dispatch_workspace` is the dispatcher's transient
+send and receive buffers of one layer, 2 e c k s b h et / t. Parameters: a MoE layer's routed
+experts (E x the expert MLP) are split over EP x et instead of TP; the router and the shared
+expert's gate are whole on every rank. Their optimizer state is sharded over the expert-data-
+parallel group (world / (et x EP x PP)) instead of DP x CP. Every per-layer term is taken layer
+by layer (a stack may mix dense and MoE layers, moe_layer_freq); a pipeline stage's chunk is
+the layers it holds first.
+
 Beyond the papers, `recompute_workspace` is what recomputation materialises again during one
 layer's (or, full-uniform, one checkpointed group's) backward: the whole layer under full
 recompute, the attention scores under selective. Left out, as no formula holds them: framework
@@ -124,6 +146,7 @@ class MemoryBreakdown:
     other_activations: float  # embedding dropout mask, final norm, output layer, logits
     recompute_workspace: float = 0.0  # what one layer's recomputation materialises again
     stage: str = "only"  # "only" (no pipelining), "first" or "last" pipeline stage
+    dispatch_workspace: float = 0.0  # a MoE layer's all-to-all send and receive buffers
 
     @classmethod
     def of(
@@ -134,17 +157,24 @@ class MemoryBreakdown:
         other_activations: float,
         stage: str,
         recompute_workspace: float = 0.0,
+        expert_params: int = 0,
+        expert_per_param: ParameterBytes | None = None,
+        dispatch_workspace: float = 0.0,
     ) -> MemoryBreakdown:
-        """A GPU holding `params` parameters at [D]'s bytes each, and these activations."""
+        """A GPU holding `params` parameters at [D]'s bytes each (and `expert_params` at
+        `expert_per_param`'s: their optimizer is sharded over another group), and these
+        activations."""
+        experts = expert_per_param or per_param
         return cls(
-            parameters_per_gpu=params,
-            weights=params * per_param.weights,
-            gradients=params * per_param.gradients,
-            optimizer=params * per_param.optimizer,
+            parameters_per_gpu=params + expert_params,
+            weights=params * per_param.weights + expert_params * experts.weights,
+            gradients=params * per_param.gradients + expert_params * experts.gradients,
+            optimizer=params * per_param.optimizer + expert_params * experts.optimizer,
             layer_activations=layer_activations,
             other_activations=other_activations,
             recompute_workspace=recompute_workspace,
             stage=stage,
+            dispatch_workspace=dispatch_workspace,
         )
 
     @property
@@ -156,6 +186,7 @@ class MemoryBreakdown:
             + self.layer_activations
             + self.other_activations
             + self.recompute_workspace
+            + self.dispatch_workspace
         )
 
     @property
@@ -195,6 +226,7 @@ class MemoryBreakdown:
             "layer_activations_gib": self.layer_activations_gib,
             "other_activations_gib": self.other_activations_gib,
             "recompute_workspace_gib": self.recompute_workspace_gib,
+            "dispatch_workspace_gib": self.dispatch_workspace / GIB,
             "total_gib": self.total_gib,
             "stage": self.stage,
         }
@@ -203,9 +235,43 @@ class MemoryBreakdown:
 # ----- activations ---------------------------------------------------------------------------
 
 
-def layer_activation_bytes(shape: ModelShape, layout: Layout) -> float:
-    """What one layer keeps for backward, per micro-batch, on one GPU ([K] Table 2 generalised),
-    under the layout's recompute granularity."""
+def routed_copies(shape: ModelShape) -> float:
+    """Token copies the experts compute per routed token: top-k, times the capacity factor
+    when megatron-core pads each expert's input to its capacity."""
+    experts = shape.experts
+    assert experts is not None
+    return experts.top_k * (experts.capacity_factor or 1.0)
+
+
+def moe_mlp_bytes(shape: ModelShape, layout: Layout) -> tuple[float, float]:
+    """A MoE layer's MLP terms per micro-batch on one GPU (see the module docstring), as
+    (split by TP like the dense MLP's, the sequence-sized ones)."""
+    experts = shape.experts
+    assert experts is not None
+    e, s, b = layout.element_bytes, shape.seq_length / layout.context, layout.micro_batch
+    copies = routed_copies(shape)
+    fc1 = experts.ffn_hidden_size * (2 if shape.gated_mlp else 1)
+    split = e * s * b * copies * (fc1 + experts.ffn_hidden_size)
+    if experts.shared_ffn_hidden_size:
+        shared = experts.shared_ffn_hidden_size
+        split += e * s * b * (shared * (2 if shape.gated_mlp else 1) + shared)
+    sequence = e * s * b * copies * shape.hidden_size * layout.expert_tensor_size
+    sequence += 8 * s * b * experts.count
+    return split, sequence
+
+
+def dispatch_bytes(shape: ModelShape, layout: Layout) -> float:
+    """The all-to-all dispatcher's send and receive buffers of one MoE layer on one GPU."""
+    if shape.experts is None:
+        return 0.0
+    e, s, b = layout.element_bytes, shape.seq_length / layout.context, layout.micro_batch
+    tokens = routed_copies(shape) * s * b * layout.expert_tensor_size / layout.tensor
+    return 2 * e * tokens * shape.hidden_size
+
+
+def layer_activation_bytes(shape: ModelShape, layout: Layout, moe: bool = False) -> float:
+    """What one layer (a MoE one with `moe`) keeps for backward, per micro-batch, on one GPU
+    ([K] Table 2 generalised), under the layout's recompute granularity."""
     granularity = layout.recompute
     e = layout.element_bytes
     s = shape.seq_length / layout.context
@@ -218,7 +284,13 @@ def layer_activation_bytes(shape: ModelShape, layout: Layout) -> float:
     # Q and K for the scores, V, the output projection's input; the activation's input (fc1's
     # output) and fc2's input.
     q, kv = shape.query_size, shape.kv_size
-    split = e * s * b * (2 * q + 2 * kv + shape.fc1_size + shape.ffn_hidden_size)
+    split = e * s * b * (2 * q + 2 * kv)
+    if moe:
+        mlp, sequence = moe_mlp_bytes(shape, layout)
+        split += mlp
+        replicated += sequence
+    else:
+        split += e * s * b * (shape.fc1_size + shape.ffn_hidden_size)
     if granularity != "selective":
         # Softmax output and dropout output (e bytes) and the dropout mask, a x s_q x s_kv:
         # 5as^2b at e = 2. With CP the local s/cp queries meet all s keys.
@@ -256,23 +328,29 @@ def chunks_in_flight(layout: Layout, rank: int) -> int:
     return min(p - rank, m)
 
 
-def chunk_activation_bytes(shape: ModelShape, layout: Layout) -> tuple[float, float]:
-    """(bytes one micro-batch leaves in one model chunk, workspace of its recomputation)."""
+def chunk_activation_bytes(
+    shape: ModelShape, layout: Layout, first: int = 0
+) -> tuple[float, float]:
+    """(bytes one micro-batch leaves in the model chunk whose first layer is `first`,
+    workspace of its recomputation)."""
     chunks = layout.pipeline * (layout.virtual_pipeline or 1)
     layers = shape.num_layers // chunks
-    kept = layer_activation_bytes(shape, replace(layout, recompute=None))
+    indices = range(first, first + layers)
+    plain = replace(layout, recompute=None)
+    kept = [layer_activation_bytes(shape, plain, shape.is_moe_layer(i)) for i in indices]
     if layout.recompute == "selective":
-        selective = layer_activation_bytes(shape, layout)
-        return layers * selective, kept - selective
+        selective = [layer_activation_bytes(shape, layout, shape.is_moe_layer(i)) for i in indices]
+        return sum(selective), max(k - s for k, s in zip(kept, selective, strict=True))
     if layout.recompute != "full":
-        return layers * kept, 0.0
-    checkpoint = layer_activation_bytes(shape, layout)
+        return sum(kept), 0.0
+    checkpoint = layer_activation_bytes(shape, layout)  # the layer's input, dense or MoE
     if layout.recompute_method == "block":
         recomputed = min(layout.recompute_num_layers, layers)
-        stored = recomputed * checkpoint + (layers - recomputed) * kept
-        return stored, kept if recomputed else 0.0
+        stored = recomputed * checkpoint + sum(kept[recomputed:])
+        return stored, max(kept[:recomputed]) if recomputed else 0.0
     group = max(1, min(layout.recompute_num_layers, layers))
-    return math.ceil(layers / group) * checkpoint, group * kept
+    workspace = max(sum(kept[i : i + group]) for i in range(0, layers, group))
+    return math.ceil(layers / group) * checkpoint, workspace
 
 
 @dataclass(frozen=True)
@@ -285,7 +363,8 @@ class StageActivations:
 def stage_activations(shape: ModelShape, layout: Layout, stage: str) -> StageActivations:
     """Activations on the "only", "first" or "last" pipeline stage."""
     rank = layout.pipeline - 1 if stage == "last" else 0
-    per_chunk, workspace = chunk_activation_bytes(shape, layout)
+    first = rank * (shape.num_layers // layout.pipeline)
+    per_chunk, workspace = chunk_activation_bytes(shape, layout, first)
     in_flight = chunks_in_flight(layout, rank)
     other = 0.0
     if stage in ("only", "first"):
@@ -302,10 +381,28 @@ def stage_activations(shape: ModelShape, layout: Layout, stage: str) -> StageAct
 # ----- parameters ----------------------------------------------------------------------------
 
 
+def stage_layers(shape: ModelShape, layout: Layout, stage: str) -> range:
+    per_stage = shape.num_layers // layout.pipeline
+    first = (layout.pipeline - 1) * per_stage if stage == "last" else 0
+    return range(first, first + (shape.num_layers if stage == "only" else per_stage))
+
+
+def stage_expert_parameters(shape: ModelShape, layout: Layout, stage: str) -> int:
+    """The routed experts' parameters one GPU of the stage holds (split over EP x et)."""
+    layers = stage_layers(shape, layout, stage)
+    moe = shape.moe_layers(layers.start, len(layers))
+    if not moe:
+        return 0
+    return moe * shape.routed_expert_parameters(layout.expert, layout.expert_tensor_size)
+
+
 def stage_parameters(shape: ModelShape, layout: Layout, stage: str) -> int:
-    """Parameters one tensor-parallel rank of the "only", "first" or "last" stage holds."""
+    """Parameters one GPU of the "only", "first" or "last" stage holds."""
     t = layout.tensor
-    layers = shape.num_layers // layout.pipeline * shape.layer_parameters(t)
+    span = stage_layers(shape, layout, stage)
+    layers = shape.stack_parameters(
+        span.start, len(span), t, layout.expert, layout.expert_tensor_size
+    )
     words = shape.word_embedding_parameters(t)
     inputs = words + shape.position_parameters()
     if stage == "only":
@@ -323,11 +420,17 @@ def memory_breakdown(shape: ModelShape, layout: Layout) -> MemoryBreakdown:
         layout.data * layout.context,
         layout.fp32_grads,
     )
+    expert_per_param = bytes_per_parameter(
+        layout.dtype, layout.distributed_optimizer, layout.expert_data, layout.fp32_grads
+    )
     stages = ("only",) if layout.pipeline == 1 else ("first", "last")
     breakdowns = []
     for stage in stages:
-        params = stage_parameters(shape, layout, stage)
+        experts = stage_expert_parameters(shape, layout, stage)
+        params = stage_parameters(shape, layout, stage) - experts
         activations = stage_activations(shape, layout, stage)
+        span = stage_layers(shape, layout, stage)
+        moe = shape.moe_layers(span.start, len(span))
         breakdowns.append(
             MemoryBreakdown.of(
                 params,
@@ -336,6 +439,9 @@ def memory_breakdown(shape: ModelShape, layout: Layout) -> MemoryBreakdown:
                 activations.other,
                 stage,
                 recompute_workspace=activations.workspace,
+                expert_params=experts,
+                expert_per_param=expert_per_param,
+                dispatch_workspace=dispatch_bytes(shape, layout) if moe else 0.0,
             )
         )
     return max(breakdowns, key=lambda breakdown: breakdown.total)

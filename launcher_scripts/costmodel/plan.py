@@ -81,7 +81,11 @@ def decoder_stack_costs(shape: ModelShape, layout: Layout) -> Costs:
     """GPT, and BERT (the same layer stack; its small pooler and heads are left out), through
     the AutoConfigurator's analytical model."""
     memory = memory_breakdown(shape, layout)
-    params = estimates.Parameters(shape.total_parameters(layout.tensor), memory.parameters_per_gpu)
+    params = estimates.Parameters(
+        shape.total_parameters(layout.tensor),
+        memory.parameters_per_gpu,
+        shape.active_parameters(layout.tensor) if shape.experts else None,
+    )
     flops = throughput.model_flops_per_sample(shape, shape.padded_vocab(layout.tensor))
     return Costs(params, memory, flops, shape.seq_length)
 
@@ -196,6 +200,8 @@ def memory_terms(m: MemoryBreakdown, digits: int = 1) -> str:
     ]
     if m.recompute_workspace:
         terms.append(f"recompute {m.recompute_workspace / gb:.{digits}f}")
+    if m.dispatch_workspace:
+        terms.append(f"expert dispatch {m.dispatch_workspace / gb:.{digits}f}")
     return ", ".join(terms)
 
 
@@ -227,8 +233,9 @@ def describe(plan: TrainingPlan) -> list[str]:
         ),
         (
             "parameters",
-            f"{plan.params.total / 1e9:.3f} B ({plan.params.per_gpu / 1e9:.3f} B on the busiest "
-            f"GPU; {vocab})",
+            f"{plan.params.total / 1e9:.3f} B"
+            + (f", {plan.params.active / 1e9:.3f} B active" if plan.params.active else "")
+            + f" ({plan.params.per_gpu / 1e9:.3f} B on the busiest GPU; {vocab})",
         ),
         (
             "memory per GPU",

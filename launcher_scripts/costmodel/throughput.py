@@ -45,6 +45,17 @@
   activations forward and their gradient back (divided by t under sequence parallelism),
   each paying `collective_latency_us`; inter-node bandwidth unless the whole model-parallel
   group fits in a node.
+* Mixture-of-experts layers: a token's MLP FLOPs are its k routed experts', the shared
+  expert's and the router's (h x E), so model FLOPs count active parameters only; hardware
+  FLOPs also count the padding when each expert's input is padded to a capacity factor c
+  (c k expert MLPs a token). Expert parallelism: per MoE layer and micro-batch the dispatcher's
+  all-to-all sends the rank's c k s b / t routed token copies (x et under expert TP) to the
+  EP ranks holding their experts and the combine sends them back, forward and again for the
+  gradients: 4 all-to-alls (6 when the layer is recomputed), each moving (EP-1)/EP of its
+  bytes over NVLink when the expert group (et x EP consecutive ranks) fits in a node, else
+  across nodes, and paying the collective latency once per peer. The experts' gradients are
+  reduced over the expert-data-parallel group (world / (et x EP x PP) ranks, strided by
+  et x EP), the rest over DP x CP.
 Left out: the embedding and output layer's small collectives and the optimizer step.
 """
 
@@ -53,7 +64,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
-from launcher_scripts.costmodel.memory import bytes_per_parameter, stage_parameters
+from launcher_scripts.costmodel.memory import (
+    bytes_per_parameter,
+    stage_expert_parameters,
+    stage_layers,
+    stage_parameters,
+)
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.recipes.layout import Layout
 from launcher_scripts.recipes.model_shape import ModelShape
@@ -119,17 +135,44 @@ class StepPrediction:
     hardware_flops_per_step: float = 0.0
     overhead_s: float = 0.0  # the fixed per-layer cost, busiest stage, all micro-batches
     pp_comm_s: float = 0.0
+    ep_comm_s: float = 0.0  # the expert-parallel all-to-alls, busiest stage
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def layer_forward_flops(shape: ModelShape) -> float:
+def mlp_forward_flops(shape: ModelShape, moe: bool = False, padded: bool = False) -> float:
+    """Forward FLOPs of one token's MLP (2 FLOPs a multiply-add): a dense layer's, or a MoE
+    layer's routed experts (top-k; with `padded`, times the capacity factor), shared expert
+    and router."""
+    h, gated = shape.hidden_size, 2 if shape.gated_mlp else 1
+    if not moe:
+        return 2 * h * (shape.fc1_size + shape.ffn_hidden_size)
+    experts = shape.experts
+    assert experts is not None
+    copies = experts.top_k * ((experts.capacity_factor or 1.0) if padded else 1.0)
+    flops = copies * 2 * h * (gated + 1) * experts.ffn_hidden_size + 2 * h * experts.count
+    if experts.shared_ffn_hidden_size:
+        flops += 2 * h * (gated + 1) * experts.shared_ffn_hidden_size
+    return flops
+
+
+def layer_forward_flops(shape: ModelShape, moe: bool = False, padded: bool = False) -> float:
     """One layer's forward FLOPs for one sequence (2 FLOPs a multiply-add)."""
     s, h = shape.seq_length, shape.hidden_size
     q, kv = shape.query_size, shape.kv_size
-    projections = h * (q + 2 * kv) + q * h + h * shape.fc1_size + shape.ffn_hidden_size * h
-    return 2 * s * projections + attention_score_flops(shape)
+    attention = 2 * s * (h * (q + 2 * kv) + q * h)
+    return attention + s * mlp_forward_flops(shape, moe, padded) + attention_score_flops(shape)
+
+
+def stack_forward_flops(
+    shape: ModelShape, layers: range | None = None, padded: bool = False
+) -> float:
+    """Forward FLOPs of the layers (all by default) for one sequence."""
+    indices = range(shape.num_layers) if layers is None else layers
+    dense = layer_forward_flops(shape, False)
+    moe = layer_forward_flops(shape, True, padded) if shape.experts else dense
+    return sum(moe if shape.is_moe_layer(i) else dense for i in indices)
 
 
 def attention_score_flops(shape: ModelShape) -> float:
@@ -143,7 +186,7 @@ def logits_forward_flops(shape: ModelShape, padded_vocab: int) -> float:
 
 def model_flops_per_sample(shape: ModelShape, padded_vocab: int) -> float:
     """Forward and backward (3 x forward) of one sequence, no recomputation."""
-    forward = shape.num_layers * layer_forward_flops(shape)
+    forward = stack_forward_flops(shape)
     return 3 * (forward + logits_forward_flops(shape, padded_vocab))
 
 
@@ -163,18 +206,20 @@ def recomputed_layer_fraction(shape: ModelShape, layout: Layout) -> float:
     return min(layout.recompute_num_layers, per_chunk) / per_chunk
 
 
-def recompute_flops_per_layer(shape: ModelShape, layout: Layout) -> float:
-    """Hardware FLOPs recomputation adds per layer and sequence, averaged over layers."""
+def recompute_flops(shape: ModelShape, layout: Layout, layers: range | None = None) -> float:
+    """Hardware FLOPs recomputation adds to the layers (all by default), one sequence."""
+    indices = range(shape.num_layers) if layers is None else layers
     if layout.recompute == "selective":
-        return attention_score_flops(shape)
-    return recomputed_layer_fraction(shape, layout) * layer_forward_flops(shape)
+        return len(indices) * attention_score_flops(shape)
+    fraction = recomputed_layer_fraction(shape, layout)
+    return fraction * stack_forward_flops(shape, indices, padded=True) if fraction else 0.0
 
 
 def stage_hardware_flops(shape: ModelShape, layout: Layout, stage: str) -> float:
     """Hardware FLOPs of one sequence on the "only", "first" or "last" pipeline stage."""
-    layers = shape.num_layers // layout.pipeline
-    per_layer = 3 * layer_forward_flops(shape) + recompute_flops_per_layer(shape, layout)
-    flops = layers * per_layer
+    layers = stage_layers(shape, layout, stage)
+    flops = 3 * stack_forward_flops(shape, layers, padded=True)
+    flops += recompute_flops(shape, layout, layers)
     if stage in ("only", "last"):
         flops += 3 * logits_forward_flops(shape, shape.padded_vocab(layout.tensor))
     return flops
@@ -219,11 +264,21 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
     pp_gbps = cluster.intra_node_gbps if layout.world_size <= node else cluster.inter_node_gbps
     pp_comm = 0.0 if p == 1 else m * v * 2 * (latency + p2p_bytes / (pp_gbps * GB))
 
-    params = max(stage_parameters(shape, layout, stage) for stage in stages)
-    dp_comm = dp_reduction_seconds(params, layout, cluster)
+    ep_comm = max(expert_dispatch_seconds(shape, layout, cluster, stage) for stage in stages)
+    bubble += (p - 1) / (m * v) * ep_comm
+
+    dp_comm = max(
+        dp_reduction_seconds(
+            stage_parameters(shape, layout, stage) - stage_expert_parameters(shape, layout, stage),
+            layout,
+            cluster,
+        )
+        + expert_reduction_seconds(stage_expert_parameters(shape, layout, stage), layout, cluster)
+        for stage in stages
+    )
     dp_exposed = (1 - cluster.dp_overlap) * dp_comm
 
-    step = compute + overhead + tp_comm + cp_comm + bubble + pp_comm + dp_exposed
+    step = compute + overhead + tp_comm + cp_comm + ep_comm + bubble + pp_comm + dp_exposed
     model_flops = model_flops_per_step(shape, layout)
     return StepPrediction(
         model_flops_per_step=model_flops,
@@ -238,7 +293,48 @@ def predict_step(shape: ModelShape, layout: Layout, cluster: ClusterSpec) -> Ste
         hardware_flops_per_step=hardware_flops_per_step(shape, layout),
         overhead_s=overhead,
         pp_comm_s=pp_comm,
+        ep_comm_s=ep_comm,
     )
+
+
+def expert_dispatch_seconds(
+    shape: ModelShape, layout: Layout, cluster: ClusterSpec, stage: str
+) -> float:
+    """The stage's all-to-alls over the expert-parallel group, all micro-batches (see the
+    module docstring)."""
+    if shape.experts is None or layout.expert == 1:
+        return 0.0
+    span = stage_layers(shape, layout, stage)
+    moe = shape.moe_layers(span.start, len(span))
+    ep, et = layout.expert, layout.expert_tensor_size
+    copies = shape.experts.top_k * (shape.experts.capacity_factor or 1.0)
+    tokens = copies * shape.seq_length / layout.context * layout.micro_batch * et / layout.tensor
+    volume = layout.element_bytes * tokens * shape.hidden_size
+    inside = et * ep <= layout.gpus_per_node
+    gbps = cluster.intra_node_gbps if inside else cluster.inter_node_gbps
+    latency = cluster.collective_latency_us * 1e-6
+    one = (ep - 1) * latency + (ep - 1) / ep * volume / (gbps * GB)
+    per_layer = 4 + 2 * recomputed_layer_fraction(shape, layout)
+    return layout.micro_batches * moe * per_layer * one
+
+
+def expert_reduction_seconds(params: float, layout: Layout, cluster: ClusterSpec) -> float:
+    """The gradient reduction of one GPU's routed-expert parameters over the expert-data-
+    parallel group (as dp_reduction_seconds does for the rest)."""
+    ranks = layout.expert_data
+    if not params or ranks <= 1:
+        return 0.0
+    per_param = bytes_per_parameter(
+        layout.dtype, layout.distributed_optimizer, ranks, layout.fp32_grads
+    )
+    # Ranks are ordered expert TP, EP, expert DP, PP: the group spans them all.
+    spans_nodes = layout.expert_tensor_size * layout.expert * ranks > layout.gpus_per_node
+    gbps = cluster.inter_node_gbps if spans_nodes else cluster.intra_node_gbps
+    latency = cluster.collective_latency_us * 1e-6
+    grads = ring_seconds(params * per_param.gradients, ranks, gbps, latency)
+    if layout.distributed_optimizer:
+        return grads + ring_seconds(params * per_param.weights, ranks, gbps, latency)
+    return 2 * grads
 
 
 def dp_reduction_seconds(params: float, layout: Layout, cluster: ClusterSpec) -> float:
@@ -260,5 +356,6 @@ def dp_reduction_seconds(params: float, layout: Layout, cluster: ClusterSpec) ->
 
 def hardware_flops_per_step(shape: ModelShape, layout: Layout) -> float:
     """Model FLOPs plus what recomputation runs again, for the whole step."""
-    extra = shape.num_layers * recompute_flops_per_layer(shape, layout)
+    padding = stack_forward_flops(shape, padded=True) - stack_forward_flops(shape)
+    extra = 3 * padding + recompute_flops(shape, layout)
     return model_flops_per_step(shape, layout) + layout.global_batch * extra

@@ -109,6 +109,7 @@ class ModelShape:
     make_vocab_size_divisible_by: int = 128
     rms_norm: bool = False  # RMSNorm has a scale only; LayerNorm a scale and a bias
     experts: Experts | None = None  # None: every layer's MLP is dense
+    qkv_bias: bool = False  # biases on Q, K and V alone (Qwen2), without `bias`
 
     @property
     def query_groups(self) -> int:
@@ -156,8 +157,9 @@ class ModelShape:
         h, qkv = self.hidden_size, self.query_size + 2 * self.kv_size
         split = h * qkv + self.query_size * h
         replicated = 2 * self.norm_parameters()
-        if self.bias:
+        if self.bias or self.qkv_bias:
             split += qkv
+        if self.bias:
             replicated += h
         return split, replicated
 
@@ -203,11 +205,18 @@ class ModelShape:
     ) -> int:
         """One MoE layer's parameters on one rank: its share of the dense part over TP and of
         the experts over EP x expert TP (all ones: the whole layer)."""
-        split, replicated, routed, routed_whole = self.moe_layer_parameters_split()
+        split, replicated, _, _ = self.moe_layer_parameters_split()
+        routed = self.routed_expert_parameters(expert, expert_tensor or tensor)
+        return -(-split // tensor) + replicated + routed
+
+    def routed_expert_parameters(self, expert: int = 1, expert_tensor: int = 1) -> int:
+        """One MoE layer's routed experts on one rank: its 1/EP of the experts, each split
+        over expert TP (fc1 and its bias, fc2's weight; fc2's bias whole)."""
         assert self.experts is not None
+        _, _, routed, routed_whole = self.moe_layer_parameters_split()
         count = self.experts.count
-        per_expert = -(-routed // count // (expert_tensor or tensor)) + routed_whole // count
-        return -(-split // tensor) + replicated + count // expert * per_expert
+        per_expert = -(-routed // count // expert_tensor) + routed_whole // count
+        return count // expert * per_expert
 
     def stack_parameters(
         self,
@@ -307,6 +316,7 @@ def read_shape(
         or 128,
         rms_norm=str(model.get("normalization") or "layernorm") == "rmsnorm",
         experts=read_experts(model, prefix, layers, ffn),
+        qkv_bias=as_bool(model.get("qkv_bias", False), f"{prefix}.qkv_bias"),
     )
 
 
