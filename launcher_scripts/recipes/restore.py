@@ -44,6 +44,14 @@ ARCHITECTURE_DEFAULTS: dict[str, Any] = {
     "bias": True,
     "qkv_bias": False,
     "share_embeddings_and_output_weights": True,
+    # the experts (recipes/model_shape.py's EXPERT_ARCHITECTURE_KEYS)
+    "num_moe_experts": None,
+    "moe_router_topk": 2,
+    "moe_ffn_hidden_size": None,
+    "moe_shared_expert_intermediate_size": None,
+    "moe_shared_expert_gate": False,
+    "moe_layer_freq": 1,
+    "moe_router_pre_softmax": False,
 }
 
 
@@ -61,6 +69,10 @@ def _value(section: Any, name: str) -> Any:
         value = int(section.get("hidden_size")) // int(section.get("num_attention_heads"))
     if value is None and name == "ffn_hidden_size":
         value = 4 * int(section.get("hidden_size"))
+    if value is None and name == "moe_ffn_hidden_size" and section.get("num_moe_experts"):
+        value = _value(section, "ffn_hidden_size")
+    if name == "moe_layer_freq" and not isinstance(value, int | str):
+        value = [int(v) for v in value]
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)  # 500000 and 500000.0 are one rope base
     return value
