@@ -7,6 +7,8 @@ that no standard architecture can represent is refused with the key that makes i
     RoPE, SwiGLU, LayerNorm(1p), no linear biases (but QKV's)   -> StableLmForCausalLM
     RoPE, SwiGLU, RMSNorm, no linear biases                     -> LlamaForCausalLM
     RoPE, SwiGLU, RMSNorm, QKV biases only                      -> Qwen2ForCausalLM
+    Llama's layer with experts in every layer                    -> MixtralForCausalLM
+      ... with a shared expert behind a sigmoid gate             -> Qwen2MoeForCausalLM
 
 A model imported from Hugging Face records its class (`hf_architecture`) and goes back to it
 (a Mistral to MistralForCausalLM, not to the Llama class that computes the same).
@@ -24,7 +26,9 @@ STABLELM = Architecture("StableLmForCausalLM", "stablelm")
 LLAMA = Architecture("LlamaForCausalLM", "llama")
 MISTRAL = Architecture("MistralForCausalLM", "mistral")
 QWEN2 = Architecture("Qwen2ForCausalLM", "qwen2")
-ARCHITECTURES = (GPT2, STABLELM, LLAMA, MISTRAL, QWEN2)
+MIXTRAL = Architecture("MixtralForCausalLM", "mixtral")
+QWEN2_MOE = Architecture("Qwen2MoeForCausalLM", "qwen2_moe")
+ARCHITECTURES = (GPT2, STABLELM, LLAMA, MISTRAL, QWEN2, MIXTRAL, QWEN2_MOE)
 # Our activation -> transformers' name for the same function (GPT-2's activation_function).
 HF_GELU = {"gelu": "gelu", "gelu-tanh": "gelu_new"}
 ROTARY_ACTIVATIONS = ("swiglu", "fast-swiglu")
@@ -71,9 +75,31 @@ def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
         raise refuse("bias", "linear biases with rotary embeddings and SwiGLU")
     if float(model.get("rotary_percentage", 1.0)) != 1.0 and normalization == "rmsnorm":
         raise refuse("rotary_percentage", "partial rotary embeddings with RMSNorm")
+    experts = model.get("num_moe_experts")
+    if experts and normalization != "rmsnorm":
+        raise refuse("normalization", f"{normalization} with experts")
+    if experts:
+        return _experts_architecture(model, qkv_bias, refuse)
     if normalization != "rmsnorm":
         return STABLELM
     if qkv_bias:
         return QWEN2
     recorded = model.get("hf_architecture")  # an imported model's own class
     return MISTRAL if recorded == MISTRAL.name else LLAMA
+
+
+def _experts_architecture(model: Any, qkv_bias: bool, refuse: Any) -> Architecture:
+    """Mixtral (routed experts alone, the top-k's weights renormalised) or Qwen2-MoE (and a
+    shared expert behind a sigmoid gate; the top-k's weights as they are or renormalised)."""
+    if model.get("moe_layer_freq", 1) != 1:
+        raise refuse("moe_layer_freq", "experts in only some layers")
+    shared = model.get("moe_shared_expert_intermediate_size")
+    if not shared:
+        if qkv_bias:
+            raise refuse("qkv_bias", "QKV biases with experts but no shared expert")
+        if model.get("moe_router_pre_softmax", False):
+            raise refuse("moe_router_pre_softmax", "Mixtral renormalises its top-k's weights")
+        return MIXTRAL
+    if not model.get("moe_shared_expert_gate", False):
+        raise refuse("moe_shared_expert_gate", "a shared expert without Qwen2-MoE's gate")
+    return QWEN2_MOE

@@ -6,6 +6,8 @@ section (jobs/models/gpt_hf_import.py).
     LlamaForCausalLM     RMSNorm, SwiGLU, RoPE (rope_theta, Llama 3's rope scaling), GQA
     MistralForCausalLM   Llama's layout (a sliding window is refused: full attention here)
     Qwen2ForCausalLM     Llama's layout with biases on Q, K and V
+    MixtralForCausalLM   Llama's layout with experts in every layer (the top-k renormalised)
+    Qwen2MoeForCausalLM  Qwen2's with experts in every layer and a gated shared expert
     StableLmForCausalLM  LayerNorm, SwiGLU, partial RoPE, optional Q/K/V biases
     GPT2LMHeadModel      LayerNorm, GeLU (exact or tanh), learned positions, biases everywhere
 
@@ -16,11 +18,20 @@ checkpoint whose tensors or tokenizer disagree with its config.json (check_check
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from launcher_scripts.errors import HfImportError
-from launcher_scripts.families.gpt_architectures import GPT2, LLAMA, MISTRAL, QWEN2, STABLELM
+from launcher_scripts.families.gpt_architectures import (
+    GPT2,
+    LLAMA,
+    MISTRAL,
+    MIXTRAL,
+    QWEN2,
+    QWEN2_MOE,
+    STABLELM,
+)
 from launcher_scripts.families.hf_checkpoint import (
     Dimension,
     check_dimensions,
@@ -31,7 +42,14 @@ from launcher_scripts.families.hf_checkpoint import (
 )
 from launcher_scripts.formats.safetensors_stream import TensorSource
 
-ROTARY_TYPES = (LLAMA.model_type, MISTRAL.model_type, QWEN2.model_type, STABLELM.model_type)
+ROTARY_TYPES = (
+    LLAMA.model_type,
+    MISTRAL.model_type,
+    QWEN2.model_type,
+    STABLELM.model_type,
+    MIXTRAL.model_type,
+    QWEN2_MOE.model_type,
+)
 MODEL_TYPES = (*ROTARY_TYPES, GPT2.model_type)
 # transformers' activation names -> ours (GPT-2's activation_function)
 GPT2_ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu"}
@@ -39,6 +57,37 @@ PRECISIONS = {"float32": 32, "bfloat16": "bf16", "float16": 16}
 # Llama 3's rope scaling as megatron-core computes it: only its factor is a setting.
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 LLAMA3_ORIGINAL_POSITIONS = 8192
+
+
+@dataclass(frozen=True)
+class ExpertNames:
+    """Where a Hugging Face MoE checkpoint keeps a layer's experts (under model.layers.<i>.),
+    as the hub's checkpoints and transformers' save_pretrained write them: one tensor per
+    expert and projection."""
+
+    router: str
+    expert: str  # with {} for the expert's index
+    gate: str  # the SwiGLU's gate, up and down projections, under an expert
+    up: str
+    down: str
+    shared: str | None = None  # the shared expert (gate_proj, up_proj, down_proj under it)
+    shared_gate: str | None = None
+
+
+EXPERT_NAMES = {
+    MIXTRAL.model_type: ExpertNames(
+        "block_sparse_moe.gate.weight", "block_sparse_moe.experts.{}.", "w1", "w3", "w2"
+    ),
+    QWEN2_MOE.model_type: ExpertNames(
+        "mlp.gate.weight",
+        "mlp.experts.{}.",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        shared="mlp.shared_expert.",
+        shared_gate="mlp.shared_expert_gate.weight",
+    ),
+}
 
 
 def refuse(field: str, value: Any, why: str) -> HfImportError:
@@ -89,7 +138,7 @@ def _check_rotary(config: dict[str, Any], model_type: str) -> None:
     window = config.get("sliding_window")
     windowed = (
         bool(config.get("use_sliding_window", False))
-        if model_type == QWEN2.model_type
+        if model_type in (QWEN2.model_type, QWEN2_MOE.model_type)
         else window is not None and int(window) < int(config["max_position_embeddings"])
     )
     if windowed:
@@ -110,8 +159,10 @@ def rotary_section(config: dict[str, Any]) -> dict[str, Any]:
     positions = int(config["max_position_embeddings"])
     stablelm = model_type == STABLELM.model_type
     qkv_bias = model_type == QWEN2.model_type or bool(config.get("use_qkv_bias", False))
+    if model_type == QWEN2_MOE.model_type:
+        qkv_bias = bool(config.get("qkv_bias", True))  # transformers 4's Qwen2-MoE: always
     rope = rope_settings(config)
-    return {
+    return _experts_section(config, model_type) | {
         "num_layers": int(config["num_hidden_layers"]),
         "hidden_size": hidden,
         "ffn_hidden_size": int(config["intermediate_size"]),
@@ -129,6 +180,38 @@ def rotary_section(config: dict[str, Any]) -> dict[str, Any]:
         "bias": False,
         "qkv_bias": qkv_bias,
         "init_method_std": float(config.get("initializer_range", 0.02)),
+    }
+
+
+def _experts_section(config: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """A MoE model's experts (none for the others)."""
+    if model_type == MIXTRAL.model_type:
+        return {
+            "num_moe_experts": int(config["num_local_experts"]),
+            "moe_router_topk": int(config["num_experts_per_tok"]),
+            "moe_ffn_hidden_size": int(config["intermediate_size"]),
+            "moe_router_pre_softmax": False,  # the top-k's weights renormalised
+            "moe_aux_loss_coeff": float(config.get("router_aux_loss_coef", 0.0)),
+        }
+    if model_type != QWEN2_MOE.model_type:
+        return {}
+    _require(config, "decoder_sparse_step", 1, "this version imports experts in every layer")
+    if config.get("mlp_only_layers"):
+        raise refuse(
+            "mlp_only_layers",
+            config["mlp_only_layers"],
+            "this version imports experts in every layer",
+        )
+    return {
+        "num_moe_experts": int(config["num_experts"]),
+        "moe_router_topk": int(config["num_experts_per_tok"]),
+        "moe_ffn_hidden_size": int(config["moe_intermediate_size"]),
+        "moe_shared_expert_intermediate_size": int(config["shared_expert_intermediate_size"]),
+        "moe_shared_expert_gate": True,
+        # norm_topk_prob: the top-k's softmax weights renormalised, which is a softmax over
+        # the top-k's logits (megatron-core's default); else the weights as they are.
+        "moe_router_pre_softmax": not bool(config.get("norm_topk_prob", False)),
+        "moe_aux_loss_coeff": float(config.get("router_aux_loss_coef", 0.0)),
     }
 
 
@@ -228,6 +311,38 @@ def _rotary_dimensions(config: dict[str, Any], section: dict[str, Any]) -> list[
                 Dimension("intermediate_size", ffn, f"{layer}mlp.{projection}_proj.weight", 0),
                 Dimension("hidden_size", hidden, f"{layer}mlp.{projection}_proj.weight", 1),
             ]
+        dims += _expert_dimensions(config, section, layer)
+    return dims
+
+
+def _expert_dimensions(config: dict[str, Any], section: dict[str, Any], layer: str) -> list:
+    names = EXPERT_NAMES.get(config["model_type"])
+    if names is None:
+        return []
+    hidden, count = section["hidden_size"], section["num_moe_experts"]
+    width_field = "intermediate_size" if names.shared is None else "moe_intermediate_size"
+    width = (width_field, section["moe_ffn_hidden_size"])
+    experts_field = "num_local_experts" if names.shared is None else "num_experts"
+    dims = [
+        Dimension(experts_field, count, f"{layer}{names.router}", 0),
+        Dimension("hidden_size", hidden, f"{layer}{names.router}", 1),
+    ]
+    for j in range(count):
+        expert = f"{layer}{names.expert.format(j)}"
+        for projection in (names.gate, names.up):
+            dims += [
+                Dimension(*width, f"{expert}{projection}.weight", 0),
+                Dimension("hidden_size", hidden, f"{expert}{projection}.weight", 1),
+            ]
+        dims += [
+            Dimension("hidden_size", hidden, f"{expert}{names.down}.weight", 0),
+            Dimension(*width, f"{expert}{names.down}.weight", 1),
+        ]
+    if names.shared is not None:
+        shared = ("shared_expert_intermediate_size", section["moe_shared_expert_intermediate_size"])
+        for projection in ("gate_proj", "up_proj"):
+            dims.append(Dimension(*shared, f"{layer}{names.shared}{projection}.weight", 0))
+        dims.append(Dimension(*shared, f"{layer}{names.shared}down_proj.weight", 1))
     return dims
 
 

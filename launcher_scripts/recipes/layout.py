@@ -95,11 +95,9 @@ def read_layout(cfg: Mapping, stage: str = "training") -> Layout:
     none)."""
     trainer, model = cfg["trainer"], cfg["model"]
 
-    def size(name: str, default: int | None = 1) -> int:
-        value = model.get(name, default)
-        if value is None and default is None:
-            raise ConfigError(key(stage, f"model.{name}"), "is missing", "Set a whole number")
-        return require_int(key(stage, f"model.{name}"), value)
+    def size(name: str) -> int:
+        value = model.get(name)
+        return 1 if value is None else require_int(key(stage, f"model.{name}"), value)
 
     precision = str(trainer.get("precision", "bf16"))
     dtype_of(precision, key(stage, "trainer.precision"))
@@ -120,8 +118,10 @@ def read_layout(cfg: Mapping, stage: str = "training") -> Layout:
         sequence_parallel=as_bool(
             model.get("sequence_parallel", False), key(stage, "model.sequence_parallel")
         ),
-        micro_batch=size("micro_batch_size", None),
-        global_batch=size("global_batch_size", None),
+        # An inference section has no batch; a training recipe's is checked where it is read
+        # (recipes.training.check_batch).
+        micro_batch=size("micro_batch_size"),
+        global_batch=size("global_batch_size"),
         recompute=granularity,
         distributed_optimizer=str(optim.get("name", "")) == "distributed_fused_adam",
         precision=precision,

@@ -115,7 +115,7 @@ class TuningStage(StageDefaults):
             if check_model is not None:
                 where = spec.peft_key.removeprefix(f"{stage}.model").lstrip(".")
                 section = OmegaConf.select(model, where) if where else model
-                check_model(spec.peft, section or {}, family.encoder_decoder, spec.peft_key)
+                check_model(spec.peft, section or {}, base, family.encoder_decoder, spec.peft_key)
         check_positions(spec, base)
         return base
 

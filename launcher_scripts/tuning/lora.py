@@ -58,11 +58,21 @@ def check(settings: PeftSettings, key: str) -> None:
         raise RecipeError(f"{key}.adapter_dim must be at least 1, not {settings.rank}")
 
 
-def check_model(settings: PeftSettings, section: Any, encoder_decoder: bool, key: str) -> None:
-    """A cross-attention target named on a model without cross-attention (`all` takes the
-    targets the model has)."""
+def check_model(
+    settings: PeftSettings, section: Any, base: Any, encoder_decoder: bool, key: str
+) -> None:
+    """A target the base model has no linear for: cross-attention's without cross-attention,
+    a dense MLP's when every layer's MLP is experts (`all` takes the targets the model has)."""
     del settings
-    named = set(_named_targets(section) or ()) & set(CROSS_ATTENTION_TARGETS)
+    named = set(_named_targets(section) or ())
+    mlp = sorted(named & {"mlp_fc1", "mlp_fc2"})
+    if mlp and base.get("num_moe_experts") and base.get("moe_layer_freq", 1) == 1:
+        raise RecipeError(
+            f"{key}.target_modules: {mlp} adapt a dense MLP, and every layer of this model "
+            f"routes to experts instead ({base.num_moe_experts}, num_moe_experts): adapt "
+            "attention_qkv and attention_dense (this version puts no LoRA on experts)"
+        )
+    named &= set(CROSS_ATTENTION_TARGETS)
     if named and not encoder_decoder:
         raise RecipeError(
             f"{key}.target_modules: {sorted(named)} adapt a decoder's cross-attention, which "

@@ -84,9 +84,10 @@ class PeftSettings:
 Reader = Callable[[Any, str], PeftSettings]
 # (settings, the key to name in errors) -> None, or RecipeError naming what is wrong
 Checker = Callable[[PeftSettings, str], None]
-# (settings, the recipe's section, whether the model is an encoder-decoder, the section's
-# key) -> None, or RecipeError: what the method asks of the base model
-ModelCheck = Callable[[PeftSettings, Any, bool, str], None]
+# (settings, the recipe's section, the base model's section, whether the model is an
+# encoder-decoder, the section's key) -> None, or RecipeError: what the method asks of the
+# base model
+ModelCheck = Callable[[PeftSettings, Any, Any, bool, str], None]
 
 
 @dataclass(frozen=True)

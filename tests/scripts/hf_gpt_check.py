@@ -3,7 +3,8 @@ torchrun (one rank per TP x PP rank):
 
 python -m tests.scripts.hf_gpt_check MODEL.nemo HF_DIR EXPORT_DIR TP PP [MODEL HF_DIR ...]
 
-Several models in one launch (five arguments each; TP x PP the processes for each). For each,
+Several models in one launch (five arguments each; TP x PP the processes for each). TP may be
+TP:EP for a mixture of experts' experts split over EP ranks (TP x PP x EP processes). For each,
 rank 0 prints `report: ` and JSON: `logits` the largest difference of every row's logits (the
 checkpoint's rows, its rows past the tokenizer's included; not those an import padded for TP)
 over a batch of token ids; `greedy` both sides' greedy tokens for the same prompts;
@@ -35,7 +36,7 @@ def main() -> None:
     # transformers (a rank still busy there would keep the others from their next group).
     from launcher_scripts.jobs.inference.runner import close_runner
 
-    computed = [ours_of(Path(case[0]), int(case[3]), int(case[4])) for case in cases]
+    computed = [ours_of(Path(case[0]), *parallel_sizes(case[3]), int(case[4])) for case in cases]
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     close_runner()
     if rank != 0:
@@ -47,7 +48,13 @@ def main() -> None:
         print(f"report: {json.dumps(report)}", flush=True)
 
 
-def ours_of(model_file: Path, tensor: int, pipeline: int) -> dict[str, Any]:
+def parallel_sizes(value: str) -> tuple[int, int]:
+    """TP, or TP:EP, as (TP, EP)."""
+    tensor, _, expert = value.partition(":")
+    return int(tensor), int(expert or 1)
+
+
+def ours_of(model_file: Path, tensor: int, expert: int, pipeline: int) -> dict[str, Any]:
     from megatron.core import parallel_state
 
     from launcher_scripts.formats import portable
@@ -55,7 +62,7 @@ def ours_of(model_file: Path, tensor: int, pipeline: int) -> dict[str, Any]:
     from launcher_scripts.jobs.inference.runner import open_runner
     from tests.scripts.make_hf_gpt import corpus
 
-    runner = open_runner(model_file, tensor, pipeline, on_gpu=False)
+    runner = open_runner(model_file, tensor, pipeline, on_gpu=False, expert=expert)
     every_row = dataclasses.replace(runner, vocab_size=int(runner.chunks[0].vocab_size))
     # Ids of the checkpoint's rows (not of those the import padded, which transformers lacks).
     checkpoint_rows = portable.read_config(model_file).get("hf_vocab_size", every_row.vocab_size)

@@ -81,6 +81,33 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),  # fmt: skip
 }
+# Mixture-of-experts models: Mixtral (4 experts, top 2, renormalised) and Qwen2-MoE (fine
+# experts, top 2 of 6 not renormalised, a gated shared expert, QKV biases).
+VARIANTS["mixtral"] = (
+    "Mixtral",
+    {
+        **ROTARY,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "rope_theta": 1e6,
+        "tie_word_embeddings": False,
+        "sliding_window": None,
+    },
+)
+VARIANTS["qwen2_moe"] = (
+    "Qwen2Moe",
+    {
+        **ROTARY,
+        "num_key_value_heads": 2,
+        "num_experts": 6,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 80,
+        "norm_topk_prob": False,
+        "tie_word_embeddings": False,
+    },
+)
 # GPT-2 with a vocabulary no TP above 1 divides: the import pads its rows.
 VARIANTS["gpt2_odd"] = ("GPT2", {**VARIANTS["gpt2"][1], "vocab_size": 1001})
 EOS = "<|endoftext|>"

@@ -37,7 +37,7 @@ def model_tensors(checkpoint: Path) -> dict[str, Any]:
         key: value
         for key, value in state.items()
         if torch.is_tensor(value)
-        and not key.startswith("optimizer")
+        and "optimizer" not in key.split(".")[:2]  # "optimizer..." or "chained_<i>.optimizer..."
         and not key.endswith("_extra_state")
     }
 

@@ -15,8 +15,9 @@ from launcher_scripts.jobs.models.reward_head import with_reward_head
 from launcher_scripts.jobs.training.init_weights import load_full_tensors
 
 
-def inference_cfg(model: DictConfig, tensor: int, pipeline: int) -> DictConfig:
-    """The training-shaped config the model builder reads, for an inference layout."""
+def inference_cfg(model: DictConfig, tensor: int, pipeline: int, expert: int = 1) -> DictConfig:
+    """The training-shaped config the model builder reads, for an inference layout (with
+    `expert` > 1, as many data-parallel ranks, over which the experts are split)."""
     section = OmegaConf.to_container(model, resolve=True)
     assert isinstance(section, dict)
     section |= {
@@ -24,6 +25,8 @@ def inference_cfg(model: DictConfig, tensor: int, pipeline: int) -> DictConfig:
         "pipeline_model_parallel_size": pipeline,
         "virtual_pipeline_model_parallel_size": None,
         "context_parallel_size": 1,
+        "expert_model_parallel_size": expert,
+        "expert_tensor_parallel_size": None,
         "sequence_parallel": False,
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
@@ -34,16 +37,22 @@ def inference_cfg(model: DictConfig, tensor: int, pipeline: int) -> DictConfig:
     if "pipeline_model_parallel_split_rank" in section:
         # An encoder-decoder runs its decoder on the last stage (recipes.training).
         section["pipeline_model_parallel_split_rank"] = max(pipeline - 1, 0)
-    trainer = {"precision": section.pop("precision", 32), "devices": tensor * pipeline}
+    devices = tensor * pipeline * expert
+    trainer = {"precision": section.pop("precision", 32), "devices": devices}
     return OmegaConf.create({"model": section, "trainer": trainer | {"num_nodes": 1}})
 
 
 def build(
-    portable: Portable, tensor: int, pipeline: int, on_gpu: bool, precision: Any = None
+    portable: Portable,
+    tensor: int,
+    pipeline: int,
+    on_gpu: bool,
+    precision: Any = None,
+    expert: int = 1,
 ) -> list[Any]:
     """The file's model in this layout, in eval mode; at `precision` (a trainer.precision
     value) instead of the file's when given."""
-    cfg = inference_cfg(portable.config, tensor, pipeline)
+    cfg = inference_cfg(portable.config, tensor, pipeline, expert)
     if precision is not None:
         cfg.trainer.precision = precision
     rows = portable.tensors.shape(EMBEDDINGS)[0]

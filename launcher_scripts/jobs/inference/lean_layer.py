@@ -66,9 +66,12 @@ def _layer_forward(self: Any, hidden_states: torch.Tensor, **arguments: Any) -> 
     return output, arguments.get("context")
 
 
-def _mlp_forward(self: Any, hidden_states: torch.Tensor, **options: Any) -> tuple[Any, Any]:
-    if self.training or options.get("per_token_scale") is not None:
-        return type(self).forward(self, hidden_states, **options)
+def _mlp_forward(
+    self: Any, hidden_states: torch.Tensor, per_token_scale: Any = None, **options: Any
+) -> tuple[Any, Any]:
+    # An expert's MLP (called with its tokens' routing weights) keeps megatron-core's forward.
+    if self.training or per_token_scale is not None:
+        return type(self).forward(self, hidden_states, per_token_scale, **options)
     intermediate, bias = self.linear_fc1(hidden_states)
     if bias is not None:
         intermediate = intermediate + bias

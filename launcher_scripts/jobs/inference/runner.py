@@ -204,11 +204,16 @@ class OpenedModel:
 
 
 def open_model(
-    model_file: Path, tensor: int = 1, pipeline: int = 1, on_gpu: bool | None = None
+    model_file: Path,
+    tensor: int = 1,
+    pipeline: int = 1,
+    on_gpu: bool | None = None,
+    expert: int = 1,
 ) -> OpenedModel:
     """Join the job's processes (torchrun, srun, or this process alone), set up megatron-core's
-    TP/PP groups and build the model from the portable file, whatever its family. Every rank
-    must call it."""
+    TP/PP groups (and EP's: a mixture of experts' experts split over `expert` ranks, each
+    running the same inputs) and build the model from the portable file, whatever its family.
+    Every rank must call it."""
     from megatron.core import parallel_state
 
     from launcher_scripts.formats import portable
@@ -221,10 +226,10 @@ def open_model(
     if not model_file.is_file():
         raise InferenceError(f"model file {model_file} does not exist: run the conversion first")
     info = runtime.process_info()
-    if info.world_size != tensor * pipeline:
+    if info.world_size != tensor * pipeline * expert:
         raise InferenceError(
-            f"{info.world_size} processes were started for TP={tensor} x PP={pipeline}: start "
-            f"{tensor * pipeline} (one per model-parallel rank)"
+            f"{info.world_size} processes were started for TP={tensor} x PP={pipeline} x "
+            f"EP={expert}: start {tensor * pipeline * expert} (one per model-parallel rank)"
         )
     if not on_gpu:
         cpu_compat.patch_cuda_queries()
@@ -239,7 +244,9 @@ def open_model(
     with contextlib.ExitStack() as stack:
         if not on_gpu:
             stack.enter_context(cpu_compat.CudaDevicesOnCpu())
-        parallel_state.initialize_model_parallel(tensor, pipeline)
+        parallel_state.initialize_model_parallel(
+            tensor, pipeline, expert_model_parallel_size=expert
+        )
         if on_gpu:
             from megatron.core import tensor_parallel
 
@@ -251,15 +258,19 @@ def open_model(
         workdir = Path(tempfile.mkdtemp(prefix="model-"))
         loaded = portable.read(model_file, workdir)
         _check_layout(loaded.config, tensor, pipeline)
-        chunks = load.build(loaded, tensor, pipeline, on_gpu)
+        chunks = load.build(loaded, tensor, pipeline, on_gpu, expert=expert)
     return OpenedModel(chunks, loaded.config, tensor, pipeline, on_gpu)
 
 
 def open_runner(
-    model_file: Path, tensor: int = 1, pipeline: int = 1, on_gpu: bool | None = None
+    model_file: Path,
+    tensor: int = 1,
+    pipeline: int = 1,
+    on_gpu: bool | None = None,
+    expert: int = 1,
 ) -> ModelRunner:
     """A decoder stack's runner (open_model, then its text tokenizer)."""
-    return runner_of(open_model(model_file, tensor, pipeline, on_gpu))
+    return runner_of(open_model(model_file, tensor, pipeline, on_gpu, expert))
 
 
 def inference_only(chunks: list[Any]) -> None:

@@ -17,11 +17,18 @@ from launcher_scripts.families.gpt_architectures import (
     GPT2,
     HF_GELU,
     MISTRAL,
+    MIXTRAL,
     QWEN2,
+    QWEN2_MOE,
     STABLELM,
     hf_architecture,
 )
-from launcher_scripts.families.gpt_hf_config import LLAMA3_ORIGINAL_POSITIONS, LLAMA3_ROPE
+from launcher_scripts.families.gpt_hf_config import (
+    EXPERT_NAMES,
+    LLAMA3_ORIGINAL_POSITIONS,
+    LLAMA3_ROPE,
+    ExpertNames,
+)
 from launcher_scripts.formats.portable import REWARD_HEAD
 from launcher_scripts.jobs.models.base import HfModel
 from launcher_scripts.jobs.models.hf_common import dtype_name, split_qkv
@@ -179,9 +186,9 @@ def _rotary(
     }
     if rms:
         config |= {"head_dim": head_dim, "rms_norm_eps": eps}
-        if architecture == QWEN2:
+        if architecture in (QWEN2, QWEN2_MOE):
             config |= {"use_sliding_window": False, "sliding_window": None}
-        elif architecture == MISTRAL:
+        elif architecture in (MISTRAL, MIXTRAL):
             config |= {"sliding_window": None}
         else:
             config |= {"attention_bias": False, "mlp_bias": False}
@@ -214,16 +221,17 @@ def _rotary(
         **({} if rms else {"model.norm.bias": tensors[f"{final}.bias"]}),
     }
     ffn = int(model.ffn_hidden_size)
+    names = EXPERT_NAMES.get(architecture.model_type)
+    if names is not None:
+        config |= _experts_config(model, architecture)
     for i in range(layers):
         prefix = f"model.layers.{i}."
         q, k, v = split_qkv(
             tensors[f"{LAYERS}self_attention.linear_qkv.weight"][i], heads, groups, head_dim
         )
-        fc1 = tensors[f"{LAYERS}mlp.linear_fc1.weight"][i]  # [gate; up], as megatron chunks it
         state |= norm(
             f"{LAYERS}self_attention.linear_qkv.layer_norm", f"{prefix}input_layernorm", i
         )
-        state |= norm(f"{LAYERS}mlp.linear_fc1.layer_norm", f"{prefix}post_attention_layernorm", i)
         state |= {
             f"{prefix}self_attn.q_proj.weight": q,
             f"{prefix}self_attn.k_proj.weight": k,
@@ -231,9 +239,6 @@ def _rotary(
             f"{prefix}self_attn.o_proj.weight": tensors[
                 f"{LAYERS}self_attention.linear_proj.weight"
             ][i],
-            f"{prefix}mlp.gate_proj.weight": fc1[:ffn],
-            f"{prefix}mlp.up_proj.weight": fc1[ffn:],
-            f"{prefix}mlp.down_proj.weight": tensors[f"{LAYERS}mlp.linear_fc2.weight"][i],
         }
         if qkv_bias in tensors:
             qb, kb, vb = split_qkv(tensors[qkv_bias][i], heads, groups, head_dim)
@@ -242,6 +247,68 @@ def _rotary(
                 f"{prefix}self_attn.k_proj.bias": kb,
                 f"{prefix}self_attn.v_proj.bias": vb,
             }
+        if names is not None:
+            state[f"{prefix}post_attention_layernorm.weight"] = tensors[
+                f"{LAYERS}pre_mlp_layernorm.weight"
+            ][i]
+            state |= _experts_state(model, tensors, names, prefix, i)
+            continue
+        fc1 = tensors[f"{LAYERS}mlp.linear_fc1.weight"][i]  # [gate; up], as megatron chunks it
+        state |= norm(f"{LAYERS}mlp.linear_fc1.layer_norm", f"{prefix}post_attention_layernorm", i)
+        state |= {
+            f"{prefix}mlp.gate_proj.weight": fc1[:ffn],
+            f"{prefix}mlp.up_proj.weight": fc1[ffn:],
+            f"{prefix}mlp.down_proj.weight": tensors[f"{LAYERS}mlp.linear_fc2.weight"][i],
+        }
     if config["tie_word_embeddings"]:
         del state["lm_head.weight"]
     return config, state
+
+
+def _experts_config(model: Any, architecture: Architecture) -> dict[str, Any]:
+    count, top_k = int(model.num_moe_experts), int(model.get("moe_router_topk", 2))
+    width = int(model.get("moe_ffn_hidden_size") or model.ffn_hidden_size)
+    aux = float(model.get("moe_aux_loss_coeff") or 0.0)
+    common = {"num_experts_per_tok": top_k, "router_aux_loss_coef": aux}
+    common["output_router_logits"] = False
+    if architecture == MIXTRAL:
+        return common | {"num_local_experts": count, "intermediate_size": width}
+    return common | {
+        "num_experts": count,
+        "moe_intermediate_size": width,
+        "shared_expert_intermediate_size": int(model.moe_shared_expert_intermediate_size),
+        "norm_topk_prob": not bool(model.get("moe_router_pre_softmax", False)),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "qkv_bias": bool(model.get("qkv_bias", False)),
+    }
+
+
+def _experts_state(
+    model: Any, tensors: dict[str, torch.Tensor], names: ExpertNames, prefix: str, i: int
+) -> dict[str, torch.Tensor]:
+    """Layer i's experts as the hub's checkpoints keep them: one tensor per expert and
+    projection (transformers loads them into its fused experts itself)."""
+    width = int(model.get("moe_ffn_hidden_size") or model.ffn_hidden_size)
+    fc1 = tensors[f"{LAYERS}mlp.experts.experts.linear_fc1.weight"][i]  # [experts, 2w, h]
+    fc2 = tensors[f"{LAYERS}mlp.experts.experts.linear_fc2.weight"][i]
+    state = {f"{prefix}{names.router}": tensors[f"{LAYERS}mlp.router.weight"][i]}
+    for j in range(fc1.shape[0]):
+        expert = f"{prefix}{names.expert.format(j)}"
+        state |= {
+            f"{expert}{names.gate}.weight": fc1[j][:width],
+            f"{expert}{names.up}.weight": fc1[j][width:],
+            f"{expert}{names.down}.weight": fc2[j],
+        }
+    if names.shared is not None and names.shared_gate is not None:
+        shared = int(model.moe_shared_expert_intermediate_size)
+        fc1 = tensors[f"{LAYERS}mlp.shared_experts.linear_fc1.weight"][i]
+        state |= {
+            f"{prefix}{names.shared}gate_proj.weight": fc1[:shared],
+            f"{prefix}{names.shared}up_proj.weight": fc1[shared:],
+            f"{prefix}{names.shared}down_proj.weight": tensors[
+                f"{LAYERS}mlp.shared_experts.linear_fc2.weight"
+            ][i],
+            f"{prefix}{names.shared_gate}": tensors[f"{LAYERS}mlp.shared_experts.gate_weight"][i],
+        }
+    return state

@@ -12,7 +12,13 @@ import torch
 
 from launcher_scripts.families.gpt import GPT
 from launcher_scripts.families.gpt_architectures import GPT2
-from launcher_scripts.families.gpt_hf_config import PRECISIONS, model_section, tokenizer_files
+from launcher_scripts.families.gpt_hf_config import (
+    EXPERT_NAMES,
+    PRECISIONS,
+    ExpertNames,
+    model_section,
+    tokenizer_files,
+)
 from launcher_scripts.formats.safetensors_stream import Reader, StreamedTensor, TensorSource
 from launcher_scripts.jobs.models.hf_common import Piece, copied, merge_qkv, stacked
 
@@ -28,8 +34,48 @@ def prefixed(per_layer: dict[str, Piece]) -> dict[str, Piece]:
     return {f"{LAYERS}{name}": piece for name, piece in per_layer.items()}
 
 
+def expert_pieces(names: ExpertNames, count: int, layer: str) -> dict[str, Piece]:
+    """A MoE layer's tensors (megatron-core's: the experts stacked on a leading axis, each
+    fc1 [gate; up]; the pre-MLP norm under its own key) from a checkpoint's per-expert ones."""
+
+    def read_all(read: Reader, i: int, projection: str) -> list[torch.Tensor]:
+        expert = layer.format(i) + names.expert
+        return [read(f"{expert.format(j)}{projection}.weight") for j in range(count)]
+
+    def fc1(read: Reader, i: int) -> torch.Tensor:
+        gates, ups = read_all(read, i, names.gate), read_all(read, i, names.up)
+        return torch.stack([torch.cat([g, u]) for g, u in zip(gates, ups, strict=True)])
+
+    pieces: dict[str, Piece] = {
+        "pre_mlp_layernorm.weight": lambda read, i: read(
+            layer.format(i) + "post_attention_layernorm.weight"
+        ),
+        "mlp.router.weight": lambda read, i: read(layer.format(i) + names.router),
+        "mlp.experts.experts.linear_fc1.weight": fc1,
+        "mlp.experts.experts.linear_fc2.weight": lambda read, i: torch.stack(
+            read_all(read, i, names.down)
+        ),
+    }
+    if names.shared is not None:
+        shared, gate = names.shared, names.shared_gate
+        assert gate is not None
+
+        def shared_fc1(read: Reader, i: int) -> torch.Tensor:
+            parts = (read(f"{layer.format(i)}{shared}{p}_proj.weight") for p in ("gate", "up"))
+            return torch.cat(list(parts))
+
+        pieces |= {
+            "mlp.shared_experts.linear_fc1.weight": shared_fc1,
+            "mlp.shared_experts.linear_fc2.weight": lambda read, i: read(
+                f"{layer.format(i)}{shared}down_proj.weight"
+            ),
+            "mlp.shared_experts.gate_weight": lambda read, i: read(layer.format(i) + gate),
+        }
+    return pieces
+
+
 def rotary_tensors(
-    source: TensorSource, section: dict[str, Any], tied: bool
+    source: TensorSource, section: dict[str, Any], tied: bool, model_type: str = ""
 ) -> list[StreamedTensor]:
     heads, groups = section["num_attention_heads"], section["num_query_groups"]
     channels = section["kv_channels"]
@@ -54,10 +100,16 @@ def rotary_tensors(
         "self_attention.linear_qkv.layer_norm_weight": fetch("input_layernorm.weight"),
         "self_attention.linear_qkv.weight": fused("weight"),
         "self_attention.linear_proj.weight": fetch("self_attn.o_proj.weight"),
-        "mlp.linear_fc1.layer_norm_weight": fetch("post_attention_layernorm.weight"),
-        "mlp.linear_fc1.weight": fc1,
-        "mlp.linear_fc2.weight": fetch("mlp.down_proj.weight"),
     }
+    names = EXPERT_NAMES.get(model_type)
+    if names is None:
+        per_layer |= {
+            "mlp.linear_fc1.layer_norm_weight": fetch("post_attention_layernorm.weight"),
+            "mlp.linear_fc1.weight": fc1,
+            "mlp.linear_fc2.weight": fetch("mlp.down_proj.weight"),
+        }
+    else:
+        per_layer |= expert_pieces(names, section["num_moe_experts"], layer)
     if bias:
         per_layer["self_attention.linear_qkv.layer_norm_bias"] = fetch("input_layernorm.bias")
         per_layer["mlp.linear_fc1.layer_norm_bias"] = fetch("post_attention_layernorm.bias")
@@ -190,5 +242,6 @@ def import_hf(
         "data": {"seq_length": seq_length},
         "hf_architecture": (config.get("architectures") or [None])[0],
     }
-    make = gpt2_tensors if config["model_type"] == GPT2.model_type else rotary_tensors
-    return section, make(source, section, tied)
+    if config["model_type"] == GPT2.model_type:
+        return section, gpt2_tensors(source, section, tied)
+    return section, rotary_tensors(source, section, tied, config["model_type"])

@@ -90,9 +90,16 @@ class ExpertOutputLinear(RowParallelLinear):
 
 
 def use_local_experts(layer: ModuleSpec) -> None:
-    """A MoE layer spec of megatron-core's local modules, its experts' fc2 mended (above)."""
+    """A MoE layer spec of megatron-core's local modules, its experts' fc2 mended (above) and
+    its pre-MLP norm stored under Transformer Engine's key (`pre_mlp_layernorm.weight`: a MoE
+    layer has no fc1 to fuse it into), so that a checkpoint or portable file written on CPU
+    loads on GPUs and back."""
     experts = layer.submodules.mlp.submodules.experts
     experts.submodules.linear_fc2 = ExpertOutputLinear
+    keys = layer.submodules.sharded_state_dict_keys_map
+    layer.submodules.sharded_state_dict_keys_map = {
+        old: new for old, new in keys.items() if old != "pre_mlp_layernorm."
+    }
 
 
 def separate_expert_parameters(chunks: list[torch.nn.Module]) -> bool:
