@@ -14,17 +14,14 @@ line before anything runs.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 # The families register the tensor shapes the portable file checks compare weights with.
 import launcher_scripts.families  # noqa: F401
-from tests.support import REPO, hf_dirs
+from tests.support import hf_dirs
 from tests.support.commands import (
-    ONE_THREAD,
     module_report,
     one_error_line,
     run_main,
@@ -33,6 +30,7 @@ from tests.support.commands import (
 from tests.support.conversion import (
     assert_import_refused,
     assert_padded_and_unpadded_exactly,
+    checks,
     hf_imported,
 )
 from tests.support.hf_dirs import Alteration
@@ -65,33 +63,6 @@ def imported(hf_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def model_file(imported: Path, variant: str) -> Path:
     return imported / variant / "convert_nemo" / "model.nemo"
-
-
-def checks(*cases: tuple[Path, Path, str, int, int]) -> list[dict]:
-    """tests/scripts/hf_gpt_check.py on each (model, HF dir, export dir, TP, PP), one launch:
-    under torchrun when a case takes more than one process."""
-    processes = max(tensor * pipeline for *_, tensor, pipeline in cases)
-    launcher = [sys.executable]
-    if processes > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone"]
-        launcher += [f"--nproc-per-node={processes}"]
-    arguments = [str(value) for case in cases for value in case]
-    result = subprocess.run(
-        [*launcher, "-m", "tests.scripts.hf_gpt_check", *arguments],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ONE_THREAD,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    reports = [
-        json.JSONDecoder().raw_decode(line, line.index("report: ") + 8)[0]
-        for line in result.stdout.splitlines()
-        if "report: " in line
-    ]
-    assert len(reports) == len(cases), result.stdout[-3000:]
-    return reports
 
 
 def assert_computes_what_transformers_does(report: dict) -> None:

@@ -40,6 +40,8 @@ VIRTUAL_PROMPT_MARKER = "<|VIRTUAL_PROMPT_0|>"
 LAYOUT_KEYS = (
     "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
+    "expert_model_parallel_size",  # a mixture of experts' (recipes/layout.py)
+    "expert_tensor_parallel_size",
     "micro_batch_size",
     "global_batch_size",
     "seed",

@@ -3,6 +3,7 @@ comparisons of our outputs with transformers'."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -233,3 +234,35 @@ def assert_padded_and_unpadded_exactly(
     back = unpadded_vocabulary(config, ours)
     for name, theirs in tables.items():
         assert torch.equal(back[name], original[theirs]), name
+
+
+def checks(*cases: tuple[Path, Path, str | Path, int | str, int]) -> list[dict]:
+    """tests/scripts/hf_gpt_check.py on each (model, HF dir, export dir, TP or "TP:EP", PP),
+    one launch: under torchrun when a case takes more than one process."""
+
+    def processes_of(tensor: int | str, pipeline: int) -> int:
+        size, _, expert = str(tensor).partition(":")
+        return int(size) * int(expert or 1) * pipeline
+
+    processes = max(processes_of(tensor, pipeline) for *_, tensor, pipeline in cases)
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone"]
+        launcher += [f"--nproc-per-node={processes}"]
+    arguments = [str(value) for case in cases for value in case]
+    result = subprocess.run(
+        [*launcher, "-m", "tests.scripts.hf_gpt_check", *arguments],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=ONE_THREAD,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    reports = [
+        json.JSONDecoder().raw_decode(line, line.index("report: ") + 8)[0]
+        for line in result.stdout.splitlines()
+        if "report: " in line
+    ]
+    assert len(reports) == len(cases), result.stdout[-3000:]
+    return reports

@@ -1,0 +1,142 @@
+"""Hugging Face mixture-of-experts models in and out: tiny random MixtralForCausalLM and
+Qwen2MoeForCausalLM that transformers itself builds and saves (tests/scripts/make_hf_gpt.py),
+imported through `python3 main.py conversion=hf_import`.
+
+Our logits equal transformers' to 1e-5 in fp32 at TP1, TP2 and EP2, greedy generation gives
+its tokens, and the file written back is the original checkpoint tensor for tensor, as the
+original class. From an imported Mixtral: continued pretraining at EP2 (its conversion back to
+a Hugging Face Mixtral), and LoRA at EP2, exported to Hugging Face merged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+# The families register the tensor shapes the portable file checks compare weights with.
+import launcher_scripts.families  # noqa: F401
+from tests.support.commands import run_main, run_module
+from tests.support.conversion import checks, hf_imported
+
+CLASSES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+
+
+@pytest.fixture(scope="module")
+def hf_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("hf_moe") / "models"
+    run_module("tests.scripts.make_hf_gpt", str(folder), *CLASSES)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def imported_moe(hf_moe: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    results = tmp_path_factory.mktemp("imported_moe")
+    return {variant: hf_imported(hf_moe / variant, results) for variant in CLASSES}
+
+
+def assert_computes_what_transformers_does(report: dict) -> None:
+    assert report["logits"] <= 1e-5, report
+    ours, theirs = report["greedy"]
+    assert ours == theirs and any(len(tokens) > 1 for tokens in ours), report
+    assert report["token_ids"], report
+
+
+@pytest.mark.slow
+def test_imported_moe_models_compute_what_transformers_does_and_go_back_exactly(
+    hf_moe: Path, imported_moe: dict[str, Path], tmp_path: Path
+) -> None:
+    one = [(imported_moe[v], hf_moe / v, tmp_path / v, 1, 1) for v in CLASSES]
+    for variant, report in zip(CLASSES, checks(*one), strict=True):
+        assert_computes_what_transformers_does(report)
+        assert report["keys_equal"] and report["tensors_equal"], (variant, report)
+        assert report["class"] == CLASSES[variant], (variant, report)
+    # Two processes: TP 2 (each expert's MLP split), then EP 2 (two experts a rank, the
+    # tokens crossing in the dispatcher's all-to-all).
+    two = [(imported_moe[v], hf_moe / v, "-", layout, 1) for layout in (2, "1:2") for v in CLASSES]
+    for report in checks(*two):
+        assert_computes_what_transformers_does(report)
+
+
+def test_an_imported_moe_models_section_states_its_experts(imported_moe: dict[str, Path]) -> None:
+    from launcher_scripts.formats import portable
+
+    mixtral = portable.read_config(imported_moe["mixtral"])
+    assert (mixtral.num_moe_experts, mixtral.moe_router_topk) == (4, 2)
+    assert not mixtral.moe_router_pre_softmax
+    qwen = portable.read_config(imported_moe["qwen2_moe"])
+    assert (qwen.num_moe_experts, qwen.moe_ffn_hidden_size) == (6, 32)
+    assert qwen.moe_shared_expert_intermediate_size == 80 and qwen.moe_shared_expert_gate
+    assert qwen.moe_router_pre_softmax and qwen.qkv_bias  # norm_topk_prob false: not renormalised
+
+
+def write_mapping_task(folder: Path) -> dict[str, Path]:
+    keys = ["river", "village", "morning", "north", "market", "winter", "garden", "harbor"]
+    values = ["quiet", "stone", "light", "early", "bridge", "green", "salt", "rain"]
+    rows = [{"input": f"{k} means", "output": v} for k, v in zip(keys, values, strict=True)]
+    folder.mkdir(parents=True)
+    paths = {name: folder / f"{name}.jsonl" for name in ("train", "val", "test")}
+    for path in paths.values():
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return paths
+
+
+@pytest.mark.slow
+def test_lora_on_an_imported_mixtral_at_ep2_goes_back_to_hugging_face_merged(
+    hf_moe: Path, imported_moe: dict[str, Path], tmp_path: Path
+) -> None:
+    """`peft=mixtral/8x7b_squad` (LoRA on attention) from the imported file at EP 2, then
+    `conversion=hf_export` with the LoRA file folded in: a MixtralForCausalLM whose attention
+    moved and whose experts are the original ones."""
+    task = write_mapping_task(tmp_path / "task")
+    results, data = tmp_path / "results", "peft.model.data"
+    tuned = run_main(
+        "stages=[peft]",
+        "peft=mixtral/8x7b_squad",
+        f"base_results_dir={results}",
+        "peft.run.model_train_name=mixtral",
+        f"peft.model.restore_from_path={imported_moe['mixtral']}",
+        f"{data}.train_ds.file_names=[{task['train']}]",
+        f"{data}.validation_ds.file_names=[{task['val']}]",
+        f"{data}.test_ds.file_names=[{task['test']}]",
+        f"{data}.train_ds.max_seq_length=32",
+        "peft.trainer.accelerator=cpu",
+        "peft.trainer.precision=32",
+        "peft.trainer.devices=2",
+        "peft.model.expert_model_parallel_size=2",
+        "peft.trainer.max_steps=30",
+        "peft.trainer.val_check_interval=30",
+        "peft.trainer.log_every_n_steps=10",
+        "peft.model.global_batch_size=4",
+        "peft.model.micro_batch_size=2",
+        "peft.model.optim.lr=1e-2",
+        "peft.model.optim.sched.warmup_steps=2",
+        timeout=900,
+    )
+    assert tuned.returncode == 0, tuned.stdout[-3000:] + tuned.stderr[-3000:]
+    log = results / "mixtral" / "peft_squad" / "results"
+    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert any("moe_load_balancing_loss" in r for r in rows)
+    lora = log / "checkpoints" / "megatron_gpt_peft_lora.nemo"
+    exported = run_main(
+        "stages=[conversion]",
+        "conversion=hf_export",
+        f"conversion.nemo_file={imported_moe['mixtral']}",
+        "conversion.run.model_train_name=mixtral",
+        f"conversion.peft_file={lora}",
+        f"conversion.run.output_path={tmp_path / 'back'}",
+        f"base_results_dir={results}",
+    )
+    assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
+    config = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert config["architectures"] == ["MixtralForCausalLM"], config
+    from safetensors.torch import load_file
+
+    original = load_file(hf_moe / "mixtral" / "model.safetensors")
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(original) == sorted(back)
+    changed = sorted(k for k in original if not (original[k] == back[k]).all())
+    assert changed and all("self_attn" in k for k in changed), changed
