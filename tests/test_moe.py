@@ -172,6 +172,11 @@ def test_moe_stop_and_resume_match_an_uninterrupted_run(
         ),
         (["training.model.moe_router_topk=5"], "training.model.moe_router_topk", "at most 4"),
         (
+            ["training.model.moe_router_topk=1"],
+            "training.model.moe_router_pre_softmax",
+            "moe_router_pre_softmax=true",
+        ),
+        (
             ["training.model.moe_layer_freq=[1,0,1]"],
             "training.model.moe_layer_freq",
             "4 zeros and ones",
@@ -205,6 +210,44 @@ def test_a_moe_layout_megatron_cannot_train_is_refused_naming_the_key(
         pipeline.plan(cfg)
     assert refused.value.key == key, refused.value
     assert fix in str(refused.value)
+
+
+@pytest.mark.slow
+def test_the_tiny_t5_with_switch_experts_learns(prepared_wordpiece: Path, tmp_path: Path) -> None:
+    """t5/tiny_moe (the NeMo launcher's T5 mixture of experts): top-1 experts in every other
+    encoder and decoder layer; both stacks' routing is logged and plotted."""
+    result = train(
+        write_training_config(
+            prepared_wordpiece,
+            tmp_path / "run",
+            "training=t5/tiny_moe",
+            "training.trainer.max_steps=40",
+            "training.trainer.val_check_interval=40",
+        )
+    )
+    trained = losses(tmp_path / "run")
+    assert trained[40] < trained[10] - 1.0, trained
+    logged = [r for r in records(tmp_path / "run") if "reduced_train_loss" in r]
+    assert all(r["moe_load_balancing_loss"] >= 1 - 1e-6 for r in logged), logged
+    assert "expert load:" in result.stdout
+
+
+def test_t5_experts_under_tensor_parallelism_are_refused(tmp_path: Path) -> None:
+    cfg = compose_config(
+        [
+            "stages=[training]",
+            "training=t5/tiny_moe",
+            f"data_dir={tmp_path}/data",
+            f"base_results_dir={tmp_path}/results",
+            "dry_run=true",
+            "training.trainer.devices=2",
+            "training.model.tensor_model_parallel_size=2",
+        ]
+    )
+    with pytest.raises(ConfigError) as refused:
+        pipeline.plan(cfg)
+    assert refused.value.key == "training.model.tensor_model_parallel_size"
+    assert "training.model.encoder has experts" in str(refused.value)
 
 
 def test_expert_parallelism_on_a_dense_model_is_refused(tmp_path: Path) -> None:

@@ -158,7 +158,7 @@ def _blocks(
         ("encoder", encoder, 0.0, 0.0, 2, 0.0, 1.0),
         ("decoder", decoder, cross, cross_scores, 3, 1.0, DECODER_LAYER_OVERHEAD),
     ):
-        forward = throughput.layer_forward_flops(stack) + extra
+        forward = throughput.stack_forward_flops(stack, padded=True) / stack.num_layers + extra
         recompute = estimates.block_recompute(model[name])
         if recompute == "full":
             again, repeated = forward, 1.0

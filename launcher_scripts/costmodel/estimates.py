@@ -87,6 +87,16 @@ def block_layout(
     )
 
 
+def average_layer_bytes(shape: ModelShape, layout: Layout) -> float:
+    """memory.layer_activation_bytes of a block's layer, on average over its dense and MoE
+    layers."""
+    total = sum(
+        memory.layer_activation_bytes(shape, layout, shape.is_moe_layer(i))
+        for i in range(shape.num_layers)
+    )
+    return total / shape.num_layers
+
+
 def cross_attention_parameters(block: Any) -> int:
     hidden, heads = int(block.hidden_size), int(block.num_attention_heads)
     inner = int(block.get("kv_channels") or hidden // heads) * heads
@@ -104,8 +114,10 @@ def encoder_decoder_parameters(
     decoder_shape = block_shape(decoder, positions, padded_vocab, positions)
     hidden = encoder_shape.hidden_size
     embeddings = padded_vocab * hidden + encoder_shape.position_parameters()
-    encoder_layer = encoder_shape.layer_parameters()
-    decoder_layer = decoder_shape.layer_parameters() + cross_attention_parameters(decoder)
+    # A layer of each, on average (a block's MoE layers counted with their experts).
+    encoder_layer = encoder_shape.stack_parameters() // encoder_shape.num_layers
+    decoder_layer = decoder_shape.stack_parameters() // decoder_shape.num_layers
+    decoder_layer += cross_attention_parameters(decoder)
     head = padded_vocab + decoder_shape.norm_parameters()  # LM-head bias, the decoder's norm
     encoder_stack = encoder_shape.num_layers * encoder_layer + encoder_shape.norm_parameters()
     total = embeddings + encoder_stack + decoder_shape.num_layers * decoder_layer + head
@@ -152,7 +164,7 @@ def encoder_decoder_flops_per_sample(
 
     def stack(block: Any, seq: int) -> float:
         shape = block_shape(block, seq, padded_vocab)
-        return shape.num_layers * throughput.layer_forward_flops(shape)
+        return throughput.stack_forward_flops(shape)
 
     def cross_attention(block: Any) -> float:
         per_layer = cross_attention_forward_flops(block, decoder_seq, encoder_seq)
@@ -214,9 +226,9 @@ def encoder_decoder_activations(
     encoder_shape = block_shape(encoder, encoder_seq, padded_vocab)
     decoder_shape = block_shape(decoder, decoder_seq, padded_vocab)
     encoder_layout = block_layout(encoder, *args, precision)
-    encoder_layer = memory.layer_activation_bytes(encoder_shape, encoder_layout)
+    encoder_layer = average_layer_bytes(encoder_shape, encoder_layout)
     decoder_layout = block_layout(decoder, *args, precision)
-    decoder_layer = memory.layer_activation_bytes(decoder_shape, decoder_layout)
+    decoder_layer = average_layer_bytes(decoder_shape, decoder_layout)
     decoder_layer += cross_attention_bytes(decoder, decoder_seq, encoder_seq, *args)
     encoder_embedding = memory.embedding_activation_bytes(encoder_shape, encoder_layout)
     decoder_embedding = memory.embedding_activation_bytes(decoder_shape, decoder_layout)

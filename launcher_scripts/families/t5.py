@@ -16,7 +16,8 @@ from launcher_scripts.families.base import Architecture, ModelFamily, register
 from launcher_scripts.families.encoder_checks import ENCODER_ACTIVATIONS, common_checks
 from launcher_scripts.formats.portable_check import expected_shapes
 from launcher_scripts.recipes import training as recipe
-from launcher_scripts.recipes.layout import check_world, read_layout
+from launcher_scripts.recipes.layout import check_experts, check_world, read_layout
+from launcher_scripts.recipes.model_shape import read_experts
 from launcher_scripts.recipes.training import encoder_decoder_split, key
 from launcher_scripts.recipes.tuning import SFT_STAGES
 
@@ -56,6 +57,7 @@ def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
         recipe.check_recompute(model[block], stage, prefix)
         block_type = model[block].get("transformer_block_type", "pre_ln")
         require_choice(key(stage, f"{prefix}.transformer_block_type"), block_type, BLOCK_TYPES)
+        _check_experts(model[block], layout, stage, prefix)
     _positions(model, stage)
     if model.encoder.hidden_size != model.decoder.hidden_size:
         raise ConfigError(
@@ -151,6 +153,22 @@ def masked_tokens_at_most(probability: float, seq: int) -> int:
     """The most tokens megatron-core's T5 masking replaces in a sample: its count is at most
     masked_lm_prob x the sample's target length (seq_length - 2: room for <bos> and <eos>)."""
     return math.floor(probability * (seq - 2))
+
+
+def _check_experts(block: Any, layout: Any, stage: str, prefix: str) -> None:
+    """A block's Switch-style experts (the NeMo launcher's T5 mixture of experts: no expert
+    parallelism). megatron-core trains MoE layers under TP only with sequence parallelism,
+    which its T5 has not: TP 1."""
+    where = key(stage, prefix)
+    experts = read_experts(block, where, int(block.num_layers), int(block.ffn_hidden_size))
+    if experts is not None and layout.tensor > 1:
+        raise ConfigError(
+            key(stage, "model.tensor_model_parallel_size"),
+            f"is {layout.tensor}, but {where} has experts, which megatron-core trains under TP "
+            "only with sequence parallelism, and its T5 has none",
+            "Set tensor_model_parallel_size=1 (split the model over PP, or the batch over DP)",
+        )
+    check_experts(experts, layout, stage, bool(block.get("bias", True)), prefix)
 
 
 def check_base(base: Any, model: Any, layout: Any, stage: str, name: str) -> None:

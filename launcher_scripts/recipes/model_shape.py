@@ -333,6 +333,17 @@ def read_experts(model: Mapping, prefix: str, layers: int, ffn: int) -> Experts 
             f"routes each token to {top_k} experts but there are {count} (num_moe_experts)",
             f"Use at most {count}",
         )
+    pre_softmax = as_bool(
+        model.get("moe_router_pre_softmax", False), f"{prefix}.moe_router_pre_softmax"
+    )
+    if top_k == 1 and not pre_softmax:
+        raise ConfigError(
+            f"{prefix}.moe_router_pre_softmax",
+            "is false with moe_router_topk 1: a softmax over the one chosen expert's score is "
+            "always 1, so the router would get no gradient",
+            "Set moe_router_pre_softmax=true (Switch's: the softmax over all experts, then the "
+            "top 1)",
+        )
     return Experts(
         count=count,
         top_k=top_k,
@@ -343,9 +354,7 @@ def read_experts(model: Mapping, prefix: str, layers: int, ffn: int) -> Experts 
             model.get("moe_shared_expert_gate", False), f"{prefix}.moe_shared_expert_gate"
         ),
         layer_freq=_layer_pattern(model.get("moe_layer_freq", 1), layers, prefix),
-        pre_softmax=as_bool(
-            model.get("moe_router_pre_softmax", False), f"{prefix}.moe_router_pre_softmax"
-        ),
+        pre_softmax=pre_softmax,
         balancing=_choice(model, "moe_router_load_balancing_type", "aux_loss", BALANCING, prefix),
         aux_loss_coeff=_number(model, "moe_aux_loss_coeff", prefix) or 0.0,
         z_loss_coeff=_number(model, "moe_z_loss_coeff", prefix),

@@ -24,6 +24,7 @@ norm counts the first copy only, and the checkpoint stores the first copy (`T5St
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 from functools import partial
@@ -39,11 +40,13 @@ from megatron.core.datasets.t5_dataset import (
 )
 from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
 from megatron.core.models.T5 import T5Model
 from megatron.core.models.T5.t5_spec import (
     decoder_model_with_local_spec,
     encoder_model_with_local_spec,
 )
+from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.identity_op import IdentityOp
@@ -333,9 +336,26 @@ class T5Stage(T5Model):
 
 
 def _layer_specs(
-    spec: ModuleSpec, layers: int, final_norm: type = LocalNorm
+    spec: ModuleSpec,
+    config: TransformerConfig,
+    layers: int,
+    first: int = 0,
+    final_norm: type = LocalNorm,
 ) -> TransformerBlockSubmodules:
-    return TransformerBlockSubmodules(layer_specs=[_local(spec)] * layers, layer_norm=final_norm)
+    """The block's `layers` layers from its layer `first` on: Switch-style experts (megatron-
+    core's MoELayer) in place of the MLP where the block's moe_layer_freq puts them."""
+    dense = _local(spec)
+    if not config.num_moe_experts:
+        return TransformerBlockSubmodules(layer_specs=[dense] * layers, layer_norm=final_norm)
+    moe = _local(copy.deepcopy(spec))
+    moe.submodules.mlp = get_moe_module_spec(use_te=False, num_experts=config.num_moe_experts)
+    transformer.use_local_experts(moe)
+    freq = config.moe_layer_freq
+    pattern = (
+        [int(i % freq == 0) for i in range(config.num_layers)] if isinstance(freq, int) else freq
+    )
+    chosen = [moe if pattern[first + i] else dense for i in range(layers)]
+    return TransformerBlockSubmodules(layer_specs=chosen, layer_norm=final_norm)
 
 
 def _scaled_norm(scale: float | None) -> type:
@@ -372,12 +392,16 @@ def build_chunks(
         config=config,
         encoder_config=encoder_config,
         transformer_encoder_layer_spec=_layer_specs(
-            encoder_model_with_local_spec(), encoder_config.num_layers // encoder_stages
+            encoder_model_with_local_spec(),
+            encoder_config,
+            encoder_config.num_layers // encoder_stages,
+            min(stage, encoder_stages - 1) * (encoder_config.num_layers // encoder_stages),
         ),
         transformer_decoder_layer_spec=_layer_specs(
             decoder_model_with_local_spec(),
+            config,
             config.num_layers,
-            _scaled_norm(model_cfg.get("decoder_output_scale")),
+            final_norm=_scaled_norm(model_cfg.get("decoder_output_scale")),
         ),
         vocab_size=transformer.padded_vocab_size(vocab_size, cfg),
         max_sequence_length=int(model_cfg.max_position_embeddings),
@@ -394,6 +418,10 @@ def build_chunks(
         relative_attention_max_distance=int(model_cfg.get("relative_attention_max_distance", 128)),
         add_encoder=on_encoder,
         add_decoder=on_decoder,
+        # T5Model asks for the TP, CP and PP groups only by default; experts need theirs too.
+        pg_collection=ProcessGroupCollection.use_mpu_process_groups()
+        if config.num_moe_experts or encoder_config.num_moe_experts
+        else None,
     )
     if pipeline > 1:
         _split_over_stages(chunk, stage, pipeline, encoder_stages)

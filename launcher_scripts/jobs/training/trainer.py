@@ -54,7 +54,7 @@ from launcher_scripts.jobs.models.transformer import (
 )
 from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, wandb_logger
 from launcher_scripts.jobs.training.checkpointing import TrainState
-from launcher_scripts.jobs.training.expert_load import ExpertLoad
+from launcher_scripts.jobs.training.expert_load import ExpertLoad, expert_stacks
 from launcher_scripts.jobs.training.runtime import (
     JobError,
     init_model_parallel,
@@ -211,11 +211,8 @@ class Trainer:
             )
         self.config = self.runtime.transformer_config(cfg, self.use_te, on_gpu)
         self.model = self._build_model()
-        self.expert_load = (
-            ExpertLoad(self.model, self.config.num_layers, self.config.num_moe_experts)
-            if self.config.num_moe_experts
-            else None
-        )
+        stacks = expert_stacks(self.config)
+        self.expert_load = ExpertLoad(self.model, stacks) if stacks else None
         self.optimizer = self._build_optimizer()
         self.scheduler = self._build_scheduler()
         self._configure_schedule_hooks()
