@@ -90,7 +90,12 @@ def generate(cfg: DictConfig, settings: TrainSettings, size_in_b: float) -> Base
     recipe = root[STAGE]
     check_family(recipe, settings.family, recipe_key)
     family = families.of_model_type(settings.family)
-    if family.encoder_decoder:
+    experts = recipe.model.get("num_moe_experts")
+    if experts:
+        # A mixture of experts is the base recipe's (its published size): the search chooses
+        # its layout, EP included. The size rule is a dense stack's.
+        arch = _recipe_architecture(recipe, settings, family)
+    elif family.encoder_decoder:
         arch = sizing.encoder_decoder_architecture(size_in_b, settings.vocab_size)
     else:
         arch = sizing.stack_architecture(size_in_b, settings.vocab_size, settings.seq_length)
@@ -118,7 +123,9 @@ def generate(cfg: DictConfig, settings: TrainSettings, size_in_b: float) -> Base
     if "constant_steps" in sched:
         common["model.optim.sched.constant_steps"] = 0
     set_keys(recipe, common)
-    if family.encoder_decoder:
+    if experts:
+        set_keys(recipe, {"model.encoder_seq_length": seq})
+    elif family.encoder_decoder:
         _set_encoder_decoder(recipe, arch, seq)
     else:
         _set_stack(recipe, arch, seq)
@@ -135,6 +142,29 @@ def generate(cfg: DictConfig, settings: TrainSettings, size_in_b: float) -> Base
     )
     write_recipe(path, recipe, header)
     return base
+
+
+def _recipe_architecture(
+    recipe: DictConfig, settings: TrainSettings, family: families.ModelFamily
+) -> sizing.Architecture:
+    """The base recipe's own architecture (a mixture of experts'), its total parameters at the
+    search's vocabulary."""
+    model = OmegaConf.to_container(recipe.model, resolve=False)
+    assert isinstance(model, dict)
+    sizes = {k: recipe.model[k] for k in ("num_layers", "hidden_size", "num_attention_heads")}
+    shape = family.shape(
+        {**model, **sizes, "encoder_seq_length": settings.seq_length, "data": {}},
+        settings.vocab_size,
+        STAGE,
+    )
+    return sizing.Architecture(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        lr=float(recipe.model.optim.lr),
+        parameters=shape.total_parameters(),
+    )
 
 
 def _set_stack(recipe: DictConfig, arch: sizing.Architecture, seq: int) -> None:

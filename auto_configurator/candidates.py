@@ -1,8 +1,9 @@
 """The search space: candidate layouts, the rules that make a layout valid, the memory filter
 and the ranking by predicted step time.
 
-A candidate is TP, PP, VP (interleaved chunks), CP, sequence parallelism, micro-batch size and
-activation recomputation; nodes, GPUs, the global batch, precision and optimizer are the base
+A candidate is TP, PP, VP (interleaved chunks), CP, sequence parallelism, micro-batch size,
+activation recomputation and, for a mixture of experts, EP (each expert whole on a rank:
+expert TP 1); nodes, GPUs, the global batch, precision and optimizer are the base
 config's. Memory and step time come from the analytical model of the recipe's kind
 (searched_models.py: a layer stack, or an encoder-decoder).
 """
@@ -40,6 +41,7 @@ class Candidate:
     # None | "selective" | "full" (every layer) | N: full recomputation of the first N layers of
     # each pipeline stage (NeMo's act_ckpt_layers; megatron's "block" method)
     recompute: str | int | None
+    expert: int = 0  # a mixture of experts' EP; 0: a model without experts
 
     @property
     def _recompute(self) -> tuple[str | None, str | None, int | None]:
@@ -63,6 +65,8 @@ class Candidate:
             recompute=granularity,
             recompute_method=method or "uniform",
             recompute_num_layers=layers or 1,
+            expert=max(self.expert, 1),
+            expert_tensor=1 if self.expert else None,
         )
 
     def overrides(self, stage: str = "training", recipe_model: Any = None) -> list[str]:
@@ -97,6 +101,14 @@ class Candidate:
             f"{model}.sequence_parallel={_yaml(self.sequence_parallel)}",
             f"{model}.micro_batch_size={self.micro_batch}",
             *recompute,
+            *(
+                [
+                    f"{model}.expert_model_parallel_size={self.expert}",
+                    f"{model}.expert_tensor_parallel_size=1",
+                ]
+                if self.expert
+                else []
+            ),
         ]
 
     @property
@@ -107,8 +119,9 @@ class Candidate:
             recompute = f" full x{self.recompute}"
         else:
             recompute = f" {self.recompute}" if self.recompute else ""
+        ep = f" EP{self.expert}" if self.expert else ""
         return (
-            f"TP{self.tensor} PP{self.pipeline}{vp} CP{self.context}{sp} "
+            f"TP{self.tensor} PP{self.pipeline}{vp} CP{self.context}{ep}{sp} "
             f"MBS{self.micro_batch}{recompute}"
         )
 
@@ -133,6 +146,7 @@ class SearchSpace:
     min_model_parallel: int
     max_model_parallel: int
     recompute_allowed: bool  # False on CPU: megatron-core's recomputation needs CUDA
+    expert: tuple[int, ...] = (0,)  # a mixture of experts' EP sizes; (0,): no experts
 
     def candidates(self) -> list[Candidate]:
         return [
@@ -145,8 +159,22 @@ class SearchSpace:
                 self.sequence_parallel,
                 self.micro_batch,
                 self.recompute,
+                self.expert,
             )
         ]
+
+
+def _expert_sizes(settings: TrainSettings, model: SearchedModel, world: int) -> tuple[int, ...]:
+    auto = model.auto_expert(world)
+    if auto == (0,):
+        if settings.expert_parallel_sizes and settings.expert_parallel_sizes != (1,):
+            raise ConfigError(
+                f"{PREFIX}.expert_parallel_sizes",
+                f"{list(settings.expert_parallel_sizes)}, but the model has no experts",
+                "Set it to auto (or [1])",
+            )
+        return auto
+    return settings.expert_parallel_sizes or auto
 
 
 def _powers_of_two(limit: int) -> tuple[int, ...]:
@@ -165,6 +193,8 @@ class SearchedModel(Protocol):
 
     def auto_context(self) -> tuple[int, ...]: ...
 
+    def auto_expert(self, world: int) -> tuple[int, ...]: ...
+
     def memory(self, layout: Layout) -> MemoryBreakdown: ...
 
     def predict(self, layout: Layout, cluster: ClusterSpec) -> StepPrediction: ...
@@ -177,7 +207,8 @@ def search_space(settings: TrainSettings, model: SearchedModel, on_gpu: bool = T
     a node, the model's PP sizes (a layer stack: the divisors of its layers up to the GPUs),
     VP none/2/4/8 (none for T5), CP 1 (powers of two up to 8 from LONG_SEQUENCE tokens on a
     stack), SP on and off, MBS 1 to 16, recomputation none, selective and full (none only on
-    CPU), model parallel size TP x PP from 1 to all GPUs."""
+    CPU), model parallel size TP x PP from 1 to all GPUs, EP (a mixture of experts') the powers
+    of two that divide its experts, up to the GPUs."""
     world = settings.gpus
     return SearchSpace(
         tensor=settings.tensor_parallel_sizes or _powers_of_two(min(settings.gpus_per_node, world)),
@@ -187,6 +218,7 @@ def search_space(settings: TrainSettings, model: SearchedModel, on_gpu: bool = T
         sequence_parallel=settings.sequence_parallel or (False, True),
         micro_batch=settings.micro_batch_sizes or AUTO_MICRO_BATCHES,
         recompute=settings.recompute or ((None, "selective", "full") if on_gpu else (None,)),
+        expert=_expert_sizes(settings, model, world),
         min_model_parallel=settings.min_model_parallel_size or 1,
         max_model_parallel=settings.max_model_parallel_size or world,
         recompute_allowed=on_gpu,
@@ -298,6 +330,28 @@ RULES = (
         lambda _s, _lay, _sp: (
             "Allow null in virtual_pipeline_sizes, or a global batch with "
             "a multiple of PP micro-batches"
+        ),
+    ),
+    Rule(
+        "experts % EP",
+        "expert_parallel_sizes",
+        lambda s, lay, _: s.experts is None or s.experts.count % lay.expert == 0,
+        lambda s, _lay, _sp: f"Choose EP sizes that divide the {s.experts.count} experts",
+    ),
+    Rule(
+        "GPUs % (EP x PP)",
+        "expert_parallel_sizes",
+        lambda _s, lay, _sp: lay.world_size % (lay.expert * lay.pipeline) == 0,
+        lambda _s, lay, _sp: (
+            f"Choose EP sizes whose product with PP divides the {lay.world_size} GPUs"
+        ),
+    ),
+    Rule(
+        "MoE under TP needs SP",
+        "sequence_parallel",
+        lambda s, lay, _: s.experts is None or lay.tensor == 1 or lay.sequence_parallel,
+        lambda _s, _lay, _sp: (
+            "Allow sequence_parallel true (megatron-core trains MoE under TP only so)"
         ),
     ),
     Rule(

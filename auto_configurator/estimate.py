@@ -148,6 +148,7 @@ class Estimate:
         result: dict[str, Any] = {
             **self.memory.to_json(),
             "parameters_total": self.shape.total_parameters(self.layout.tensor),
+            "parameters_active": self.shape.active_parameters(self.layout.tensor),
             "model_flops_per_step": self.model_flops_per_step,
             "model": asdict(self.shape),
             "padded_vocab_size": self.shape.padded_vocab(self.layout.tensor),
@@ -155,6 +156,7 @@ class Estimate:
             "layout": {
                 **asdict(self.layout),
                 "data": self.layout.data,
+                "expert_data": self.layout.expert_data,
                 "micro_batches": self.layout.micro_batches,
             },
         }
@@ -405,6 +407,11 @@ def memory_section(estimate: Estimate | EncoderDecoderEstimate) -> tuple[str, li
             ("layer activations", f"{m.layer_activations_gib:10.3f}"),
             ("other activations", f"{m.other_activations_gib:10.3f}"),
             ("recompute workspace", f"{m.recompute_workspace_gib:10.3f}"),
+            *(
+                [("expert dispatch", f"{m.dispatch_workspace / GIB:10.3f}")]
+                if m.dispatch_workspace
+                else []
+            ),
             ("total", f"{m.total_gib:10.3f}" + fit_note(estimate)),
         ],
     )
@@ -476,6 +483,11 @@ def table(estimate: Estimate) -> list[str]:
         f"TP {layout.tensor}, PP {layout.pipeline}, VP {layout.virtual_pipeline or '-'}, "
         f"CP {layout.context}, DP {layout.data}" + (", SP" if layout.sequence_parallel else "")
     )
+    if shape.experts is not None:
+        parallel += (
+            f", EP {layout.expert} x expert TP {layout.expert_tensor_size} "
+            f"(expert DP {layout.expert_data})"
+        )
     recompute = f"{layout.recompute} recompute" if layout.recompute else "no recompute"
     optimizer = "distributed optimizer" if layout.distributed_optimizer else "optimizer per rank"
     sections: list[tuple[str, list[tuple[str, str]]]] = [
@@ -489,11 +501,17 @@ def table(estimate: Estimate) -> list[str]:
                     f"FFN {shape.ffn_hidden_size}{' gated' if shape.gated_mlp else ''}, "
                     f"seq {shape.seq_length}",
                 ),
+                *experts_rows(shape),
                 ("vocabulary", f"{vocab}, padded to {shape.padded_vocab(layout.tensor)}"),
                 (
                     "parameters",
-                    f"{shape.total_parameters(layout.tensor) / 1e9:.3f} B, "
-                    f"{m.parameters_per_gpu / 1e9:.3f} B on the busiest GPU",
+                    f"{shape.total_parameters(layout.tensor) / 1e9:.3f} B"
+                    + (
+                        f", {shape.active_parameters(layout.tensor) / 1e9:.3f} B active"
+                        if shape.experts
+                        else ""
+                    )
+                    + f", {m.parameters_per_gpu / 1e9:.3f} B on the busiest GPU",
                 ),
                 (
                     "layout",
@@ -512,6 +530,27 @@ def table(estimate: Estimate) -> list[str]:
     return aligned(sections)
 
 
+def experts_rows(shape: ModelShape) -> list[tuple[str, str]]:
+    experts = shape.experts
+    if experts is None:
+        return []
+    shared = (
+        f", a shared expert of {experts.shared_ffn_hidden_size}"
+        if experts.shared_ffn_hidden_size
+        else ""
+    )
+    capacity = (
+        f"capacity factor {experts.capacity_factor:g}" if experts.capacity_factor else "dropless"
+    )
+    return [
+        (
+            "experts",
+            f"{experts.count} of FFN {experts.ffn_hidden_size}, top {experts.top_k}{shared}, in "
+            f"{shape.moe_layers()} of {shape.num_layers} layers, {capacity}",
+        )
+    ]
+
+
 def step_section(step: StepPrediction) -> tuple[str, list[tuple[str, str]]]:
     return (
         "predicted step, seconds",
@@ -522,6 +561,7 @@ def step_section(step: StepPrediction) -> tuple[str, list[tuple[str, str]]]:
             ("CP communication", f"{step.cp_comm_s:10.4f}"),
             ("pipeline bubble", f"{step.pp_bubble_s:10.4f}"),
             ("pipeline sends", f"{step.pp_comm_s:10.4f}"),
+            *([("EP all-to-all", f"{step.ep_comm_s:10.4f}")] if step.ep_comm_s else []),
             (
                 "DP gradient reduction",
                 f"{step.dp_comm_s:10.4f} ({step.dp_exposed_s:.4f} exposed)",

@@ -145,6 +145,15 @@ def describe_base(base: BaseConfig, settings: TrainSettings) -> None:
         f"  {arch.num_layers} layers, hidden {arch.hidden_size}, {arch.num_attention_heads} "
         f"heads, FFN {arch.ffn_hidden_size}: {arch.parameters / 1e9:.3g}B parameters"
     )
+    shape = base.model.shape if base.model is not None else None
+    experts = getattr(shape, "experts", None)
+    if experts is not None:
+        # The 6 N D estimate above counts every parameter; a token passes the active ones.
+        print(
+            f"  {experts.count} experts, each token routed to {experts.top_k}: "
+            f"{shape.active_parameters() / 1e9:.3g}B active parameters (the time to train "
+            "below counts the FLOPs of these)"
+        )
     best = base.best
     if best is not None:
         print(

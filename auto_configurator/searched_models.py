@@ -40,6 +40,13 @@ class StackModel:
     def auto_context(self) -> tuple[int, ...]:
         return (1, 2, 4, 8) if self.shape.seq_length >= LONG_SEQUENCE else (1,)
 
+    def auto_expert(self, world: int) -> tuple[int, ...]:
+        """The powers of two dividing the experts, up to the GPUs; (0,) without experts."""
+        if self.shape.experts is None:
+            return (0,)
+        count = self.shape.experts.count
+        return tuple(2**i for i in range(count.bit_length()) if count % 2**i == 0 and 2**i <= world)
+
     def memory(self, layout: Layout) -> MemoryBreakdown:
         return memory.memory_breakdown(self.shape, layout)
 
@@ -65,6 +72,11 @@ class EncoderDecoderModel:
 
     def auto_context(self) -> tuple[int, ...]:
         return (1,)
+
+    def auto_expert(self, world: int) -> tuple[int, ...]:
+        """T5's experts are not split (the NeMo launcher's: no expert parallelism)."""
+        del world
+        return (0,)
 
     # One shape per recomputation setting (copying the recipe per candidate is what costs).
     _recomputed: dict[tuple, EncoderDecoderShape] = field(

@@ -48,6 +48,7 @@ class TrainSettings:
     pipeline_parallel_sizes: tuple[int, ...] | None
     virtual_pipeline_sizes: tuple[int | None, ...] | None
     context_parallel_sizes: tuple[int, ...] | None
+    expert_parallel_sizes: tuple[int, ...] | None  # a mixture of experts'; None: auto
     micro_batch_sizes: tuple[int, ...] | None
     recompute: tuple[str | int | None, ...] | None  # from act_ckpt_layers
     sequence_parallel: tuple[bool, ...] | None
@@ -118,6 +119,7 @@ def parse(search_config_value: str | None, train: Mapping[str, Any]) -> TrainSet
         pipeline_parallel_sizes=reader.auto_ints("pipeline_parallel_sizes"),
         virtual_pipeline_sizes=reader.auto_ints("virtual_pipeline_sizes", allow_null=True),
         context_parallel_sizes=reader.auto_ints("context_parallel_sizes"),
+        expert_parallel_sizes=reader.auto_ints("expert_parallel_sizes"),
         micro_batch_sizes=reader.auto_ints("micro_batch_sizes"),
         recompute=reader.recompute("act_ckpt_layers"),
         sequence_parallel=reader.auto_bools("sequence_parallel"),

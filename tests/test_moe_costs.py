@@ -5,6 +5,7 @@ against the published figures."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -180,3 +181,45 @@ def test_the_published_moe_recipes_plan_the_published_parameter_counts(
 
 def test_continued_pretraining_checks_every_expert_architecture_key() -> None:
     assert set(EXPERT_ARCHITECTURE_KEYS) <= set(ARCHITECTURE_DEFAULTS)
+
+
+# ----- the AutoConfigurator ------------------------------------------------------------------
+
+
+def test_the_layout_search_takes_ep_for_experts_by_its_rules() -> None:
+    from auto_configurator.candidates import RULES, Candidate
+    from auto_configurator.searched_models import StackModel
+
+    assert StackModel(SHAPE).auto_expert(16) == (1, 2, 4, 8)
+    assert StackModel(SHAPE).auto_expert(4) == (1, 2, 4)
+    assert StackModel(replace(SHAPE, experts=None)).auto_expert(16) == (0,)
+    rule = {r.name: r for r in RULES}
+    base = Layout(num_nodes=1, gpus_per_node=12, global_batch=12)
+    assert not rule["experts % EP"].holds(SHAPE, replace(base, expert=3), None)
+    assert not rule["GPUs % (EP x PP)"].holds(SHAPE, replace(base, expert=8), None)
+    assert not rule["MoE under TP needs SP"].holds(SHAPE, replace(base, tensor=2), None)
+    candidate = Candidate(2, 1, None, 1, True, 1, None, 4)
+    assert candidate.layout(base).expert == 4 and candidate.layout(base).expert_tensor == 1
+    assert "training.model.expert_model_parallel_size=4" in candidate.overrides()
+    assert "EP4" in candidate.label
+    dense = Candidate(2, 1, None, 1, True, 1, None, 0)
+    assert not any("expert" in o for o in dense.overrides()) and "EP" not in dense.label
+
+
+def test_the_autoconfigurator_base_config_for_mixtral_chooses_its_ep(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from omegaconf import OmegaConf
+
+    from auto_configurator.main import main as autoconfig_main
+    from tests.support.autoconfig import validate_training
+
+    code = autoconfig_main(["search_config=gpt3/mixtral_8x7b", f"base_results_dir={tmp_path}"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (base,) = tmp_path.rglob("base_cfg_*.yaml")
+    validate_training(base, "cluster_type=bcm", "dry_run=true", f"data_dir={tmp_path}")
+    recipe = OmegaConf.load(base)
+    assert recipe.model.num_moe_experts == 8 and recipe.model.num_layers == 32  # kept
+    assert recipe.model.expert_model_parallel_size > 1, recipe.model
+    assert "12.9B active parameters" in out
