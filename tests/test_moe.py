@@ -266,3 +266,35 @@ def test_expert_parallelism_on_a_dense_model_is_refused(tmp_path: Path) -> None:
         pipeline.plan(cfg)
     assert refused.value.key == "training.model.expert_model_parallel_size"
     assert "no experts" in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_deepseek_style_stack_converts_and_its_hf_export_is_refused(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """A dense first layer, then experts with a shared expert (DeepSeekMoE's layout): megatron-
+    core keeps such a stack's layers apart; the conversion writes them into a portable file
+    whose shapes check, and the Hugging Face export (no transformers class holds it) is refused
+    in one line naming the key."""
+    from launcher_scripts.formats.portable_check import inspect_portable
+    from tests.support.commands import run_main
+
+    deepseek = (
+        "training.model.moe_layer_freq=[0,1,1,1]",
+        "training.model.moe_shared_expert_intermediate_size=128",
+        "training.trainer.max_steps=2",
+        "training.model.optim.sched.warmup_steps=1",
+    )
+    paths = (f"data_dir={prepared}/data", f"base_results_dir={tmp_path}")
+    result = run_main("stages=[training,conversion]", MOE, *deepseek, *paths)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "moe_layer_freq: experts in only some layers" in result.stderr
+    result = run_main(
+        "stages=[training,conversion]", MOE, *deepseek, *paths, "conversion.run.hf_dir_name=null"
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    converted = tmp_path / "gpt3_tiny_moe" / "convert_nemo" / "megatron_gpt.nemo"
+    shapes = inspect_portable(converted).shapes
+    assert "decoder.layers.0.mlp.linear_fc1.weight" in shapes  # the dense first layer
+    assert shapes["decoder.layers.3.mlp.experts.experts.linear_fc1.weight"] == (4, 512, 128)
+    assert "decoder.layers.3.mlp.shared_experts.gate_weight" not in shapes  # no gate asked

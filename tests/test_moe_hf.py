@@ -140,3 +140,16 @@ def test_lora_on_an_imported_mixtral_at_ep2_goes_back_to_hugging_face_merged(
     assert sorted(original) == sorted(back)
     changed = sorted(k for k in original if not (original[k] == back[k]).all())
     assert changed and all("self_attn" in k for k in changed), changed
+
+
+def test_a_moe_files_config_and_experts_must_agree(
+    imported_moe: dict[str, Path], tmp_path: Path
+) -> None:
+    """The portable file's shape check covers the experts: a model_config.yaml that says 8
+    experts over weights of 4 is refused naming the keys."""
+    from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
+    from tests.support.damaged_files import with_config
+
+    wrong = with_config(imported_moe["mixtral"], tmp_path / "wrong.nemo", num_moe_experts=8)
+    with pytest.raises(PortableFileError, match="num_moe_experts"):
+        inspect_portable(wrong)
