@@ -31,7 +31,7 @@ TRAINING = [  # the published sizes; the CPU recipes (tiny) are tested where the
     f"{family}/{path.stem}"
     for family in FAMILY_DIRS
     for path in sorted((conf_dir() / "training" / family).glob("*.yaml"))
-    if path.stem != "tiny"
+    if not path.stem.startswith("tiny")  # tiny, tiny_moe
 ]
 SMALLEST = {"t5": "t5/220m", "mt5": "mt5/170m", "bert": "bert/110m"}
 MT5_EXTRA_KEYS = {"run.preprocessed_dir", "run.blending_alpha"}  # mT5's keys beyond T5's
@@ -239,11 +239,13 @@ def blocks(model: DictConfig) -> list[DictConfig]:
 
 def expected_family(recipe: str) -> str:
     """The family a recipe's folder names: gpt3, prompt_gpt3, ... | t5, mt5, adapter_t5 | bert;
-    hf_import's is its directory's, hf_export's its file's; Llama, Mistral and Qwen2 are GPT."""
+    hf_import's is its directory's, hf_export's its file's; Llama, Mistral, Qwen2 (and
+    Qwen2-MoE), Mixtral and DeepSeekMoE are GPT."""
     if recipe in ("hf_import", "hf_export"):
         return "auto"  # the family importing the directory's config.json model_type
     folder = recipe.split("/")[0]
     markers = (("gpt", "gpt"), ("llama", "gpt"), ("mistral", "gpt"), ("qwen", "gpt"))
+    markers += (("mixtral", "gpt"), ("deepseek", "gpt"))
     for marker, family in (*markers, ("bert", "bert"), ("t5", "t5")):
         if marker in folder:
             return family

@@ -541,6 +541,63 @@ def encoders(context: Context) -> dict:
     return record
 
 
+# --- mixture of experts -----------------------------------------------------------------------
+
+MOE_STEPS_GPU, MOE_STEPS_CPU = 60, 10
+
+
+def moe(context: Context) -> dict:
+    """gpt3/tiny_moe through main.py: on the GPU in bf16, with Transformer Engine's MoE layers
+    and grouped GEMM where it imports (megatron-core's local layers otherwise; fp32 on CPU in
+    the rehearsal). The loss falls, the routing losses and the experts' load are logged, and
+    tokens/s is recorded."""
+    gpu = on_gpu(context)
+    prepare_data(context)
+    steps = MOE_STEPS_GPU if gpu else MOE_STEPS_CPU
+    log_dir = context.work / "moe" / "log"
+    overrides = [
+        "training=gpt3/tiny_moe",
+        f"data_dir={context.work}/data",
+        f"base_results_dir={context.work}/moe",
+        f"training.exp_manager.explicit_log_dir={log_dir}",
+        "training.exp_manager.resume_if_exists=false",
+        f"training.trainer.max_steps={steps}",
+        "training.trainer.log_every_n_steps=1",
+        f"training.trainer.val_check_interval={steps + 1}",
+        f"training.exp_manager.checkpoint_callback_params.every_n_train_steps={steps + 1}",
+        "training.model.optim.sched.warmup_steps=2",
+    ]
+    te = gpu and transformer_engine()
+    if gpu:
+        overrides += ["training.trainer.accelerator=gpu", "training.trainer.precision=bf16"]
+    if te:
+        overrides += [
+            "training.model.transformer_engine=true",
+            "training.model.moe_grouped_gemm=true",
+        ]
+    result = context.run([sys.executable, "main.py", "stages=[training]", *overrides], timeout=240)
+    if result.returncode:
+        return {"status": "failed", "reason": f"main.py exited {result.returncode}", "figures": {}}
+    logged = [r for r in records(log_dir) if "reduced_train_loss" in r]
+    first, last = logged[0]["reduced_train_loss"], logged[-1]["reduced_train_loss"]
+    figures = {
+        "transformer_engine": te,
+        "steps": len(logged),
+        "loss_first": round(first, 4),
+        "loss_last": round(last, 4),
+        "load_balancing_loss_last": round(logged[-1]["moe_load_balancing_loss"], 4),
+        "expert_load_max_last": round(logged[-1]["moe_load_max"], 3),
+        "tokens_per_s": round(
+            statistics.median(r["tokens_per_sec"] for r in logged[len(logged) // 2 :])
+        ),
+    }
+    reasons = [] if last < first else [f"the loss did not fall ({first:.3f} -> {last:.3f})"]
+    record = {"status": "failed" if reasons else "passed", "figures": figures}
+    if reasons:
+        record["reason"] = "; ".join(reasons)
+    return record
+
+
 # --- conversion -------------------------------------------------------------------------------
 
 
@@ -1060,5 +1117,6 @@ STEPS: dict[str, Step] = {
     "memory": Step(memory, budget_s=100, rehearsal_s=150),
     "recompute": Step(recompute, budget_s=70, rehearsal_s=90),
     "encoders": Step(encoders, budget_s=60, rehearsal_s=120),
+    "moe": Step(moe, budget_s=40, rehearsal_s=60),
     "vllm": Step(vllm_step, budget_s=60, rehearsal_s=90),
 }
