@@ -34,6 +34,7 @@ from tests.support.conversion import (
     hf_imported,
 )
 from tests.support.hf_dirs import Alteration
+from tests.support.sft_task import write_mapping_task
 
 CLASSES = {
     "llama3": "LlamaForCausalLM",
@@ -171,18 +172,6 @@ def test_imported_models_compute_the_same_split_over_ranks(
         assert_computes_what_transformers_does(report)
     for variant, report in zip(PADDED, reports[len(cases) :], strict=True):
         assert report["keys_equal"] and report["tensors_equal"], (variant, report)
-
-
-def write_mapping_task(folder: Path) -> dict[str, Path]:
-    """A made-up word mapping (the same rows everywhere): what a random model cannot know."""
-    keys = ["river", "village", "morning", "north", "market", "winter", "garden", "harbor"]
-    values = ["quiet", "stone", "light", "early", "bridge", "green", "salt", "rain"]
-    rows = [{"input": f"{k} means", "output": v} for k, v in zip(keys, values, strict=True)]
-    folder.mkdir(parents=True)
-    paths = {name: folder / f"{name}.jsonl" for name in ("train", "val", "test")}
-    for path in paths.values():
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return paths
 
 
 @pytest.fixture(scope="module")

@@ -196,20 +196,25 @@ def test_moe_stop_and_resume_match_an_uninterrupted_run(
 def test_a_moe_layout_megatron_cannot_train_is_refused_naming_the_key(
     tmp_path: Path, overrides: list[str], key: str, fix: str
 ) -> None:
+    refusal = refused(tmp_path, MOE, *overrides)
+    assert refusal.key == key, refusal
+    assert fix in str(refusal)
+
+
+def refused(tmp_path: Path, *overrides: str) -> ConfigError:
+    """The dry run's preflight refusal of the training stage with these overrides."""
     cfg = compose_config(
         [
             "stages=[training]",
-            MOE,
             f"data_dir={tmp_path}/data",
             f"base_results_dir={tmp_path}/results",
             "dry_run=true",
             *overrides,
         ]
     )
-    with pytest.raises(ConfigError) as refused:
+    with pytest.raises(ConfigError) as refusal:
         pipeline.plan(cfg)
-    assert refused.value.key == key, refused.value
-    assert fix in str(refused.value)
+    return refusal.value
 
 
 @pytest.mark.slow
@@ -233,39 +238,17 @@ def test_the_tiny_t5_with_switch_experts_learns(prepared_wordpiece: Path, tmp_pa
 
 
 def test_t5_experts_under_tensor_parallelism_are_refused(tmp_path: Path) -> None:
-    cfg = compose_config(
-        [
-            "stages=[training]",
-            "training=t5/tiny_moe",
-            f"data_dir={tmp_path}/data",
-            f"base_results_dir={tmp_path}/results",
-            "dry_run=true",
-            "training.trainer.devices=2",
-            "training.model.tensor_model_parallel_size=2",
-        ]
-    )
-    with pytest.raises(ConfigError) as refused:
-        pipeline.plan(cfg)
-    assert refused.value.key == "training.model.tensor_model_parallel_size"
-    assert "training.model.encoder has experts" in str(refused.value)
+    tensor = ("training.trainer.devices=2", "training.model.tensor_model_parallel_size=2")
+    refusal = refused(tmp_path, "training=t5/tiny_moe", *tensor)
+    assert refusal.key == "training.model.tensor_model_parallel_size"
+    assert "training.model.encoder has experts" in str(refusal)
 
 
 def test_expert_parallelism_on_a_dense_model_is_refused(tmp_path: Path) -> None:
-    cfg = compose_config(
-        [
-            "stages=[training]",
-            "training=gpt3/tiny",
-            f"data_dir={tmp_path}/data",
-            f"base_results_dir={tmp_path}/results",
-            "dry_run=true",
-            "training.trainer.devices=2",
-            "+training.model.expert_model_parallel_size=2",
-        ]
-    )
-    with pytest.raises(ConfigError) as refused:
-        pipeline.plan(cfg)
-    assert refused.value.key == "training.model.expert_model_parallel_size"
-    assert "no experts" in str(refused.value)
+    expert = ("training.trainer.devices=2", "+training.model.expert_model_parallel_size=2")
+    refusal = refused(tmp_path, "training=gpt3/tiny", *expert)
+    assert refusal.key == "training.model.expert_model_parallel_size"
+    assert "no experts" in str(refusal)
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import pytest
 import launcher_scripts.families  # noqa: F401
 from tests.support.commands import run_main, run_module
 from tests.support.conversion import checks, hf_imported
+from tests.support.sft_task import write_mapping_task
 
 CLASSES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
 
@@ -69,17 +70,6 @@ def test_an_imported_moe_models_section_states_its_experts(imported_moe: dict[st
     assert (qwen.num_moe_experts, qwen.moe_ffn_hidden_size) == (6, 32)
     assert qwen.moe_shared_expert_intermediate_size == 80 and qwen.moe_shared_expert_gate
     assert qwen.moe_router_pre_softmax and qwen.qkv_bias  # norm_topk_prob false: not renormalised
-
-
-def write_mapping_task(folder: Path) -> dict[str, Path]:
-    keys = ["river", "village", "morning", "north", "market", "winter", "garden", "harbor"]
-    values = ["quiet", "stone", "light", "early", "bridge", "green", "salt", "rain"]
-    rows = [{"input": f"{k} means", "output": v} for k, v in zip(keys, values, strict=True)]
-    folder.mkdir(parents=True)
-    paths = {name: folder / f"{name}.jsonl" for name in ("train", "val", "test")}
-    for path in paths.values():
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return paths
 
 
 @pytest.mark.slow

@@ -324,33 +324,33 @@ def expert_reduction_seconds(params: float, layout: Layout, cluster: ClusterSpec
     ranks = layout.expert_data
     if not params or ranks <= 1:
         return 0.0
-    per_param = bytes_per_parameter(
-        layout.dtype, layout.distributed_optimizer, ranks, layout.fp32_grads
-    )
     # Ranks are ordered expert TP, EP, expert DP, PP: the group spans them all.
-    spans_nodes = layout.expert_tensor_size * layout.expert * ranks > layout.gpus_per_node
-    gbps = cluster.inter_node_gbps if spans_nodes else cluster.intra_node_gbps
-    latency = cluster.collective_latency_us * 1e-6
-    grads = ring_seconds(params * per_param.gradients, ranks, gbps, latency)
-    if layout.distributed_optimizer:
-        return grads + ring_seconds(params * per_param.weights, ranks, gbps, latency)
-    return 2 * grads
+    span = layout.expert_tensor_size * layout.expert * ranks
+    return _reduction_seconds(params, ranks, span, layout, cluster)
 
 
 def dp_reduction_seconds(params: float, layout: Layout, cluster: ClusterSpec) -> float:
     """The gradient reduction of one GPU's `params` over the DP x CP group (see the module
     docstring), all of it: what dp_overlap hides is taken off by the caller."""
     reduce_ranks = layout.data * layout.context
-    per_param = bytes_per_parameter(
-        layout.dtype, layout.distributed_optimizer, reduce_ranks, layout.fp32_grads
-    )
     # Ranks are ordered TP, CP, DP, PP: the group spans TP x CP x DP consecutive GPUs.
-    spans_nodes = layout.tensor * reduce_ranks > layout.gpus_per_node
-    gbps = cluster.inter_node_gbps if spans_nodes else cluster.intra_node_gbps
+    span = layout.tensor * reduce_ranks
+    return _reduction_seconds(params, reduce_ranks, span, layout, cluster)
+
+
+def _reduction_seconds(
+    params: float, ranks: int, span: int, layout: Layout, cluster: ClusterSpec
+) -> float:
+    """Reduce-scatter and all-gather (distributed optimizer) or all-reduce of `params`'
+    gradients over `ranks` ranks spread over `span` consecutive GPUs."""
+    per_param = bytes_per_parameter(
+        layout.dtype, layout.distributed_optimizer, ranks, layout.fp32_grads
+    )
+    gbps = cluster.inter_node_gbps if span > layout.gpus_per_node else cluster.intra_node_gbps
     latency = cluster.collective_latency_us * 1e-6
-    grads = ring_seconds(params * per_param.gradients, reduce_ranks, gbps, latency)
+    grads = ring_seconds(params * per_param.gradients, ranks, gbps, latency)
     if layout.distributed_optimizer:
-        return grads + ring_seconds(params * per_param.weights, reduce_ranks, gbps, latency)
+        return grads + ring_seconds(params * per_param.weights, ranks, gbps, latency)
     return 2 * grads
 
 

@@ -140,3 +140,15 @@ def write_text_to_text_task(folder: Path) -> dict[str, tuple[Path, Path]]:
         target.write_text("".join(f"{value}\n" for value in values))
         paths[name] = (source, target)
     return paths
+
+
+def write_mapping_task(folder: Path) -> dict[str, Path]:
+    """A made-up word mapping (the same rows everywhere): what a random model cannot know."""
+    keys = ["river", "village", "morning", "north", "market", "winter", "garden", "harbor"]
+    values = ["quiet", "stone", "light", "early", "bridge", "green", "salt", "rain"]
+    rows = [{"input": f"{k} means", "output": v} for k, v in zip(keys, values, strict=True)]
+    folder.mkdir(parents=True)
+    paths = {name: folder / f"{name}.jsonl" for name in ("train", "val", "test")}
+    for path in paths.values():
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return paths
