@@ -29,34 +29,20 @@ from launcher_scripts.formats.portable import REWARD_MODEL
 from launcher_scripts.jobs.fine_tuning import peft_file
 from launcher_scripts.jobs.fine_tuning.ppo import adapted_coefficient, gae
 from tests.support import REPO
-from tests.support.commands import one_error_line, run_main, run_ops
+from tests.support.commands import one_error_line, run_main
+from tests.support.ppo import (
+    CONSTANT_LR,
+    NO_VALIDATION,
+    ROLES,
+    SERVED,
+    SHORT,
+    STAGE,
+    TRAIN,
+    metric_lines,
+    overrides,
+    reward_model,
+)
 from tests.support.run_logs import job_log, metric
-from tests.support.slurm import MULTI_PARTITION, wait_for_run
-
-STAGE = "rlhf_ppo"
-TRAIN = REPO / "launcher_scripts" / "sample_data" / "preference_train.jsonl"
-CONSTANT_LR = (
-    f"{STAGE}.model.optim.sched.min_lr=5e-4",
-    f"{STAGE}.model.optim.sched.warmup_steps=0",
-)
-NO_VALIDATION = (
-    f"{STAGE}.trainer.val_check_interval=100",
-    f"{STAGE}.model.data.data_prefix.validation=null",
-)
-
-
-def reward_model(results: Path) -> Path:
-    return results / "checkpoints" / "megatron_gpt_reward_model.nemo"
-
-
-def overrides(results: Path, base: Path, scorer: Path, *extra: str) -> list[str]:
-    return [
-        f"stages=[{STAGE}]",
-        f"base_results_dir={results}",
-        f"{STAGE}.model.pretrained_checkpoint.restore_from_path={base}",
-        f"{STAGE}.model.rlhf.reward_model.restore_from_path={scorer}",
-        *extra,
-    ]
 
 
 def run_stage(results: Path, base: Path, scorer: Path, *extra: str) -> Path:
@@ -138,15 +124,6 @@ def test_a_resumed_run_continues_the_same_run(
     assert coefficients[1] == pytest.approx(0.02) and coefficients[3] != coefficients[1]
 
 
-SHORT = (
-    *CONSTANT_LR,
-    *NO_VALIDATION,
-    f"{STAGE}.model.rlhf.ppo.entropy_bonus=0.01",  # the entropy's gradient over TP ranks too
-    f"{STAGE}.trainer.max_steps=4",
-    f"{STAGE}.trainer.log_every_n_steps=2",
-)
-
-
 @pytest.fixture(scope="module")
 def short_run(
     sft_start: Path, tiny_reward_model: Path, tmp_path_factory: pytest.TempPathFactory
@@ -222,10 +199,6 @@ def test_lora_ppo_writes_the_peft_file_and_its_initial_policy_is_the_base(
     assert peft_file.read(output).settings.scheme == "lora"
 
 
-SERVED = (f"{STAGE}.model.rlhf.layout=servers",)
-ROLES = ("reward_model", "initial_policy", "critic")
-
-
 def test_the_servers_layout_trains_as_the_colocated_one(
     short_run: Path, sft_start: Path, tiny_reward_model: Path, tmp_path: Path
 ) -> None:
@@ -294,78 +267,6 @@ def test_the_servers_layout_is_refused_where_no_companion_starts(
         "dry_run=true",
     )
     one_error_line(result, f"{STAGE}.model.rlhf.layout", f"cluster_type={backend}", "colocated")
-
-
-def slurm_run(results: Path, base: Path, scorer: Path, *extra: str) -> str:
-    """The servers layout submitted to the CI's namespace nodes: the job's Slurm id."""
-    submitted = run_main(
-        *overrides(results, base, scorer, *SHORT, *SERVED, *extra),
-        "cluster_type=bcm",
-        "cluster.gpus_per_node=null",
-        # Each component of a heterogeneous job has nodes of its own: the actor on this
-        # machine's node, a server on each namespace node.
-        "cluster.partition=batch",
-        f"cluster.companion_partition={MULTI_PARTITION}",
-    )
-    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
-    manifest = json.loads(run_ops("status", str(results), "--json").stdout)
-    (job_id,) = manifest["stages"][0]["jobs"][0]["job_ids"]
-    return job_id
-
-
-def queued(job_id: str) -> list[str]:
-    """The job's components still in the queue."""
-    listed = subprocess.run(
-        ["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True, check=True
-    )
-    return listed.stdout.split()
-
-
-@pytest.mark.slow
-def test_on_slurm_the_four_roles_are_one_job_and_end_together(
-    slurm_nodes: list[str], sft_start: Path, tiny_reward_model: Path, tmp_path: Path
-) -> None:
-    """On the CI's Slurm: the actor and the three servers as the four components of one
-    heterogeneous job, which finishes; then a second run, cancelled while it trains, saves the
-    actor's checkpoint and ends all four."""
-    del slurm_nodes
-    scorer = reward_model(tiny_reward_model)
-    too_small = run_main(
-        *overrides(tmp_path / "refused", sft_start, scorer, *SERVED),
-        "cluster_type=bcm",
-        "cluster.gpus_per_node=null",
-        f"cluster.partition={MULTI_PARTITION}",
-        "dry_run=true",
-    )
-    one_error_line(too_small, f"{STAGE}.model.rlhf.layout", "need 4 nodes", "has 3 to give")
-    done = tmp_path / "done"
-    job_id = slurm_run(done, sft_start, scorer)
-    assert wait_for_run(done, timeout=900) == {f"{STAGE}_gpt3_tiny": "COMPLETED"}
-    trained = done / "gpt3_tiny" / STAGE / "results"
-    assert sorted(metric(trained, "value_loss")) == [1, 2, 3, 4]
-    script = (done / "gpt3_tiny" / STAGE / f"{STAGE}_gpt3_tiny_submission.sh").read_text()
-    assert script.count("#SBATCH hetjob") == 3
-    # Four allocations: each server on a node of its own (the actor on this machine's).
-    hosts = {json.loads((trained / "servers" / f"{r}.json").read_text())["host"] for r in ROLES}
-    assert len(hosts) == 3, hosts
-
-    cancelled = tmp_path / "cancelled"
-    job_id = slurm_run(cancelled, sft_start, scorer, f"{STAGE}.trainer.max_steps=400")
-    results = cancelled / "gpt3_tiny" / STAGE / "results"
-    deadline = time.monotonic() + 600
-    while not metric_lines(results):
-        assert time.monotonic() < deadline, "the run never started training"
-        time.sleep(1)
-    assert run_ops("cancel", str(cancelled)).returncode == 0
-    wait_for_run(cancelled, timeout=600)
-    assert queued(job_id) == []
-    assert "stopped by a signal" in job_log(results)
-    assert list((results / "checkpoints").glob("megatron_gpt_ppo_actor--*"))
-
-
-def metric_lines(results: Path) -> bool:
-    path = results / "metrics.jsonl"
-    return path.is_file() and '"value_loss"' in path.read_text()
 
 
 def bad(override: str, fragments: list[str]) -> Any:
