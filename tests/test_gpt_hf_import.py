@@ -28,6 +28,7 @@ from tests.support.commands import (
     run_module,
 )
 from tests.support.conversion import (
+    architecture_overrides,
     assert_import_refused,
     assert_padded_and_unpadded_exactly,
     checks,
@@ -255,22 +256,6 @@ def test_a_lora_tune_of_an_imported_llama_goes_back_to_hugging_face_merged(
     back = load_file(lora_tune["back"] / "model.safetensors")
     changed = sorted(k for k in original if not (original[k] == back[k]).all())
     assert changed and all(k.endswith("proj.weight") for k in changed), changed
-
-
-def architecture_overrides(model: Path) -> list[str]:
-    """training.model.<key>=<value> for the imported file's architecture: a shipped recipe
-    states the published model's, and the tiny one must be stated to train from it."""
-    from launcher_scripts.formats.portable_check import inspect_portable
-    from launcher_scripts.recipes.restore import ARCHITECTURE_DEFAULTS
-
-    summary = inspect_portable(model)
-    rows = summary.shapes["embedding.word_embeddings.weight"][0]
-    stated = [
-        f"training.model.{name}={summary.config[name]}"
-        for name in ARCHITECTURE_DEFAULTS
-        if summary.config.get(name) is not None
-    ]
-    return [*stated, f"training.model.padded_vocab_size={rows}"]
 
 
 @pytest.mark.slow

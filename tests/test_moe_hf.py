@@ -18,7 +18,7 @@ import pytest
 # The families register the tensor shapes the portable file checks compare weights with.
 import launcher_scripts.families  # noqa: F401
 from tests.support.commands import run_main, run_module
-from tests.support.conversion import checks, hf_imported
+from tests.support.conversion import architecture_overrides, checks, hf_imported
 from tests.support.sft_task import write_mapping_task
 
 CLASSES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
@@ -143,3 +143,99 @@ def test_a_moe_files_config_and_experts_must_agree(
     wrong = with_config(imported_moe["mixtral"], tmp_path / "wrong.nemo", num_moe_experts=8)
     with pytest.raises(PortableFileError, match="num_moe_experts"):
         inspect_portable(wrong)
+
+
+@pytest.mark.slow
+def test_continued_pretraining_and_sft_from_an_imported_mixtral_at_ep2(
+    hf_moe: Path, imported_moe: dict[str, Path], tmp_path: Path
+) -> None:
+    """Text prepared with the imported Mixtral's own tokenizer, `training=mixtral/8x7b` from
+    the file at EP 2 and converted back to a Hugging Face Mixtral (at a learning rate of 1e-12
+    the weights stay the imported ones); and `fine_tuning=mixtral/8x7b_squad` (every weight,
+    the experts' too) at EP 2, which learns the task."""
+    start = imported_moe["mixtral"]
+    results, data = tmp_path / "results", tmp_path / "data"
+    corpus = tmp_path / "corpus.jsonl"
+    lines = ["The river runs north past the market.", "Winter mornings are quiet here."] * 4
+    corpus.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
+    continued = run_main(
+        "stages=[data_preparation,training,conversion]",
+        "data_preparation=generic/custom_dataset",
+        "data_preparation.train_tokenizer=false",
+        f"data_preparation.tokenizer_model={hf_moe / 'mixtral' / 'tokenizer.json'}",
+        f"data_preparation.raw_dataset_files=[{corpus}]",
+        f"data_preparation.preprocessed_dir={data}",
+        "data_preparation.run.node_array_size=1",
+        "training=mixtral/8x7b",
+        "training.run.hf_model_name=mixtral",
+        f"training.model.restore_from_path={start}",
+        *architecture_overrides(start),
+        f"training.model.data.data_prefix=[1.0,{data}/corpus_text_document]",
+        'training.model.data.splits_string="50,50,0"',
+        "training.model.encoder_seq_length=8",
+        "training.model.pipeline_model_parallel_size=1",
+        "training.model.expert_model_parallel_size=2",
+        "training.model.activations_checkpoint_granularity=null",
+        "training.model.global_batch_size=2",
+        "training.model.micro_batch_size=1",
+        "training.model.data.num_workers=0",
+        "training.model.transformer_engine=False",
+        "training.model.moe_grouped_gemm=False",
+        "training.model.optim.lr=1e-12",
+        "training.model.optim.sched.min_lr=1e-13",
+        "training.model.optim.sched.warmup_steps=1",
+        "training.trainer.accelerator=cpu",
+        "training.trainer.precision=32",
+        "training.trainer.num_nodes=1",
+        "training.trainer.devices=2",
+        "training.trainer.max_steps=2",
+        "training.trainer.val_check_interval=2",
+        "training.trainer.limit_val_batches=1",
+        "training.trainer.log_every_n_steps=1",
+        f"base_results_dir={results}",
+        timeout=900,
+    )
+    assert continued.returncode == 0, continued.stdout[-3000:] + continued.stderr[-3000:]
+    assert f"starting from the weights of {start}" in continued.stdout
+    converted = results / "mixtral_8x7b_continued" / "convert_nemo"
+    exported = json.loads((converted / "hf" / "config.json").read_text())
+    assert exported["architectures"] == ["MixtralForCausalLM"], exported
+    from safetensors.torch import load_file
+
+    original = load_file(hf_moe / "mixtral" / "model.safetensors")
+    back = load_file(converted / "hf" / "model.safetensors")
+    assert sorted(original) == sorted(back)
+    assert max(float((original[k] - back[k]).abs().max()) for k in original) < 1e-9
+
+    task = write_mapping_task(tmp_path / "task")
+    data_keys = "fine_tuning.model.data"
+    tuned = run_main(
+        "stages=[fine_tuning]",
+        "fine_tuning=mixtral/8x7b_squad",
+        f"base_results_dir={results}",
+        "fine_tuning.run.model_train_name=mixtral",
+        f"fine_tuning.model.restore_from_path={start}",
+        f"{data_keys}.train_ds.file_names=[{task['train']}]",
+        f"{data_keys}.validation_ds.file_names=[{task['val']}]",
+        f"{data_keys}.test_ds.file_names=[{task['test']}]",
+        f"{data_keys}.train_ds.max_seq_length=32",
+        "fine_tuning.trainer.accelerator=cpu",
+        "fine_tuning.trainer.precision=32",
+        "fine_tuning.trainer.num_nodes=1",
+        "fine_tuning.trainer.devices=2",
+        "fine_tuning.model.pipeline_model_parallel_size=1",
+        "fine_tuning.model.expert_model_parallel_size=2",
+        "fine_tuning.trainer.max_steps=30",
+        "fine_tuning.trainer.val_check_interval=30",
+        "fine_tuning.trainer.log_every_n_steps=10",
+        "fine_tuning.model.global_batch_size=4",
+        "fine_tuning.model.micro_batch_size=2",
+        "fine_tuning.model.optim.lr=1e-3",
+        "fine_tuning.model.optim.sched.warmup_steps=2",
+        timeout=900,
+    )
+    assert tuned.returncode == 0, tuned.stdout[-3000:] + tuned.stderr[-3000:]
+    log = results / "mixtral" / "squad" / "results"
+    rows = [json.loads(line) for line in (log / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert losses[-1] < losses[0] - 0.5, losses

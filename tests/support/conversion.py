@@ -266,3 +266,19 @@ def checks(*cases: tuple[Path, Path, str | Path, int | str, int]) -> list[dict]:
     ]
     assert len(reports) == len(cases), result.stdout[-3000:]
     return reports
+
+
+def architecture_overrides(model: Path) -> list[str]:
+    """training.model.<key>=<value> for the imported file's architecture: a shipped recipe
+    states the published model's, and the tiny one must be stated to train from it."""
+    from launcher_scripts.formats.portable_check import inspect_portable
+    from launcher_scripts.recipes.restore import ARCHITECTURE_DEFAULTS
+
+    summary = inspect_portable(model)
+    rows = summary.shapes["embedding.word_embeddings.weight"][0]
+    stated = [
+        f"training.model.{name}={summary.config[name]}"
+        for name in ARCHITECTURE_DEFAULTS
+        if summary.config.get(name) is not None
+    ]
+    return [*stated, f"training.model.padded_vocab_size={rows}"]
