@@ -1,6 +1,6 @@
-"""Hugging Face mixture-of-experts models in and out: tiny random MixtralForCausalLM and
-Qwen2MoeForCausalLM that transformers itself builds and saves (tests/scripts/make_hf_gpt.py),
-imported through `python3 main.py conversion=hf_import`.
+"""Hugging Face mixture-of-experts models in and out: tiny random MixtralForCausalLM,
+Qwen2MoeForCausalLM and Qwen3MoeForCausalLM that transformers itself builds and saves
+(tests/scripts/make_hf_gpt.py), imported through `python3 main.py conversion=hf_import`.
 
 Our logits equal transformers' to 1e-5 in fp32 at TP1, TP2 and EP2, greedy generation gives
 its tokens, and the file written back is the original checkpoint tensor for tensor, as the
@@ -21,7 +21,11 @@ from tests.support.commands import run_main, run_module
 from tests.support.conversion import architecture_overrides, checks, hf_imported
 from tests.support.sft_task import write_mapping_task
 
-CLASSES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+CLASSES = {
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +74,9 @@ def test_an_imported_moe_models_section_states_its_experts(imported_moe: dict[st
     assert (qwen.num_moe_experts, qwen.moe_ffn_hidden_size) == (6, 32)
     assert qwen.moe_shared_expert_intermediate_size == 80 and qwen.moe_shared_expert_gate
     assert qwen.moe_router_pre_softmax and qwen.qkv_bias  # norm_topk_prob false: not renormalised
+    qwen3 = portable.read_config(imported_moe["qwen3_moe"])
+    assert qwen3.qk_layernorm and qwen3.kv_channels == 24 and not qwen3.moe_router_pre_softmax
+    assert not qwen3.get("moe_shared_expert_intermediate_size")
 
 
 @pytest.mark.slow

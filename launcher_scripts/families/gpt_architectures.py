@@ -9,6 +9,7 @@ that no standard architecture can represent is refused with the key that makes i
     RoPE, SwiGLU, RMSNorm, QKV biases only                      -> Qwen2ForCausalLM
     Llama's layer with experts in every layer                    -> MixtralForCausalLM
       ... with a shared expert behind a sigmoid gate             -> Qwen2MoeForCausalLM
+      ... with norms over each head's queries and keys           -> Qwen3MoeForCausalLM
 
 A model imported from Hugging Face records its class (`hf_architecture`) and goes back to it
 (a Mistral to MistralForCausalLM, not to the Llama class that computes the same).
@@ -28,7 +29,8 @@ MISTRAL = Architecture("MistralForCausalLM", "mistral")
 QWEN2 = Architecture("Qwen2ForCausalLM", "qwen2")
 MIXTRAL = Architecture("MixtralForCausalLM", "mixtral")
 QWEN2_MOE = Architecture("Qwen2MoeForCausalLM", "qwen2_moe")
-ARCHITECTURES = (GPT2, STABLELM, LLAMA, MISTRAL, QWEN2, MIXTRAL, QWEN2_MOE)
+QWEN3_MOE = Architecture("Qwen3MoeForCausalLM", "qwen3_moe")
+ARCHITECTURES = (GPT2, STABLELM, LLAMA, MISTRAL, QWEN2, MIXTRAL, QWEN2_MOE, QWEN3_MOE)
 # Our activation -> transformers' name for the same function (GPT-2's activation_function).
 HF_GELU = {"gelu": "gelu", "gelu-tanh": "gelu_new"}
 ROTARY_ACTIVATIONS = ("swiglu", "fast-swiglu")
@@ -78,6 +80,8 @@ def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
     experts = model.get("num_moe_experts")
     if experts and normalization != "rmsnorm":
         raise refuse("normalization", f"{normalization} with experts")
+    if model.get("qk_layernorm", False) and not experts:
+        raise refuse("qk_layernorm", "query and key norms without experts (Qwen3-MoE's only)")
     if experts:
         return _experts_architecture(model, qkv_bias, refuse)
     if normalization != "rmsnorm":
@@ -89,11 +93,16 @@ def hf_architecture(model: Any, key_prefix: str = "model") -> Architecture:
 
 
 def _experts_architecture(model: Any, qkv_bias: bool, refuse: Any) -> Architecture:
-    """Mixtral (routed experts alone, the top-k's weights renormalised) or Qwen2-MoE (and a
-    shared expert behind a sigmoid gate; the top-k's weights as they are or renormalised)."""
+    """Mixtral (routed experts alone, the top-k's weights renormalised), Qwen2-MoE (and a
+    shared expert behind a sigmoid gate; the top-k's weights as they are or renormalised) or
+    Qwen3-MoE (routed experts alone, norms over each head's queries and keys)."""
     if model.get("moe_layer_freq", 1) != 1:
         raise refuse("moe_layer_freq", "experts in only some layers")
     shared = model.get("moe_shared_expert_intermediate_size")
+    if model.get("qk_layernorm", False):
+        if shared or qkv_bias:
+            raise refuse("qk_layernorm", "query and key norms with a shared expert or QKV biases")
+        return QWEN3_MOE
     if not shared:
         if qkv_bias:
             raise refuse("qkv_bias", "QKV biases with experts but no shared expert")

@@ -8,6 +8,8 @@ section (jobs/models/gpt_hf_import.py).
     Qwen2ForCausalLM     Llama's layout with biases on Q, K and V
     MixtralForCausalLM   Llama's layout with experts in every layer (the top-k renormalised)
     Qwen2MoeForCausalLM  Qwen2's with experts in every layer and a gated shared expert
+    Qwen3MoeForCausalLM  Llama's layout with experts in every layer and norms over each
+                         head's queries and keys
     StableLmForCausalLM  LayerNorm, SwiGLU, partial RoPE, optional Q/K/V biases
     GPT2LMHeadModel      LayerNorm, GeLU (exact or tanh), learned positions, biases everywhere
 
@@ -30,6 +32,7 @@ from launcher_scripts.families.gpt_architectures import (
     MIXTRAL,
     QWEN2,
     QWEN2_MOE,
+    QWEN3_MOE,
     STABLELM,
 )
 from launcher_scripts.families.hf_checkpoint import (
@@ -49,6 +52,7 @@ ROTARY_TYPES = (
     STABLELM.model_type,
     MIXTRAL.model_type,
     QWEN2_MOE.model_type,
+    QWEN3_MOE.model_type,
 )
 MODEL_TYPES = (*ROTARY_TYPES, GPT2.model_type)
 # transformers' activation names -> ours (GPT-2's activation_function)
@@ -86,6 +90,9 @@ EXPERT_NAMES = {
         "down_proj",
         shared="mlp.shared_expert.",
         shared_gate="mlp.shared_expert_gate.weight",
+    ),
+    QWEN3_MOE.model_type: ExpertNames(
+        "mlp.gate.weight", "mlp.experts.{}.", "gate_proj", "up_proj", "down_proj"
     ),
 }
 
@@ -138,7 +145,7 @@ def _check_rotary(config: dict[str, Any], model_type: str) -> None:
     window = config.get("sliding_window")
     windowed = (
         bool(config.get("use_sliding_window", False))
-        if model_type in (QWEN2.model_type, QWEN2_MOE.model_type)
+        if model_type in (QWEN2.model_type, QWEN2_MOE.model_type, QWEN3_MOE.model_type)
         else window is not None and int(window) < int(config["max_position_embeddings"])
     )
     if windowed:
@@ -161,6 +168,8 @@ def rotary_section(config: dict[str, Any]) -> dict[str, Any]:
     qkv_bias = model_type == QWEN2.model_type or bool(config.get("use_qkv_bias", False))
     if model_type == QWEN2_MOE.model_type:
         qkv_bias = bool(config.get("qkv_bias", True))  # transformers 4's Qwen2-MoE: always
+    if model_type == QWEN3_MOE.model_type:
+        _require(config, "attention_bias", False, "biases on Qwen3-MoE's projections")
     rope = rope_settings(config)
     return _experts_section(config, model_type) | {
         "num_layers": int(config["num_hidden_layers"]),
@@ -179,21 +188,31 @@ def rotary_section(config: dict[str, Any]) -> dict[str, Any]:
         "activation": "swiglu",
         "bias": False,
         "qkv_bias": qkv_bias,
+        "qk_layernorm": model_type == QWEN3_MOE.model_type,
         "init_method_std": float(config.get("initializer_range", 0.02)),
     }
+
+
+def expert_count(config: dict[str, Any]) -> int:
+    """The routed experts: `num_local_experts` (Mixtral's name, and what transformers 5 writes
+    for the Qwen MoE models too) or `num_experts` (the Qwen models' on the hub)."""
+    count = config.get("num_local_experts", config.get("num_experts"))
+    if count is None:
+        raise HfImportError("config.json has no num_local_experts (or num_experts)")
+    return int(count)
 
 
 def _experts_section(config: dict[str, Any], model_type: str) -> dict[str, Any]:
     """A MoE model's experts (none for the others)."""
     if model_type == MIXTRAL.model_type:
         return {
-            "num_moe_experts": int(config["num_local_experts"]),
+            "num_moe_experts": expert_count(config),
             "moe_router_topk": int(config["num_experts_per_tok"]),
             "moe_ffn_hidden_size": int(config["intermediate_size"]),
             "moe_router_pre_softmax": False,  # the top-k's weights renormalised
             "moe_aux_loss_coeff": float(config.get("router_aux_loss_coef", 0.0)),
         }
-    if model_type != QWEN2_MOE.model_type:
+    if model_type not in (QWEN2_MOE.model_type, QWEN3_MOE.model_type):
         return {}
     _require(config, "decoder_sparse_step", 1, "this version imports experts in every layer")
     if config.get("mlp_only_layers"):
@@ -202,12 +221,16 @@ def _experts_section(config: dict[str, Any], model_type: str) -> dict[str, Any]:
             config["mlp_only_layers"],
             "this version imports experts in every layer",
         )
-    return {
-        "num_moe_experts": int(config["num_experts"]),
+    shared = {}
+    if model_type == QWEN2_MOE.model_type:
+        shared = {
+            "moe_shared_expert_intermediate_size": int(config["shared_expert_intermediate_size"]),
+            "moe_shared_expert_gate": True,
+        }
+    return shared | {
+        "num_moe_experts": expert_count(config),
         "moe_router_topk": int(config["num_experts_per_tok"]),
         "moe_ffn_hidden_size": int(config["moe_intermediate_size"]),
-        "moe_shared_expert_intermediate_size": int(config["shared_expert_intermediate_size"]),
-        "moe_shared_expert_gate": True,
         # norm_topk_prob: the top-k's softmax weights renormalised, which is a softmax over
         # the top-k's logits (megatron-core's default); else the weights as they are.
         "moe_router_pre_softmax": not bool(config.get("norm_topk_prob", False)),

@@ -110,6 +110,7 @@ class ModelShape:
     rms_norm: bool = False  # RMSNorm has a scale only; LayerNorm a scale and a bias
     experts: Experts | None = None  # None: every layer's MLP is dense
     qkv_bias: bool = False  # biases on Q, K and V alone (Qwen2), without `bias`
+    qk_layernorm: bool = False  # a norm over each head's query and key (Qwen3)
 
     @property
     def query_groups(self) -> int:
@@ -157,6 +158,8 @@ class ModelShape:
         h, qkv = self.hidden_size, self.query_size + 2 * self.kv_size
         split = h * qkv + self.query_size * h
         replicated = 2 * self.norm_parameters()
+        if self.qk_layernorm:  # one per head's width, shared by the heads
+            replicated += 2 * self.head_dim * (1 if self.rms_norm else 2)
         if self.bias or self.qkv_bias:
             split += qkv
         if self.bias:
@@ -317,6 +320,7 @@ def read_shape(
         rms_norm=str(model.get("normalization") or "layernorm") == "rmsnorm",
         experts=read_experts(model, prefix, layers, ffn),
         qkv_bias=as_bool(model.get("qkv_bias", False), f"{prefix}.qkv_bias"),
+        qk_layernorm=as_bool(model.get("qk_layernorm", False), f"{prefix}.qk_layernorm"),
     )
 
 

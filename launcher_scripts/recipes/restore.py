@@ -43,6 +43,7 @@ ARCHITECTURE_DEFAULTS: dict[str, Any] = {
     "activation": "gelu",
     "bias": True,
     "qkv_bias": False,
+    "qk_layernorm": False,
     "share_embeddings_and_output_weights": True,
     # the experts (recipes/model_shape.py's EXPERT_ARCHITECTURE_KEYS)
     "num_moe_experts": None,

@@ -81,8 +81,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),  # fmt: skip
 }
-# Mixture-of-experts models: Mixtral (4 experts, top 2, renormalised) and Qwen2-MoE (fine
-# experts, top 2 of 6 not renormalised, a gated shared expert, QKV biases).
+# Mixture-of-experts models: Mixtral (4 experts, top 2, renormalised), Qwen2-MoE (fine
+# experts, top 2 of 6 not renormalised, a gated shared expert, QKV biases) and Qwen3-MoE (a
+# head size of its own, norms over each head's queries and keys).
 VARIANTS["mixtral"] = (
     "Mixtral",
     {
@@ -105,6 +106,19 @@ VARIANTS["qwen2_moe"] = (
         "moe_intermediate_size": 32,
         "shared_expert_intermediate_size": 80,
         "norm_topk_prob": False,
+        "tie_word_embeddings": False,
+    },
+)
+VARIANTS["qwen3_moe"] = (
+    "Qwen3Moe",
+    {
+        **ROTARY,
+        "num_key_value_heads": 2,
+        "head_dim": 24,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 40,
+        "norm_topk_prob": True,
         "tie_word_embeddings": False,
     },
 )

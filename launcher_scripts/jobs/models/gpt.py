@@ -58,9 +58,11 @@ def layer_spec(
         return TransformerBlockSubmodules(layer_specs=mine, layer_norm=LocalNorm)
     if use_te:
         return get_gpt_layer_with_transformer_engine_spec(
-            num_experts=None, qk_layernorm=False, fp8=None
+            num_experts=None, qk_layernorm=config.qk_layernorm, fp8=None
         )
-    spec = get_gpt_layer_local_spec(normalization=config.normalization)
+    spec = get_gpt_layer_local_spec(
+        normalization=config.normalization, qk_layernorm=config.qk_layernorm
+    )
     spec.submodules.input_layernorm = LocalNorm
     spec.submodules.pre_mlp_layernorm = LocalNorm
     layers = get_num_layers_to_build(config, vp_stage=vp_stage)

@@ -20,6 +20,7 @@ from launcher_scripts.families.gpt_architectures import (
     MIXTRAL,
     QWEN2,
     QWEN2_MOE,
+    QWEN3_MOE,
     STABLELM,
     hf_architecture,
 )
@@ -186,7 +187,7 @@ def _rotary(
     }
     if rms:
         config |= {"head_dim": head_dim, "rms_norm_eps": eps}
-        if architecture in (QWEN2, QWEN2_MOE):
+        if architecture in (QWEN2, QWEN2_MOE, QWEN3_MOE):
             config |= {"use_sliding_window": False, "sliding_window": None}
         elif architecture in (MISTRAL, MIXTRAL):
             config |= {"sliding_window": None}
@@ -247,6 +248,13 @@ def _rotary(
                 f"{prefix}self_attn.k_proj.bias": kb,
                 f"{prefix}self_attn.v_proj.bias": vb,
             }
+        if architecture == QWEN3_MOE:
+            state |= {
+                f"{prefix}self_attn.{p}_norm.weight": tensors[
+                    f"{LAYERS}self_attention.{p}_layernorm.weight"
+                ][i]
+                for p in "qk"
+            }
         if names is not None:
             state[f"{prefix}post_attention_layernorm.weight"] = tensors[
                 f"{LAYERS}pre_mlp_layernorm.weight"
@@ -273,13 +281,17 @@ def _experts_config(model: Any, architecture: Architecture) -> dict[str, Any]:
     common["output_router_logits"] = False
     if architecture == MIXTRAL:
         return common | {"num_local_experts": count, "intermediate_size": width}
-    return common | {
+    qwen = common | {
         "num_experts": count,
         "moe_intermediate_size": width,
-        "shared_expert_intermediate_size": int(model.moe_shared_expert_intermediate_size),
         "norm_topk_prob": not bool(model.get("moe_router_pre_softmax", False)),
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
+    }
+    if architecture == QWEN3_MOE:
+        return qwen | {"attention_bias": False}
+    return qwen | {
+        "shared_expert_intermediate_size": int(model.moe_shared_expert_intermediate_size),
         "qkv_bias": bool(model.get("qkv_bias", False)),
     }
 

@@ -115,6 +115,9 @@ def rotary_tensors(
         per_layer["mlp.linear_fc1.layer_norm_bias"] = fetch("post_attention_layernorm.bias")
     if section["qkv_bias"]:
         per_layer["self_attention.linear_qkv.bias"] = fused("bias")
+    if section.get("qk_layernorm"):  # Qwen3's norms over each head's queries and keys
+        per_layer["self_attention.q_layernorm.weight"] = fetch("self_attn.q_norm.weight")
+        per_layer["self_attention.k_layernorm.weight"] = fetch("self_attn.k_norm.weight")
     whole: dict[str, str] = {
         "embedding.word_embeddings.weight": "model.embed_tokens.weight",
         "decoder.final_layernorm.weight": "model.norm.weight",

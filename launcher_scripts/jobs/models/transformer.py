@@ -150,6 +150,7 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
         normalization="RMSNorm" if model.normalization == "rmsnorm" else "LayerNorm",
         layernorm_zero_centered_gamma=model.normalization == "layernorm1p",
         add_bias_linear=shape.bias,
+        qk_layernorm=shape.qk_layernorm,
         # Qwen2's (and some StableLM's) biases on Q, K and V alone
         add_qkv_bias=bool(model.get("qkv_bias", False)),
         gated_linear_unit=shape.gated_mlp,
