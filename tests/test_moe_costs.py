@@ -161,6 +161,7 @@ PUBLISHED = [
     ("mixtral/8x7b", None, 46.7, 12.9, 0.05),
     ("mixtral/8x22b", None, 141, 39, 0.5),
     ("qwen2_moe/57b_a14b", None, 57.4, 14.2, 0.05),
+    ("qwen3_moe/30b_a3b", None, 30.5, 3.3, 0.06),
     ("deepseek_moe/16b", 102400, 16.4, 2.8, 0.05),
 ]
 
@@ -169,8 +170,8 @@ PUBLISHED = [
 def test_the_published_moe_recipes_plan_the_published_parameter_counts(
     recipe: str, vocab: int | None, total: float, active: float, within: float
 ) -> None:
-    """Mixtral's model card (46.7B, 12.9B active; 141B, 39B), Qwen2-57B-A14B's (57.4B, 14.2B)
-    and DeepSeekMoE 16B's paper (16.4B, 2.8B active)."""
+    """Mixtral's model card (46.7B, 12.9B active; 141B, 39B), Qwen2-57B-A14B's (57.4B, 14.2B),
+    Qwen3-30B-A3B's (30.5B, 3.3B) and DeepSeekMoE 16B's paper (16.4B, 2.8B active)."""
     cfg = compose_config([f"training={recipe}"]).training
     family = family_of(cfg, "training")
     rows = vocab or int(cfg.model.padded_vocab_size)
