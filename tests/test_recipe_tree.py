@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher_scripts.clusters.base import time_limit_seconds
 from launcher_scripts.config.compose import compose_config, conf_dir
 from launcher_scripts.config.preflight import resolve
+from launcher_scripts.recipes.model_shape import EXPERT_KEYS
 from launcher_scripts.recipes.training import parse_max_time
 from tests.support.commands import run_main
 from tests.support.dry_runs import without_slurm
@@ -24,8 +25,11 @@ from tests.support.dry_runs import without_slurm
 RECIPE_DIR = conf_dir() / "training" / "gpt3"
 RECIPES = sorted(path.stem for path in RECIPE_DIR.glob("*.yaml"))
 
-# Keys a recipe may have beyond 126m's (the "improved" architecture's extras).
-EXTRA_KEYS = {"model.num_query_groups", "model.rotary_percentage"}
+# Keys a recipe may have beyond 126m's: the "improved" architecture's extras, and a mixture of
+# experts' (tiny_moe: its experts, EP and expert TP, its rotary base).
+EXTRA_KEYS = {"model.num_query_groups", "model.rotary_percentage", "model.rotary_base"}
+EXTRA_KEYS |= {f"model.{name}" for name in EXPERT_KEYS}
+EXTRA_KEYS |= {"model.expert_model_parallel_size", "model.expert_tensor_parallel_size"}
 
 # The numbers the NeMo launcher publishes for these recipes (its README, section 5.2.1).
 PUBLISHED: dict[str, dict[str, Any]] = {
