@@ -188,8 +188,9 @@ def rotary_section(config: dict[str, Any]) -> dict[str, Any]:
         "activation": "swiglu",
         "bias": False,
         "qkv_bias": qkv_bias,
-        "qk_layernorm": model_type == QWEN3_MOE.model_type,
         "init_method_std": float(config.get("initializer_range", 0.02)),
+        # Qwen3's norms over each head's queries and keys (a key only where it holds)
+        **({"qk_layernorm": True} if model_type == QWEN3_MOE.model_type else {}),
     }
 
 
