@@ -18,7 +18,13 @@ import pytest
 # The families register the tensor shapes the portable file checks compare weights with.
 import launcher_scripts.families  # noqa: F401
 from tests.support.commands import run_main, run_module
-from tests.support.conversion import architecture_overrides, checks, hf_imported
+from tests.support.conversion import (
+    architecture_overrides,
+    checks,
+    continued_on_cpu,
+    hf_imported,
+    prepared_with,
+)
 from tests.support.sft_task import write_mapping_task
 
 CLASSES = {
@@ -167,38 +173,15 @@ def test_continued_pretraining_and_sft_from_an_imported_mixtral_at_ep2(
     corpus.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
     continued = run_main(
         "stages=[data_preparation,training,conversion]",
-        "data_preparation=generic/custom_dataset",
-        "data_preparation.train_tokenizer=false",
-        f"data_preparation.tokenizer_model={hf_moe / 'mixtral' / 'tokenizer.json'}",
-        f"data_preparation.raw_dataset_files=[{corpus}]",
-        f"data_preparation.preprocessed_dir={data}",
-        "data_preparation.run.node_array_size=1",
+        *prepared_with(hf_moe / "mixtral" / "tokenizer.json", corpus, data),
         "training=mixtral/8x7b",
         "training.run.hf_model_name=mixtral",
         f"training.model.restore_from_path={start}",
         *architecture_overrides(start),
-        f"training.model.data.data_prefix=[1.0,{data}/corpus_text_document]",
-        'training.model.data.splits_string="50,50,0"',
-        "training.model.encoder_seq_length=8",
+        *continued_on_cpu(data),
         "training.model.pipeline_model_parallel_size=1",
         "training.model.expert_model_parallel_size=2",
-        "training.model.activations_checkpoint_granularity=null",
-        "training.model.global_batch_size=2",
-        "training.model.micro_batch_size=1",
-        "training.model.data.num_workers=0",
-        "training.model.transformer_engine=False",
         "training.model.moe_grouped_gemm=False",
-        "training.model.optim.lr=1e-12",
-        "training.model.optim.sched.min_lr=1e-13",
-        "training.model.optim.sched.warmup_steps=1",
-        "training.trainer.accelerator=cpu",
-        "training.trainer.precision=32",
-        "training.trainer.num_nodes=1",
-        "training.trainer.devices=2",
-        "training.trainer.max_steps=2",
-        "training.trainer.val_check_interval=2",
-        "training.trainer.limit_val_batches=1",
-        "training.trainer.log_every_n_steps=1",
         f"base_results_dir={results}",
         timeout=900,
     )

@@ -282,3 +282,43 @@ def architecture_overrides(model: Path) -> list[str]:
         if summary.config.get(name) is not None
     ]
     return [*stated, f"training.model.padded_vocab_size={rows}"]
+
+
+def continued_on_cpu(data: Path) -> list[str]:
+    """A continued pretraining run's overrides for two CPU processes (add the layout): two
+    steps on 8-token samples of `data`/corpus_text_document, at a learning rate of 1e-12 (steps
+    far below the weights' spacing, not 0), validated once."""
+    return [
+        f"training.model.data.data_prefix=[1.0,{data}/corpus_text_document]",
+        'training.model.data.splits_string="50,50,0"',
+        "training.model.encoder_seq_length=8",
+        "training.model.activations_checkpoint_granularity=null",
+        "training.model.global_batch_size=2",
+        "training.model.micro_batch_size=1",
+        "training.model.data.num_workers=0",
+        "training.model.transformer_engine=False",
+        "training.model.optim.lr=1e-12",
+        "training.model.optim.sched.min_lr=1e-13",
+        "training.model.optim.sched.warmup_steps=1",
+        "training.trainer.accelerator=cpu",
+        "training.trainer.precision=32",
+        "training.trainer.num_nodes=1",
+        "training.trainer.devices=2",
+        "training.trainer.max_steps=2",
+        "training.trainer.val_check_interval=2",
+        "training.trainer.limit_val_batches=1",
+        "training.trainer.log_every_n_steps=1",
+    ]
+
+
+def prepared_with(tokenizer: Path, corpus: Path, data: Path) -> list[str]:
+    """The data preparation's overrides: `corpus` tokenized with a model's own tokenizer into
+    `data`."""
+    return [
+        "data_preparation=generic/custom_dataset",
+        "data_preparation.train_tokenizer=false",
+        f"data_preparation.tokenizer_model={tokenizer}",
+        f"data_preparation.raw_dataset_files=[{corpus}]",
+        f"data_preparation.preprocessed_dir={data}",
+        "data_preparation.run.node_array_size=1",
+    ]
