@@ -274,7 +274,7 @@ class Trainer:
         config = OptimizerConfig(
             optimizer="sgd" if optim.name == "sgd" else "adam",
             lr=float(optim.lr),
-            min_lr=float((optim.get("sched") or {}).get("min_lr") or 0.0),
+            min_lr=self._schedule_of(optim).min_lr,
             weight_decay=float(optim.get("weight_decay", 0.0)),
             adam_beta1=float(betas[0]),
             adam_beta2=float(betas[1]),
@@ -292,10 +292,15 @@ class Trainer:
     def _build_scheduler(self) -> OptimizerParamScheduler:
         return self._scheduler_of(self.optimizer, self.cfg.model.optim)
 
-    def _scheduler_of(self, optimizer: Any, optim: Any) -> OptimizerParamScheduler:
+    def _schedule_of(self, optim: Any) -> recipe.Schedule:
+        """An optimizer section's schedule (recipes.training.schedule) over this run's steps."""
         max_steps = int(self.cfg.trainer.max_steps)
         shape = {"model": {"optim": optim}, "trainer": {"max_steps": max_steps}}
-        sched = recipe.schedule(OmegaConf.create(shape))
+        return recipe.schedule(OmegaConf.create(shape))
+
+    def _scheduler_of(self, optimizer: Any, optim: Any) -> OptimizerParamScheduler:
+        max_steps = int(self.cfg.trainer.max_steps)
+        sched = self._schedule_of(optim)
         weight_decay = float(optim.get("weight_decay", 0.0))
         return OptimizerParamScheduler(
             optimizer,
