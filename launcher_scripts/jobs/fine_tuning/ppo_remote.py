@@ -21,7 +21,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from launcher_scripts.jobs.fine_tuning.ppo_server import address_file
-from launcher_scripts.jobs.fine_tuning.rollouts import Prompt
+from launcher_scripts.jobs.fine_tuning.rollouts import Prompt, scored_rows
 from launcher_scripts.jobs.inference.generation import Completion
 from launcher_scripts.jobs.training.runtime import JobError
 
@@ -93,10 +93,7 @@ class ServedScorer:
         self.reward, self.server, self.eod = reward, server, eod
 
     def scores(self, prompts: Sequence[Prompt], completions: Sequence[Completion]) -> list[float]:
-        rows = [
-            p.ids + [t for t in c.tokens if t != self.eod]
-            for p, c in zip(prompts, completions, strict=True)
-        ]
+        rows = scored_rows(prompts, completions, self.eod)
         group = parallel_state.get_model_parallel_group()
         first = dist.get_global_rank(group, 0)
         box: list[Any] = [None]

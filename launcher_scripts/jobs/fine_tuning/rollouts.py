@@ -146,6 +146,16 @@ class FunctionScorer:
         return float(value)
 
 
+def scored_rows(
+    prompts: Sequence[Prompt], completions: Sequence[Completion], eod: int
+) -> list[list[int]]:
+    """What a reward model scores: each prompt's ids and its completion's tokens, without the
+    end-of-document token (the score is read at the row's last token)."""
+    return [
+        p.ids + [t for t in c.tokens if t != eod] for p, c in zip(prompts, completions, strict=True)
+    ]
+
+
 class ModelScorer:
     """A reward model built beside the policy in its TP/PP layout (every rank of a replica
     scores the same rows): a completion's reward is the model's value at its last token, after
@@ -177,10 +187,7 @@ class ModelScorer:
         trainer.say(f"reward model {reward.path}: mean {self.mean:.3f}, std {self.std:.3f}")
 
     def scores(self, prompts: Sequence[Prompt], completions: Sequence[Completion]) -> list[float]:
-        rows = [
-            p.ids + [t for t in c.tokens if t != self.eod]
-            for p, c in zip(prompts, completions, strict=True)
-        ]
+        rows = scored_rows(prompts, completions, self.eod)
         values: list[float] = []
         for start in range(0, len(rows), self.BATCH):
             batch = rows[start : start + self.BATCH]
