@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from launcher_scripts.jobs.json_handler import JsonHandler
 from launcher_scripts.jobspec import MAIN_HOST_VARIABLE
 
 ROLES = ("reward_model", "initial_policy", "critic")
@@ -72,7 +73,7 @@ class Pending:
 
 
 def _handler(requests: queue.Queue) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             length = int(self.headers.get("Content-Length") or 0)
             try:
@@ -89,17 +90,6 @@ def _handler(requests: queue.Queue) -> type[BaseHTTPRequestHandler]:
             pending.done.wait()
             self._answer(pending.status, pending.answer)
             pending.sent.set()
-
-        def _answer(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            del format, args  # one line per request would drown the job's log
 
     return Handler
 

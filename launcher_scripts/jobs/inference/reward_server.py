@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from launcher_scripts.formats.portable import REWARD_MODEL
+from launcher_scripts.jobs.json_handler import JsonHandler
 
 MAX_BODY = 64 * 2**20
 
@@ -94,15 +95,7 @@ class Scorer:
 
 
 def handler_for(scorer: Scorer, name: str) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path != "/health":
                 self._answer(404, {"error": f"{self.path}: use GET /health or POST /rewards"})
@@ -132,9 +125,6 @@ def handler_for(scorer: Scorer, name: str) -> type[BaseHTTPRequestHandler]:
                 self._answer(200, {"rewards": scorer.rewards(rows, normalize)})
             except RequestError as error:
                 self._answer(400, {"error": str(error)})
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            del format, args  # one line per request would drown the log
 
     return Handler
 
