@@ -21,7 +21,8 @@ a package imports only packages of the layers below its own:
                           and registers its tensor-shape table with formats/
     costmodel/            reads the recipe views and the files
     recipes/              typed views of the recipes; use config/'s checks, formats' readers
-    tuning/               the PEFT method registry: each method's settings and checks
+    tuning/, curation/    side by side: the PEFT method registry (each method's settings and
+                          checks); data curation's steps, sources and recipe view
     config/, formats/     side by side: composition and checks; the files
   shared utilities        errors.py, files.py, ports.py, jobspec.py, sample_data/ and the
                           package's __init__
@@ -68,7 +69,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("launcher_scripts.families",),
     ("launcher_scripts.costmodel",),
     ("launcher_scripts.recipes",),
-    ("launcher_scripts.tuning",),
+    ("launcher_scripts.tuning", "launcher_scripts.curation"),
     ("launcher_scripts.config", "launcher_scripts.formats"),
     (
         "launcher_scripts",

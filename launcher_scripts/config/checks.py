@@ -80,6 +80,15 @@ def require_fraction(key: str, value: Any) -> float:
     return float(value)
 
 
+def require_open_fraction(key: str, value: Any) -> float:
+    """A threshold strictly between 0 and 1 (at either end it keeps or removes everything)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ConfigError(
+            key, f"{value!r} is not a number strictly between 0 and 1", "Give e.g. 0.8"
+        )
+    return float(value)
+
+
 def heads_split_problem(tensor: int, heads: int, query_groups: int | None = None) -> str | None:
     """Why tensor parallelism of `tensor` ranks cannot give each rank whole attention heads and
     whole query groups (key-value heads; None: one per head), or None when it can."""

@@ -2,6 +2,7 @@
 
 from launcher_scripts.stages import (  # noqa: F401
     conversion,
+    data_curation,
     data_preparation,
     evaluation,
     export,

@@ -115,7 +115,8 @@ class CustomDataset:
         seen: dict[str, Path] = {}
         for index, source in enumerate(files):
             key = stage_key(ctx, f"raw_dataset_files[{index}]")
-            require_input(key, source, INPUT_SUFFIXES)
+            if not ctx.written_upstream(source):  # e.g. data_curation's output folder
+                require_input(key, source, INPUT_SUFFIXES)
             stem = output_stem(source)
             if stem in seen:
                 raise ConfigError(
@@ -142,7 +143,8 @@ class CustomDataset:
         require_choice(f"{prefix}.input_format", args.input_format, ("text", "tsv"))
         require_int(f"{prefix}.vocab_size", args.vocab_size, minimum=8)
         for index, source in enumerate(self._tokenizer_inputs(ctx)):
-            require_input(f"{prefix}.input[{index}]", source, (*INPUT_SUFFIXES, ".txt", ".tsv"))
+            if not ctx.written_upstream(source):
+                require_input(f"{prefix}.input[{index}]", source, (*INPUT_SUFFIXES, ".txt", ".tsv"))
         trained = self._trained_model(ctx)
         name = "vocab_file" if self._wordpiece(ctx) else "tokenizer_model"
         given = ctx.cfg.get(name)

@@ -308,6 +308,12 @@ def plan_units(shard_index: int, shard: Shard, workers: int) -> list[WorkUnit]:
     """Cut one shard's input into work units, in output order."""
     path = shard.input
     if path.is_dir():
+        shards = readers.json_shards(path)
+        if shards is not None:  # each a whole-file unit, merged in name order
+            return [
+                WorkUnit(shard_index, k, "file", str(f), f.stat().st_size)
+                for k, f in enumerate(shards)
+            ]
         return _text_units(shard_index, readers.text_files(path), workers)
     size = path.stat().st_size
     if readers.is_gzip(path) or _is_json_array(path):

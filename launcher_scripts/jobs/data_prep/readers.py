@@ -119,6 +119,13 @@ def text_files(directory: str | Path) -> list[Path]:
     return sorted(found)
 
 
+def json_shards(directory: str | Path) -> list[Path] | None:
+    """The files of a folder of JSON/JSONL shards (as data_curation writes), read as one
+    dataset in name order; None for a folder of text files (one document each)."""
+    files = text_files(directory)
+    return files if files and all(is_json_input(f) for f in files) else None
+
+
 def starts_with_array(stream: BinaryIO) -> bool:
     """Whether a JSON stream is one array (first non-blank byte '['); rewinds the stream."""
     head = stream.read(4096)
@@ -340,6 +347,11 @@ def iter_document_batches(
 ) -> Iterator[list[str]]:
     """Batches of document texts from any supported input."""
     if Path(path).is_dir():
+        shards = json_shards(path)
+        if shards is not None:
+            return (
+                b for shard in shards for b in iter_json_file(shard, text_key, stats, batch_bytes)
+            )
         return iter_text_files(text_files(path), stats, batch_bytes)
     if is_json_input(path):
         return iter_json_file(path, text_key, stats, batch_bytes)

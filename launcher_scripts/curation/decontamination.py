@@ -1,0 +1,141 @@
+"""The `decontamination` step: remove documents that contain text of the evaluation and
+fine-tuning tasks (the reference's "task data preparation" and "find/remove matching n-grams").
+
+Preparation reads the task files (JSON, JSONL, optionally gzipped, or plain text; every
+string field of a record is task text) and writes the sorted hashes of their word n-grams;
+a task text shorter than n words is too short to match reliably and is skipped. A document
+sharing any n-gram with a task is removed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.config.checks import require_int
+from launcher_scripts.curation.document import Document
+from launcher_scripts.curation.step import CurationStep, DocumentStep, Exists, register
+from launcher_scripts.errors import ConfigError, JobError
+from launcher_scripts.files import write_atomic
+
+INDEX = "decontamination/task_ngrams.npy"
+TASK_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".txt")
+
+
+def _files(section: Any) -> tuple[str, ...]:
+    return tuple(str(f) for f in section.get("task_files") or ())
+
+
+def _check(section: Any, key: str, exists: Exists) -> None:
+    require_int(f"{key}.ngram", section.get("ngram"), minimum=3)
+    files = _files(section)
+    if not files:
+        raise ConfigError(
+            f"{key}.task_files",
+            "is empty",
+            "Name the task data to remove (e.g. the SFT data and evaluation sets, JSONL), or "
+            "drop decontamination from steps",
+        )
+    for index, name in enumerate(files):
+        if not name.endswith(TASK_SUFFIXES):
+            raise ConfigError(
+                f"{key}.task_files[{index}]",
+                f"{name} is not a JSON, JSONL or text file",
+                f"Use a file ending in {', '.join(TASK_SUFFIXES)}",
+            )
+        if not exists(Path(name)):
+            raise ConfigError(
+                f"{key}.task_files[{index}]", f"{name} does not exist", "Fix the path"
+            )
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def task_texts(path: str) -> Iterator[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as stream:  # type: ignore[operator]
+        if path.endswith(".txt"):
+            yield stream.read()
+            return
+        if path.removesuffix(".gz").endswith(".json"):
+            yield from _strings(json.load(stream))
+            return
+        for number, line in enumerate(stream, 1):
+            if line.strip():
+                try:
+                    yield from _strings(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise JobError(f"{path}:{number}: not JSON ({error.msg})") from None
+
+
+def _prepare(section: Any, work: Path) -> None:
+    import numpy as np
+
+    from launcher_scripts.curation.shingles import ngram_hashes, words
+
+    n = int(section.ngram)
+    parts, texts = [], 0
+    for path in _files(section):
+        for text in task_texts(path):
+            if len(words(text)) >= n:
+                parts.append(np.unique(ngram_hashes(text, n)))
+                texts += 1
+    hashes = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.uint64)
+    target = work / INDEX
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.tmp.npy")
+    np.save(temporary, hashes)
+    temporary.replace(target)
+    write_atomic(
+        target.with_suffix(".json"), json.dumps({"task_texts": texts, "ngrams": len(hashes)})
+    )
+    print(f"decontamination: {len(hashes):,} {n}-grams from {texts:,} task texts", flush=True)
+
+
+class Decontaminator:
+    def __init__(self, section: Any, work: Path) -> None:
+        import numpy as np
+
+        self.n = int(section.ngram)
+        self.index = np.load(work / INDEX)
+
+    def __call__(self, doc: Document) -> str | None:
+        import numpy as np
+
+        from launcher_scripts.curation.shingles import ngram_hashes
+
+        if len(self.index) == 0:
+            return None
+        hashes = ngram_hashes(doc.text, self.n)
+        if len(hashes) == 0:
+            return None
+        places = np.searchsorted(self.index, hashes).clip(max=len(self.index) - 1)
+        return "contains_task_text" if bool(np.any(self.index[places] == hashes)) else None
+
+
+def _build(section: Any, work: Path) -> DocumentStep:
+    return Decontaminator(section, work)
+
+
+register(
+    CurationStep(
+        name="decontamination",
+        summary="documents sharing a word n-gram with task data removed",
+        check=_check,
+        inputs=_files,
+        prepare=_prepare,
+        build=_build,
+    )
+)

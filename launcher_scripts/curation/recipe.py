@@ -1,0 +1,161 @@
+"""The data_curation recipe, read and checked once: its source, its document steps in order,
+its deduplication, where it works and where it writes. The stage checks it before anything
+is submitted; the jobs read the same view from the resolved config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher_scripts.config.checks import require_int, require_open_fraction
+from launcher_scripts.curation.minhash import Banding, banding
+from launcher_scripts.curation.sources import Source, input_files, sources
+from launcher_scripts.curation.step import CurationStep, Exists, steps
+from launcher_scripts.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FuzzyDedup:
+    threshold: float
+    ngram: int
+    num_hashes: int
+    banding: Banding
+    seed: int
+
+
+@dataclass(frozen=True)
+class CurationRecipe:
+    source: Source
+    source_section: Any
+    steps: tuple[tuple[CurationStep, Any], ...]  # in the order they run, with their sections
+    tasks: int  # shards of the work; the output depends on this, not on the nodes running it
+    exact_dedup: bool
+    fuzzy_dedup: FuzzyDedup | None
+    partitions: int  # of the dedup's bucket step
+    split_by_language: bool
+    max_bad_fraction: float
+    work_dir: Path
+    output_dir: Path
+
+    @property
+    def deduplicates(self) -> bool:
+        return self.exact_dedup or self.fuzzy_dedup is not None
+
+    def files(self) -> list[str]:
+        return input_files(self.source_section)
+
+    def task_files(self, task: int) -> list[str]:
+        """The input files logical task `task` reads: every tasks-th, from its index."""
+        return self.files()[task :: self.tasks]
+
+    def prepared_steps(self) -> tuple[tuple[CurationStep, Any], ...]:
+        return tuple((step, section) for step, section in self.steps if step.prepare)
+
+
+def read_curation(cfg: Any, stage: str, exists: Exists = Path.exists) -> CurationRecipe:
+    """The recipe of stage section `cfg` (named `stage` in the messages), checked."""
+    section = cfg.get("source")
+    known = sources()
+    kind = section.get("kind") if section is not None else None
+    if kind not in known:
+        raise ConfigError(
+            f"{stage}.source.kind", f"{kind!r} is not a source", f"Use one of: {', '.join(known)}"
+        )
+    source = known[kind]
+    source.check(section, f"{stage}.source", exists)
+
+    registered = steps()
+    chosen = cfg.get("steps")
+    if chosen is None or isinstance(chosen, str):
+        raise ConfigError(
+            f"{stage}.steps",
+            f"{chosen!r} is not a list",
+            f"Give some of [{', '.join(registered)}] or []",
+        )
+    ordered = []
+    for index, name in enumerate(chosen):
+        if name not in registered:
+            raise ConfigError(
+                f"{stage}.steps[{index}]",
+                f"{name!r} is not a step",
+                f"Use some of: {', '.join(registered)}",
+            )
+        if list(chosen).count(name) > 1:
+            raise ConfigError(f"{stage}.steps", f"names {name} twice", "Name each step once")
+        settings = cfg.get(name)
+        if settings is None:
+            raise ConfigError(
+                f"{stage}.{name}",
+                "is missing",
+                f"Give the {name} step's section, or drop it from steps",
+            )
+        registered[name].check(settings, f"{stage}.{name}", exists)
+        ordered.append((registered[name], settings))
+
+    tasks = require_int(f"{stage}.tasks", cfg.get("tasks"))
+    exact = cfg.get("exact_dedup")
+    if not isinstance(exact, bool):
+        raise ConfigError(
+            f"{stage}.exact_dedup", f"{exact!r} is not true or false", "Set true or false"
+        )
+    fuzzy = _fuzzy(cfg.get("fuzzy_dedup"), f"{stage}.fuzzy_dedup")
+    split = cfg.get("split_by_language")
+    if not isinstance(split, bool):
+        raise ConfigError(
+            f"{stage}.split_by_language", f"{split!r} is not true or false", "Set true or false"
+        )
+    if split and "language" not in chosen:
+        raise ConfigError(
+            f"{stage}.split_by_language",
+            "is true but no language step runs",
+            "Add language to steps, or set split_by_language=false",
+        )
+    bad = cfg.get("max_bad_fraction")
+    if isinstance(bad, bool) or not isinstance(bad, int | float) or not 0 <= bad <= 1:
+        raise ConfigError(
+            f"{stage}.max_bad_fraction", f"{bad!r} is not between 0 and 1", "Give e.g. 0.01"
+        )
+    work_dir, output_dir = Path(str(cfg.work_dir)), Path(str(cfg.output_dir))
+    if output_dir == work_dir or work_dir in output_dir.parents or output_dir in work_dir.parents:
+        raise ConfigError(
+            f"{stage}.output_dir",
+            f"{output_dir} and work_dir {work_dir} overlap",
+            "Give them separate folders (data_preparation reads every file in output_dir)",
+        )
+    return CurationRecipe(
+        source=source,
+        source_section=section,
+        steps=tuple(ordered),
+        tasks=tasks,
+        exact_dedup=exact,
+        fuzzy_dedup=fuzzy,
+        partitions=require_int(f"{stage}.dedup_partitions", cfg.get("dedup_partitions")),
+        split_by_language=split,
+        max_bad_fraction=float(bad),
+        work_dir=work_dir,
+        output_dir=output_dir,
+    )
+
+
+def _fuzzy(section: Any, key: str) -> FuzzyDedup | None:
+    if section is None or not section.get("enabled"):
+        return None
+    threshold = require_open_fraction(f"{key}.threshold", section.get("threshold"))
+    ngram = require_int(f"{key}.ngram", section.get("ngram"))
+    num_hashes = require_int(f"{key}.num_hashes", section.get("num_hashes"), minimum=8)
+    bands, rows = section.get("bands"), section.get("rows")
+    if bands is None and rows is None:
+        chosen = banding(threshold, num_hashes)
+    else:
+        chosen = Banding(require_int(f"{key}.bands", bands), require_int(f"{key}.rows", rows))
+        if chosen.bands * chosen.rows > num_hashes:
+            raise ConfigError(
+                f"{key}.bands",
+                f"{chosen.bands} bands x {chosen.rows} rows exceed num_hashes={num_hashes}",
+                "Lower them, or set both null to choose them from the threshold",
+            )
+    seed = section.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"{key}.seed", f"{seed!r} is not an integer", "Give e.g. 1")
+    return FuzzyDedup(threshold, ngram, num_hashes, chosen, seed)

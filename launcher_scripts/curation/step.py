@@ -1,0 +1,58 @@
+"""What the curation pipeline asks of a document step, and the registry that answers.
+
+A step is one module of this package that registers a `CurationStep`: how its recipe section
+is checked (one line naming the key), the files it reads, an optional one-off preparation run
+once before the document pass (an n-gram index, a trained classifier), and how a job builds
+it. Built, it is a callable taking a Document and returning None to keep it or the reason it
+is removed (it may change the text and meta in place). Nothing outside this package compares
+a step's name: a new step is one module here, imported in `steps()`, and its recipe keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from launcher_scripts.curation.document import Document
+
+
+class DocumentStep(Protocol):
+    def __call__(self, doc: Document) -> str | None: ...
+
+
+# Whether a path exists or an earlier stage of the run writes it (the stage's view).
+Exists = Callable[[Path], bool]
+
+
+@dataclass(frozen=True)
+class CurationStep:
+    name: str
+    summary: str  # one line for docs and the report
+    check: Callable[[Any, str, Exists], None]  # (its recipe section, its key, exists)
+    inputs: Callable[[Any], tuple[str, ...]]  # the files it reads
+    # (section, work folder) -> None: run once, in its own job, before the document pass; None
+    # for a step that needs nothing prepared.
+    prepare: Callable[[Any, Path], None] | None
+    build: Callable[[Any, Path], DocumentStep]  # (section, work folder) -> the step
+
+
+STEPS: dict[str, CurationStep] = {}
+
+
+def register(step: CurationStep) -> CurationStep:
+    STEPS[step.name] = step
+    return step
+
+
+def steps() -> dict[str, CurationStep]:
+    """Every registered step (importing the modules registers them)."""
+    from launcher_scripts.curation import (  # noqa: F401
+        cleaning,
+        decontamination,
+        heuristics,
+        language,
+    )
+
+    return STEPS

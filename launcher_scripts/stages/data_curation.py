@@ -1,0 +1,107 @@
+"""The data_curation stage: raw documents to curated JSONL shards (reference 5.17).
+
+Its jobs, each an array over the recipe's nodes where the work splits:
+  prepare     once, when a step needs something made first (decontamination's n-grams);
+  documents   the source read and each document run through the steps (array over tasks);
+  buckets     dedup candidates grouped by key partition and verified (array over partitions);
+  components  duplicate clusters joined, one document kept per cluster (one process);
+  write       the kept documents less the duplicates, as JSONL shards (array over tasks);
+  report      what each step did, as markdown, JSON and a plot (one process).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher_scripts.config.checks import require_int
+from launcher_scripts.config.schema import Declared
+from launcher_scripts.curation.recipe import CurationRecipe, read_curation
+from launcher_scripts.errors import ConfigError
+from launcher_scripts.jobspec import Command, JobSpec
+from launcher_scripts.stages.base import StageContext, StageDefaults, make_job, register
+from launcher_scripts.stages.data_prep_common import cpu_resources, stage_key, workers_args
+
+JOBS = "launcher_scripts.jobs.curation"
+
+
+@register
+class DataCuration(StageDefaults):
+    name = "data_curation"
+    declared_keys = (
+        Declared(optional=("run.cpus_per_node", "source.id_key", "clean.remove_lines")),
+        # A rule's parameters are checked against the rule (heuristics.RULES), by name.
+        Declared(free_form=("heuristics.rules",)),
+    )
+
+    def _recipe(self, ctx: StageContext) -> CurationRecipe:
+        def exists(path: Path) -> bool:
+            return path.exists() or ctx.will_exist(path)
+
+        return read_curation(ctx.cfg, ctx.stage, exists)
+
+    def validate(self, ctx: StageContext) -> None:
+        recipe = self._recipe(ctx)
+        require_int(stage_key(ctx, "run.node_array_size"), ctx.cfg.run.node_array_size)
+        workers_args(ctx)
+        files = recipe.files()
+        if files and recipe.tasks > len(files):
+            raise ConfigError(
+                stage_key(ctx, "tasks"),
+                f"is {recipe.tasks} but the source has {len(files)} files (a task reads whole "
+                "files, so the rest would have nothing to do)",
+                f"Set {stage_key(ctx, 'tasks')}={len(files)} or less, or split the input",
+            )
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        recipe = self._recipe(ctx)
+        name = str(ctx.cfg.run.name)
+        nodes = require_int(stage_key(ctx, "run.node_array_size"), ctx.cfg.run.node_array_size)
+        config = ("--config", str(ctx.config_path))
+        parallel = (*config, *workers_args(ctx))
+
+        def job(
+            step: str, program: str, args: tuple[str, ...], units: int, **kw: object
+        ) -> JobSpec:
+            array = min(nodes, units)
+            return make_job(
+                ctx,
+                f"{name}-{step}",
+                (Command(f"{JOBS}.{program}", args),),
+                cpu_resources(ctx),
+                array_size=array if array > 1 else None,
+                **kw,  # type: ignore[arg-type]
+            )
+
+        jobs = []
+        if recipe.prepared_steps():
+            jobs.append(job("prepare", "prepare", config, 1))
+        jobs.append(
+            job("documents", "documents", parallel, recipe.tasks, reads=tuple(recipe.files()))
+        )
+        if recipe.deduplicates:
+            jobs.append(job("buckets", "buckets", parallel, recipe.partitions))
+            jobs.append(job("components", "components", config, 1))
+        jobs.append(job("write", "write", parallel, recipe.tasks, writes=(str(recipe.output_dir),)))
+        results = Path(str(ctx.cfg.run.results_dir))
+        report = tuple(str(results / f"curation_report.{s}") for s in ("md", "json", "png"))
+        jobs.append(job("report", "report", config, 1, writes=report))
+        return jobs
+
+    def plan(self, ctx: StageContext) -> list[str]:
+        recipe = self._recipe(ctx)
+        steps = ", ".join(step.name for step, _ in recipe.steps) or "none"
+        dedup = [
+            *(["exact"] if recipe.exact_dedup else []),
+            *(
+                [
+                    f"fuzzy (Jaccard >= {f.threshold}, {f.ngram}-word shingles, "
+                    f"{f.banding.bands} bands x {f.banding.rows} rows)"
+                ]
+                if (f := recipe.fuzzy_dedup)
+                else []
+            ),
+        ]
+        return [
+            f"curation: {len(recipe.files())} {recipe.source.name} files in {recipe.tasks} tasks; "
+            f"steps: {steps}; dedup: {', '.join(dedup) or 'none'}; output {recipe.output_dir}"
+        ]
