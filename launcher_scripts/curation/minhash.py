@@ -3,10 +3,12 @@
 A signature is `num_hashes` minima of independent hash permutations of a document's n-gram
 set (multiply-shift hashing: (a*h + b) mod 2^64, top 32 bits). Two documents agree on one
 minimum with probability equal to their Jaccard similarity, so the fraction of agreeing
-minima estimates it; that estimate is what verifies a candidate pair. Candidates come from
-LSH: the signature cut into `bands` bands of `rows` minima, two documents sharing any band
-hash being candidates; (bands, rows) are chosen from the threshold so that pairs well above
-it almost surely share a band and pairs well below it almost never do.
+minima estimates it, a cheap check of a candidate pair; the exact check compares the two
+shingle sets themselves. Candidates come from LSH: the signature cut into `bands` bands of
+`rows` minima, two documents sharing any band hash being candidates. (bands, rows) are chosen
+from the threshold; a false positive costs only its check, so misses weigh 19 times as much
+(at 0.8 and 128 hashes: 16 bands of 8 rows; a pair at 0.8 is a candidate with probability
+0.95, one at 0.5 with 0.06).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Banding:
     rows: int
 
 
-def banding(threshold: float, num_hashes: int, false_positive_weight: float = 0.1) -> Banding:
+def banding(threshold: float, num_hashes: int, false_positive_weight: float = 0.05) -> Banding:
     """The (bands, rows) with bands x rows <= num_hashes that minimise the weighted areas of
     false positives (pairs below the threshold becoming candidates) and false negatives
     (pairs above it not), the criterion datasketch's MinHashLSH uses."""
@@ -62,9 +64,12 @@ class MinHasher:
         self.b = rng.integers(0, 1 << 63, num_hashes, dtype=np.uint64)
         self.num_hashes = num_hashes
 
-    def signature(self, text: str) -> np.ndarray:
-        """The document's signature (uint32 x num_hashes); all-max for a text without words."""
-        shingles = np.unique(ngram_hashes(text, self.ngram))
+    def shingles(self, text: str) -> np.ndarray:
+        """The document's shingle set: its n-grams' hashes, sorted, without repeats."""
+        return np.unique(ngram_hashes(text, self.ngram))
+
+    def signature(self, shingles: np.ndarray) -> np.ndarray:
+        """The signature (uint32 x num_hashes) of a shingle set; all-max for an empty one."""
         result = np.full(self.num_hashes, np.iinfo(np.uint32).max, dtype=np.uint32)
         with np.errstate(over="ignore"):
             for start in range(0, len(shingles), _CHUNK):
@@ -84,5 +89,9 @@ def band_keys(signature: np.ndarray, banding: Banding) -> list[int]:
     ]
 
 
-def estimated_jaccard(first: np.ndarray, second: np.ndarray) -> float:
-    return float(np.mean(first == second))
+def exact_jaccard(first: np.ndarray, second: np.ndarray) -> float:
+    """The Jaccard similarity of two shingle sets (sorted, without repeats)."""
+    if len(first) == 0 and len(second) == 0:
+        return 1.0
+    common = len(np.intersect1d(first, second, assume_unique=True))
+    return common / (len(first) + len(second) - common)

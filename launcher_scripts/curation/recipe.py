@@ -14,6 +14,11 @@ from launcher_scripts.curation.sources import Source, input_files, sources
 from launcher_scripts.curation.step import CurationStep, Exists, steps
 from launcher_scripts.errors import ConfigError
 
+# How a candidate pair is checked: `exact` keeps each document's shingle hashes for it (about
+# 1.5x the text on disk), `signature` estimates from the MinHash signatures (no extra files;
+# pairs within a few hundredths of the threshold land on either side).
+VERIFY = ("exact", "signature")
+
 
 @dataclass(frozen=True)
 class FuzzyDedup:
@@ -22,6 +27,7 @@ class FuzzyDedup:
     num_hashes: int
     banding: Banding
     seed: int
+    verify: str  # exact: the shingle sets' Jaccard; signature: the signatures' agreement
 
 
 @dataclass(frozen=True)
@@ -158,4 +164,9 @@ def _fuzzy(section: Any, key: str) -> FuzzyDedup | None:
     seed = section.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"{key}.seed", f"{seed!r} is not an integer", "Give e.g. 1")
-    return FuzzyDedup(threshold, ngram, num_hashes, chosen, seed)
+    verify = section.get("verify")
+    if verify not in VERIFY:
+        raise ConfigError(
+            f"{key}.verify", f"{verify!r} is not valid", f"Use one of: {', '.join(VERIFY)}"
+        )
+    return FuzzyDedup(threshold, ngram, num_hashes, chosen, seed, str(verify))

@@ -4,9 +4,10 @@ grouped; documents sharing a key are candidates, verified and written as edges.
     python3 -m launcher_scripts.jobs.curation.buckets --config STAGE.yaml [--workers N]
 
 Exact-hash groups are duplicates as they are (a 128-bit content hash). A fuzzy candidate is
-kept when the agreeing fraction of the two full signatures (the estimated Jaccard
-similarity) reaches the threshold: each group's members are compared with its first member,
-those that fail with the first of the rest, and so on. Writes work_dir/buckets/<p>.npy
+kept when its Jaccard similarity reaches the threshold: that of the two shingle sets
+(verify=exact), or the agreeing fraction of the two signatures (verify=signature). Each
+group's members are compared with its first member, those that fail with the first of the
+rest, and so on. Writes work_dir/buckets/<p>.npy
 (edges: task, doc, task, doc) and <p>.json (candidates and verified pairs).
 """
 
@@ -16,6 +17,7 @@ import sys
 
 import numpy as np
 
+from launcher_scripts.curation.minhash import exact_jaccard
 from launcher_scripts.jobs.curation.work import (
     BAND_RECORD,
     EXACT_BAND,
@@ -32,19 +34,27 @@ MAX_ANCHORS = 16
 
 
 class Signatures:
-    """Every task's signatures file, opened as arrays on first use."""
+    """Every task's signatures (and shingle sets, for the exact check), opened on first use."""
 
     def __init__(self, work: Work, num_hashes: int) -> None:
         self.work, self.num_hashes = work, num_hashes
-        self.open: dict[int, np.ndarray] = {}
+        self.signatures: dict[int, np.ndarray] = {}
+        self.shingles: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def of(self, task: int, docs: np.ndarray) -> np.ndarray:
-        if task not in self.open:
+        if task not in self.signatures:
             path = self.work.signatures(task)
-            self.open[task] = np.memmap(path, dtype=np.uint32, mode="r").reshape(
-                -1, self.num_hashes
-            )
-        return np.asarray(self.open[task][docs])
+            matrix = np.memmap(path, dtype=np.uint32, mode="r").reshape(-1, self.num_hashes)
+            self.signatures[task] = matrix
+        return np.asarray(self.signatures[task][docs])
+
+    def shingle_set(self, task: int, doc: int) -> np.ndarray:
+        if task not in self.shingles:
+            values = np.memmap(self.work.shingles(task), dtype=np.uint64, mode="r")
+            offsets = np.fromfile(self.work.shingle_offsets(task), dtype=np.uint64)
+            self.shingles[task] = (values, offsets)
+        values, offsets = self.shingles[task]
+        return np.asarray(values[offsets[doc] : offsets[doc + 1]])
 
 
 def bucket_partition(config: str, partition: int) -> str:
@@ -77,7 +87,7 @@ def bucket_partition(config: str, partition: int) -> str:
             edges.append(_star(members[0], members[1:]))
             verified += len(members) - 1
             continue
-        found = _verified(members, signatures, fuzzy.threshold)
+        found = _verified(members, signatures, fuzzy.threshold, fuzzy.verify == "exact")
         verified += len(found)
         if len(found):
             edges.append(found)
@@ -96,25 +106,37 @@ def _star(anchor: np.ndarray, others: np.ndarray) -> np.ndarray:
     return np.concatenate([np.broadcast_to(anchor, others.shape), others], axis=1)
 
 
-def _verified(members: np.ndarray, signatures: Signatures, threshold: float) -> np.ndarray:
-    rows = np.concatenate(
-        [
-            signatures.of(int(task), members[members[:, 0] == task, 1])
-            for task in np.unique(members[:, 0])
-        ]
-    )
-    # `rows` follows the members grouped by task, which is their order (sorted by task, doc).
+def _verified(
+    members: np.ndarray, signatures: Signatures, threshold: float, exact: bool
+) -> np.ndarray:
+    """Edges from each member to the first member it is similar to, anchors taken in turn."""
+    if exact:
+        sets = [signatures.shingle_set(int(task), int(doc)) for task, doc in members]
+
+        def similarity(anchor: int, rest: np.ndarray) -> np.ndarray:
+            return np.array([exact_jaccard(sets[anchor], sets[other]) for other in rest])
+
+    else:
+        rows = np.concatenate(
+            [
+                signatures.of(int(t), members[members[:, 0] == t, 1])
+                for t in np.unique(members[:, 0])
+            ]
+        )  # grouped by task, which is the members' order (sorted by task, doc)
+
+        def similarity(anchor: int, rest: np.ndarray) -> np.ndarray:
+            return (rows[rest] == rows[anchor]).mean(axis=1)
+
     remaining = np.arange(len(members))
     found = []
     for _ in range(MAX_ANCHORS):
         if len(remaining) < 2:
             break
         anchor, rest = remaining[0], remaining[1:]
-        agreement = (rows[rest] == rows[anchor]).mean(axis=1)
-        close = rest[agreement >= threshold]
-        if len(close):
-            found.append(_star(members[anchor], members[close]))
-        remaining = rest[agreement < threshold]
+        close = similarity(anchor, rest) >= threshold
+        if close.any():
+            found.append(_star(members[anchor], members[rest[close]]))
+        remaining = rest[~close]
     return np.concatenate(found) if found else np.zeros((0, 4), dtype=np.uint32)
 
 

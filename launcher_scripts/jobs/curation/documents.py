@@ -7,6 +7,8 @@ classifier, decontamination...); the kept ones are written with their dedup keys
 Per task, in work_dir/documents/<task>/ (renamed into place when complete):
 - kept.jsonl.zst: the kept documents, their index in this file being their dedup id;
 - signatures.u32: their MinHash signatures, num_hashes uint32 each (fuzzy dedup);
+- shingles.u64 and shingles.idx: their shingle sets, one after another, and where each
+  starts (uint64, one more than the documents), for the exact check of candidates;
 - bands/<partition>.bin: (key, key2, band, task, doc) records, LSH band keys and the exact
   content hash, partitioned by key for the bucket step;
 - stats.json: documents and bytes in and out of each step, removals by reason with
@@ -116,7 +118,9 @@ def curate_task(config: str, task: int) -> str:
             (folder / "kept.jsonl.zst").open("wb") as raw,
             compressor.stream_writer(raw) as kept_stream,
             (folder / "signatures.u32").open("wb") as signatures,
+            (folder / "shingles.u64").open("wb") as shingles,
         ):
+            keys = KeyWriter(recipe, hasher, bands, signatures, shingles, task)
             for path in recipe.task_files(task):
                 for doc in recipe.source.read(path, recipe.source_section, read):
                     size = len(doc.text.encode("utf-8"))
@@ -131,10 +135,12 @@ def curate_task(config: str, task: int) -> str:
                     kept_stream.write(line.encode("utf-8"))
                     bytes_kept += len(doc.text.encode("utf-8"))
                     if bands is not None:
-                        _add_keys(recipe, hasher, bands, signatures, doc.text, task, kept)
+                        keys.add(doc.text, kept)
                     kept += 1
         if bands is not None:
             bands.close()
+        if keys.offsets is not None:
+            np.array(keys.offsets, dtype=np.uint64).tofile(folder / "shingles.idx")
         _check_bad(recipe.max_bad_fraction, read, task)
         stats: dict[str, Any] = {
             "task": task,
@@ -180,23 +186,40 @@ def _run_steps(
     return None
 
 
-def _add_keys(
-    recipe: Any,
-    hasher: MinHasher | None,
-    bands: BandWriter,
-    signatures: Any,
-    text: str,
-    task: int,
-    index: int,
-) -> None:
-    if recipe.exact_dedup:
-        digest = xxhash.xxh3_128_intdigest(text.encode("utf-8"))
-        bands.add(digest >> 64, digest & 0xFFFFFFFFFFFFFFFF, int(EXACT_BAND), task, index)
-    if hasher is not None:
-        signature = hasher.signature(text)
-        signatures.write(signature.tobytes())
-        for band, key in enumerate(band_keys(signature, recipe.fuzzy_dedup.banding)):
-            bands.add(key, 0, band, task, index)
+class KeyWriter:
+    """A kept document's dedup keys: its exact content hash, and its MinHash signature, band
+    keys and (for the exact check) shingle set."""
+
+    def __init__(
+        self,
+        recipe: Any,
+        hasher: MinHasher | None,
+        bands: BandWriter | None,
+        signatures: Any,
+        shingles: Any,
+        task: int,
+    ) -> None:
+        self.recipe, self.hasher, self.bands, self.task = recipe, hasher, bands, task
+        self.signatures, self.shingles = signatures, shingles
+        fuzzy = recipe.fuzzy_dedup
+        self.offsets: list[int] | None = [0] if fuzzy and fuzzy.verify == "exact" else None
+
+    def add(self, text: str, index: int) -> None:
+        assert self.bands is not None
+        if self.recipe.exact_dedup:
+            digest = xxhash.xxh3_128_intdigest(text.encode("utf-8"))
+            self.bands.add(
+                digest >> 64, digest & 0xFFFFFFFFFFFFFFFF, int(EXACT_BAND), self.task, index
+            )
+        if self.hasher is not None:
+            shingles = self.hasher.shingles(text)
+            signature = self.hasher.signature(shingles)
+            self.signatures.write(signature.tobytes())
+            for band, key in enumerate(band_keys(signature, self.recipe.fuzzy_dedup.banding)):
+                self.bands.add(key, 0, band, self.task, index)
+            if self.offsets is not None:
+                self.shingles.write(shingles.tobytes())
+                self.offsets.append(self.offsets[-1] + len(shingles))
 
 
 def _check_bad(limit: float, read: ReadStats, task: int) -> None:

@@ -52,6 +52,12 @@ class Work:
     def signatures(self, task: int) -> Path:
         return self.documents(task) / "signatures.u32"
 
+    def shingles(self, task: int) -> Path:
+        return self.documents(task) / "shingles.u64"
+
+    def shingle_offsets(self, task: int) -> Path:
+        return self.documents(task) / "shingles.idx"
+
     def bands(self, task: int, partition: int) -> Path:
         return self.documents(task) / "bands" / f"{partition:04d}.bin"
 

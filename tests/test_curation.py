@@ -1,0 +1,348 @@
+"""data_curation: each step on labelled documents, dedup against exact Jaccard, decontamination,
+language splitting, bad input, resumption, and the same output from one process or an array."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from launcher_scripts.curation.document import Document
+from launcher_scripts.curation.step import steps
+from tests.support import REPO
+from tests.support.commands import assert_one_line_error, one_error_line, run_main
+from tests.support.curation import (
+    curate_overrides,
+    english_document,
+    output_ids,
+    output_records,
+    planted_corpus,
+    true_removals,
+    write_shards,
+)
+
+RECIPE = OmegaConf.load(REPO / "conf" / "data_curation" / "jsonl.yaml")
+
+
+def report(root: Path) -> dict:
+    return json.loads((root / "results" / "curate_jsonl" / "curation_report.json").read_text())
+
+
+# ----- fuzzy and exact dedup ------------------------------------------------------------------
+
+
+def test_fuzzy_dedup_finds_the_planted_near_duplicates_exact_jaccard_finds(tmp_path: Path) -> None:
+    # 300 documents, each with an exact copy and variants with 1% to 15% of their words
+    # replaced: Jaccard similarities of 5-word shingles from about 0.3 to 1.0, many of them
+    # within a few hundredths of the 0.8 threshold.
+    texts = planted_corpus(7, 300, (0.0, 0.01, 0.02, 0.04, 0.08, 0.15))
+    files = write_shards(tmp_path / "raw", texts, 4)
+    truth = true_removals(texts, 0.8, 5)
+    result = run_main(
+        *curate_overrides(
+            tmp_path,
+            files,
+            "data_curation.steps=[]",
+            "data_curation.tasks=4",
+            "data_curation.run.workers_per_node=2",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    removed = set(range(len(texts))) - output_ids(tmp_path / "curated")
+    true_positives = len(removed & truth)
+    precision, recall = true_positives / len(removed), true_positives / len(truth)
+    assert precision >= 0.99 and recall >= 0.95, (precision, recall, len(removed), len(truth))
+    dedup = report(tmp_path)["dedup"]
+    assert dedup["removed"] == len(removed)
+    assert (
+        sum(int(size) * count for size, count in dedup["cluster_sizes"].items())
+        == dedup["documents_in_clusters"]
+    )
+
+
+def test_exact_dedup_alone_removes_identical_texts_after_cleaning(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    originals = [english_document(rng) for _ in range(40)]
+    # Copies that differ only in spacing (cleaning makes them identical), and near copies
+    # (one sentence changed) that exact dedup must keep.
+    spaced = [text.replace(" ", "  ", 3) for text in originals[:10]]
+    near = [text.rsplit("\n", 1)[0] + "\n" + english_document(rng, 3) for text in originals[10:20]]
+    texts = originals + spaced + near
+    files = write_shards(tmp_path / "raw", texts, 1)
+    result = run_main(
+        *curate_overrides(
+            tmp_path,
+            files,
+            "data_curation.steps=[clean]",
+            "data_curation.fuzzy_dedup.enabled=false",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert output_ids(tmp_path / "curated") == set(range(40)) | set(range(50, 60))
+    assert report(tmp_path)["dedup"]["cluster_sizes"] == {"2": 10}
+
+
+# ----- the document steps -------------------------------------------------------------------
+
+
+def test_each_heuristic_rule_removes_what_it_is_labelled_for() -> None:
+    rng = random.Random(5)
+    good = [english_document(rng) for _ in range(20)]
+    lorem = english_document(rng) + "\nLorem ipsum dolor sit amet, consectetur adipiscing elit."
+    labelled = {
+        "gopher_quality.gopher_short_doc": "A short note. It has few words. Nothing else here.",
+        "gopher_repetition.dup_line_frac": "\n".join(["Buy the best shoes in town today."] * 30),
+        "c4_quality.lorem_ipsum": lorem,
+        "url_ratio.too_many_urls": english_document(rng, 6)
+        + "\n"
+        + " ".join(f"https://example.com/page/{i}" for i in range(40))
+        + ".",
+        "gopher_quality.gopher_below_alpha_threshold": english_document(rng, 6)
+        + "\n"
+        + " ".join(f"{i} {i * 7} {i * 13}." for i in range(60)),
+    }
+    chain = steps()["heuristics"].build(RECIPE.heuristics, Path("."))
+    for text in good:
+        assert chain(Document("good", text)) is None, text
+    for reason, text in labelled.items():
+        rule = reason.split(".")[0]
+        alone = OmegaConf.create({"rules": {rule: RECIPE.heuristics.rules[rule]}})
+        assert steps()["heuristics"].build(alone, Path("."))(Document(reason, text)) == reason
+        assert chain(Document(reason, text)) is not None
+
+
+def test_a_rule_set_to_null_is_off_and_thresholds_come_from_the_recipe() -> None:
+    urls = (
+        english_document(random.Random(1), 6)
+        + "\n"
+        + " ".join(f"https://example.com/{i}" for i in range(40))
+        + "."
+    )
+    only_urls = OmegaConf.create({"rules": {"url_ratio": {}, "fineweb_quality": None}})
+    assert steps()["heuristics"].build(only_urls, Path("."))(Document("u", urls)) is not None
+    off = OmegaConf.create({"rules": {"url_ratio": None, "fineweb_quality": {}}})
+    assert steps()["heuristics"].build(off, Path("."))(Document("u", urls)) is None
+    stricter = OmegaConf.merge(
+        RECIPE.heuristics, {"rules": {"gopher_quality": {"min_doc_words": 1000}}}
+    )
+    reason = steps()["heuristics"].build(stricter, Path("."))(
+        Document("g", english_document(random.Random(2)))
+    )
+    assert reason == "gopher_quality.gopher_short_doc"
+
+
+def test_cleaning_repairs_mojibake_and_whitespace_and_drops_boilerplate_lines() -> None:
+    section = OmegaConf.create(
+        {"fix_unicode": True, "normalize_whitespace": True, "remove_lines": ["^Accept cookies"]}
+    )
+    doc = Document(
+        "d", "The caf\u00c3\u00a9   opened.  \n\n\n\nAccept cookies to continue\nIt was  warm."
+    )
+    assert steps()["clean"].build(section, Path("."))(doc) is None
+    assert doc.text == "The café opened.\n\nIt was warm."
+    empty = Document("e", "Accept cookies now\n   \n")
+    assert steps()["clean"].build(section, Path("."))(empty) == "empty_after_cleaning"
+
+
+def test_the_shipped_language_model_tells_english_german_and_french_apart() -> None:
+    section = OmegaConf.create({"model": None, "languages": ["en", "de"], "min_score": 0.5})
+    identify = steps()["language"].build(section, Path("."))
+    samples = {
+        "en": "The old bridge over the river was repaired after the long winter.",
+        "de": "Die alte Brücke über den Fluss wurde nach dem langen Winter repariert.",
+        "fr": "Le vieux pont sur la rivière a été réparé après le long hiver.",
+    }
+    verdicts = {}
+    for code, text in samples.items():
+        doc = Document(code, text)
+        verdicts[code] = identify(doc)
+        assert doc.meta["language"] == code
+    assert verdicts == {"en": None, "de": None, "fr": "language_not_wanted"}
+
+
+def _invented_language(rng: random.Random, consonants: str, vowels: str, words: int) -> str:
+    syllables = [c + v for c in consonants for v in vowels]
+    return " ".join(
+        "".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(words)
+    )
+
+
+def test_a_fasttext_model_the_user_trains_splits_the_output_by_language(tmp_path: Path) -> None:
+    import fasttext
+
+    rng = random.Random(11)
+    languages = {"xa": ("bdgk", "ao"), "xb": ("lmnr", "ei")}
+    training = tmp_path / "lid.txt"
+    training.write_text(
+        "".join(
+            f"__label__{code} {_invented_language(rng, *letters, 30)}\n"
+            for _ in range(200)
+            for code, letters in languages.items()
+        )
+    )
+    model = fasttext.train_supervised(str(training), epoch=5, minn=2, maxn=3, verbose=0)
+    model.save_model(str(tmp_path / "lid.bin"))
+    texts, codes = [], []
+    for index in range(60):
+        code = "xa" if index % 3 else "xb"
+        texts.append(_invented_language(rng, *languages[code], 80))
+        codes.append(code)
+    files = write_shards(tmp_path / "raw", texts, 2)
+    result = run_main(
+        *curate_overrides(
+            tmp_path,
+            files,
+            "data_curation.steps=[language]",
+            f"data_curation.language.model={tmp_path / 'lid.bin'}",
+            "data_curation.language.languages=null",
+            "data_curation.split_by_language=true",
+            "data_curation.tasks=2",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for code in languages:
+        written = output_ids(tmp_path / "curated" / code)
+        assert written == {i for i, c in enumerate(codes) if c == code}
+    assert report(tmp_path)["languages"] == {"xa": 40, "xb": 20}
+
+
+def test_decontamination_removes_documents_holding_task_passages(tmp_path: Path) -> None:
+    rng = random.Random(8)
+    passages = [english_document(rng, 2, 2) for _ in range(5)]
+    task = tmp_path / "task.jsonl"
+    task.write_text(
+        "".join(
+            json.dumps({"input": f"Question {i}: {p}", "output": "yes", "choices": ["a", "b"]})
+            + "\n"
+            for i, p in enumerate(passages)
+        )
+    )
+    texts = [english_document(rng) for _ in range(30)]
+    holding = {3, 11, 17, 25}
+    for number, index in enumerate(sorted(holding)):
+        lines = texts[index].split("\n")
+        lines.insert(2, passages[number])
+        texts[index] = "\n".join(lines)
+    files = write_shards(tmp_path / "raw", texts, 1)
+    result = run_main(
+        *curate_overrides(
+            tmp_path,
+            files,
+            "data_curation.steps=[decontamination]",
+            f"data_curation.decontamination.task_files=[{task}]",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert output_ids(tmp_path / "curated") == set(range(30)) - holding
+    assert report(tmp_path)["removed"] == {"decontamination: contains_task_text": 4}
+
+
+# ----- bad input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "fragments"),
+    [
+        (
+            "data_curation.language.model=/no/lid.176.bin",
+            ("data_curation.language.model", "does not exist"),
+        ),
+        (
+            "data_curation.fuzzy_dedup.threshold=1.5",
+            ("data_curation.fuzzy_dedup.threshold", "strictly between 0 and 1"),
+        ),
+        (
+            "data_curation.language.min_score=0",
+            ("data_curation.language.min_score", "strictly between"),
+        ),
+        (
+            "+data_curation.heuristics.rules.gopher_quality.max_words=5",
+            ("gopher_quality.max_words", "not a parameter"),
+        ),
+        (
+            "data_curation.heuristics.rules.fineweb_quality.line_punct_thr=2",
+            ("line_punct_thr", "strictly between"),
+        ),
+        ("data_curation.steps=[clean,dedup]", ("data_curation.steps[1]", "not a step")),
+        ("data_curation.tasks=3", ("data_curation.tasks", "1 files")),
+        ("data_curation.source.kind=pdf", ("data_curation.source.kind", "not a source")),
+        (
+            "data_curation.output_dir=${data_curation.work_dir}/out",
+            ("data_curation.output_dir", "overlap"),
+        ),
+    ],
+)
+def test_bad_settings_are_one_line_before_anything_runs(
+    tmp_path: Path, override: str, fragments: tuple[str, ...]
+) -> None:
+    result = run_main(
+        "stages=[data_curation]",
+        f"base_results_dir={tmp_path}/results",
+        f"data_dir={tmp_path}/d",
+        override,
+    )
+    assert_one_line_error(result, *fragments)
+    assert not (tmp_path / "d").exists() and not (tmp_path / "results").exists()
+
+
+def test_unreadable_records_are_skipped_and_counted(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    good = [english_document(rng) for _ in range(200)]
+    lines = [json.dumps({"id": i, "text": t}).encode() for i, t in enumerate(good)]
+    lines[10] = b'{"id": 10, "text": "cut off'  # not JSON
+    lines[20] = json.dumps({"id": 20, "title": "no text"}).encode()
+    lines[30] = '{"id": 30, "text": "caf\u00e9"}'.encode("latin-1")  # not UTF-8
+    (raw / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (raw / "empty.jsonl").write_bytes(b"")
+    whole = gzip.compress(b"\n".join(lines[:100]) + b"\n")
+    (raw / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # truncated
+    files = [raw / "a.jsonl", raw / "empty.jsonl", raw / "cut.jsonl.gz"]
+    result = run_main(
+        *curate_overrides(
+            tmp_path,
+            files,
+            "data_curation.steps=[]",
+            "data_curation.exact_dedup=false",
+            "data_curation.fuzzy_dedup.enabled=false",
+            "data_curation.tasks=3",
+            "data_curation.max_bad_fraction=0.1",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = report(tmp_path)
+    assert written["bad_records"].keys() == {
+        "not_json",
+        "no_text_key_text",
+        "not_utf8",
+        "truncated_or_corrupt_file",
+    }
+    assert written["bad_records"]["not_json"] == 2  # line 11 of both files
+    assert "cut.jsonl.gz" in written["bad_examples"]["truncated_or_corrupt_file"][0]
+    kept = output_records(tmp_path / "curated")
+    assert {int(r["id"]) for r in kept if r["source"] == "a.jsonl"} == set(range(200)) - {
+        10,
+        20,
+        30,
+    }
+    assert 0 < sum(r["source"] == "cut.jsonl.gz" for r in kept) < 100
+
+
+def test_too_many_unreadable_records_fail_the_task_in_one_line_and_write_nothing(
+    tmp_path: Path,
+) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "junk.jsonl").write_text("not json\n" * 5 + json.dumps({"text": "fine"}) + "\n")
+    result = run_main(*curate_overrides(tmp_path, [raw / "junk.jsonl"], "data_curation.steps=[]"))
+    one_error_line(result, "curate_jsonl-documents")
+    log = next((tmp_path / "results" / "curate_jsonl").glob("log-curate_jsonl-documents_*.out"))
+    assert "5 of 6 records could not be read" in log.read_text()
+    assert "max_bad_fraction" in log.read_text()
+    assert not (tmp_path / "curated").exists()
+    assert not list((tmp_path / "work" / "documents").glob("0*"))
