@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,8 @@ from tests.support.curation import (
     output_ids,
     output_records,
     planted_corpus,
+    run_phase,
+    stage_config,
     true_removals,
     write_shards,
 )
@@ -346,3 +353,106 @@ def test_too_many_unreadable_records_fail_the_task_in_one_line_and_write_nothing
     assert "max_bad_fraction" in log.read_text()
     assert not (tmp_path / "curated").exists()
     assert not list((tmp_path / "work" / "documents").glob("0*"))
+
+
+# ----- arrays and resumption ----------------------------------------------------------------
+
+
+def _mixed_corpus(seed: int, bases: int) -> list[str]:
+    """Prose that passes the filters, planted duplicates, and junk that does not."""
+    rng = random.Random(seed)
+    prose = [english_document(rng) for _ in range(bases)]
+    texts = prose + [text.replace(". ", ".  ") for text in prose[: bases // 4]]
+    texts += [text + " " + english_document(rng, 1) for text in prose[: bases // 3]]
+    texts += ["Click here. Buy now."] * 5 + planted_corpus(seed, bases // 10, (0.0,))
+    rng.shuffle(texts)
+    return texts
+
+
+def _configured(root: Path, texts: list[str], shards: int, *extra: str) -> Path:
+    """The stage's resolved config for a curation of `texts` under `root` (a dry run)."""
+    files = write_shards(root / "raw", texts, shards)
+    args = curate_overrides(
+        root,
+        files,
+        "data_curation.steps=[clean,heuristics]",
+        f"data_curation.tasks={shards}",
+        "data_curation.dedup_partitions=3",
+        "dry_run=true",
+        *extra,
+    )
+    result = run_main(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return stage_config(root)
+
+
+def _output_files(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root / "curated")): p.read_text()
+        for p in sorted((root / "curated").rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_an_array_of_tasks_writes_what_one_process_writes(tmp_path: Path) -> None:
+    texts = _mixed_corpus(21, 400)
+    single = _configured(tmp_path / "single", texts, 4)
+    array = _configured(tmp_path / "array", texts, 4)
+    for phase in ("documents", "buckets", "components", "write", "report"):
+        done = run_phase(single, phase)
+        assert done.returncode == 0, done.stderr[-3000:]
+        for rank in range(2):  # two array tasks, one of them with two workers
+            done = run_phase(array, phase, rank, 2, workers=1 + rank)
+            assert done.returncode == 0, done.stderr[-3000:]
+    assert _output_files(tmp_path / "single") == _output_files(tmp_path / "array")
+    assert len(output_records(tmp_path / "single" / "curated")) < len(texts) - 5
+
+
+def test_a_task_killed_mid_shard_is_redone_and_the_output_is_the_same(tmp_path: Path) -> None:
+    texts = _mixed_corpus(22, 2400)
+    reference = _configured(tmp_path / "reference", texts, 4)
+    killed = _configured(tmp_path / "killed", texts, 4)
+    for phase in ("documents", "buckets", "components", "write"):
+        assert run_phase(reference, phase).returncode == 0
+    work = tmp_path / "killed" / "work" / "documents"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "launcher_scripts.jobs.curation.documents", "--config", str(killed)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    while not (work / "00000" / "stats.json").exists() and process.poll() is None:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+    assert not (work / "00003").exists()  # killed before its last task
+    rerun = run_phase(killed, "documents")
+    assert rerun.returncode == 0 and "(1 done before, skipped)" in rerun.stdout, rerun.stdout
+    assert not list(work.glob(".*"))  # the killed task's partial folder is gone
+    for phase in ("buckets", "components", "write"):
+        assert run_phase(killed, phase).returncode == 0
+    assert _output_files(tmp_path / "killed") == _output_files(tmp_path / "reference")
+
+
+def test_curated_output_trains_through_data_preparation_in_one_run(tmp_path: Path) -> None:
+    # The README's curation command on the shipped corpus, training shortened.
+    result = run_main(
+        "stages=[data_curation,data_preparation,training]",
+        "data_preparation=generic/curated",
+        f"data_dir={tmp_path}/data",
+        f"base_results_dir={tmp_path}/results",
+        "training.trainer.max_steps=20",
+        "training.trainer.log_every_n_steps=5",
+        "training.trainer.val_check_interval=10",
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    curated = tmp_path / "data" / "curated" / "tiny_corpus"
+    assert [p.name for p in curated.iterdir()] == ["part_00000.jsonl"]
+    kept = len(output_records(curated))
+    assert 1000 < kept < 4000  # the quality rules remove some of the shipped corpus
+    prepared = tmp_path / "data" / "custom_dataset" / "preprocessed"
+    assert (prepared / "tiny_corpus_text_document.bin").stat().st_size > 0
+    assert "20/20" in result.stdout and "loss" in result.stdout

@@ -17,8 +17,14 @@ from collections import Counter
 
 import numpy as np
 
-from launcher_scripts.files import replaced_directory
-from launcher_scripts.jobs.curation.work import Work, load_recipe, read_json, run_units, write_json
+from launcher_scripts.jobs.curation.work import (
+    Work,
+    load_recipe,
+    read_json,
+    run_units,
+    unit_folder,
+    write_json,
+)
 
 
 def labels_of(first: np.ndarray, second: np.ndarray, count: int) -> np.ndarray:
@@ -53,7 +59,7 @@ def find_components(config: str, _unit: int) -> str:
     labels = labels_of(np.searchsorted(nodes, first), np.searchsorted(nodes, second), len(nodes))
     removed = nodes[labels != np.arange(len(nodes))]
     sizes = Counter(np.bincount(labels)[np.unique(labels)].tolist())
-    with replaced_directory(work.components) as folder:
+    with unit_folder(work.components) as folder:
         for task in range(recipe.tasks):
             mine = removed[(removed >= offsets[task]) & (removed < offsets[task + 1])]
             path = folder / "removed" / f"{task:05d}.npy"

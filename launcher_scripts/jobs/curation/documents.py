@@ -31,13 +31,13 @@ from launcher_scripts.curation.document import Document
 from launcher_scripts.curation.minhash import MinHasher, band_keys
 from launcher_scripts.curation.sources import ReadStats
 from launcher_scripts.errors import JobError
-from launcher_scripts.files import replaced_directory
 from launcher_scripts.jobs.curation.work import (
     BAND_RECORD,
     EXACT_BAND,
     Work,
     load_recipe,
     run_units,
+    unit_folder,
     write_json,
 )
 
@@ -111,7 +111,7 @@ def curate_task(config: str, task: int) -> str:
     step_stats = {name: StepStats() for name, _ in steps}
     removals, languages, read = Removals(), Counter(), ReadStats()
     documents_in = bytes_in = kept = bytes_kept = 0
-    with replaced_directory(work.documents(task)) as folder:
+    with unit_folder(work.documents(task)) as folder:
         bands = BandWriter(folder / "bands", recipe.partitions) if recipe.deduplicates else None
         compressor = zstandard.ZstdCompressor(level=3)
         with (

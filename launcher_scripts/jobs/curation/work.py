@@ -10,12 +10,14 @@ recipe on one process or on an array of nodes writes the same files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.curation.recipe import CurationRecipe, read_curation
 from launcher_scripts.errors import ConfigError, JobError
-from launcher_scripts.files import write_atomic
+from launcher_scripts.files import replaced_directory, write_atomic
 from launcher_scripts.formats.shards import rank_and_world_size, share
 from launcher_scripts.jobs.refusal import refuse
 
@@ -83,6 +85,17 @@ class Work:
 
     def written(self, task: int) -> Path:
         return self.root / "written" / f"{task:05d}.json"
+
+
+@contextlib.contextmanager
+def unit_folder(target: Path) -> Iterator[Path]:
+    """A folder to fill that replaces `target` whole when the block ends; the partial folders
+    a killed earlier attempt left beside it are removed first."""
+    if target.parent.is_dir():
+        for stale in target.parent.glob(f".{target.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    with replaced_directory(target) as folder:
+        yield folder
 
 
 def read_json(path: Path) -> Any:
