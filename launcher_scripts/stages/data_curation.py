@@ -33,14 +33,16 @@ class DataCuration(StageDefaults):
         Declared(free_form=("heuristics.rules",)),
     )
 
-    def _recipe(self, ctx: StageContext) -> CurationRecipe:
+    @staticmethod
+    def _recipe(ctx: StageContext) -> CurationRecipe:
+        """The recipe as jobs() and plan() read it: its files are validate's concern."""
+        return read_curation(ctx.cfg, ctx.stage, lambda path: True)
+
+    def validate(self, ctx: StageContext) -> None:
         def exists(path: Path) -> bool:
             return path.exists() or ctx.will_exist(path)
 
-        return read_curation(ctx.cfg, ctx.stage, exists)
-
-    def validate(self, ctx: StageContext) -> None:
-        recipe = self._recipe(ctx)
+        recipe = read_curation(ctx.cfg, ctx.stage, exists)
         require_int(stage_key(ctx, "run.node_array_size"), ctx.cfg.run.node_array_size)
         workers_args(ctx)
         files = recipe.files()

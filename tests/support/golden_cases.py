@@ -62,6 +62,16 @@ CASES = {
         "data_preparation",
         ["data_preparation=mt5/download_mc4", "data_preparation.languages='cs,da'"],
     ),
+    "data_curation_jsonl": (
+        "data_curation",
+        [
+            "data_curation.source.files=[/data/raw/web]",
+            "data_curation.tasks=8",
+            "data_curation.run.node_array_size=4",
+            "data_curation.steps=[clean,language,heuristics,decontamination]",
+            "data_curation.decontamination.task_files=[/data/tasks/squad_dev.jsonl]",
+        ],
+    ),
     "training_t5_220m": ("training", ["training=t5/220m"]),
     "training_bert_110m": ("training", ["training=bert/110m"]),
     "training_gpt3_tiny": ("training", ["training=gpt3/tiny"]),
