@@ -23,6 +23,8 @@ from tests.support.commands import assert_one_line_error, one_error_line, run_ma
 from tests.support.curation import (
     curate_overrides,
     english_document,
+    mixed_corpus,
+    output_files,
     output_ids,
     output_records,
     planted_corpus,
@@ -358,17 +360,6 @@ def test_too_many_unreadable_records_fail_the_task_in_one_line_and_write_nothing
 # ----- arrays and resumption ----------------------------------------------------------------
 
 
-def _mixed_corpus(seed: int, bases: int) -> list[str]:
-    """Prose that passes the filters, planted duplicates, and junk that does not."""
-    rng = random.Random(seed)
-    prose = [english_document(rng) for _ in range(bases)]
-    texts = prose + [text.replace(". ", ".  ") for text in prose[: bases // 4]]
-    texts += [text + " " + english_document(rng, 1) for text in prose[: bases // 3]]
-    texts += ["Click here. Buy now."] * 5 + planted_corpus(seed, bases // 10, (0.0,))
-    rng.shuffle(texts)
-    return texts
-
-
 def _configured(root: Path, texts: list[str], shards: int, *extra: str) -> Path:
     """The stage's resolved config for a curation of `texts` under `root` (a dry run)."""
     files = write_shards(root / "raw", texts, shards)
@@ -386,16 +377,8 @@ def _configured(root: Path, texts: list[str], shards: int, *extra: str) -> Path:
     return stage_config(root)
 
 
-def _output_files(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root / "curated")): p.read_text()
-        for p in sorted((root / "curated").rglob("*"))
-        if p.is_file()
-    }
-
-
 def test_an_array_of_tasks_writes_what_one_process_writes(tmp_path: Path) -> None:
-    texts = _mixed_corpus(21, 400)
+    texts = mixed_corpus(21, 400)
     single = _configured(tmp_path / "single", texts, 4)
     array = _configured(tmp_path / "array", texts, 4)
     for phase in ("documents", "buckets", "components", "write", "report"):
@@ -404,12 +387,12 @@ def test_an_array_of_tasks_writes_what_one_process_writes(tmp_path: Path) -> Non
         for rank in range(2):  # two array tasks, one of them with two workers
             done = run_phase(array, phase, rank, 2, workers=1 + rank)
             assert done.returncode == 0, done.stderr[-3000:]
-    assert _output_files(tmp_path / "single") == _output_files(tmp_path / "array")
+    assert output_files(tmp_path / "single") == output_files(tmp_path / "array")
     assert len(output_records(tmp_path / "single" / "curated")) < len(texts) - 5
 
 
 def test_a_task_killed_mid_shard_is_redone_and_the_output_is_the_same(tmp_path: Path) -> None:
-    texts = _mixed_corpus(22, 2400)
+    texts = mixed_corpus(22, 2400)
     reference = _configured(tmp_path / "reference", texts, 4)
     killed = _configured(tmp_path / "killed", texts, 4)
     for phase in ("documents", "buckets", "components", "write"):
@@ -433,7 +416,7 @@ def test_a_task_killed_mid_shard_is_redone_and_the_output_is_the_same(tmp_path: 
     assert not list(work.glob(".*"))  # the killed task's partial folder is gone
     for phase in ("buckets", "components", "write"):
         assert run_phase(killed, phase).returncode == 0
-    assert _output_files(tmp_path / "killed") == _output_files(tmp_path / "reference")
+    assert output_files(tmp_path / "killed") == output_files(tmp_path / "reference")
 
 
 def test_curated_output_trains_through_data_preparation_in_one_run(tmp_path: Path) -> None:

@@ -287,3 +287,23 @@ def run_phase(
 
 def stage_config(root: Path) -> Path:
     return root / "results" / "curate_jsonl" / "curate_jsonl_hydra.yaml"
+
+
+def mixed_corpus(seed: int, bases: int) -> list[str]:
+    """Prose that passes the filters, planted duplicates, and junk that does not."""
+    rng = random.Random(seed)
+    prose = [english_document(rng) for _ in range(bases)]
+    texts = prose + [text.replace(". ", ".  ") for text in prose[: bases // 4]]
+    texts += [text + " " + english_document(rng, 1) for text in prose[: bases // 3]]
+    texts += ["Click here. Buy now."] * 5 + planted_corpus(seed, bases // 10, (0.0,))
+    rng.shuffle(texts)
+    return texts
+
+
+def output_files(root: Path) -> dict[str, str]:
+    """The files a run under `root` wrote to its output folder, by path, with their text."""
+    return {
+        str(p.relative_to(root / "curated")): p.read_text()
+        for p in sorted((root / "curated").rglob("*"))
+        if p.is_file()
+    }

@@ -15,6 +15,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -145,7 +146,7 @@ def run_units(
         todo = [index for index in mine if not done(work, index).exists()]
         skipped = len(mine) - len(todo)
         print(
-            f"task {rank} of {world}: units {list(mine) or 'none'}"
+            f"task {rank} of {world} on {socket.gethostname()}: units {list(mine) or 'none'}"
             + (f" ({skipped} done before, skipped)" if skipped else ""),
             flush=True,
         )
