@@ -49,7 +49,12 @@ def register(source: Source) -> Source:
 
 
 def sources() -> dict[str, Source]:
-    from launcher_scripts.curation.sources import jsonl  # noqa: F401
+    from launcher_scripts.curation.sources import (  # noqa: F401
+        arxiv,
+        common_crawl,
+        jsonl,
+        wikipedia,
+    )
 
     return SOURCES
 

@@ -126,6 +126,9 @@ def curate_task(config: str, task: int) -> str:
                     size = len(doc.text.encode("utf-8"))
                     documents_in += 1
                     bytes_in += size
+                    if not doc.text.strip():
+                        removals.add("source: no_text", doc, doc.text)
+                        continue
                     reason = _run_steps(steps, step_stats, doc, size, removals)
                     if reason is not None:
                         continue

@@ -1,0 +1,102 @@
+"""data_curation's sources on files the tests build: WARC pages, a Wikipedia dump and arXiv
+sources extract to the expected text; damaged files are read up to the damage and counted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from launcher_scripts.curation.sources import ReadStats, sources
+from tests.support.commands import run_main
+from tests.support.curation import curate_overrides, output_records
+from tests.support.curation_sources import (
+    damaged_warc,
+    write_arxiv_bulk,
+    write_warc,
+    write_wikipedia_dump,
+)
+
+
+def read_all(kind: str, path: Path) -> tuple[list, ReadStats]:
+    stats = ReadStats()
+    docs = list(sources()[kind].read(str(path), OmegaConf.create({}), stats))
+    return docs, stats
+
+
+def test_warc_pages_give_their_main_text_in_their_declared_encoding(tmp_path: Path) -> None:
+    expected = write_warc(tmp_path / "crawl.warc.gz")
+    docs, stats = read_all("common_crawl", tmp_path / "crawl.warc.gz")
+    by_url = {doc.meta["url"]: doc for doc in docs}
+    assert set(by_url) == {*expected, "http://a.example/empty"}  # HTML responses only
+    for url, words in expected.items():
+        assert words in by_url[url].text
+        assert "Home" not in by_url[url].text and "Contact us" not in by_url[url].text
+    assert by_url["http://a.example/empty"].text.strip() == ""
+    assert by_url["http://a.example/harbor"].id.startswith("<urn:uuid:")
+    assert stats.records == 3 and not stats.bad
+
+
+def test_a_corrupt_warc_record_ends_the_file_counted(tmp_path: Path) -> None:
+    write_warc(tmp_path / "crawl.warc.gz")
+    damaged = damaged_warc(tmp_path / "crawl.warc.gz", tmp_path / "damaged.warc.gz")
+    docs, stats = read_all("common_crawl", damaged)
+    assert [doc.meta["url"] for doc in docs] == ["http://a.example/harbor"]
+    assert set(stats.bad) == {"corrupt_warc_record"}
+    assert "damaged.warc.gz after record 1" in stats.examples["corrupt_warc_record"][0]
+
+
+def test_wikipedia_articles_become_plain_text(tmp_path: Path) -> None:
+    expected = write_wikipedia_dump(tmp_path / "wiki.xml.bz2")
+    docs, stats = read_all("wikipedia", tmp_path / "wiki.xml.bz2")
+    assert {doc.meta["title"] for doc in docs} == set(expected)  # no talk page, no redirect
+    for doc in docs:
+        assert expected[doc.meta["title"]] in doc.text
+        for markup in ("[[", "{{", "<ref", "Category:", "thumb", "'''"):
+            assert markup not in doc.text, doc.text
+    harbor = next(doc for doc in docs if doc.meta["title"] == "Harbor")
+    assert "\nHistory\n" in harbor.text and harbor.id == "wiki.xml.bz2:1"
+    assert stats.records == 2 and not stats.bad
+
+
+def test_a_truncated_wikipedia_dump_is_read_to_the_break(tmp_path: Path) -> None:
+    write_wikipedia_dump(tmp_path / "wiki.xml.bz2")
+    data = (tmp_path / "wiki.xml.bz2").read_bytes()
+    (tmp_path / "cut.xml.bz2").write_bytes(data[: len(data) * 2 // 3])
+    _docs, stats = read_all("wikipedia", tmp_path / "cut.xml.bz2")
+    assert set(stats.bad) == {"truncated_or_corrupt_dump"}
+
+
+def test_arxiv_papers_become_their_text_without_latex_furniture(tmp_path: Path) -> None:
+    expected = write_arxiv_bulk(tmp_path / "arXiv_src_2301_001.tar", corrupt_member=True)
+    docs, stats = read_all("arxiv", tmp_path / "arXiv_src_2301_001.tar")
+    by_id = {doc.id: doc.text for doc in docs}
+    assert set(by_id) == set(expected)
+    for paper, pieces in expected.items():
+        for piece in pieces:
+            assert piece in by_id[paper], (piece, by_id[paper])
+    first = by_id["arxiv:2301.00001"]
+    for gone in ("comment", "\\cite", "\\label", "plot.pdf", "Smith", "\\documentclass", "\\begin"):
+        assert gone not in first, (gone, first)
+    assert stats.records == 3 and set(stats.bad) == {"corrupt_paper"}
+
+
+def test_a_common_crawl_curation_runs_end_to_end(tmp_path: Path) -> None:
+    raw = tmp_path / "warc"
+    raw.mkdir()
+    write_warc(raw / "a.warc.gz")
+    shutil.copy(raw / "a.warc.gz", raw / "b.warc.gz")  # the same pages twice: duplicates
+    result = run_main(
+        *curate_overrides(tmp_path, [raw], "data_curation.steps=[clean]", "data_curation.tasks=2"),
+        "data_curation=common_crawl",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = output_records(tmp_path / "curated")
+    assert sorted(r["url"] for r in records) == ["http://a.example/harbor", "http://b.example/cafe"]
+    report = json.loads(
+        (tmp_path / "results" / "curate_common_crawl" / "curation_report.json").read_text()
+    )
+    assert report["removed"] == {"source: no_text": 2}
+    assert report["dedup"]["removed"] == 2
