@@ -172,7 +172,7 @@ def write_arxiv_bulk(path: Path, corrupt_member: bool = False) -> dict[str, list
         "arxiv:2301.00001": [
             "We study harbors.",
             "Introduction",
-            "Harbors matter , see Section~.",
+            "Harbors matter, see Section.",
             "Method",
             r"$d = \sqrt{x^2 + y^2}$",
             "call it safe",

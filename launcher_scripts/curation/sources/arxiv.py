@@ -36,6 +36,7 @@ _DROPPED_COMMANDS = re.compile(
 _STYLE = re.compile(r"\\(?:emph|textbf|textit|texttt|underline|textsc)\s*\{([^}]*)\}")
 _BARE = re.compile(r"\\(?:maketitle|noindent|newpage|clearpage|centering|tableofcontents)\b")
 _BLANKS = re.compile(r"\n\s*\n(\s*\n)+")
+_SPACE_BEFORE_PUNCTUATION = re.compile(r"[ \t]+([,.;:)])")
 
 
 def _check(section: Any, key: str, exists: Exists) -> None:
@@ -79,7 +80,8 @@ def paper_text(files: dict[str, str]) -> str:
             text = text[: text.index(marker)]
     text = _DROPPED_ENVIRONMENTS.sub("", text)
     text = _SECTION.sub(lambda m: f"\n\n{m.group(1).strip()}\n\n", text)
-    text = _DROPPED_COMMANDS.sub("", text)
+    text = _DROPPED_COMMANDS.sub("", text).replace("~", " ")
+    text = _SPACE_BEFORE_PUNCTUATION.sub(r"\1", text)  # where a citation was
     text = _STYLE.sub(r"\1", text)
     text = _BARE.sub("", text)
     text = text.replace("\\begin{abstract}", "").replace("\\end{abstract}", "")
