@@ -31,6 +31,7 @@ from tests.support.curation import (
     run_phase,
     stage_config,
     true_removals,
+    vocabulary,
     write_shards,
 )
 
@@ -279,6 +280,11 @@ def test_decontamination_removes_documents_holding_task_passages(tmp_path: Path)
         ("data_curation.steps=[clean,dedup]", ("data_curation.steps[1]", "not a step")),
         ("data_curation.tasks=3", ("data_curation.tasks", "1 files")),
         ("data_curation.source.kind=pdf", ("data_curation.source.kind", "not a source")),
+        ("data_curation.steps=[classifier]", ("data_curation.classifier.positive", "is empty")),
+        (
+            "data_curation.steps=[decontamination]",
+            ("data_curation.decontamination.task_files", "is empty"),
+        ),
         (
             "data_curation.output_dir=${data_curation.work_dir}/out",
             ("data_curation.output_dir", "overlap"),
@@ -439,3 +445,38 @@ def test_curated_output_trains_through_data_preparation_in_one_run(tmp_path: Pat
     prepared = tmp_path / "data" / "custom_dataset" / "preprocessed"
     assert (prepared / "tiny_corpus_text_document.bin").stat().st_size > 0
     assert "20/20" in result.stdout and "loss" in result.stdout
+
+
+def test_a_quality_classifier_trained_on_examples_keeps_prose_and_removes_junk(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(12)
+    examples = tmp_path / "examples"
+    examples.mkdir()
+    (examples / "good.jsonl").write_text(
+        "".join(json.dumps({"text": english_document(rng, 4)}) + "\n" for _ in range(300))
+    )
+    spam = vocabulary(random.Random(99), 3000)  # what crawl junk repeats: one vocabulary
+
+    def salad() -> str:
+        return " ".join(rng.choice(spam) for _ in range(rng.randint(60, 200)))
+
+    (examples / "junk.txt").write_text("\n".join(salad() for _ in range(300)) + "\n")
+    prose = [english_document(rng) for _ in range(40)]
+    junk = [salad() for _ in range(40)]
+    files = write_shards(tmp_path / "raw", prose + junk, 2)
+    result = run_main(
+        *curate_overrides(
+            tmp_path,
+            files,
+            "data_curation.steps=[classifier]",
+            f"data_curation.classifier.positive=[{examples / 'good.jsonl'}]",
+            f"data_curation.classifier.negative=[{examples / 'junk.txt'}]",
+            "data_curation.tasks=2",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = output_records(tmp_path / "curated")
+    assert {int(r["id"]) for r in records} == set(range(40))
+    assert min(r["quality_score"] for r in records) >= 0.5
+    assert report(tmp_path)["removed"] == {"classifier: quality_score_below_threshold": 40}

@@ -49,6 +49,7 @@ def register(step: CurationStep) -> CurationStep:
 def steps() -> dict[str, CurationStep]:
     """Every registered step (importing the modules registers them)."""
     from launcher_scripts.curation import (  # noqa: F401
+        classifier,
         cleaning,
         decontamination,
         heuristics,
