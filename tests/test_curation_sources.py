@@ -3,6 +3,7 @@ sources extract to the expected text; damaged files are read up to the damage an
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from launcher_scripts.curation.sources import ReadStats, sources
-from tests.support.commands import run_main
+from tests.support.commands import assert_one_line_error, run_main
 from tests.support.curation import curate_overrides, output_records
 from tests.support.curation_sources import (
     damaged_warc,
@@ -18,6 +19,7 @@ from tests.support.curation_sources import (
     write_warc,
     write_wikipedia_dump,
 )
+from tests.support.http_site import Site
 
 
 def read_all(kind: str, path: Path) -> tuple[list, ReadStats]:
@@ -100,3 +102,47 @@ def test_a_common_crawl_curation_runs_end_to_end(tmp_path: Path) -> None:
     )
     assert report["removed"] == {"source: no_text": 2}
     assert report["dedup"]["removed"] == 2
+
+
+def test_listed_warc_files_are_downloaded_resumably_then_curated(
+    site: Site, tmp_path: Path
+) -> None:
+    write_warc(tmp_path / "a.warc.gz")
+    data = (tmp_path / "a.warc.gz").read_bytes()
+    site.behaviour.files = {
+        "crawl/a.warc.gz": data,
+        "crawl/b.warc.gz": data,
+        "warc.paths.gz": gzip.compress(b"crawl/a.warc.gz\ncrawl/b.warc.gz\ncrawl/c.warc.gz\n"),
+    }
+    site.behaviour.cut_after["crawl/a.warc.gz"] = 200  # the first answer breaks off
+    folder = tmp_path / "data" / "warc"
+    result = run_main(
+        *curate_overrides(
+            tmp_path, [folder], "data_curation.steps=[clean]", "data_curation.tasks=2"
+        ),
+        "data_curation=common_crawl",
+        f"data_curation.source.download.url_list={site.url}/warc.paths.gz",
+        f"data_curation.source.download.list_base={site.url}",
+        "data_curation.source.download.limit=2",
+        f"data_curation.source.download.dir={folder}",
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == [
+        "a.warc.gz",
+        "b.warc.gz",
+    ]
+    assert (folder / "a.warc.gz").read_bytes() == data
+    assert site.behaviour.gets("crawl/a.warc.gz")[-1] == "bytes=200-"  # resumed
+    assert not site.behaviour.gets("crawl/c.warc.gz")  # beyond the limit
+    assert len(output_records(tmp_path / "curated")) == 2  # one of each page, duplicates gone
+
+
+def test_a_download_folder_the_source_does_not_read_is_refused(tmp_path: Path) -> None:
+    result = run_main(
+        "stages=[data_curation]",
+        "data_curation=common_crawl",
+        f"base_results_dir={tmp_path}/results",
+        "data_curation.source.download.url_list=https://data.commoncrawl.org/x/warc.paths.gz",
+        f"data_curation.source.download.dir={tmp_path}/elsewhere",
+    )
+    assert_one_line_error(result, "data_curation.source.files", "does not read", "download.dir")

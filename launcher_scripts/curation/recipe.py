@@ -31,9 +31,20 @@ class FuzzyDedup:
 
 
 @dataclass(frozen=True)
+class Download:
+    """Files fetched before the document pass, by data_preparation's download program."""
+
+    url_list: str  # a file or URL of paths or URLs, one per line
+    list_base: str
+    limit: int | None
+    dir: Path
+
+
+@dataclass(frozen=True)
 class CurationRecipe:
     source: Source
     source_section: Any
+    download: Download | None
     steps: tuple[tuple[CurationStep, Any], ...]  # in the order they run, with their sections
     tasks: int  # shards of the work; the output depends on this, not on the nodes running it
     exact_dedup: bool
@@ -69,6 +80,13 @@ def read_curation(cfg: Any, stage: str, exists: Exists = Path.exists) -> Curatio
             f"{stage}.source.kind", f"{kind!r} is not a source", f"Use one of: {', '.join(known)}"
         )
     source = known[kind]
+    download = _download(section, f"{stage}.source")
+    if download is not None:
+        folder, checked = download.dir, exists
+
+        def exists(path: Path) -> bool:  # what the download job writes exists by then
+            return path == folder or folder in path.parents or checked(path)
+
     source.check(section, f"{stage}.source", exists)
 
     registered = steps()
@@ -132,6 +150,7 @@ def read_curation(cfg: Any, stage: str, exists: Exists = Path.exists) -> Curatio
     return CurationRecipe(
         source=source,
         source_section=section,
+        download=download,
         steps=tuple(ordered),
         tasks=tasks,
         exact_dedup=exact,
@@ -170,3 +189,21 @@ def _fuzzy(section: Any, key: str) -> FuzzyDedup | None:
             f"{key}.verify", f"{verify!r} is not valid", f"Use one of: {', '.join(VERIFY)}"
         )
     return FuzzyDedup(threshold, ngram, num_hashes, chosen, seed, str(verify))
+
+
+def _download(source: Any, key: str) -> Download | None:
+    section = source.get("download")
+    if section is None or section.get("url_list") is None:
+        return None
+    limit = section.get("limit")
+    if limit is not None:
+        require_int(f"{key}.download.limit", limit)
+    folder = Path(str(section.get("dir")))
+    files = [Path(str(f)) for f in source.get("files") or ()]
+    if not any(f == folder or folder in f.parents for f in files):
+        raise ConfigError(
+            f"{key}.files",
+            f"does not read {folder}, where download.dir saves the files",
+            f"Add {folder} to {key}.files",
+        )
+    return Download(str(section.url_list), str(section.get("list_base") or ""), limit, folder)

@@ -1,6 +1,7 @@
 """The data_curation stage: raw documents to curated JSONL shards (reference 5.17).
 
 Its jobs, each an array over the recipe's nodes where the work splits:
+  download    the source's files fetched first, when the recipe lists them (resumable);
   prepare     once, when a step needs something made first (decontamination's n-grams);
   documents   the source read and each document run through the steps (array over tasks);
   buckets     dedup candidates grouped by key partition and verified (array over partitions);
@@ -22,6 +23,7 @@ from launcher_scripts.stages.base import StageContext, StageDefaults, make_job, 
 from launcher_scripts.stages.data_prep_common import cpu_resources, stage_key, workers_args
 
 JOBS = "launcher_scripts.jobs.curation"
+DOWNLOAD = "launcher_scripts.jobs.data_prep.download"  # resumable, sizes checked
 
 
 @register
@@ -45,7 +47,8 @@ class DataCuration(StageDefaults):
         recipe = read_curation(ctx.cfg, ctx.stage, exists)
         require_int(stage_key(ctx, "run.node_array_size"), ctx.cfg.run.node_array_size)
         workers_args(ctx)
-        files = recipe.files()
+        named = [Path(str(f)) for f in recipe.source_section.files]
+        files = recipe.files() if all(p.exists() for p in named) else []  # else counted later
         if files and recipe.tasks > len(files):
             raise ConfigError(
                 stage_key(ctx, "tasks"),
@@ -75,6 +78,21 @@ class DataCuration(StageDefaults):
             )
 
         jobs = []
+        if (download := recipe.download) is not None:
+            args = ("--url-list", download.url_list, "--list-base", download.list_base)
+            args += ("--limit", str(download.limit)) if download.limit is not None else ()
+            args += ("--output-dir", str(download.dir))
+            units = download.limit or nodes
+            jobs.append(
+                make_job(
+                    ctx,
+                    f"{name}-download",
+                    (Command(DOWNLOAD, args),),
+                    cpu_resources(ctx),
+                    array_size=min(nodes, units) if min(nodes, units) > 1 else None,
+                    writes=(str(download.dir),),
+                )
+            )
         if recipe.prepared_steps():
             jobs.append(job("prepare", "prepare", config, 1))
         jobs.append(
@@ -103,7 +121,13 @@ class DataCuration(StageDefaults):
                 else []
             ),
         ]
+        named = [str(f) for f in recipe.source_section.files]
+        files = (
+            f"{len(recipe.files())} {recipe.source.name} files"
+            if all(Path(p).exists() for p in named)
+            else f"{recipe.source.name} files from {', '.join(named)}"
+        )
         return [
-            f"curation: {len(recipe.files())} {recipe.source.name} files in {recipe.tasks} tasks; "
+            f"curation: {files} in {recipe.tasks} tasks; "
             f"steps: {steps}; dedup: {', '.join(dedup) or 'none'}; output {recipe.output_dir}"
         ]

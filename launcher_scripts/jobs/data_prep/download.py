@@ -17,6 +17,16 @@ Single files (tokenizer vocab and merges; repeat --file, one SOURCE DEST pair ea
         --file https://host/gpt2-vocab.json /data/bpe/vocab.json \\
         --file https://host/gpt2-merges.txt /data/bpe/merges.txt
 
+A list of files (e.g. Common Crawl's warc.paths.gz: one path or URL per line, optionally
+gzipped, itself a local file or a URL), shared by rank as numbered shards are:
+
+    python3 -m launcher_scripts.jobs.data_prep.download \
+        --url-list https://host/warc.paths.gz --list-base https://host/ [--limit N] \
+        --output-dir DIR
+
+    fetches each of this task's lines (prefixed with --list-base when it is not a URL itself)
+    into DIR/<its file name>; --limit keeps the list's first N lines.
+
 Common options: --retries N (default 5) extra attempts after network errors, HTTP 5xx, 408
 and 429, waiting --retry-wait S seconds (default 2) before the first retry and twice as long
 before each next one (at most 60 s); --timeout S (default 60) for connecting and for each read.
@@ -45,6 +55,7 @@ Only the standard library (urllib) does the transfers; tqdm draws the progress b
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import shutil
 import ssl
@@ -64,7 +75,7 @@ from urllib.request import Request, url2pathname, urlopen
 from tqdm import tqdm
 
 from launcher_scripts.formats import fingerprint
-from launcher_scripts.formats.shards import my_file_numbers
+from launcher_scripts.formats.shards import my_file_numbers, rank_and_world_size, share
 
 CHUNK_BYTES = 1 << 20
 MAX_RETRY_WAIT_S = 60.0
@@ -411,6 +422,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--url-base", help="URL (or directory) that holds the numbered files")
+    mode.add_argument("--url-list", help="a file or URL listing one path or URL per line")
     mode.add_argument(
         "--file",
         action="append",
@@ -421,6 +433,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--file-numbers", help="numbers and ranges, e.g. '0,3,5-7'")
     parser.add_argument("--output-dir", type=Path, help="directory for the shards")
     parser.add_argument("--name-format", default="{:02d}.jsonl.zst")
+    parser.add_argument("--list-base", default="", help="prefixed to relative --url-list lines")
+    parser.add_argument("--limit", type=int, help="only the first N lines of --url-list")
     parser.add_argument("--rank", type=int)
     parser.add_argument("--world-size", type=int)
     parser.add_argument("--retries", type=int, default=5, help="extra attempts (default 5)")
@@ -429,14 +443,58 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.url_base is not None and (args.file_numbers is None or args.output_dir is None):
         parser.error("--url-base needs --file-numbers and --output-dir")
+    if args.url_list is not None and args.output_dir is None:
+        parser.error("--url-list needs --output-dir")
     if args.retries < 0 or args.retry_wait < 0 or args.timeout <= 0:
         parser.error("--retries and --retry-wait must be >= 0 and --timeout > 0")
     return args
 
 
-def _jobs(args: argparse.Namespace) -> list[tuple[str, Path]]:
+def plan_list(
+    lines: Sequence[str], base: str, output_dir: Path, limit: int | None, rank: int, world: int
+) -> list[tuple[str, Path]]:
+    """This task's (source, destination) pairs of a list of paths or URLs."""
+    entries = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    entries = entries[:limit] if limit is not None else entries
+    pairs = []
+    for entry in share(entries, rank, world):
+        source = (
+            entry
+            if "://" in entry
+            else f"{base.rstrip('/')}/{entry.lstrip('/')}"
+            if base
+            else entry
+        )
+        pairs.append((source, output_dir / Path(entry.split("?")[0]).name))
+    names = [dest.name for _, dest in pairs]
+    if len(set(names)) != len(names):
+        raise ValueError("--url-list names two files the same: their last path parts must differ")
+    return pairs
+
+
+def _listed(args: argparse.Namespace, policy: RetryPolicy, rank: int) -> list[str]:
+    source = str(args.url_list)
+    local = Path(source.removeprefix("file://"))
+    if "://" in source and not source.startswith("file://"):
+        # A copy per task: tasks sharing a file system would otherwise write one .part.
+        local = args.output_dir / f".url-list-{rank}-{Path(source).name}"
+        fetch(source, local, policy)
+    data = local.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return data.decode("utf-8").splitlines()
+
+
+def _jobs(args: argparse.Namespace, policy: RetryPolicy) -> list[tuple[str, Path]]:
     if args.file:
         return [(source, Path(dest)) for source, dest in args.file]
+    if args.url_list:
+        rank, world = rank_and_world_size(rank=args.rank, world_size=args.world_size)
+        pairs = plan_list(
+            _listed(args, policy, rank), args.list_base, args.output_dir, args.limit, rank, world
+        )
+        _log(f"task {rank} of {world}: {len(pairs)} files of the list")
+        return pairs
     numbers = my_file_numbers(args.file_numbers, args.rank, args.world_size)
     return plan_shards(args.url_base, numbers, args.output_dir, args.name_format)
 
@@ -445,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     policy = RetryPolicy(retries=args.retries, wait_s=args.retry_wait, timeout_s=args.timeout)
     try:
-        for source, dest in _jobs(args):
+        for source, dest in _jobs(args, policy):
             (fetch_recorded if args.file else fetch)(source, dest, policy)
     except (DownloadError, ValueError, OSError) as exc:
         print(f"download: error: {exc}", file=sys.stderr, flush=True)
