@@ -9,8 +9,9 @@ of the rule's parameters, and the ratios and fractions among them lie in (0, 1).
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,7 @@ def rule_values(name: str, section: Any, key: str) -> dict[str, Any]:
         raise ConfigError(
             f"{key}.{unknown[0]}",
             "is not a parameter of this rule",
-            f"Use: {', '.join(rule.parameters)}",
+            _meant(key, unknown[0], rule.parameters) or f"Use: {', '.join(rule.parameters)}",
         )
     values = {**rule.parameters, **given}
     for parameter in rule.fractions:
@@ -192,6 +193,11 @@ def rule_values(name: str, section: Any, key: str) -> dict[str, Any]:
     return values
 
 
+def _meant(prefix: str, name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"Did you mean {prefix}.{close[0]}?" if close else ""
+
+
 def _check(section: Any, key: str, exists: Exists) -> None:
     rules = section.get("rules")
     if not rules:
@@ -199,7 +205,9 @@ def _check(section: Any, key: str, exists: Exists) -> None:
     for name, values in rules.items():
         if name not in RULES:
             raise ConfigError(
-                f"{key}.rules.{name}", "is not a rule", f"Use some of: {', '.join(RULES)}"
+                f"{key}.rules.{name}",
+                "is not a rule",
+                _meant(f"{key}.rules", name, RULES) or f"Use some of: {', '.join(RULES)}",
             )
         if values is not None:
             rule_values(name, values, f"{key}.rules.{name}")

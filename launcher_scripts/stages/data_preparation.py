@@ -115,7 +115,16 @@ class CustomDataset:
         seen: dict[str, Path] = {}
         for index, source in enumerate(files):
             key = stage_key(ctx, f"raw_dataset_files[{index}]")
-            if not ctx.written_upstream(source):  # e.g. data_curation's output folder
+            if ctx.written_upstream(source):  # e.g. data_curation's output folder
+                pass
+            elif not source.exists() and not source.name.endswith(INPUT_SUFFIXES):
+                raise ConfigError(
+                    key,
+                    ctx.not_written(source),
+                    "Give existing files or folders, or run the stage that writes it in the "
+                    "same run (data_curation's output: stages=[data_curation,data_preparation])",
+                )
+            else:
                 require_input(key, source, INPUT_SUFFIXES)
             stem = output_stem(source)
             if stem in seen:
