@@ -325,16 +325,12 @@ def main() -> int:
     ours, theirs = statistics.median(ours_times), statistics.median(theirs_times)
     kept_ours = count_lines(ours_root / "curated")
     kept_theirs = count_lines(work / "datatrove" / "output")
-    print(
-        f"ours:      {ours:7.1f} s  {documents / ours:8.0f} documents/s per core  ({kept_ours:,} kept)"
-    )
-    print(
-        f"datatrove: {theirs:7.1f} s  {documents / theirs:8.0f} documents/s per core  ({kept_theirs:,} kept)"
-    )
+    for name, seconds, kept in (("ours", ours, kept_ours), ("datatrove", theirs, kept_theirs)):
+        rate = documents / seconds
+        print(f"{name:<10} {seconds:7.1f} s {rate:8.0f} documents/s per core ({kept:,} kept)")
     ratio = ours / theirs
-    print(
-        f"ratio ours/datatrove: {ratio:.3f} (target <= {OVERHEAD_TARGET}): {'met' if ratio <= OVERHEAD_TARGET else 'NOT met'}"
-    )
+    verdict = "met" if ratio <= OVERHEAD_TARGET else "NOT met"
+    print(f"ratio ours/datatrove: {ratio:.3f} (target <= {OVERHEAD_TARGET}): {verdict}")
 
     dedup_root = work / "dedup"
     dedup_config = configure(dedup_root, corpus, "[]", 2)
