@@ -144,6 +144,25 @@ def reward_modules() -> set[str]:
     return {"launcher_scripts.recipes.rewards"}
 
 
+def curation_step_modules() -> set[str]:
+    import launcher_scripts.curation as curation
+
+    return {
+        f"launcher_scripts.curation.{m.name}"
+        for m in pkgutil.iter_modules(curation.__path__)
+        if not m.ispkg
+    }
+
+
+def curation_source_modules() -> set[str]:
+    from launcher_scripts.curation import sources
+
+    return {
+        f"launcher_scripts.curation.sources.{m.name}"
+        for m in pkgutil.iter_modules(sources.__path__)
+    }
+
+
 def family_modules() -> set[str]:
     return {f"launcher_scripts.families.{m.name}" for m in pkgutil.iter_modules(families.__path__)}
 
@@ -155,6 +174,8 @@ DYNAMIC_IMPORTS: dict[str, Callable[[], Iterable[str]]] = {
     "launcher_scripts/jobs/models/base.py": runtime_modules,  # import_module(family.runtime)
     "launcher_scripts/jobs/conversion/hf_import.py": hf_importers,  # (family.hf_importer)
     "launcher_scripts/tuning/__init__.py": method_modules,  # each method module registers
+    "launcher_scripts/curation/step.py": curation_step_modules,  # each step module registers
+    "launcher_scripts/curation/sources/__init__.py": curation_source_modules,  # each source
     "launcher_scripts/jobs/fine_tuning/peft.py": method_runtimes,  # (method.runtime).attach
     "launcher_scripts/jobs/fine_tuning/merge_lora.py": method_runtimes,  # (...).merged
     "launcher_scripts/recipes/grpo.py": reward_modules,  # model.grpo.reward_functions

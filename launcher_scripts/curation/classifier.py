@@ -157,5 +157,6 @@ register(
         inputs=lambda s: (*_examples(s, "positive"), *_examples(s, "negative")),
         prepare=_prepare,
         build=_build,
+        provides=("quality_score",),
     )
 )

@@ -14,7 +14,7 @@ from typing import Any
 
 from launcher_scripts.config.checks import require_open_fraction
 from launcher_scripts.curation.document import Document
-from launcher_scripts.curation.step import CurationStep, DocumentStep, Exists, register
+from launcher_scripts.curation.step import LANGUAGE, CurationStep, DocumentStep, Exists, register
 from launcher_scripts.errors import ConfigError
 
 FASTTEXT_PREFIX = "__label__"
@@ -72,7 +72,7 @@ class LanguageFilter:
 
     def __call__(self, doc: Document) -> str | None:
         code, score = self.identify(doc.text)
-        doc.meta["language"], doc.meta["language_score"] = code, round(score, 4)
+        doc.meta[LANGUAGE], doc.meta["language_score"] = code, round(score, 4)
         if score < self.min_score:
             return "language_score_below_min"
         if self.languages is not None and code not in self.languages:
@@ -92,5 +92,6 @@ register(
         inputs=lambda section: tuple(str(m) for m in [section.get("model")] if m),
         prepare=None,
         build=_build,
+        provides=(LANGUAGE, "language_score"),
     )
 )

@@ -11,7 +11,7 @@ from typing import Any
 from launcher_scripts.config.checks import require_int, require_open_fraction
 from launcher_scripts.curation.minhash import Banding, banding
 from launcher_scripts.curation.sources import Source, input_files, sources
-from launcher_scripts.curation.step import CurationStep, Exists, steps
+from launcher_scripts.curation.step import LANGUAGE, CurationStep, Exists, steps
 from launcher_scripts.errors import ConfigError
 
 # How a candidate pair is checked: `exact` keeps each document's shingle hashes for it (about
@@ -129,11 +129,12 @@ def read_curation(cfg: Any, stage: str, exists: Exists = Path.exists) -> Curatio
         raise ConfigError(
             f"{stage}.split_by_language", f"{split!r} is not true or false", "Set true or false"
         )
-    if split and "language" not in chosen:
+    if split and not any(LANGUAGE in step.provides for step, _ in ordered):
+        identifiers = [name for name, step in registered.items() if LANGUAGE in step.provides]
         raise ConfigError(
             f"{stage}.split_by_language",
-            "is true but no language step runs",
-            "Add language to steps, or set split_by_language=false",
+            "is true but no step identifies the language",
+            f"Add {' or '.join(identifiers)} to steps, or set split_by_language=false",
         )
     bad = cfg.get("max_bad_fraction")
     if isinstance(bad, bool) or not isinstance(bad, int | float) or not 0 <= bad <= 1:

@@ -5,7 +5,8 @@ is checked (one line naming the key), the files it reads, an optional one-off pr
 once before the document pass (an n-gram index, a trained classifier), and how a job builds
 it. Built, it is a callable taking a Document and returning None to keep it or the reason it
 is removed (it may change the text and meta in place). Nothing outside this package compares
-a step's name: a new step is one module here, imported in `steps()`, and its recipe keys.
+a step's name: a new step is one module of this package (`steps()` imports them all) and
+its recipe keys.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ class DocumentStep(Protocol):
     def __call__(self, doc: Document) -> str | None: ...
 
 
+LANGUAGE = "language"  # the meta key the write step splits the output by
+
+
 # Whether a path exists or an earlier stage of the run writes it (the stage's view).
 Exists = Callable[[Path], bool]
 
@@ -36,6 +40,7 @@ class CurationStep:
     # for a step that needs nothing prepared.
     prepare: Callable[[Any, Path], None] | None
     build: Callable[[Any, Path], DocumentStep]  # (section, work folder) -> the step
+    provides: tuple[str, ...] = ()  # the meta keys it sets on a kept document
 
 
 STEPS: dict[str, CurationStep] = {}
@@ -47,13 +52,13 @@ def register(step: CurationStep) -> CurationStep:
 
 
 def steps() -> dict[str, CurationStep]:
-    """Every registered step (importing the modules registers them)."""
-    from launcher_scripts.curation import (  # noqa: F401
-        classifier,
-        cleaning,
-        decontamination,
-        heuristics,
-        language,
-    )
+    """Every registered step: importing this package's modules registers them."""
+    import importlib
+    import pkgutil
 
+    import launcher_scripts.curation as package
+
+    for module in pkgutil.iter_modules(package.__path__):
+        if not module.ispkg:
+            importlib.import_module(f"{package.__name__}.{module.name}")
     return STEPS

@@ -49,13 +49,12 @@ def register(source: Source) -> Source:
 
 
 def sources() -> dict[str, Source]:
-    from launcher_scripts.curation.sources import (  # noqa: F401
-        arxiv,
-        common_crawl,
-        jsonl,
-        wikipedia,
-    )
+    """Every registered source: importing this package's modules registers them."""
+    import importlib
+    import pkgutil
 
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
     return SOURCES
 
 

@@ -30,6 +30,7 @@ import zstandard
 from launcher_scripts.curation.document import Document
 from launcher_scripts.curation.minhash import MinHasher, band_keys
 from launcher_scripts.curation.sources import ReadStats
+from launcher_scripts.curation.step import LANGUAGE
 from launcher_scripts.errors import JobError
 from launcher_scripts.jobs.curation.work import (
     BAND_RECORD,
@@ -132,8 +133,8 @@ def curate_task(config: str, task: int) -> str:
                     reason = _run_steps(steps, step_stats, doc, size, removals)
                     if reason is not None:
                         continue
-                    if "language" in doc.meta:
-                        languages[str(doc.meta["language"])] += 1
+                    if LANGUAGE in doc.meta:
+                        languages[str(doc.meta[LANGUAGE])] += 1
                     line = json.dumps(doc.record(), ensure_ascii=False) + "\n"
                     kept_stream.write(line.encode("utf-8"))
                     bytes_kept += len(doc.text.encode("utf-8"))

@@ -22,6 +22,7 @@ from typing import IO
 import numpy as np
 import zstandard
 
+from launcher_scripts.curation.step import LANGUAGE
 from launcher_scripts.jobs.curation.work import Work, load_recipe, run_units, write_json
 
 EXAMPLES = 3
@@ -60,7 +61,7 @@ def write_task(config: str, task: int) -> str:
                     continue
                 language = ""
                 if recipe.split_by_language:
-                    language = str(json.loads(line).get("language", "unknown"))
+                    language = str(json.loads(line).get(LANGUAGE, "unknown"))
                 if language not in outputs:
                     folder = recipe.output_dir / language if language else recipe.output_dir
                     folder.mkdir(parents=True, exist_ok=True)
