@@ -425,6 +425,7 @@ def test_a_task_killed_mid_shard_is_redone_and_the_output_is_the_same(tmp_path: 
     assert output_files(tmp_path / "killed") == output_files(tmp_path / "reference")
 
 
+@pytest.mark.slow
 def test_curated_output_trains_through_data_preparation_in_one_run(tmp_path: Path) -> None:
     # The README's curation command on the shipped corpus, training shortened.
     result = run_main(
@@ -480,3 +481,23 @@ def test_a_quality_classifier_trained_on_examples_keeps_prose_and_removes_junk(
     assert {int(r["id"]) for r in records} == set(range(40))
     assert min(r["quality_score"] for r in records) >= 0.5
     assert report(tmp_path)["removed"] == {"classifier: quality_score_below_threshold": 40}
+
+
+def test_decontamination_reads_lm_eval_tasks_by_name(tmp_path: Path) -> None:
+    lambada = REPO / "launcher_scripts" / "sample_data" / "eval_tasks" / "tiny_lambada.jsonl"
+    passages = [json.loads(line)["text"] for line in lambada.read_text().splitlines()[:3]]
+    rng = random.Random(9)
+    texts = [english_document(rng) for _ in range(20)]
+    for index, passage in zip((2, 9, 15), passages, strict=True):
+        texts[index] = texts[index] + "\n" + passage
+    files = write_shards(tmp_path / "raw", texts, 1)
+    result = run_main(
+        *curate_overrides(
+            tmp_path,
+            files,
+            "data_curation.steps=[decontamination]",
+            "data_curation.decontamination.lm_eval_tasks=[tiny_lambada,tiny_choice]",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert output_ids(tmp_path / "curated") == set(range(20)) - {2, 9, 15}

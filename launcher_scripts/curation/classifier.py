@@ -18,7 +18,13 @@ from typing import Any
 
 from launcher_scripts.config.checks import require_int, require_open_fraction
 from launcher_scripts.curation.document import Document
-from launcher_scripts.curation.step import CurationStep, DocumentStep, Exists, register
+from launcher_scripts.curation.step import (
+    CurationStep,
+    DocumentStep,
+    Exists,
+    register,
+    require_files,
+)
 from launcher_scripts.errors import ConfigError, JobError
 
 TRAINED = "classifier/quality.bin"
@@ -48,17 +54,7 @@ def _check(section: Any, key: str, exists: Exists) -> None:
                     "is empty and no model is given",
                     f"Name {name} example files (JSONL or text), or set {key}.model",
                 )
-            for index, file in enumerate(files):
-                if not file.endswith(EXAMPLE_SUFFIXES):
-                    raise ConfigError(
-                        f"{key}.{name}[{index}]",
-                        f"{file} is not a JSONL or text file",
-                        f"Use files ending in {', '.join(EXAMPLE_SUFFIXES)}",
-                    )
-                if not exists(Path(file)):
-                    raise ConfigError(
-                        f"{key}.{name}[{index}]", f"{file} does not exist", "Fix the path"
-                    )
+            require_files(f"{key}.{name}", files, exists, EXAMPLE_SUFFIXES)
         require_int(f"{key}.epochs", section.get("epochs"))
         require_int(f"{key}.word_ngrams", section.get("word_ngrams"))
     label = section.get("label")

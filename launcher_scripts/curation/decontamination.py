@@ -2,9 +2,10 @@
 fine-tuning tasks (the reference's "task data preparation" and "find/remove matching n-grams").
 
 Preparation reads the task files (JSON, JSONL, optionally gzipped, or plain text; every
-string field of a record is task text) and writes the sorted hashes of their word n-grams;
-a task text shorter than n words is too short to match reliably and is skipped. A document
-sharing any n-gram with a task is removed.
+string field of a record is task text) and the lm-eval tasks named (each evaluation
+document's prompt, target and choices, through lm-eval's own task definitions), and writes the
+sorted hashes of their word n-grams; a task text shorter than n words is too short to match
+reliably and is skipped. A document sharing any n-gram with a task is removed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any
 
 from launcher_scripts.config.checks import require_int
 from launcher_scripts.curation.document import Document
-from launcher_scripts.curation.step import CurationStep, DocumentStep, Exists, register
+from launcher_scripts.curation.step import (
+    CurationStep,
+    DocumentStep,
+    Exists,
+    register,
+    require_files,
+)
 from launcher_scripts.errors import ConfigError, JobError
 from launcher_scripts.files import write_atomic
 
@@ -29,27 +36,28 @@ def _files(section: Any) -> tuple[str, ...]:
     return tuple(str(f) for f in section.get("task_files") or ())
 
 
+def _tasks(section: Any) -> tuple[str, ...]:
+    return tuple(str(t) for t in section.get("lm_eval_tasks") or ())
+
+
 def _check(section: Any, key: str, exists: Exists) -> None:
     require_int(f"{key}.ngram", section.get("ngram"), minimum=3)
     files = _files(section)
-    if not files:
+    if not files and not _tasks(section):
         raise ConfigError(
             f"{key}.task_files",
-            "is empty",
-            "Name the task data to remove (e.g. the SFT data and evaluation sets, JSONL), or "
-            "drop decontamination from steps",
+            "is empty and so is lm_eval_tasks",
+            "Name the task data to remove (the SFT data and evaluation sets as JSONL, or "
+            "lm-eval task names in lm_eval_tasks), or drop decontamination from steps",
         )
-    for index, name in enumerate(files):
-        if not name.endswith(TASK_SUFFIXES):
-            raise ConfigError(
-                f"{key}.task_files[{index}]",
-                f"{name} is not a JSON, JSONL or text file",
-                f"Use a file ending in {', '.join(TASK_SUFFIXES)}",
-            )
-        if not exists(Path(name)):
-            raise ConfigError(
-                f"{key}.task_files[{index}]", f"{name} does not exist", "Fix the path"
-            )
+    include = section.get("lm_eval_include_path")
+    if _tasks(section) and include is not None and not exists(Path(str(include))):
+        raise ConfigError(
+            f"{key}.lm_eval_include_path",
+            f"{include} does not exist",
+            "Give a folder of task YAMLs",
+        )
+    require_files(f"{key}.task_files", files, exists, TASK_SUFFIXES)
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -80,6 +88,38 @@ def task_texts(path: str) -> Iterator[str]:
                     raise JobError(f"{path}:{number}: not JSON ({error.msg})") from None
 
 
+def lm_eval_texts(names: tuple[str, ...], include: str | None) -> Iterator[str]:
+    """The prompts, targets and choices of each lm-eval task's evaluation documents."""
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=[include] if include else None, include_defaults=False)
+    if any(name not in manager.all_tasks for name in names):  # lm-eval's own: index them too
+        manager = TaskManager(include_path=[include] if include else None)
+    for name in names:
+        if name not in manager.all_tasks:
+            raise JobError(
+                f"data_curation.decontamination.lm_eval_tasks: {name} is not an lm-eval task "
+                "here (lm-eval's own or lm_eval_include_path's)"
+            )
+        try:
+            loaded = manager.load([name])["tasks"]
+        except OSError as error:  # a dataset not available offline
+            first = (
+                str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            )
+            raise JobError(
+                f"data_curation.decontamination.lm_eval_tasks: {name}'s dataset is not available: "
+                f"{first}. Pre-cache it, or give its data in task_files"
+            ) from None
+        for task in loaded.values():
+            for doc in task.eval_docs:
+                yield from _strings(task.doc_to_text(doc))
+                if task.OUTPUT_TYPE == "multiple_choice":
+                    yield from _strings(task.doc_to_choice(doc))
+                else:
+                    yield from _strings(task.doc_to_target(doc))
+
+
 def _prepare(section: Any, work: Path) -> None:
     import numpy as np
 
@@ -87,8 +127,12 @@ def _prepare(section: Any, work: Path) -> None:
 
     n = int(section.ngram)
     parts, texts = [], 0
-    for path in _files(section):
-        for text in task_texts(path):
+    include = section.get("lm_eval_include_path")
+    sources = [task_texts(path) for path in _files(section)]
+    if _tasks(section):
+        sources.append(lm_eval_texts(_tasks(section), str(include) if include else None))
+    for source in sources:
+        for text in source:
             if len(words(text)) >= n:
                 parts.append(np.unique(ngram_hashes(text, n)))
                 texts += 1

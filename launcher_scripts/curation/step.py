@@ -17,10 +17,32 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from launcher_scripts.curation.document import Document
+from launcher_scripts.errors import ConfigError
 
 
 class DocumentStep(Protocol):
     def __call__(self, doc: Document) -> str | None: ...
+
+
+def require_files(
+    key: str,
+    names: tuple[str, ...] | list[str],
+    exists: Exists,
+    suffixes: tuple[str, ...],
+    folders: bool = False,
+) -> None:
+    """Each of `names` (`key[i]`) exists (or will) and ends in one of `suffixes`; with
+    `folders`, a folder is taken as it is (its files are listed when the job runs)."""
+    for index, name in enumerate(names):
+        path = Path(str(name))
+        if not exists(path):
+            raise ConfigError(f"{key}[{index}]", f"{path} does not exist", "Fix the path")
+        if (path.is_file() or not folders) and not path.name.endswith(suffixes):
+            raise ConfigError(
+                f"{key}[{index}]",
+                f"{path.name} is not a file this step or source reads",
+                f"Use files ending in {', '.join(suffixes)}",
+            )
 
 
 LANGUAGE = "language"  # the meta key the write step splits the output by

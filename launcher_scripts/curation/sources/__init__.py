@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.curation.document import Document
-from launcher_scripts.curation.step import Exists
+from launcher_scripts.curation.step import Exists, require_files
 from launcher_scripts.errors import ConfigError
 
 
@@ -82,13 +82,4 @@ def check_files(section: Any, key: str, exists: Exists, suffixes: tuple[str, ...
         raise ConfigError(
             f"{key}.files", f"{names!r} is not a list of files", "Give [/data/a, /data/b]"
         )
-    for index, name in enumerate(names):
-        path = Path(str(name))
-        if not exists(path):
-            raise ConfigError(f"{key}.files[{index}]", f"{path} does not exist", "Fix the path")
-        if path.is_file() and not path.name.endswith(suffixes):
-            raise ConfigError(
-                f"{key}.files[{index}]",
-                f"{path.name} is not a file this source reads",
-                f"Use files ending in {', '.join(suffixes)}",
-            )
+    require_files(f"{key}.files", list(names), exists, suffixes, folders=True)
