@@ -13,7 +13,10 @@ rest, and so on. Writes work_dir/buckets/<p>.npy
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -34,27 +37,32 @@ MAX_ANCHORS = 16
 
 
 class Signatures:
-    """Every task's signatures (and shingle sets, for the exact check), opened on first use."""
+    """Every task's signatures (and shingle sets, for the exact check), read a document at a
+    time from open files: a memory map would keep every page it touched resident, and the
+    partition's step would grow with the corpus instead of with its partition."""
 
     def __init__(self, work: Work, num_hashes: int) -> None:
         self.work, self.num_hashes = work, num_hashes
-        self.signatures: dict[int, np.ndarray] = {}
-        self.shingles: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.files: dict[Path, BinaryIO] = {}
+
+    def _read(self, path: Path, start: int, count: int, dtype: type) -> np.ndarray:
+        if path not in self.files:
+            self.files[path] = path.open("rb")
+        size = np.dtype(dtype).itemsize
+        data = os.pread(self.files[path].fileno(), count * size, start * size)
+        return np.frombuffer(data, dtype=dtype)
 
     def of(self, task: int, docs: np.ndarray) -> np.ndarray:
-        if task not in self.signatures:
-            path = self.work.signatures(task)
-            matrix = np.memmap(path, dtype=np.uint32, mode="r").reshape(-1, self.num_hashes)
-            self.signatures[task] = matrix
-        return np.asarray(self.signatures[task][docs])
+        path, width = self.work.signatures(task), self.num_hashes
+        return np.stack([self._read(path, int(doc) * width, width, np.uint32) for doc in docs])
 
     def shingle_set(self, task: int, doc: int) -> np.ndarray:
-        if task not in self.shingles:
-            values = np.memmap(self.work.shingles(task), dtype=np.uint64, mode="r")
-            offsets = np.fromfile(self.work.shingle_offsets(task), dtype=np.uint64)
-            self.shingles[task] = (values, offsets)
-        values, offsets = self.shingles[task]
-        return np.asarray(values[offsets[doc] : offsets[doc + 1]])
+        start, end = self._read(self.work.shingle_offsets(task), doc, 2, np.uint64)
+        return self._read(self.work.shingles(task), int(start), int(end - start), np.uint64)
+
+    def close(self) -> None:
+        for stream in self.files.values():
+            stream.close()
 
 
 def bucket_partition(config: str, partition: int) -> str:
@@ -91,6 +99,8 @@ def bucket_partition(config: str, partition: int) -> str:
         verified += len(found)
         if len(found):
             edges.append(found)
+    if signatures is not None:
+        signatures.close()
     found_edges = (
         np.unique(np.concatenate(edges), axis=0) if edges else np.zeros((0, 4), dtype=np.uint32)
     )
