@@ -501,3 +501,18 @@ def test_decontamination_reads_lm_eval_tasks_by_name(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert output_ids(tmp_path / "curated") == set(range(20)) - {2, 9, 15}
+
+
+def test_a_job_without_the_curation_packages_says_so_in_one_line(tmp_path: Path) -> None:
+    # ftfy hidden from the job: a module of that name that cannot be imported.
+    hidden = tmp_path / "hide"
+    (hidden / "ftfy").mkdir(parents=True)
+    (hidden / "ftfy" / "__init__.py").write_text("raise ModuleNotFoundError(name='ftfy')\n")
+    files = write_shards(tmp_path / "raw", ["One small document."], 1)
+    result = run_main(
+        *curate_overrides(tmp_path, files, "data_curation.steps=[clean]"),
+        extra_env={"PYTHONPATH": f"{hidden}:{REPO}"},
+    )
+    one_error_line(result, "curate_jsonl-documents")
+    log = next((tmp_path / "results" / "curate_jsonl").glob("log-curate_jsonl-documents_*.out"))
+    assert "need the package ftfy" in log.read_text() and "Traceback" not in log.read_text()

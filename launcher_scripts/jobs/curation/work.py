@@ -162,6 +162,12 @@ def run_units(
         print(f"task {rank}: {len(todo)} units in {time.monotonic() - started:.1f} s", flush=True)
     except (ConfigError, JobError) as error:
         return refuse(error)
+    except ModuleNotFoundError as error:
+        return refuse(
+            f"data_curation's jobs need the package {error.name}, which this environment "
+            "lacks: pip install 'llm-launcher[curation]' where the jobs run (the container, or "
+            "this machine for the local backend)"
+        )
     return 0
 
 
