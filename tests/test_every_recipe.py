@@ -51,6 +51,8 @@ def backend_cases(groups: list[str]) -> list[tuple[str, str, str]]:
 # are ones "an earlier stage of this run writes" and need no real checkpoint.
 UPSTREAM = {"conversion": ("training",), "evaluation": ("training", "conversion")}
 UPSTREAM["export"] = UPSTREAM["evaluation"]
+# Recipes whose input an earlier stage of the same run writes, by stage.
+WRITTEN_BEFORE = {("data_preparation", "generic/curated"): ("data_curation",)}
 
 
 @functools.cache
@@ -86,6 +88,8 @@ def recipe_of_family(group: str, wanted: str) -> str:
 def upstream(group: str, recipe: str) -> tuple[str, ...]:
     """Overrides that put the run producing this recipe's inputs before it: the training run it
     names (run.model_train_name) and, where needed, a conversion of the same family."""
+    if (group, recipe) in WRITTEN_BEFORE:
+        return (f"stages=[{','.join((*WRITTEN_BEFORE[group, recipe], group))}]",)
     target = recipe_alone(group, recipe)
     trained = training_recipes_by_run_name().get(str(target.run.get("model_train_name")))
     if group not in UPSTREAM or trained is None:

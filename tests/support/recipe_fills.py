@@ -4,8 +4,6 @@ from __future__ import annotations
 
 # Values a recipe leaves to the user (`???`), as a user gives them on the command line.
 FILLS: dict[tuple[str, str], list[str]] = {
-    # Its input is what data_curation writes in the same run.
-    ("data_preparation", "generic/curated"): ["stages=[data_curation,data_preparation]"],
     ("conversion", "hf_import"): ["conversion.hf_model_dir=/models/t5-small"],
     ("conversion", "hf_export"): ["conversion.run.model_train_name=Meta-Llama-3-8B"],
     ("fine_tuning", "gpt3/custom_task"): [
