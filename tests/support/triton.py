@@ -29,6 +29,14 @@ def serve_command(export_dir: Path, *options: str) -> list[str]:
     return [*command, f"--ready-timeout={READY_TIMEOUT}", *options]
 
 
+def shown(log: Path) -> str:
+    """A serve log for a failed test: its `error:` lines (the cause, often above the ranks'
+    tracebacks on the SIGTERM that followed it), then its end."""
+    text = log.read_text()
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    return "\n".join([*errors, "...", text[-3000:]])
+
+
 def started_serve(export_dir: Path, log: Path, *options: str, **popen: Any) -> subprocess.Popen:
     """`serve EXPORT_DIR options...`, its output in `log`, once it says it is ready (killed, its
     log shown, if it stops or does not get there)."""
@@ -44,8 +52,8 @@ def started_serve(export_dir: Path, log: Path, *options: str, **popen: Any) -> s
     try:
         deadline = time.monotonic() + READY_TIMEOUT + 60
         while "ready: models" not in log.read_text():
-            assert process.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            assert process.poll() is None, shown(log)
+            assert time.monotonic() < deadline, shown(log)
             time.sleep(0.5)
     except BaseException:
         process.kill()
