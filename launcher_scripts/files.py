@@ -55,9 +55,21 @@ def make_readable(root: Path) -> None:
                 path.chmod(0o666 & ~umask)
 
 
+@contextlib.contextmanager
+def replaced_file(path: Path) -> Iterator[Path]:
+    """A hidden temporary name beside `path`, with its suffix (numpy and matplotlib choose the
+    format by it), to write; renamed to `path` when the block ends without an error, removed
+    when it does not."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write to a temporary name beside `path`, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
+    with replaced_file(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")

@@ -26,6 +26,7 @@ from launcher_scripts.curation.step import (
     require_files,
 )
 from launcher_scripts.errors import ConfigError, JobError
+from launcher_scripts.files import replaced_file
 
 TRAINED = "classifier/quality.bin"
 NEGATIVE = "low"
@@ -114,9 +115,8 @@ def _prepare(section: Any, work: Path) -> None:
         thread=1,  # one thread: the same model from the same examples
         seed=0,
     )
-    temporary = target.with_name(f".{target.name}.tmp")
-    model.save_model(str(temporary))
-    temporary.replace(target)
+    with replaced_file(target) as temporary:
+        model.save_model(str(temporary))
     print(f"classifier: trained on {len(lines):,} examples, saved {target}", flush=True)
 
 

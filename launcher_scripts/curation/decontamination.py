@@ -26,7 +26,7 @@ from launcher_scripts.curation.step import (
     require_files,
 )
 from launcher_scripts.errors import ConfigError, JobError
-from launcher_scripts.files import write_atomic
+from launcher_scripts.files import replaced_file, write_atomic
 
 INDEX = "decontamination/task_ngrams.npy"
 TASK_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".txt")
@@ -138,10 +138,8 @@ def _prepare(section: Any, work: Path) -> None:
                 texts += 1
     hashes = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.uint64)
     target = work / INDEX
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.tmp.npy")
-    np.save(temporary, hashes)
-    temporary.replace(target)
+    with replaced_file(target) as temporary:
+        np.save(temporary, hashes)
     write_atomic(
         target.with_suffix(".json"), json.dumps({"task_texts": texts, "ngrams": len(hashes)})
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from launcher_scripts.files import write_atomic
+from launcher_scripts.files import replaced_file, write_atomic
 from launcher_scripts.jobs.curation.work import Work, load_recipe, read_json, run_units, write_json
 
 
@@ -172,10 +172,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     elif report["languages"]:
         axes[2].bar(list(report["languages"]), list(report["languages"].values()))
         axes[2].set_title("languages kept")
-    temporary = path.with_name(f".{path.stem}.tmp.png")
-    figure.savefig(temporary, dpi=90)
+    with replaced_file(path) as temporary:
+        figure.savefig(temporary, dpi=90)
     plt.close(figure)
-    temporary.replace(path)
 
 
 def write_report(config: str, _unit: int) -> str:

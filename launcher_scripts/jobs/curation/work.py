@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import multiprocessing
-import os
 import shutil
 import socket
 import sys
@@ -28,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.curation.recipe import CurationRecipe, read_curation
 from launcher_scripts.errors import ConfigError, JobError
-from launcher_scripts.files import replaced_directory, write_atomic
+from launcher_scripts.files import replaced_directory, replaced_file, write_atomic
 from launcher_scripts.formats.shards import rank_and_world_size, share
 from launcher_scripts.jobs.refusal import refuse
 
@@ -108,10 +107,8 @@ def write_json(path: Path, value: Any) -> None:
 
 
 def save_array(path: Path, array: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.stem}.tmp.npy")
-    np.save(temporary, array)
-    os.replace(temporary, path)
+    with replaced_file(path) as temporary:
+        np.save(temporary, array)
 
 
 def load_recipe(config: str) -> tuple[DictConfig, CurationRecipe]:
