@@ -58,7 +58,8 @@ def find_components(config: str, _unit: int) -> str:
     nodes = np.unique(np.concatenate([first, second]))
     labels = labels_of(np.searchsorted(nodes, first), np.searchsorted(nodes, second), len(nodes))
     removed = nodes[labels != np.arange(len(nodes))]
-    sizes = Counter(np.bincount(labels)[np.unique(labels)].tolist())
+    roots = np.unique(labels)
+    sizes = Counter(np.bincount(labels)[roots].tolist())
     with unit_folder(work.components) as folder:
         for task in range(recipe.tasks):
             mine = removed[(removed >= offsets[task]) & (removed < offsets[task + 1])]
@@ -68,14 +69,15 @@ def find_components(config: str, _unit: int) -> str:
         write_json(
             folder / "clusters.json",
             {
-                "clusters": int(len(np.unique(labels))),
+                "clusters": len(roots),
                 "documents_in_clusters": int(len(nodes)),
                 "removed": int(len(removed)),
                 "cluster_sizes": {str(size): count for size, count in sorted(sizes.items())},
             },
         )
-    clusters = len(np.unique(labels))
-    return f"components: {len(nodes):,} documents, {clusters:,} clusters, {len(removed):,} removed"
+    return (
+        f"components: {len(nodes):,} documents, {len(roots):,} clusters, {len(removed):,} removed"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

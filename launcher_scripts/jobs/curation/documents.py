@@ -137,9 +137,10 @@ def curate_task(config: str, task: int) -> str:
                         languages[str(doc.meta[LANGUAGE])] += 1
                     line = json.dumps(doc.record(), ensure_ascii=False) + "\n"
                     kept_stream.write(line.encode("utf-8"))
-                    bytes_kept += len(doc.text.encode("utf-8"))
+                    encoded = doc.text.encode("utf-8")
+                    bytes_kept += len(encoded)
                     if bands is not None:
-                        keys.add(doc.text, kept)
+                        keys.add(doc.text, encoded, kept)
                     kept += 1
         if bands is not None:
             bands.close()
@@ -208,10 +209,10 @@ class KeyWriter:
         fuzzy = recipe.fuzzy_dedup
         self.offsets: list[int] | None = [0] if fuzzy and fuzzy.verify == "exact" else None
 
-    def add(self, text: str, index: int) -> None:
+    def add(self, text: str, encoded: bytes, index: int) -> None:
         assert self.bands is not None
         if self.recipe.exact_dedup:
-            digest = xxhash.xxh3_128_intdigest(text.encode("utf-8"))
+            digest = xxhash.xxh3_128_intdigest(encoded)
             self.bands.add(
                 digest >> 64, digest & 0xFFFFFFFFFFFFFFFF, int(EXACT_BAND), self.task, index
             )
