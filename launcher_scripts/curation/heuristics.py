@@ -9,7 +9,6 @@ of the rule's parameters, and the ratios and fractions among them lie in (0, 1).
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.config.checks import require_open_fraction
+from launcher_scripts.config.schema import suggestion
 from launcher_scripts.curation.document import Document
 from launcher_scripts.curation.step import CurationStep, DocumentStep, Exists, register
 from launcher_scripts.errors import ConfigError
@@ -194,8 +194,8 @@ def rule_values(name: str, section: Any, key: str) -> dict[str, Any]:
 
 
 def _meant(prefix: str, name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f"Did you mean {prefix}.{close[0]}?" if close else ""
+    close = suggestion(name, dict.fromkeys(known))
+    return f"Did you mean {prefix}.{close}?" if close else ""
 
 
 def _check(section: Any, key: str, exists: Exists) -> None:

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         "data_curation's preparation of the steps that need it",
         lambda recipe: 1,
-        lambda work, _unit: work.root / ".never",
+        None,  # redone each time
         prepare,
     )
 

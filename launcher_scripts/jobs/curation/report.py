@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         "data_curation's report: each step's effect, as markdown, JSON and a plot",
         lambda recipe: 1,
-        lambda work, _unit: work.root / ".never",
+        None,  # redone each time
         write_report,
     )
 

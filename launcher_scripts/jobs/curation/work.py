@@ -126,11 +126,12 @@ def run_units(
     argv: list[str] | None,
     description: str,
     units: Callable[[CurationRecipe], int],
-    done: Callable[[Work, int], Path],
+    done: Callable[[Work, int], Path] | None,
     unit: Unit,
 ) -> int:
     """The program of one phase: this array task's share of the phase's units, each not yet
-    done run on the node's worker processes; one line per unit."""
+    done run on the node's worker processes; one line per unit. `done`: the file whose
+    existence marks a unit finished; None for a phase redone every time."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="the data_curation stage's resolved config")
     parser.add_argument("--workers", type=int, default=1, help="processes on this node")
@@ -140,7 +141,7 @@ def run_units(
         rank, world = rank_and_world_size()
         work = Work(recipe.work_dir)
         mine = share(range(units(recipe)), rank, world)
-        todo = [index for index in mine if not done(work, index).exists()]
+        todo = [index for index in mine if done is None or not done(work, index).exists()]
         skipped = len(mine) - len(todo)
         print(
             f"task {rank} of {world} on {socket.gethostname()}: units {list(mine) or 'none'}"
