@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from launcher_scripts.curation.sources import ReadStats, sources
@@ -146,3 +147,14 @@ def test_a_download_folder_the_source_does_not_read_is_refused(tmp_path: Path) -
         f"data_curation.source.download.dir={tmp_path}/elsewhere",
     )
     assert_one_line_error(result, "data_curation.source.files", "does not read", "download.dir")
+
+
+def test_a_download_list_naming_two_files_the_same_is_refused_whichever_task_reads_it() -> None:
+    from launcher_scripts.jobs.data_prep.download import plan_list
+
+    listed = ["crawl/1/a.warc.gz", "crawl/2/b.warc.gz", "crawl/3/a.warc.gz"]
+    for rank in (0, 1):  # neither task's own share holds both a.warc.gz
+        with pytest.raises(ValueError, match="names two files the same"):
+            plan_list(listed, "https://h", Path("/o"), None, rank, 3)
+    pairs = plan_list(listed[:2], "https://h/", Path("/o"), None, 1, 2)
+    assert pairs == [("https://h/crawl/2/b.warc.gz", Path("/o/b.warc.gz"))]

@@ -456,19 +456,14 @@ def plan_list(
     """This task's (source, destination) pairs of a list of paths or URLs."""
     entries = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     entries = entries[:limit] if limit is not None else entries
-    pairs = []
-    for entry in share(entries, rank, world):
-        source = (
-            entry
-            if "://" in entry
-            else f"{base.rstrip('/')}/{entry.lstrip('/')}"
-            if base
-            else entry
-        )
-        pairs.append((source, output_dir / Path(entry.split("?")[0]).name))
-    names = [dest.name for _, dest in pairs]
-    if len(set(names)) != len(names):
+    names = [Path(entry.split("?")[0]).name for entry in entries]
+    if len(set(names)) != len(names):  # over the whole list: two tasks must not meet either
         raise ValueError("--url-list names two files the same: their last path parts must differ")
+    pairs = []
+    for entry, name in share(list(zip(entries, names, strict=True)), rank, world):
+        if base and "://" not in entry:
+            entry = f"{base.rstrip('/')}/{entry.lstrip('/')}"
+        pairs.append((entry, output_dir / name))
     return pairs
 
 
