@@ -62,6 +62,16 @@ class CurationRecipe:
     def files(self) -> list[str]:
         return input_files(self.source_section)
 
+    @property
+    def named_files(self) -> list[Path]:
+        """The files and folders the recipe names, as named."""
+        return [Path(str(f)) for f in self.source_section.files]
+
+    def files_if_present(self) -> list[str] | None:
+        """The input files, or None while a named one does not exist yet (a download or an
+        earlier stage writes it)."""
+        return self.files() if all(p.exists() for p in self.named_files) else None
+
     def task_files(self, task: int) -> list[str]:
         """The input files logical task `task` reads: every tasks-th, from its index."""
         return self.files()[task :: self.tasks]

@@ -47,8 +47,7 @@ class DataCuration(StageDefaults):
         recipe = read_curation(ctx.cfg, ctx.stage, exists)
         require_int(stage_key(ctx, "run.node_array_size"), ctx.cfg.run.node_array_size)
         workers_args(ctx)
-        named = [Path(str(f)) for f in recipe.source_section.files]
-        files = recipe.files() if all(p.exists() for p in named) else []  # else counted later
+        files = recipe.files_if_present()  # None: counted when the job runs
         if files and recipe.tasks > len(files):
             raise ConfigError(
                 stage_key(ctx, "tasks"),
@@ -64,14 +63,12 @@ class DataCuration(StageDefaults):
         config = ("--config", str(ctx.config_path))
         parallel = (*config, *workers_args(ctx))
 
-        def job(
-            step: str, program: str, args: tuple[str, ...], units: int, **kw: object
-        ) -> JobSpec:
+        def job(step: str, module: str, args: tuple[str, ...], units: int, **kw: object) -> JobSpec:
             array = min(nodes, units)
             return make_job(
                 ctx,
                 f"{name}-{step}",
-                (Command(f"{JOBS}.{program}", args),),
+                (Command(module, args),),
                 cpu_resources(ctx),
                 array_size=array if array > 1 else None,
                 **kw,  # type: ignore[arg-type]
@@ -83,49 +80,36 @@ class DataCuration(StageDefaults):
             args += ("--limit", str(download.limit)) if download.limit is not None else ()
             args += ("--output-dir", str(download.dir))
             units = download.limit or nodes
-            jobs.append(
-                make_job(
-                    ctx,
-                    f"{name}-download",
-                    (Command(DOWNLOAD, args),),
-                    cpu_resources(ctx),
-                    array_size=min(nodes, units) if min(nodes, units) > 1 else None,
-                    writes=(str(download.dir),),
-                )
-            )
+            jobs.append(job("download", DOWNLOAD, args, units, writes=(str(download.dir),)))
         if recipe.prepared_steps():
-            jobs.append(job("prepare", "prepare", config, 1))
-        jobs.append(
-            job("documents", "documents", parallel, recipe.tasks, reads=tuple(recipe.files()))
-        )
+            jobs.append(job("prepare", f"{JOBS}.prepare", config, 1))
+        # The names as given: a folder of a whole crawl is listed by the jobs, not here.
+        named = tuple(str(p) for p in recipe.named_files)
+        jobs.append(job("documents", f"{JOBS}.documents", parallel, recipe.tasks, reads=named))
         if recipe.deduplicates:
-            jobs.append(job("buckets", "buckets", parallel, recipe.partitions))
-            jobs.append(job("components", "components", config, 1))
-        jobs.append(job("write", "write", parallel, recipe.tasks, writes=(str(recipe.output_dir),)))
+            jobs.append(job("buckets", f"{JOBS}.buckets", parallel, recipe.partitions))
+            jobs.append(job("components", f"{JOBS}.components", config, 1))
+        written = (str(recipe.output_dir),)
+        jobs.append(job("write", f"{JOBS}.write", parallel, recipe.tasks, writes=written))
         results = Path(str(ctx.cfg.run.results_dir))
         report = tuple(str(results / f"curation_report.{s}") for s in ("md", "json", "png"))
-        jobs.append(job("report", "report", config, 1, writes=report))
+        jobs.append(job("report", f"{JOBS}.report", config, 1, writes=report))
         return jobs
 
     def plan(self, ctx: StageContext) -> list[str]:
         recipe = self._recipe(ctx)
         steps = ", ".join(step.name for step, _ in recipe.steps) or "none"
-        dedup = [
-            *(["exact"] if recipe.exact_dedup else []),
-            *(
-                [
-                    f"fuzzy (Jaccard >= {f.threshold}, {f.ngram}-word shingles, "
-                    f"{f.banding.bands} bands x {f.banding.rows} rows)"
-                ]
-                if (f := recipe.fuzzy_dedup)
-                else []
-            ),
-        ]
-        named = [str(f) for f in recipe.source_section.files]
+        dedup = ["exact"] if recipe.exact_dedup else []
+        if (fuzzy := recipe.fuzzy_dedup) is not None:
+            dedup.append(
+                f"fuzzy (Jaccard >= {fuzzy.threshold}, {fuzzy.ngram}-word shingles, "
+                f"{fuzzy.banding.bands} bands x {fuzzy.banding.rows} rows)"
+            )
+        listed = recipe.files_if_present()
         files = (
-            f"{len(recipe.files())} {recipe.source.name} files"
-            if all(Path(p).exists() for p in named)
-            else f"{recipe.source.name} files from {', '.join(named)}"
+            f"{len(listed)} {recipe.source.name} files"
+            if listed is not None
+            else f"{recipe.source.name} files from {', '.join(map(str, recipe.named_files))}"
         )
         return [
             f"curation: {files} in {recipe.tasks} tasks; "
