@@ -41,15 +41,14 @@ def write_task(config: str, task: int) -> str:
     name = shard_name(task)
     for stale in recipe.output_dir.rglob(f".{name}.*"):  # a killed earlier attempt's
         stale.unlink()
-    outputs: dict[str, tuple[Path, IO[str]]] = {}
+    outputs: dict[str, tuple[Path, IO[bytes]]] = {}
     documents: Counter[str] = Counter()
     written_bytes = duplicates = 0
     examples: list[dict[str, str]] = []
     try:
         with work.kept(task).open("rb") as raw:
-            lines = io.TextIOWrapper(
-                zstandard.ZstdDecompressor().stream_reader(raw), encoding="utf-8"
-            )
+            # Bytes in, bytes out: a line is parsed only for an example or its language.
+            lines = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
             for index, line in enumerate(lines):
                 if index in drop:
                     duplicates += 1
@@ -66,10 +65,10 @@ def write_task(config: str, task: int) -> str:
                     folder = recipe.output_dir / language if language else recipe.output_dir
                     folder.mkdir(parents=True, exist_ok=True)
                     temporary = folder / f".{name}.{os.getpid()}.tmp"
-                    outputs[language] = (temporary, temporary.open("w", encoding="utf-8"))
+                    outputs[language] = (temporary, temporary.open("wb"))
                 outputs[language][1].write(line)
                 documents[language] += 1
-                written_bytes += len(line.encode("utf-8"))
+                written_bytes += len(line)
     finally:
         for _temporary, stream in outputs.values():
             stream.close()
