@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from tests.support.curation import (
     output_files,
     output_ids,
     output_records,
+    phase_command,
     planted_corpus,
     run_phase,
     stage_config,
@@ -404,9 +403,9 @@ def test_a_task_killed_mid_shard_is_redone_and_the_output_is_the_same(tmp_path: 
     for phase in ("documents", "buckets", "components", "write"):
         assert run_phase(reference, phase).returncode == 0
     work = tmp_path / "killed" / "work" / "documents"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    argv, env = phase_command(killed, "documents")
     process = subprocess.Popen(
-        [sys.executable, "-m", "launcher_scripts.jobs.curation.documents", "--config", str(killed)],
+        argv,
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -264,25 +264,26 @@ def english_document(rng: random.Random, sentences: int = 12, per_line: int = 3)
 PHASES = ("prepare", "documents", "buckets", "components", "write", "report")
 
 
-def run_phase(
+def phase_command(
     config: Path, phase: str, rank: int | None = None, world: int | None = None, workers: int = 1
-) -> subprocess.CompletedProcess:
-    """One data_curation job program on the stage's resolved config, as array task `rank` of
-    `world` (None: the only task), as a scheduler would start it."""
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of one data_curation job program on the stage's resolved config, as
+    array task `rank` of `world` (None: the only task), as a scheduler would start it."""
     env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
     if rank is not None:
         env |= {"RANK": str(rank), "WORLD_SIZE": str(world)}
     args = ["--config", str(config)]
     if phase in ("documents", "buckets", "write"):
         args += ["--workers", str(workers)]
-    return subprocess.run(
-        [sys.executable, "-m", f"launcher_scripts.jobs.curation.{phase}", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=600,
-    )
+    return [sys.executable, "-m", f"launcher_scripts.jobs.curation.{phase}", *args], env
+
+
+def run_phase(
+    config: Path, phase: str, rank: int | None = None, world: int | None = None, workers: int = 1
+) -> subprocess.CompletedProcess:
+    """One data_curation job program (phase_command) run to its end."""
+    argv, env = phase_command(config, phase, rank, world, workers)
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
 
 
 def stage_config(root: Path) -> Path:
