@@ -199,11 +199,11 @@ def datatrove_reference(corpus: Path, root: Path) -> None:
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
 
-    from launcher_scripts.curation.heuristics import _word_splitter
+    from launcher_scripts.curation.heuristics import word_splitter
 
     _encode_before_hashing()
 
-    words = _word_splitter()
+    words = word_splitter()
     config = MinhashConfig(n_grams=5, num_buckets=16, hashes_per_bucket=8)
     logs = root / "logs"
 

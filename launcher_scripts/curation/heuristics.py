@@ -38,7 +38,8 @@ class Rule:
     make: Callable[[dict[str, Any]], Callable[[Document], str | None]]
 
 
-def _word_splitter() -> Any:
+def word_splitter() -> Any:
+    """datatrove's WordTokenizer over regular expressions (the bench hands it to datatrove too)."""
     from datatrove.utils.word_tokenizers import WordTokenizer
 
     class RegexWords(WordTokenizer):
@@ -65,7 +66,7 @@ def _datatrove(class_name: str) -> Callable[[dict[str, Any]], Callable[[Document
         from datatrove.data import Document as DatatroveDocument
         from datatrove.pipeline import filters
 
-        rule = getattr(filters, class_name)(language=_word_splitter(), **values)
+        rule = getattr(filters, class_name)(language=word_splitter(), **values)
 
         def apply(doc: Document) -> str | None:
             theirs = DatatroveDocument(text=doc.text, id=doc.id)
