@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.clusters import BACKENDS, Backend, JobRecord
 from launcher_scripts.clusters.base import utc_now
-from launcher_scripts.config import nemo_keys, schema
+from launcher_scripts.config import schema
 from launcher_scripts.config.compose import UnknownOverride, compose_config, config_groups
 from launcher_scripts.config.preflight import check_globals, check_wandb, requested_stages, resolve
 from launcher_scripts.errors import ConfigError, LauncherError
@@ -76,10 +76,9 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     # Keys no program reads, first: a misspelt key may be why a value is missing.
     schema.check_known_keys(cfg, stages, declared_keys())
     resolved = resolve(cfg, stages)
-    # Booleans that are not (Hydra reads dry_run=maybe as a string) and NeMo's values, before
-    # anything looks at the values.
+    # Booleans that are not (Hydra reads dry_run=maybe as a string), before anything looks at
+    # the values.
     schema.check_booleans(resolved, stages)
-    nemo_keys.check_root_values(resolved)
     # The cluster types are the backends' names.
     check_globals(resolved, BACKENDS)
     numa.check_section(resolved.numa_mapping)

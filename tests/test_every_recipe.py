@@ -136,7 +136,7 @@ def overrides(group: str, recipe: str, cluster_type: str, root: Path) -> list[st
         f"cluster_type={cluster_type}",
         f"data_dir={root / 'data'}",
         f"base_results_dir={root / 'results'}",
-        f"container={IMAGE}",
+        *([] if cluster_type == "local" else [f"container={IMAGE}"]),
         "dry_run=true",
     ]
 

@@ -330,6 +330,35 @@ def test_an_ambiguous_file_name_lists_the_recipes() -> None:
         compose_config(["evaluation=squad"])
 
 
-def test_interactive_is_local(tmp_path: Path) -> None:
-    result = run_main(f"base_results_dir={tmp_path}/r", "cluster_type=interactive", "dry_run=true")
-    assert_one_line_error(result, "cluster_type", "Set cluster_type=local")
+def test_interactive_runs_as_local(tmp_path: Path) -> None:
+    """NeMo's `cluster_type=interactive`: the jobs run on the node one is logged in to."""
+    backend, resolved, planned = dry_plan(tmp_path, "cluster_type=interactive")
+    _, _, local = dry_plan(tmp_path, "cluster_type=local")
+    assert backend.name == "local" and resolved.cluster_type == "local"
+    scripts = [[job.script for job in stage.jobs] for stage in planned]
+    assert scripts == [[job.script for job in stage.jobs] for stage in local]
+
+
+def test_a_container_is_refused_where_no_container_starts(tmp_path: Path) -> None:
+    """Local (and interactive) jobs run with this machine's Python: NeMo's conf/config.yaml
+    names a container, which would otherwise be dropped without a word."""
+    for cluster_type in ("local", "interactive"):
+        result = run_main(
+            f"base_results_dir={tmp_path}/r",
+            f"cluster_type={cluster_type}",
+            "container=nvcr.io/nvidia/nemo:24.05",
+            "dry_run=true",
+        )
+        assert_one_line_error(result, "container", "starts no container", "container=null")
+    mounts = refused(tmp_path, "container_mounts=[/lustre]")
+    assert mounts.key == "container_mounts"
+
+
+def test_nemos_cluster_bcm_is_ignored_for_bcp(tmp_path: Path) -> None:
+    """5.1.1.3: 'cluster: bcm  # Leave it as bcm even if using bcp. It will be ignored.'"""
+    image = "container=nvcr.io/nvidia/nemo:24.05"
+    backend, resolved, _ = dry_plan(tmp_path, "cluster=bcm", "cluster_type=bcp", image)
+    assert backend.name == "bcp" and resolved.cluster.instance  # the bcp file's key
+    # Any other shipped file of another type still says what it would do.
+    error = refused(tmp_path, "cluster=bcm", "cluster_type=k8s", image)
+    assert error.key == "cluster" and "cluster_type=k8s" in str(error)

@@ -88,10 +88,13 @@ class Hostile:
             f"{stage}.run.name={hydra_text('run ' + HOSTILE)}",
             f"+env_vars.LAUNCHER_TEST={hydra_text(self.env_value)}",
             f"wandb_api_key_file={hydra_text(str(self.key_file))}",
-            f"container={hydra_text('nvcr.io/nvidia/nemo:24.05 ' + HOSTILE)}",
-            f"container_mounts=[{','.join(hydra_text(mount) for mount in mounts)}]",
             "dry_run=true",
         ]
+        if self.backend != "local":  # local starts no container, and refuses one
+            composed += [
+                f"container={hydra_text('nvcr.io/nvidia/nemo:24.05 ' + HOSTILE)}",
+                f"container_mounts=[{','.join(hydra_text(mount) for mount in mounts)}]",
+            ]
         if self.backend == "local" and stage == "training":
             composed.append("training.trainer.num_nodes=1")  # local runs this machine alone
         return composed + self.cluster_overrides()

@@ -103,6 +103,19 @@ class LocalBackend(BackendDefaults):
                     f"Set {nodes_key(job)}=1 (trainer.devices processes run here), or use a "
                     "cluster backend (cluster_type=bcm, bcp or k8s)",
                 )
+        for job in jobs:
+            # A container would be silently left out: the jobs run with this interpreter.
+            if job.container or job.container_mounts:
+                key = "container" if job.container else "container_mounts"
+                raise ConfigError(
+                    key,
+                    "cluster_type=local runs the jobs with this machine's Python and starts no "
+                    "container",
+                    "Set container=null and container_mounts=[], and start main.py inside the "
+                    "container instead (docker run ..., or srun --container-image=... --pty "
+                    "bash on a Slurm allocation); or use a cluster backend (cluster_type=bcm, "
+                    "bcp or k8s)",
+                )
 
     def check_submission(self, jobs: Sequence[JobSpec]) -> None:
         return None  # no scheduler to ask: check_jobs said what this machine cannot run

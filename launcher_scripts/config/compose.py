@@ -125,6 +125,41 @@ def recipe_file_overrides(overrides: Sequence[str], root: Path | None = None) ->
     return rewritten
 
 
+# NeMo's cluster types, by this launcher's: `interactive` (the node one is logged in to) runs
+# jobs as `local` does.
+CLUSTER_TYPE_ALIASES = {"interactive": "local"}
+# NeMo's conf/config.yaml keeps `cluster: bcm` whatever the cluster type ("leave it as bcm even
+# if using bcp; it will be ignored for bcp"): that pair means the bcp file.
+IGNORED_CLUSTER_FILES = {("bcm", "bcp")}
+
+
+def cluster_aliases(overrides: Sequence[str]) -> list[str]:
+    """NeMo's cluster settings as this launcher's: `cluster_type=interactive` is `local`, and
+    `cluster=bcm` beside `cluster_type=bcp` is left out, as NeMo ignores it."""
+    rewritten = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.lstrip("+") == "cluster_type" and value in CLUSTER_TYPE_ALIASES:
+            override = f"{key}={CLUSTER_TYPE_ALIASES[value]}"
+        rewritten.append(override)
+    cluster_type = next(
+        (
+            o.partition("=")[2]
+            for o in reversed(rewritten)
+            if o.partition("=")[0].lstrip("+") == "cluster_type"
+        ),
+        None,
+    )
+    return [
+        o
+        for o in rewritten
+        if not (
+            o.partition("=")[0].lstrip("+") == "cluster"
+            and (o.partition("=")[2], cluster_type) in IGNORED_CLUSTER_FILES
+        )
+    ]
+
+
 def matching_cluster(
     overrides: Sequence[str], root: Path, config_name: str = "config"
 ) -> list[str]:
@@ -144,6 +179,7 @@ def matching_cluster(
             cluster_type = value
     if cluster_type is None:
         cluster_type = OmegaConf.load(root / f"{config_name}.yaml").get("cluster_type")
+        cluster_type = CLUSTER_TYPE_ALIASES.get(cluster_type, cluster_type)
     if cluster_type and (root / "cluster" / f"{cluster_type}.yaml").is_file():
         return [f"cluster={cluster_type}"]
     return []
@@ -178,13 +214,15 @@ def check_cluster_file(overrides: Sequence[str], cfg: DictConfig, root: Path) ->
 def compose_config(overrides: Sequence[str], config_name: str = "config") -> DictConfig:
     """The composed, unresolved configuration. Raises ConfigError on any composition error."""
     root = conf_dir()
-    overrides = short_recipe_names(overrides, root)
+    overrides = cluster_aliases(short_recipe_names(overrides, root))
     check_recipe_overrides(overrides, root)
     given = list(overrides)
     overrides = [*recipe_file_overrides(overrides, root), *unused_groups(given, root, config_name)]
     overrides = [*matching_cluster(overrides, root, config_name), *overrides]
     cfg = compose_in(root, config_name, overrides, "Check the recipe names")
     check_cluster_file(given, cfg, root)
+    if cfg.get("cluster_type") in CLUSTER_TYPE_ALIASES:  # set so in a site's conf/config.yaml
+        cfg.cluster_type = CLUSTER_TYPE_ALIASES[cfg.cluster_type]
     return cfg
 
 

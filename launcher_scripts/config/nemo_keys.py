@@ -137,23 +137,6 @@ def refusal(group: str, path: str, kind: Mapping[str, Any]) -> tuple[str, str] |
     return None
 
 
-# NeMo's values of root keys, with this launcher's value.
-RENAMED_VALUES: dict[tuple[str, str], str] = {
-    ("cluster_type", "interactive"): "local",
-}
-
-
-def check_root_values(root: Mapping[str, Any]) -> None:
-    for (key, value), ours in RENAMED_VALUES.items():
-        if root.get(key) == value:
-            raise ConfigError(
-                key,
-                f"{value!r} is the NeMo launcher's name; here it is {ours!r} (this machine, or "
-                "an interactive allocation)",
-                f"Set {key}={ours}",
-            )
-
-
 def check_model_parallel_size(model: Mapping[str, Any], key_prefix: str) -> None:
     """NeMo's `model_parallel_size` is derived: TP x PP. A value that is not their product
     would say one layout and run another."""

@@ -187,6 +187,8 @@ def case_overrides(
     stage, overrides = CASES[case]
     if backend_name != "bcm":
         overrides = [o for o in overrides if not o.startswith("++cluster.")]
+    if backend_name == "local":  # runs this machine's Python, and refuses a container
+        overrides = [o for o in overrides if not o.startswith(("container=", "container_mounts="))]
     extra = []
     if backend_name == "k8s":
         extra = list(k8s)
