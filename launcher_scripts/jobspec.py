@@ -31,6 +31,9 @@ class Resources:
     cpus_per_task: int | None = None
     time_limit: str = "01:00:00"
     exclusive: bool = False
+    # The key that sets gpus_per_node, for the line refusing more than a node has ("": the
+    # stage's trainer.devices).
+    gpus_key: str = ""
 
 
 # Where a companion finds the node of its job's main program, when a scheduler placed them

@@ -149,6 +149,7 @@ def serve_job(root: Any, export_dir: Path) -> JobSpec:
             ntasks_per_node=tasks,
             gpus_per_node=gpus,
             time_limit=str(serving.time_limit),
+            gpus_key="export.serving.gpus_per_node",
         ),
         results_dir=str(export_dir),
         reads=(str(export_dir),),

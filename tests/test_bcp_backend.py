@@ -309,3 +309,26 @@ def test_a_dry_run_writes_the_ngc_command_that_starts_the_run(tmp_path: Path) ->
     assert "--image nvcr.io/nvidia/nemo:24.05" in text and "python3 main.py" in text
     assert "dry_run=" not in text  # the job runs the pipeline for real
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_a_workstation_dry_run_leaves_the_workspaces_files_to_the_job(tmp_path: Path) -> None:
+    """docs/clusters.md's example, from a workstation: the code, data and tokenizer are in BCP
+    workspaces that are not mounted here, so the dry run lists them and goes on; a real run
+    (on the BCP node) still stops at the first one missing."""
+    code = tmp_path / "mount" / "code" / "launcher"  # not on this machine
+    example = (
+        "cluster_type=bcp",
+        "stages=[data_preparation,training]",
+        "training=gpt3/5b",
+        "cluster.image=nvcr.io/nvidia/nemo:24.05",
+        f"cluster.workspaces=[{{id: my_code, mount: {code.parent}}}]",
+        f"launcher_scripts_path={code}",
+        f"data_dir={tmp_path}/mount/data",
+        f"base_results_dir={tmp_path}/results",
+    )
+    result = run_main(*example, "dry_run=true")
+    assert result.returncode == 0, result.stderr
+    assert f"{code}/launcher_scripts/sample_data/tiny_corpus.jsonl.gz" in result.stdout
+    real = run_main(*example)
+    assert real.returncode == 2
+    assert real.stderr.startswith("error: data_preparation.raw_dataset_files[0]:"), real.stderr

@@ -366,7 +366,7 @@ def test_preflight_wants_the_k8s_cluster_section(tmp_path: Path) -> None:
 
 def test_more_gpus_than_a_node_has_is_refused(tmp_path: Path) -> None:
     job = job_in(tmp_path, Command("hello_job", (), 16), resources=Resources(gpus_per_node=16))
-    with pytest.raises(ConfigError, match="needs 16 GPUs per pod but cluster.gpus_per_node is 8"):
+    with pytest.raises(ConfigError, match="16 GPUs on each node but cluster.gpus_per_node is 8"):
         K8sBackend(root_config(tmp_path)).render(job)
 
 

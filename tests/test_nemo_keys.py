@@ -362,3 +362,44 @@ def test_nemos_cluster_bcm_is_ignored_for_bcp(tmp_path: Path) -> None:
     # Any other shipped file of another type still says what it would do.
     error = refused(tmp_path, "cluster=bcm", "cluster_type=k8s", image)
     assert error.key == "cluster" and "cluster_type=k8s" in str(error)
+
+
+def test_an_env_var_is_added_without_the_plus(tmp_path: Path) -> None:
+    """NeMo's pages write `env_vars.NAME=value`; Hydra alone asks for `+env_vars.NAME`."""
+    _, _, planned = dry_plan(tmp_path, "env_vars.MY_SETTING=a b", "env_vars.NCCL_TOPO_FILE=/t.xml")
+    script = planned[0].jobs[0].script
+    assert "export MY_SETTING='a b'" in script and "export NCCL_TOPO_FILE=/t.xml" in script
+
+
+@pytest.mark.parametrize("cluster_type", ["bcm", "bcp", "k8s"])
+def test_more_gpus_per_node_than_a_node_has_is_refused_in_the_dry_run(
+    cluster_type: str, tmp_path: Path
+) -> None:
+    """Slurm would pend `--gpus-per-node=16` forever on 8-GPU nodes; a pod would never be
+    placed. Training asks for trainer.devices; evaluation for TP x PP on one node."""
+    extra = ["container=nvcr.io/nvidia/nemo:24.05"]
+    if cluster_type == "k8s":
+        extra.append("cluster.volumes=[{name: w, mount_path: /, host_path: /}]")
+    training = refused(
+        tmp_path,
+        f"cluster_type={cluster_type}",
+        "training=gpt3/126m",
+        "training.trainer.devices=16",
+        "training.model.global_batch_size=512",
+        *extra,
+    )
+    assert training.key == "training.trainer.devices"
+    assert "needs 16 GPUs on each node but cluster.gpus_per_node is 8" in str(training)
+    evaluation = refused(
+        tmp_path,
+        f"cluster_type={cluster_type}",
+        "stages=[evaluation]",
+        "evaluation=gpt3/evaluate_all",
+        "training=gpt3/126m",
+        "evaluation.model.tensor_model_parallel_size=4",
+        "evaluation.model.pipeline_model_parallel_size=4",
+        *extra,
+    )
+    assert evaluation.key == "evaluation.model.tensor_model_parallel_size"
+    # Within a node it renders.
+    dry_plan(tmp_path, f"cluster_type={cluster_type}", "training=gpt3/126m", *extra)

@@ -22,6 +22,23 @@ def nodes_key(job: JobSpec) -> str:
     return f"{job.stage}.trainer.num_nodes"
 
 
+def check_gpus_per_node(jobs: Iterable[JobSpec], limit: int | None, setting: str) -> None:
+    """A job asking for more GPUs per node than the cluster's nodes have would never start
+    (Slurm pends it, a pod stays unschedulable): refused before anything is submitted.
+    `limit`: the GPUs of one node (None: not known); `setting`: the key that says so."""
+    if limit is None:
+        return
+    for job in jobs:
+        asked = job.resources.gpus_per_node
+        if asked > limit:
+            raise ConfigError(
+                job.resources.gpus_key or f"{job.stage}.trainer.devices",
+                f"job {job.name} needs {asked} GPUs on each node but {setting} is {limit}",
+                f"Use at most {limit} GPUs per node (a larger layout spans more nodes where "
+                f"the stage allows it), or set {setting} to the GPUs the nodes have",
+            )
+
+
 def utc_now() -> str:
     """A timestamp for the manifest: ISO 8601 in UTC, to the second."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -30,6 +30,7 @@ from typing import Any
 
 from launcher_scripts.clusters.base import (
     ShellVar,
+    check_gpus_per_node,
     export_lines,
     format_argv,
     format_quoted,
@@ -39,7 +40,7 @@ from launcher_scripts.clusters.base import (
     shutdown_env,
 )
 from launcher_scripts.clusters.local import LocalBackend
-from launcher_scripts.config.checks import require_env_name
+from launcher_scripts.config.checks import require_env_name, require_int
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.shards import RANK_VARIABLES
 from launcher_scripts.jobspec import Command, JobSpec
@@ -106,6 +107,9 @@ class BcpBackend(LocalBackend):
     def check_jobs(self, jobs: Sequence[JobSpec]) -> None:
         # The BCP job's replicas are known on its node 0 (check_submission).
         refuse_companions(jobs, self.name)
+        gpus = self.cluster.get("gpus_per_node") if self.cluster else None
+        limit = None if gpus is None else require_int("cluster.gpus_per_node", gpus)
+        check_gpus_per_node(jobs, limit, "cluster.gpus_per_node")
 
     def jobs_find_gpus(self) -> bool | None:
         return None  # the jobs run on the BCP job's nodes, not here

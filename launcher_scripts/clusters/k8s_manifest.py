@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from launcher_scripts.clusters.base import shutdown_env, time_limit_seconds
+from launcher_scripts.clusters.base import check_gpus_per_node, shutdown_env, time_limit_seconds
 from launcher_scripts.clusters.k8s_settings import SHM_VOLUME, K8sSettings
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.jobspec import Command, JobSpec
@@ -149,13 +149,7 @@ def _resources(job: JobSpec, settings: K8sSettings) -> dict[str, Any]:
     requests: dict[str, str] = {}
     gpus = job.resources.gpus_per_node
     if gpus:
-        if settings.gpus_per_node is not None and gpus > settings.gpus_per_node:
-            raise ConfigError(
-                f"{job.stage}.trainer.devices" if job.stage == "training" else f"{job.stage}.run",
-                f"job {job.name} needs {gpus} GPUs per pod but cluster.gpus_per_node is "
-                f"{settings.gpus_per_node}",
-                f"Use at most {settings.gpus_per_node} GPUs per node, or more nodes",
-            )
+        check_gpus_per_node([job], settings.gpus_per_node, "cluster.gpus_per_node")
         limits[settings.gpu_resource] = str(gpus)
         # Only GPU pods talk over the fabric; CPU pods (data preparation) need no RDMA device.
         limits.update((name, str(count)) for name, count in settings.rdma_resources)

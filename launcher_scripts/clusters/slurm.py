@@ -22,6 +22,7 @@ from launcher_scripts.clusters.base import (
     JobLog,
     JobRecord,
     ShellVar,
+    check_gpus_per_node,
     export_lines,
     format_argv,
     nodes_key,
@@ -212,6 +213,7 @@ class SlurmBackend(BackendDefaults):
         cluster.exclude and the nodes validation drains are taken out, would wait forever
         (PENDING, PartitionNodeLimit) or be refused by sbatch. Checked where sinfo answers;
         an unknown partition is check_submission's to name."""
+        check_gpus_per_node(jobs, self.settings.gpus_per_node, "cluster.gpus_per_node")
         cluster = self.cluster_nodes
         partition = cluster.partition(self.settings.partition) if cluster else None
         if partition is None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher_scripts.clusters.base import signal_grace_seconds
+from launcher_scripts.config.checks import require_int
 from launcher_scripts.errors import ConfigError
 
 # sbatch options the cluster section may pass through by long name (without "--"). Options
@@ -75,6 +76,7 @@ class SlurmSettings:
     # cluster.gpus_per_node is set: a GPU job's script asks for its GPUs per node (null leaves
     # GPU GRES out, for clusters without it).
     gpus_per_node_option: bool
+    gpus_per_node: int | None
     gpus_per_task: str | None
     mem: str | None
     exclusive: bool  # a job that asks for whole nodes gets --exclusive
@@ -129,6 +131,9 @@ def slurm_settings(cluster: Mapping[str, Any] | None) -> SlurmSettings:
         job_name_prefix=str(cluster.get("job_name_prefix") or ""),
         validation_results=Path(str(cluster.get("validation_results"))) if unhealthy else None,
         gpus_per_node_option=cluster.get("gpus_per_node") is not None,
+        gpus_per_node=None
+        if cluster.get("gpus_per_node") is None
+        else require_int("cluster.gpus_per_node", cluster.get("gpus_per_node")),
         gpus_per_task=_given_text(cluster.get("gpus_per_task")),
         mem=_given_text(cluster.get("mem")),
         exclusive=bool(cluster.get("exclusive", True)),

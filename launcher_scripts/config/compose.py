@@ -160,6 +160,18 @@ def cluster_aliases(overrides: Sequence[str]) -> list[str]:
     ]
 
 
+# Sections that take any key: `env_vars.NAME=value` adds a variable as `++env_vars.NAME` would
+# (NeMo's documentation writes it without the `+` Hydra asks for a key not in the file).
+OPEN_SECTIONS = ("env_vars.",)
+
+
+def open_section_keys(overrides: Sequence[str]) -> list[str]:
+    return [
+        f"++{override}" if override.startswith(OPEN_SECTIONS) and "=" in override else override
+        for override in overrides
+    ]
+
+
 def matching_cluster(
     overrides: Sequence[str], root: Path, config_name: str = "config"
 ) -> list[str]:
@@ -214,7 +226,7 @@ def check_cluster_file(overrides: Sequence[str], cfg: DictConfig, root: Path) ->
 def compose_config(overrides: Sequence[str], config_name: str = "config") -> DictConfig:
     """The composed, unresolved configuration. Raises ConfigError on any composition error."""
     root = conf_dir()
-    overrides = cluster_aliases(short_recipe_names(overrides, root))
+    overrides = open_section_keys(cluster_aliases(short_recipe_names(overrides, root)))
     check_recipe_overrides(overrides, root)
     given = list(overrides)
     overrides = [*recipe_file_overrides(overrides, root), *unused_groups(given, root, config_name)]

@@ -53,6 +53,13 @@ class StageContext:
             return True
         return False
 
+    def left_for_the_run(self, path: str | Path) -> bool:
+        """Whether a check of `path` is left to the run: an earlier stage writes it, or a dry
+        run does not find it (noted in missing_inputs: a cluster's filesystem, a BCP
+        workspace, may hold what this machine lacks)."""
+        target = Path(str(path))
+        return self.written_upstream(target) or (not target.exists() and self.will_exist(target))
+
     def written_upstream(self, path: str | Path) -> bool:
         """Whether an earlier stage of this run writes `path` (or a folder holding it)."""
         target = Path(str(path))

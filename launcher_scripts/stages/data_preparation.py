@@ -124,7 +124,7 @@ class CustomDataset:
                     "Give existing files or folders, or run the stage that writes it in the "
                     "same run (data_curation's output: stages=[data_curation,data_preparation])",
                 )
-            else:
+            elif not ctx.left_for_the_run(source):
                 require_input(key, source, INPUT_SUFFIXES)
             stem = output_stem(source)
             if stem in seen:
@@ -152,7 +152,7 @@ class CustomDataset:
         require_choice(f"{prefix}.input_format", args.input_format, ("text", "tsv"))
         require_int(f"{prefix}.vocab_size", args.vocab_size, minimum=8)
         for index, source in enumerate(self._tokenizer_inputs(ctx)):
-            if not ctx.written_upstream(source):
+            if not ctx.left_for_the_run(source):
                 require_input(f"{prefix}.input[{index}]", source, (*INPUT_SUFFIXES, ".txt", ".tsv"))
         trained = self._trained_model(ctx)
         name = "vocab_file" if self._wordpiece(ctx) else "tokenizer_model"
@@ -167,12 +167,14 @@ class CustomDataset:
     def _validate_tokenizer(self, ctx: StageContext) -> None:
         cfg = ctx.cfg
         if cfg.merge_file:
-            require_file(stage_key(ctx, "vocab_file"), cfg.vocab_file)
-            require_file(stage_key(ctx, "merge_file"), cfg.merge_file)
+            names = ("vocab_file", "merge_file")
         elif cfg.vocab_file:  # a BERT WordPiece vocab.txt
-            require_file(stage_key(ctx, "vocab_file"), cfg.vocab_file)
+            names = ("vocab_file",)
         else:
-            require_file(stage_key(ctx, "tokenizer_model"), cfg.tokenizer_model)
+            names = ("tokenizer_model",)
+        for name in names:
+            if cfg[name] in (None, "") or not ctx.left_for_the_run(cfg[name]):
+                require_file(stage_key(ctx, name), cfg[name])
 
     @staticmethod
     def _inputs(ctx: StageContext) -> list[Path]:

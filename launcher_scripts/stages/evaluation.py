@@ -222,6 +222,7 @@ class Evaluation(StageDefaults):
                     gpus_per_node=processes if on_gpu else 0,
                     time_limit=str(cfg.run.time_limit),
                     exclusive=on_gpu,
+                    gpus_key=f"{ctx.stage}.model.tensor_model_parallel_size",
                 ),
                 reads=reads,
                 writes=(str(results / "results.json"), str(results / "results.md")),
