@@ -403,3 +403,22 @@ def test_more_gpus_per_node_than_a_node_has_is_refused_in_the_dry_run(
     assert evaluation.key == "evaluation.model.tensor_model_parallel_size"
     # Within a node it renders.
     dry_plan(tmp_path, f"cluster_type={cluster_type}", "training=gpt3/126m", *extra)
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("git_lfs_dir", "working folders"),
+        ("max_split_size", "size in GB"),
+        ("preprocess_worker_mapping", "mapping mC4 files to workers"),
+    ],
+)
+def test_nemos_mc4_keys_are_refused_for_what_they_are(key: str, says: str, tmp_path: Path) -> None:
+    result = run_main(
+        f"base_results_dir={tmp_path}/r",
+        "stages=[data_preparation]",
+        "data_preparation=mt5/download_mc4",
+        f"+data_preparation.{key}=1",
+        "dry_run=true",
+    )
+    assert_one_line_error(result, f"data_preparation.{key}", says)

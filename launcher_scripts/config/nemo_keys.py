@@ -117,14 +117,26 @@ REFUSED: tuple[Refused, ...] = (
             "Remove it",
             (("dataset", "mc4"),),
         )
-        for name in (
-            "git_lfs_dir",
-            "softlinks_dir",
-            "max_split_size",
-            "download_worker_mapping",
-            "preprocess_worker_mapping",
-            "mc4_dir",
+        for name in ("git_lfs_dir", "softlinks_dir")
+    ),
+    Refused(
+        "data_preparation",
+        "max_split_size",
+        "is NeMo's size in GB of each mC4 preprocessing split; here the downloaded files are "
+        "shared out whole, by task and then by worker",
+        "Remove it, and set data_preparation.run.node_array_size and run.workers_per_node",
+        (("dataset", "mc4"),),
+    ),
+    *(
+        Refused(
+            "data_preparation",
+            name,
+            "is NeMo's file mapping mC4 files to workers; here task i of run.node_array_size "
+            "takes every node_array_size-th file, so no mapping is written or read",
+            "Remove it",
+            (("dataset", "mc4"),),
         )
+        for name in ("download_worker_mapping", "preprocess_worker_mapping")
     ),
 )
 
