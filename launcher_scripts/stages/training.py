@@ -15,6 +15,7 @@ from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes import data_tokenizer, restore, vocabulary
 from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.profiling import PROFILED, NsysProfile, read_nsys_profile
 from launcher_scripts.stages import data_preparation
 from launcher_scripts.stages.base import (
     StageContext,
@@ -71,6 +72,21 @@ class Training(StageDefaults):
         vocabulary.check_training_data(ctx.cfg, ctx.stage, prefixes)
         plan = family.plan(ctx.root, ctx.stage)
         training_plan.check_fits(plan, ctx.stage)
+        profile = self._nsys_profile(ctx)
+        max_steps = int(ctx.cfg.trainer.max_steps)
+        if profile is not None and profile.start_step > max_steps:
+            raise ConfigError(
+                f"{ctx.stage}.model.nsys_profile.start_step",
+                f"{profile.start_step} is after the last step, trainer.max_steps={max_steps}",
+                f"Profile steps up to {max_steps}",
+            )
+
+    @staticmethod
+    def _nsys_profile(ctx: StageContext) -> NsysProfile | None:
+        cfg = ctx.cfg
+        world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)
+        on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu"
+        return read_nsys_profile(cfg.model, f"{ctx.stage}.model", world, on_gpu)
 
     def plan(self, ctx: StageContext) -> list[str]:
         """What the dry run prints about this stage's cost."""
@@ -83,11 +99,15 @@ class Training(StageDefaults):
         on_gpu = str(cfg.trainer.get("accelerator", "gpu")) != "cpu"
         log_dir = Path(str(cfg.exp_manager.explicit_log_dir))
         blend = recipe.data_blend(cfg, ctx.stage)
+        program = (PRETRAIN, ("--config", str(ctx.config_path)))
+        profile = self._nsys_profile(ctx)
+        if profile is not None:
+            program = (PROFILED, profile.wrapped(*program, log_dir))
         return [
             make_job(
                 ctx,
                 str(cfg.run.name),
-                (Command(PRETRAIN, ("--config", str(ctx.config_path)), nproc_per_node=devices),),
+                (Command(*program, nproc_per_node=devices),),
                 Resources(
                     nodes=nodes,
                     ntasks_per_node=devices,

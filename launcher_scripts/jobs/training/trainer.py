@@ -55,6 +55,7 @@ from launcher_scripts.jobs.models.transformer import (
 from launcher_scripts.jobs.training import checkpointing, data, init_weights, metrics, wandb_logger
 from launcher_scripts.jobs.training.checkpointing import TrainState
 from launcher_scripts.jobs.training.expert_load import ExpertLoad, expert_stacks
+from launcher_scripts.jobs.training.nsys_capture import NsysCapture
 from launcher_scripts.jobs.training.runtime import (
     JobError,
     init_model_parallel,
@@ -62,6 +63,7 @@ from launcher_scripts.jobs.training.runtime import (
 )
 from launcher_scripts.recipes import training as recipe
 from launcher_scripts.recipes.layout import read_layout
+from launcher_scripts.recipes.profiling import read_nsys_profile
 
 if TYPE_CHECKING:
     from launcher_scripts.formats.portable import Portable
@@ -219,6 +221,8 @@ class Trainer:
         self._init_batch_calculator()
         self.state = TrainState()
         self.metrics_log: metrics.MetricsLog | None = None
+        profile = read_nsys_profile(cfg.model, "training.model", self.layout.world_size, on_gpu)
+        self.nsys = NsysCapture(profile, self.rank)
 
     # ----- set-up -----------------------------------------------------------------------
 
@@ -651,11 +655,13 @@ class Trainer:
         window_loss: torch.Tensor | None = None
         saved_step = self.state.step
         while self.state.step < max_steps:
+            self.nsys.before_step(self.state.step + 1)
             tick = time.perf_counter()
             local_loss, record = self.train_step()
             if self.on_gpu:
                 torch.cuda.synchronize()
             window.append(time.perf_counter() - tick)
+            self.nsys.after_step(self.state.step)
             window_loss = local_loss if window_loss is None else window_loss + local_loss
             step = self.state.step
             if step % log_every == 0 or step == max_steps:
@@ -734,6 +740,7 @@ class Trainer:
         return code
 
     def _finish(self) -> int:
+        self.nsys.close()  # a run stopped inside the profiled steps
         if self.metrics_log is not None:
             self.metrics_log.close()
             curve = self.log_dir / "loss_curve.png"
