@@ -1104,6 +1104,47 @@ def probe(context: Context) -> dict:
     return record
 
 
+def nsys(context: Context) -> dict:
+    """model.nsys_profile on gpt3/126m: steps 5-7 of rank 0 captured by Nsight Systems; the
+    report exists and nsys lists CUDA kernels in it. Rehearsal: the GPU recipe's dry run
+    renders the profiled command."""
+    import shutil
+
+    gpu = on_gpu(context)
+    prepare_data(context)
+    log_dir = context.work / "nsys"
+    profile = [
+        "training.model.nsys_profile.enabled=true",
+        "training.model.nsys_profile.start_step=5",
+        "training.model.nsys_profile.end_step=7",
+        "training.model.nsys_profile.ranks=[0]",
+    ]
+    overrides = [*training_overrides(context, log_dir, True), *profile]
+    overrides = [o for o in overrides if not o.startswith("training.trainer.max_steps=")]
+    overrides += ["training.trainer.max_steps=10"]
+    command = [sys.executable, "main.py", "stages=[training]", "cluster_type=local", *overrides]
+    if not gpu:
+        result = context.run([*command, "dry_run=true"], timeout=120)
+        script = (context.work / "results" / "gpt3_126m" / "gpt3_126m_submission.sh").read_text()
+        rendered = result.returncode == 0 and "launcher_scripts.jobs.profiled" in script
+        status = "passed" if rendered else "failed"
+        return {"status": status, "figures": {"profiled_command_rendered": rendered}}
+    tool = shutil.which("nsys")
+    if tool is None:
+        raise StepEnds("skipped", "nsys (Nsight Systems) is not on PATH on this machine")
+    tick = time.monotonic()
+    result = context.run(command, timeout=240)
+    seconds = round(time.monotonic() - tick, 1)
+    report = log_dir / "nsys_profile" / "profile_rank0.nsys-rep"
+    figures: dict = {"run_s": seconds, "exit": result.returncode, "report": report.is_file()}
+    if report.is_file():
+        figures["report_mb"] = round(report.stat().st_size / 2**20, 2)
+        stats = context.run([tool, "stats", "--report", "cuda_gpu_kern_sum", str(report)], 120)
+        figures["kernels_listed"] = stats.returncode == 0 and "Time (%)" in stats.stdout
+    ok = result.returncode == 0 and figures.get("kernels_listed", False)
+    return {"status": "passed" if ok else "failed", "figures": figures}
+
+
 # In this order: what later steps read first (training -> conversion -> the steps on its file),
 # the quick and the most asked-for before the long ones, so a run cut short loses the least.
 STEPS: dict[str, Step] = {
@@ -1119,4 +1160,5 @@ STEPS: dict[str, Step] = {
     "encoders": Step(encoders, budget_s=60, rehearsal_s=120),
     "moe": Step(moe, budget_s=40, rehearsal_s=60),
     "vllm": Step(vllm_step, budget_s=60, rehearsal_s=90),
+    "nsys": Step(nsys, budget_s=60, rehearsal_s=60),
 }
