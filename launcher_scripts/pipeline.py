@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher_scripts.clusters import BACKENDS, Backend, JobRecord
 from launcher_scripts.clusters.base import utc_now
-from launcher_scripts.config import schema
+from launcher_scripts.config import fixed_keys, schema
 from launcher_scripts.config.compose import UnknownOverride, compose_config, config_groups
 from launcher_scripts.config.preflight import check_globals, check_wandb, requested_stages, resolve
 from launcher_scripts.errors import ConfigError, LauncherError
@@ -79,6 +79,8 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     # Booleans that are not (Hydra reads dry_run=maybe as a string), before anything looks at
     # the values.
     schema.check_booleans(resolved, stages)
+    # NeMo's keys for what is fixed here: only the values that say what runs.
+    fixed_keys.check_fixed_keys(resolved, stages)
     # The cluster types are the backends' names.
     check_globals(resolved, BACKENDS)
     numa.check_section(resolved.numa_mapping)

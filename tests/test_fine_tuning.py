@@ -417,3 +417,13 @@ def test_preflight_names_a_missing_training_file(
     overrides = common("peft", tmp_path, tiny_portable, task)
     result = run_main(*overrides, f"peft.model.data.train_ds.file_names=[{tmp_path / 'no.jsonl'}]")
     one_error_line(result, "peft.model.data.train_ds.file_names[0]", "does not exist")
+
+
+def test_the_answer_is_what_follows_the_split_string() -> None:
+    """evaluation.data.split_string (NeMo's): the prediction is the generated text after its
+    last split_string, as NeMo's split of prompt and generation gives for a prompt ending so."""
+    from launcher_scripts.jobs.fine_tuning.evaluate_tuned import answer_part
+
+    assert answer_part(" Paris.", "Answer:") == "Paris."
+    assert answer_part(" Answer: Paris Answer: Lyon", "Answer:") == "Lyon"
+    assert answer_part(" Paris", None) == "Paris"

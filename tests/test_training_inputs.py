@@ -272,3 +272,46 @@ def test_data_the_same_run_tokenizes_with_another_tokenizer_is_refused(
     assert error.key == f"training.model.tokenizer.{recipe_file}", str(error)
     assert "is not the one this run's data_preparation tokenizes" in error.problem
     assert f"with ({planned_file} {tmp_path}/data/custom_dataset/bpe/" in error.problem
+
+
+def test_mt5s_blending_alpha_weights_the_languages_by_their_tokens(tmp_path: Path) -> None:
+    """run.blending_alpha (the mT5 recipes'): language i is sampled with probability
+    n_i^alpha / sum_j n_j^alpha, n_i its tokens; explicit weights in data_prefix win."""
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from launcher_scripts.formats.indexed_writer import write_dataset
+    from launcher_scripts.jobs.training.data import blend_weights
+    from launcher_scripts.recipes import training as recipe
+
+    big, small = tmp_path / "mc4_en_text_document", tmp_path / "mc4_cs_text_document"
+    write_dataset(big, [[1] * 900, [2] * 700], np.uint16)  # 1600 tokens
+    write_dataset(small, [[3] * 100], np.uint16)  # 100 tokens
+
+    def weights(alpha: object, prefix: list) -> list[float] | None:
+        cfg = OmegaConf.create(
+            {"run": {"blending_alpha": alpha}, "model": {"data": {"data_prefix": prefix}}}
+        )
+        return blend_weights(cfg, recipe.data_blend(cfg))
+
+    paths = [str(big), str(small)]
+    half = weights(0.5, paths)
+    assert half == pytest.approx([40 / 50, 10 / 50])  # sqrt(1600) = 40, sqrt(100) = 10
+    assert weights(0.0, paths) == pytest.approx([0.5, 0.5])
+    assert weights(1.0, paths) == pytest.approx([1600 / 1700, 100 / 1700])
+    assert weights(None, paths) is None  # megatron-core's: by size
+    assert weights(0.5, [0.3, str(big), 0.7, str(small)]) == [0.3, 0.7]
+    with pytest.raises(ConfigError, match="run.blending_alpha"):
+        weights(1.5, paths)
+
+
+def test_a_bad_blending_alpha_is_refused_before_the_run(tmp_path: Path) -> None:
+    result = run_main(
+        f"base_results_dir={tmp_path}/r",
+        "stages=[training]",
+        "training=mt5/170m",
+        "training.trainer.num_nodes=1",
+        "training.run.blending_alpha=2",
+        "dry_run=true",
+    )
+    assert_one_line_error(result, "training.run.blending_alpha", "from 0 to 1")

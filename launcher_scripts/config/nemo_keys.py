@@ -65,7 +65,28 @@ FT_EXPORT_KEYS = (
     ),
 )
 
+STEP_TIMING = "train_step_timing is the mean over the steps since the previous log line"
+TRAINING_GROUPS = ("training", "fine_tuning", "peft", "dpo", "grpo", "rlhf_ppo", "rlhf_rm")
+
 REFUSED: tuple[Refused, ...] = (
+    *(
+        Refused(
+            group,
+            "exp_manager.step_timing_kwargs.buffer_size",
+            f"is NeMo's smoothing window of the step time; here {STEP_TIMING}",
+            "Remove it, and set trainer.log_every_n_steps to change the window",
+        )
+        for group in TRAINING_GROUPS
+    ),
+    *(
+        Refused(
+            group,
+            "model.apex_transformer_log_level",
+            "is the log level of Apex's transformer module, which this launcher does not use",
+            "Remove it",
+        )
+        for group in TRAINING_GROUPS
+    ),
     *(Refused("export", key, FASTER_TRANSFORMER, fix) for key, fix in FT_EXPORT_KEYS),
     Refused("conversion", "run.nodes", f"is NeMo's; {ONE_PROCESS}", "Remove it"),
     Refused("conversion", "run.ntasks_per_node", f"is NeMo's; {ONE_PROCESS}", "Remove it"),

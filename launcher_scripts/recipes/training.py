@@ -117,6 +117,26 @@ def data_blend(cfg: Any, stage: str = "training") -> DataBlend:
     return DataBlend(tuple(items[1::2]), weights)
 
 
+def sampling_weights(token_counts: list[int], alpha: float) -> tuple[float, ...]:
+    """NeMo's (and XLM's) language sampling: dataset i is drawn with probability
+    n_i^alpha / sum_j n_j^alpha, n_i its tokens; alpha 1 samples by size, 0 uniformly."""
+    scaled = [count**alpha if count else 0.0 for count in token_counts]
+    total = sum(scaled)
+    return tuple(value / total for value in scaled)
+
+
+def blending_alpha(cfg: Any, stage: str = "training") -> float | None:
+    """`run.blending_alpha`: the exponent that weights a blend given as paths alone."""
+    alpha = cfg.run.get("blending_alpha")
+    if alpha is None:
+        return None
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
+        raise ConfigError(
+            key(stage, "run.blending_alpha"), f"{alpha!r} is not a number from 0 to 1", "Fix it"
+        )
+    return float(alpha)
+
+
 def precision(cfg: Any, stage: str = "training") -> str:
     """The dtype the recipe trains in: "bf16", "fp16" or "fp32" (recipes.precision)."""
     return dtype_of(cfg.trainer.precision, key(stage, "trainer.precision"))

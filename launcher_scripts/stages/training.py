@@ -63,6 +63,7 @@ class Training(StageDefaults):
         require_job_program(ctx, "model_family", family.name, family.runs("training"))
         recipe.check_context_parallel(ctx.cfg, ctx.stage, ctx.jobs_find_gpus)
         prefixes = recipe.data_blend(ctx.cfg, ctx.stage).prefixes
+        recipe.blending_alpha(ctx.cfg, ctx.stage)
         planned = {
             prefix: files
             for prefix, files in data_preparation.tokenized_with(ctx.root).items()

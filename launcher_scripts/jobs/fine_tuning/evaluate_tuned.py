@@ -115,6 +115,14 @@ def _check_families(cfg: DictConfig) -> None:
         raise JobError(". ".join(problem))
 
 
+def answer_part(generated: str, split_string: str | None) -> str:
+    """The answer in the generated text: what follows its last `split_string` (NeMo splits the
+    prompt and the generation joined, whose prompt ends with it: the same text), else all."""
+    if split_string and split_string in generated:
+        generated = generated.rsplit(split_string, 1)[1]
+    return generated.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the evaluation stage's resolved YAML")
@@ -211,13 +219,14 @@ def main(argv: list[str] | None = None) -> int:
                     logits, prompts, [r.prompt for r in batch], params, max_length=limit
                 )
                 for record, output in zip(batch, outputs, strict=True):
+                    pred = answer_part(output.text, cfg.data.get("split_string"))
                     rows.append(
                         {
                             "input": record.prompt,
-                            "pred": output.text.strip(),
+                            "pred": pred,
                             "answers": record.answers,
                             "file": name,
-                            **scores(output.text.strip(), record.answers),
+                            **scores(pred, record.answers),
                         }
                     )
         results: dict[str, Any] = summary(rows)

@@ -133,7 +133,8 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
                 "training.model.fp8 needs Transformer Engine, which does not import here: "
                 "set fp8=False or use a container with transformer_engine"
             )
-        fp8 = "hybrid" if model.get("fp8_hybrid") else "e4m3"
+        # NeMo's order: fp8_e4m3 first, then fp8_hybrid (E4M3 forward, E5M2 backward).
+        fp8 = "e4m3" if model.get("fp8_e4m3") or not model.get("fp8_hybrid") else "hybrid"
     return TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
@@ -187,7 +188,9 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
         # The fused kernels need CUDA (and some Apex); on CPU the plain paths run.
         bias_activation_fusion=on_gpu and model.activation == "gelu" and use_te,
         masked_softmax_fusion=on_gpu and use_te,
-        bias_dropout_fusion=on_gpu,
+        bias_dropout_fusion=on_gpu and bool(model.get("bias_dropout_add_fusion", True)),
+        # The residual stream kept in fp32 under bf16/fp16 (NeMo's fp32_residual_connection).
+        fp32_residual_connection=bool(model.get("fp32_residual_connection", False)),
         apply_rope_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,

@@ -24,6 +24,7 @@ from megatron.core.datasets.blended_megatron_dataset_config import (
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
+from launcher_scripts.formats.indexed_writer import idx_path, read_index
 from launcher_scripts.formats.shards import SPLIT_NAMES
 from launcher_scripts.formats.tokenizer import load_tokenizer
 from launcher_scripts.jobs.training.runtime import JobError
@@ -86,6 +87,25 @@ def check_vocabulary(cfg: Any, vocab: VocabInfo, stage: str = "training") -> Non
     )
 
 
+def blend_weights(cfg: Any, blend: recipe.DataBlend) -> list[float] | None:
+    """The blend's weights: data_prefix's, else, for paths alone and run.blending_alpha set
+    (the mT5 recipes), each dataset's tokens ** alpha normalised (None: by size, as
+    megatron-core weights unweighted paths)."""
+    if blend.weights:
+        return list(blend.weights)
+    alpha = recipe.blending_alpha(cfg)
+    if alpha is None or len(blend.prefixes) < 2:
+        return None
+    counts = [read_index(idx_path(prefix)).token_count for prefix in blend.prefixes]
+    weights = recipe.sampling_weights(counts, alpha)
+    if parallel_state.model_parallel_is_initialized() and torch.distributed.get_rank() == 0:
+        shown = ", ".join(
+            f"{Path(p).name} {w:.4f}" for p, w in zip(blend.prefixes, weights, strict=True)
+        )
+        print(f"blend weights (tokens ** {alpha}): {shown}", flush=True)
+    return list(weights)
+
+
 def build_splits(
     cfg: Any,
     dataset_type: type,
@@ -105,7 +125,7 @@ def build_splits(
     config = config_type(
         random_seed=int(cfg.model.get("seed", 1234)),
         sequence_length=int(data.seq_length),
-        blend=(list(blend.prefixes), list(blend.weights) if blend.weights else None),
+        blend=(list(blend.prefixes), blend_weights(cfg, blend)),
         split=split,
         path_to_cache=str(cache_dir),
         tokenizer=tokenizer,
