@@ -16,7 +16,7 @@ from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.evaluation import report
 from launcher_scripts.recipes import evaluation as recipe
 from tests.support import REPO
-from tests.support.commands import ONE_THREAD, run_main
+from tests.support.commands import ONE_THREAD, assert_one_line_error, run_main
 
 EVALUATE = "launcher_scripts.jobs.evaluation.evaluate"
 BATCH = 3  # rows of different lengths share a batch, so padding is exercised
@@ -295,3 +295,53 @@ def test_results_table_and_strict_json(tmp_path: Path) -> None:
     written = json.loads((tmp_path / "results.json").read_text(), parse_constant=_no_constants)
     assert written["results"]["t"]["ppl,none"] is None and "samples" not in written
     assert json.loads((tmp_path / "samples_t.jsonl").read_text()) == {"resps": [[[-1.5, True]]]}
+
+
+def test_a_training_checkpoint_is_evaluated_as_its_converted_file(
+    tiny_portable: Path, tmp_path: Path
+) -> None:
+    """NeMo's evaluation.model.checkpoint_folder (5.13.1.3): the stage converts the newest
+    checkpoint itself, at the evaluation's layout, and gets what the converted file gets."""
+    trained = tiny_portable.parent.parent / "results"
+    assert (trained / "checkpoints").is_dir() and (trained / "hparams.yaml").is_file()
+    common = ("stages=[evaluation]", f"data_dir={tmp_path}/data", "evaluation.run.limit=5")
+    common += ("evaluation.run.tasks=[tiny_lambada,tiny_choice]",)
+    by_file = run_main(
+        *common, f"base_results_dir={tmp_path}/file", f"evaluation.model.nemo_model={tiny_portable}"
+    )
+    assert by_file.returncode == 0, by_file.stderr[-3000:]
+    result = run_main(
+        *common,
+        f"base_results_dir={tmp_path}/checkpoint",
+        f"evaluation.model.checkpoint_folder={trained / 'checkpoints'}",
+        "evaluation.model.tensor_model_parallel_size=2",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = tmp_path / "checkpoint" / "gpt3_tiny" / "eval_all"
+    assert (folder / recipe.CONVERTED_FILE).is_file()
+    assert "convert_eval_all_gpt3_tiny" in result.stdout
+    read = [
+        json.loads((root / "gpt3_tiny" / "eval_all" / "results.json").read_text())["results"]
+        for root in (tmp_path / "file", tmp_path / "checkpoint")
+    ]
+    for task in ("tiny_lambada", "tiny_choice"):
+        assert read[1][task]["acc,none"] == pytest.approx(read[0][task]["acc,none"])
+    assert read[1]["tiny_lambada"]["perplexity,none"] == pytest.approx(
+        read[0]["tiny_lambada"]["perplexity,none"], rel=1e-4
+    )
+
+
+def test_a_checkpoints_keys_without_the_checkpoint_are_refused(tmp_path: Path) -> None:
+    result = run_main(
+        f"base_results_dir={tmp_path}/r",
+        "stages=[evaluation]",
+        "evaluation.model.hparams_file=/x/hparams.yaml",
+        "dry_run=true",
+    )
+    assert_one_line_error(result, "evaluation.model.hparams_file", "checkpoint_folder")
+    missing = run_main(
+        f"base_results_dir={tmp_path}/r",
+        "stages=[evaluation]",
+        f"evaluation.model.checkpoint_folder={tmp_path}/none/checkpoints",
+    )
+    assert_one_line_error(missing, "evaluation.model.checkpoint_folder", "does not exist")

@@ -48,12 +48,6 @@ OUTSIDE: dict[str, tuple[str, str | None]] = {
         "so it has no dry run (tests/test_autoconfig_*.py cover it)",
         None,
     ),
-    "evaluation.model.checkpoint_folder=/": (
-        "evaluates a training checkpoint directly; evaluation here reads the converted file "
-        "(model.nemo_model), converted in the same run with stages=[conversion,evaluation], as "
-        "the reference itself advises for interleaved checkpoints (5.13.1.4)",
-        "conversion.model.checkpoint_folder",
-    ),
     "evaluation.model.nemo_model=4": (
         "the reference's slip: nemo_model is given twice, the second time as 4; NeMo's "
         "nemo_model of a prompt-learning evaluation is model.virtual_prompt_model_file here",

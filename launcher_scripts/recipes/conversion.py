@@ -24,6 +24,20 @@ class ConversionError(Exception):
 TOKENIZER_FILES = ("vocab_file", "merge_file")
 
 
+def hparams_path(model: Any) -> Path:
+    """model.hparams_file; unset, the hparams.yaml beside the checkpoint folder, where
+    training writes it (<explicit_log_dir>/hparams.yaml and checkpoints/)."""
+    given = model.get("hparams_file")
+    if given:
+        return Path(str(given))
+    return Path(str(model.checkpoint_folder)).parent / "hparams.yaml"
+
+
+def checkpoint_name(model: Any) -> str:
+    """model.checkpoint_name; unset, `latest`."""
+    return str(model.get("checkpoint_name") or "latest")
+
+
 def pick_checkpoint(folder: Path, name: str) -> Checkpoint:
     """`latest` is the newest complete checkpoint; anything else is a name pattern (fnmatch),
     of which the newest matching one is taken. A damaged checkpoint (a file missing or cut

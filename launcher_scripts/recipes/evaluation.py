@@ -126,6 +126,23 @@ def needs_hub(task: str) -> bool:
     return task in STANDARD_TASKS.values()
 
 
+CONVERTED_FILE = "converted/model.nemo"  # in run.results_dir
+
+
+def evaluates_checkpoint(model: Any) -> bool:
+    """Whether model.checkpoint_folder names a training checkpoint to evaluate (NeMo's way)."""
+    return model.get("checkpoint_folder") not in (None, "")
+
+
+def evaluated_file(cfg: Any) -> Path:
+    """The portable file the harness evaluates: model.nemo_model, or, when
+    model.checkpoint_folder names a training checkpoint, the file the stage's own conversion
+    job writes from it into run.results_dir."""
+    if evaluates_checkpoint(cfg.model):
+        return Path(str(cfg.run.results_dir)) / CONVERTED_FILE
+    return Path(str(cfg.model.nemo_model))
+
+
 def portable_model_config(path: Path, key: str = "evaluation.model.nemo_model") -> DictConfig:
     """The model section a portable file records, checked (portable_check) without loading
     its weights."""

@@ -19,6 +19,8 @@ from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes.conversion import (
     TOKENIZER_FILES,
     ConversionError,
+    checkpoint_name,
+    hparams_path,
     pick_checkpoint,
     read_hparams,
 )
@@ -189,7 +191,7 @@ class Conversion(StageDefaults):
         if not folder.is_dir() or ctx.written_upstream(folder):
             return
         try:
-            pick_checkpoint(folder, str(ctx.cfg.model.checkpoint_name))
+            pick_checkpoint(folder, checkpoint_name(ctx.cfg.model))
         except ConversionError as error:
             key = error.key.replace("conversion.", f"{ctx.stage}.", 1)
             raise RecipeError(f"{key}: {error}") from None
@@ -218,7 +220,7 @@ class Conversion(StageDefaults):
     def _trained_model(ctx: StageContext) -> tuple[Any, str] | None:
         """The trained model's section and the key to name in errors: from its hparams file,
         or from the training recipe of this same run when that writes the file."""
-        hparams = Path(str(ctx.cfg.model.hparams_file))
+        hparams = hparams_path(ctx.cfg.model)
         if hparams.is_file():
             return read_hparams(hparams), str(hparams)
         if ctx.will_exist(hparams) and "training" in ctx.root:

@@ -9,8 +9,8 @@ from typing import Any
 from launcher_scripts.config import nemo_keys
 from launcher_scripts.config.checks import require_choice, require_int, require_layout
 from launcher_scripts.config.schema import Declared
-from launcher_scripts.errors import ConfigError
-from launcher_scripts.families import ModelFamily, family_of, running
+from launcher_scripts.errors import ConfigError, RecipeError
+from launcher_scripts.families import ModelFamily, family_mismatch, family_of, running
 from launcher_scripts.families.file_family import (
     evaluation_reader,
     require_family,
@@ -21,6 +21,7 @@ from launcher_scripts.formats.portable_check import require_peft
 from launcher_scripts.jobspec import Command, JobSpec, Resources
 from launcher_scripts.recipes import evaluation as recipe
 from launcher_scripts.recipes import tuned_evaluation as evaluate_tuned
+from launcher_scripts.recipes.conversion import hparams_path
 from launcher_scripts.stages.base import (
     StageContext,
     StageDefaults,
@@ -28,7 +29,7 @@ from launcher_scripts.stages.base import (
     register,
     require_job_program,
 )
-from launcher_scripts.stages.conversion import Conversion
+from launcher_scripts.stages.conversion import CONVERT, Conversion
 
 EVALUATE = "launcher_scripts.jobs.evaluation.evaluate"
 EVALUATE_TUNED = "launcher_scripts.jobs.fine_tuning.evaluate_tuned"
@@ -119,10 +120,14 @@ class Evaluation(StageDefaults):
     def _validate_harness(self, ctx: StageContext, family: ModelFamily) -> None:
         cfg, stage = ctx.cfg, ctx.stage
         self._check_nemo_keys(ctx)
-        model_file = ctx.require_input(
-            "nemo_model",
-            "Convert first (stages=[conversion,evaluation]), or set it to a .nemo file",
-        )
+        if recipe.evaluates_checkpoint(cfg.model):
+            model_file = self._validate_checkpoint(ctx, family)
+        else:
+            model_file = ctx.require_input(
+                "nemo_model",
+                "Convert first (stages=[conversion,evaluation]), set it to a .nemo file, or "
+                "evaluate a training checkpoint with model.checkpoint_folder",
+            )
         paths = recipe.include_paths(cfg.run.get("include_path"), f"{stage}.run.include_path")
         recipe.lm_eval_tasks(
             recipe.requested_names(cfg.run.tasks, f"{stage}.run.tasks"),
@@ -148,25 +153,49 @@ class Evaluation(StageDefaults):
 
     @staticmethod
     def _check_nemo_keys(ctx: StageContext) -> None:
-        """NeMo's keys for evaluating a training checkpoint: only null (this evaluation reads
-        the converted file, which holds its tokenizer), and model_parallel_size = TP x PP."""
+        """NeMo's keys of a training checkpoint's evaluation (checkpoint_name, hparams_file and
+        the tokenizer files) only beside model.checkpoint_folder: a converted file holds its
+        tokenizer; and model_parallel_size = TP x PP."""
         prefix = f"{ctx.stage}.model"
-        nemo_keys.require_unset(
-            ctx.cfg.model,
-            ("checkpoint_folder", "checkpoint_name", "hparams_file"),
-            prefix,
-            "Evaluation reads the converted file model.nemo_model: convert the checkpoint in the "
-            "same run (stages=[conversion,evaluation] with conversion.model.checkpoint_folder=...) "
-            "or set model.nemo_model to a converted file",
-        )
-        nemo_keys.require_unset(
-            ctx.cfg.model,
-            ("vocab_file", "merge_file"),
-            prefix,
-            "The converted file holds its tokenizer: give tokenizer files to the conversion "
-            "(conversion.model.vocab_file, merge_file)",
-        )
+        if not recipe.evaluates_checkpoint(ctx.cfg.model):
+            nemo_keys.require_unset(
+                ctx.cfg.model,
+                ("checkpoint_name", "hparams_file", "vocab_file", "merge_file"),
+                prefix,
+                "They describe the training checkpoint model.checkpoint_folder names: set it "
+                "too, or leave them null to evaluate model.nemo_model (which holds its "
+                "tokenizer)",
+            )
         nemo_keys.check_model_parallel_size(ctx.cfg.model, prefix)
+
+    @staticmethod
+    def _validate_checkpoint(ctx: StageContext, family: ModelFamily) -> Path:
+        """A training checkpoint to evaluate (NeMo's model.checkpoint_folder): checked as the
+        conversion stage checks one, since this stage's first job converts it; the file that
+        job writes is the one evaluated."""
+        cfg, stage = ctx.cfg, ctx.stage
+        model = cfg.model
+        folder = Path(str(model.checkpoint_folder))
+        hparams = hparams_path(model)
+        for key, path in (("checkpoint_folder", folder), ("hparams_file", hparams)):
+            if not path.exists() and not ctx.will_exist(path):
+                raise ConfigError(
+                    f"{stage}.model.{key}",
+                    ctx.not_written(path),
+                    "Give the training run's checkpoints folder (<explicit_log_dir>/checkpoints; "
+                    "hparams.yaml is read beside it unless model.hparams_file names it)",
+                )
+        require_job_program(
+            ctx, "model_family", f"{family.name} checkpoints", family.runs("conversion")
+        )
+        Conversion._check_checkpoint(ctx)
+        trained = Conversion._trained_model(ctx)
+        Conversion._check_tokenizer_files(ctx, trained[0] if trained else None)
+        if trained is not None:
+            problem = family_mismatch(trained[0], family.name, trained[1])
+            if problem:
+                raise RecipeError(f"{stage}.model_family: {problem}")
+        return recipe.evaluated_file(cfg)
 
     @staticmethod
     def _check_limit(key: str, limit: Any) -> None:
@@ -181,8 +210,12 @@ class Evaluation(StageDefaults):
 
     @staticmethod
     def _model(ctx: StageContext, model_file: Path) -> Any:
-        """The model's section: from the file, or, when a conversion of this run writes the
-        file, from what that conversion reads. None when neither can be read yet."""
+        """The model's section: from the file, or, when a conversion (this stage's own, or
+        the conversion stage of this run) writes the file, from what it reads. None when
+        neither can be read yet."""
+        if recipe.evaluates_checkpoint(ctx.cfg.model):
+            trained = Conversion._trained_model(ctx)
+            return trained[0] if trained else None
         if model_file.is_file():
             return recipe.portable_model_config(model_file)
         if "conversion" in ctx.root:
@@ -210,7 +243,25 @@ class Evaluation(StageDefaults):
                 if path
             )
         )
+        jobs = []
+        if not tuned and recipe.evaluates_checkpoint(cfg.model):
+            converted = recipe.evaluated_file(cfg)
+            folder = str(cfg.model.checkpoint_folder)
+            argv = ("--config", str(ctx.config_path), f"--output={converted}")
+            jobs.append(
+                make_job(
+                    ctx,
+                    f"convert_{cfg.run.name}",
+                    (Command(CONVERT, argv),),
+                    # One process reads a checkpoint of any layout (as the conversion stage).
+                    Resources(time_limit=str(cfg.run.time_limit)),
+                    reads=(folder, str(hparams_path(cfg.model))),
+                    writes=(str(converted),),
+                )
+            )
+            reads = (str(converted),)
         return [
+            *jobs,
             make_job(
                 ctx,
                 str(cfg.run.name),

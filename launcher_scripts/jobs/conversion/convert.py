@@ -2,6 +2,10 @@
 directory.
 
     python -m launcher_scripts.jobs.conversion.convert --config <results_dir>/<name>_hydra.yaml
+        [--output FILE]
+
+--output: write the portable file there, and no Hugging Face directory (the evaluation stage's
+conversion of the training checkpoint it evaluates; its config is the evaluation's).
 
 megatron-core checkpoints are layout-free (every tensor is stored with its global shape and
 offsets), so one process reads a checkpoint written at any TP/PP/DP and gets full tensors.
@@ -21,6 +25,8 @@ from launcher_scripts.files import replaced_directory
 from launcher_scripts.jobs.config_job import run_config_job
 from launcher_scripts.recipes.conversion import (
     ConversionError,
+    checkpoint_name,
+    hparams_path,
     pick_checkpoint,
     read_hparams,
     with_tokenizer_files,
@@ -90,20 +96,19 @@ def write_hf_from_portable(model_file: Path, directory: Path) -> Path:
     return directory
 
 
-def convert(cfg: DictConfig) -> None:
+def convert(cfg: DictConfig, output: Path | None = None) -> None:
     from launcher_scripts.formats import portable
 
     model_cfg = cfg.model
-    hparams = with_tokenizer_files(read_hparams(Path(str(model_cfg.hparams_file))), model_cfg)
+    hparams_file = hparams_path(model_cfg)
+    hparams = with_tokenizer_files(read_hparams(hparams_file), model_cfg)
     family = cfg.get("model_family", DEFAULT)
-    problem = family_mismatch(hparams, family, str(model_cfg.hparams_file))
+    problem = family_mismatch(hparams, family, str(hparams_file))
     if problem:
         raise ConversionError(problem, "conversion.model_family")
     # Whoever loads the file builds the model of its family.
     hparams.model_family = family
-    checkpoint = pick_checkpoint(
-        Path(str(model_cfg.checkpoint_folder)), str(model_cfg.checkpoint_name)
-    )
+    checkpoint = pick_checkpoint(Path(str(model_cfg.checkpoint_folder)), checkpoint_name(model_cfg))
     print(f"checkpoint {checkpoint.path} (step {checkpoint.state.step})", flush=True)
     _init_single_process()
     tensors = model_tensors(checkpoint.path)
@@ -113,13 +118,16 @@ def convert(cfg: DictConfig) -> None:
     # The layout consumers of the file start from (the weights themselves are full tensors).
     hparams.tensor_model_parallel_size = int(model_cfg.tensor_model_parallel_size)
     hparams.pipeline_model_parallel_size = int(model_cfg.pipeline_model_parallel_size)
-    output = Path(str(cfg.run.output_path)) / str(cfg.run.nemo_file_name)
-    if not cfg.run.get("hf_dir_name"):
+    hf_dir_name = cfg.run.get("hf_dir_name") if output is None else None
+    if output is None:
+        output = Path(str(cfg.run.output_path)) / str(cfg.run.nemo_file_name)
+    if not hf_dir_name:
+        output.parent.mkdir(parents=True, exist_ok=True)
         portable.write(output, hparams, tensors)
     else:
         # Both outputs are built beside the old ones and replace them only when both are
         # whole: a failure leaves the last good pair, not a new file beside an old folder.
-        hf_dir = Path(str(cfg.run.output_path)) / str(cfg.run.hf_dir_name)
+        hf_dir = Path(str(cfg.run.output_path)) / str(hf_dir_name)
         with replaced_directory(hf_dir) as partial:
             write_hf_files(partial, hparams, tensors)
             portable.write(output, hparams, tensors)
@@ -134,7 +142,18 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_config_job(argv, __doc__.splitlines()[0], "conversion", convert, _input_errors)
+    args = list(sys.argv[1:] if argv is None else argv)
+    output = None
+    for index, arg in enumerate(args):
+        if arg.startswith("--output="):
+            output = Path(arg.partition("=")[2])
+            del args[index]
+            break
+
+    def job(cfg: DictConfig) -> None:
+        convert(cfg, output)
+
+    return run_config_job(args, __doc__.splitlines()[0], "conversion", job, _input_errors)
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ def evaluate(cfg: DictConfig) -> None:
     run, model = cfg.run, cfg.model
     paths = recipe.include_paths(run.get("include_path"))
     tasks = recipe.lm_eval_tasks(recipe.requested_names(run.tasks), recipe.user_task_names(paths))
-    model_file = Path(str(model.nemo_model))
+    model_file = recipe.evaluated_file(cfg)
     if not model_file.is_file():
         raise EvaluationError(
             f"evaluation.model.nemo_model: {model_file} does not exist: run the conversion "
