@@ -277,5 +277,5 @@ class Evaluation(StageDefaults):
                 ),
                 reads=reads,
                 writes=(str(results / "results.json"), str(results / "results.md")),
-            )
+            ),
         ]
