@@ -2,13 +2,15 @@
 
 Each run is `python3 main.py stages=[training] training=<base config> <layout overrides>` with
 the run shortened to max_steps_per_run steps or max_minutes_per_run minutes, its results under
-`<logs>/candidate_<i>`. On cluster_type=local the launcher runs each job to its end, one after
-the other; on a cluster (bcm) every run is submitted first and then followed with
-`python3 -m launcher_scripts status <run dir> --json` until all have ended (a status call that
-fails is retried at the next poll; Ctrl-C cancels the runs still queued or running). The
-measured step time is the median `train_step_timing` of the logged steps after the warm-up
-steps; failures are read from the exit status and from every log file the job's backend names
-(on Slurm: each attempt's log and sbatch's own output file).
+`<logs>/training_logs/candidate_<i>` (its resolved recipe in `<logs>/candidate_configs/`, the
+folders NeMo's AutoConfigurator names). On cluster_type=local and bcp the launcher runs each job
+to its end, one after the other (on BCP through bcprun on the BCP job's nodes); on Slurm (bcm)
+every run is submitted first and then followed with `python3 -m launcher_scripts status <run
+dir> --json` until all have ended (a status call that fails is retried at the next poll; Ctrl-C
+cancels the runs still queued or running). The measured step time is the median
+`train_step_timing` of the logged steps after the warm-up steps; failures are read from the exit
+status and from every log file the job's backend names (on Slurm: each attempt's log and
+sbatch's own output file).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ OOM_PATTERN = re.compile(r"out[ -]of[ -]memory|OutOfMemoryError|oom[-_]kill", re
 ERROR_PATTERN = re.compile(r"error", re.IGNORECASE)
 SLACK_S = 600  # a run's job time limit, and the local wait, beyond max_minutes_per_run
 LAUNCH_LOG = "autoconfig_launch.out"
+# In <logs>, as the NeMo launcher's AutoConfigurator names them: each measured run's folder, and
+# the training recipe each ran (resolved).
+TRAINING_LOGS = "training_logs"
+CANDIDATE_CONFIGS = "candidate_configs"
 # Polls in a row at which `status` may fail (a scheduler too busy to answer squeue, say)
 # before a cluster run is given up as unknown.
 STATUS_FAILURES_ALLOWED = 10
@@ -127,7 +133,7 @@ def plan_runs(
         common.append(f"container_mounts=[{','.join(mounts)}]")
     runs = []
     for index, candidate in enumerate(candidates, start=1):
-        run_dir = settings.logs / f"candidate_{index}"
+        run_dir = settings.logs / TRAINING_LOGS / f"candidate_{index}"
         name = f"{base_recipe.run.name}_candidate_{index}"
         argv = [
             sys.executable,

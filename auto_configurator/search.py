@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from auto_configurator import report, runner
@@ -15,10 +15,12 @@ from auto_configurator.candidates import Evaluated, require_feasible
 from auto_configurator.recipes import STAGE, compose_recipe, write_recipe
 from auto_configurator.settings import TrainSettings
 from launcher_scripts import pipeline
+from launcher_scripts.clusters import BACKENDS
 from launcher_scripts.config.checks import require_choice
 from launcher_scripts.config.compose import compose_config
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.families import of_model_type
+from launcher_scripts.files import write_atomic
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def check_searchable(settings: TrainSettings) -> None:
         )
 
 
-SEARCH_BACKENDS = ("local", "bcm")  # where the measured runs can go in this version
+SEARCH_BACKENDS = ("local", "bcm", "bcp")  # where the measured runs can go in this version
 
 
 def run(cfg: DictConfig, settings: TrainSettings, base: BaseConfig) -> SearchResult:
@@ -62,7 +64,7 @@ def run(cfg: DictConfig, settings: TrainSettings, base: BaseConfig) -> SearchRes
     )
     runs = runner.plan_runs(cfg, settings, base.path, base.recipe, [e.candidate for e in chosen])
     evaluated_of = {run.index: e for run, e in zip(runs, chosen, strict=True)}
-    refused = preflight(runs)
+    refused = preflight(runs, settings.logs / runner.CANDIDATE_CONFIGS)
     outcomes = {**refused, **_measure(cfg, settings, [r for r in runs if r.index not in refused])}
     results = tuple(
         report.Outcome(run, evaluated_of[run.index], outcomes[run.index]) for run in runs
@@ -70,15 +72,19 @@ def run(cfg: DictConfig, settings: TrainSettings, base: BaseConfig) -> SearchRes
     return _report(settings, base, ranking, results)
 
 
-def preflight(runs: list[runner.Run]) -> dict[int, runner.Measurement]:
-    """The launcher's own checks of every run (composition, validation, rendering: nothing is
-    written), before any is started. A run it refuses is recorded and not started; when it
-    refuses them all the reason is the base config's or the setup's, and is raised."""
+def preflight(runs: list[runner.Run], configs: Path) -> dict[int, runner.Measurement]:
+    """The launcher's own checks of every run (composition, validation, rendering), before any
+    is started; each run's resolved training recipe is written to `configs`. A run it refuses
+    is recorded and not started; when it refuses them all the reason is the base config's or
+    the setup's, and is raised."""
     refused: dict[int, runner.Measurement] = {}
     first: LauncherError | None = None
     for run in runs:
         try:
-            pipeline.plan(compose_config(list(run.argv[2:])))
+            _, resolved, _ = pipeline.plan(compose_config(list(run.argv[2:])))
+            configs.mkdir(parents=True, exist_ok=True)
+            text = OmegaConf.to_yaml(resolved.training)
+            write_atomic(configs / f"candidate_{run.index}.yaml", text)
         except LauncherError as error:
             first = first or error
             message = str(error).splitlines()[0]
@@ -102,7 +108,8 @@ def _measure(
             bar.write(f"  candidate_{run.index} ({run.candidate.label}): {result}")
             bar.update(1)
 
-        if cfg.cluster_type == "local":
+        # local and bcp run each job to its end (on BCP, on the BCP job's nodes).
+        if BACKENDS[cfg.cluster_type].synchronous:
             return runner.run_local(runs, cfg, settings, progress)
         return runner.run_cluster(runs, cfg, progress, float(cfg.search_poll_seconds))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO, markers, scheduling, timings
+from tests.support.bcp import install_bcprun
 from tests.support.commands import run_main
 from tests.support.packaging import InstalledLauncher, build_wheel, install_launcher
 from tests.support.session_builds import WORDPIECE_DATA, WORDPIECE_VOCAB, built_once
@@ -267,3 +268,12 @@ def installed_launcher(
     installed = install_launcher(launcher_wheel, tmp_path_factory.mktemp("installed") / "venv")
     yield installed
     shutil.rmtree(installed.venv, ignore_errors=True)
+
+
+@pytest.fixture
+def bcp_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This machine as node 0 of a one-replica BCP job, with the bcprun stand-in on PATH."""
+    shim_dir = tmp_path / "shim"
+    for name, value in install_bcprun(shim_dir).items():
+        monkeypatch.setenv(name, value)
+    return shim_dir

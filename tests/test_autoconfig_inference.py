@@ -79,6 +79,9 @@ def search(tiny_portable: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     folder = results / "gpt3" / "tiny_2gb" / "inference"
     with open(folder / "final_summary" / "inference_results.csv") as handle:
         rows = list(csv.DictReader(handle))
+    # NeMo's name for it (5.3.2.4), beside ours.
+    table = (folder / "final_summary" / "final_output.csv").read_text()
+    assert table == (folder / "final_summary" / "inference_results.csv").read_text()
     summary = json.loads((folder / "final_summary" / "summary.json").read_text())
     return {"folder": folder, "rows": rows, "summary": summary, "stdout": result.stdout}
 

@@ -445,3 +445,29 @@ def test_real_measured_t5_search_on_cpu(prepared_wordpiece: Path, tmp_path: Path
     for block in ("encoder", "decoder"):
         assert model[block].activations_checkpoint_granularity is None
     validate_training(best, f"data_dir={prepared_wordpiece}/data")
+
+
+@pytest.mark.slow
+def test_a_measured_search_runs_on_base_command_platform(
+    prepared: Path, tmp_path: Path, bcp_node: Path
+) -> None:
+    """cluster_type=bcp (5.3's BCP command): the launcher inside the BCP job runs each measured
+    run to its end through bcprun (here the stand-in, tests/support/bcp.py) and reads it."""
+    result, final, rows = real_search(
+        "gpt3/tiny",
+        prepared,
+        tmp_path,
+        "cluster_type=bcp",
+        "training_container=nvcr.io/nvidia/nemo:24.05",
+        "search_config.train_settings.limit_search_runs=1",
+    )
+    measured = [r for r in rows if r["status"] == "measured"]
+    assert len(measured) == 1, rows
+    assert_runs_trained(measured)
+    run_dir = Path(measured[0]["run_dir"])
+    assert run_dir.parent.name == "training_logs"  # NeMo's folder names (5.3.2.4)
+    recipe = OmegaConf.load(run_dir.parents[1] / "candidate_configs" / "candidate_1.yaml")
+    assert recipe.trainer.max_steps == 8 and recipe.run.results_dir == str(run_dir)
+    script = next(run_dir.rglob("*_submission.sh")).read_text()
+    assert "bcprun" in script
+    assert json.loads((final / "summary.json").read_text())["best"]["run"] == measured[0]["run"]

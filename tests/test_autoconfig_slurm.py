@@ -91,7 +91,7 @@ def test_real_measured_search_on_slurm_picks_the_measured_fastest(
         tmp_path, prepared / "data", "search_config.train_settings.limit_search_runs=3"
     )
     logs = tmp_path / LOGS
-    cancelled = submitted_job_id(logs / "candidate_3", search)
+    cancelled = submitted_job_id(logs / "training_logs" / "candidate_3", search)
     subprocess.run(["scancel", cancelled], check=True)
     stdout, stderr = search.communicate(timeout=3600)
     assert search.returncode == 0, stdout[-3000:] + stderr[-3000:]
@@ -153,10 +153,10 @@ def test_ctrl_c_cancels_the_runs_it_submitted(
         "search_config.train_settings.max_minutes_per_run=120",
     )
     logs = tmp_path / LOGS
-    ids = [submitted_job_id(logs / f"candidate_{i}", search) for i in (1, 2, 3)]
+    ids = [submitted_job_id(logs / "training_logs" / f"candidate_{i}", search) for i in (1, 2, 3)]
     assert len(queued(ids)) == 3  # the first runs, the others wait for the CPUs
     # Interrupt it while it polls: once the last launcher has said it is done.
-    last_launch = logs / "candidate_3" / "autoconfig_launch.out"
+    last_launch = logs / "training_logs" / "candidate_3" / "autoconfig_launch.out"
     while "all jobs submitted" not in last_launch.read_text():
         assert search.poll() is None, search.communicate()
         time.sleep(0.2)
@@ -169,5 +169,7 @@ def test_ctrl_c_cancels_the_runs_it_submitted(
         assert time.monotonic() < deadline, queued(ids)
         time.sleep(0.5)
     for i in (1, 2, 3):
-        status = json.loads(run_ops("status", str(logs / f"candidate_{i}"), "--json").stdout)
+        status = json.loads(
+            run_ops("status", str(logs / "training_logs" / f"candidate_{i}"), "--json").stdout
+        )
         assert status["stages"][0]["jobs"][0]["state"] == "CANCELLED", status

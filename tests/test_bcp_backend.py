@@ -1,7 +1,7 @@
 """The Base Command Platform backend: what its scripts say, and that their wiring runs.
 
 There is no bcprun here. The end-to-end tests put a one-node stand-in named `bcprun` on PATH
-(BCPRUN_SHIM below): it runs the `-c` command once per node in `--workdir` with the `--env`
+(tests/support/bcp.py): it runs the `-c` command once per node in `--workdir` with the `--env`
 variables, every "node" being a process of this machine. They test our scripts' wiring (node
 check, environment, quoting, torchrun rendezvous and ranks, logs, exit codes), not BCP: real
 multi-node placement, networking and bcprun's own behaviour are not exercised.
@@ -23,38 +23,6 @@ from launcher_scripts.jobspec import Command, JobSpec, Resources
 from tests.support import REPO
 from tests.support.commands import run_main
 
-BCPRUN_SHIM = """#!/usr/bin/env bash
-# A stand-in for bcprun, for tests: runs the -c command once per "node", all on this machine.
-set -euo pipefail
-nnodes=1 npernode=1 workdir=. cmd=
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --nnodes) nnodes=$2; shift 2 ;;
-        --npernode) npernode=$2; shift 2 ;;
-        --workdir) workdir=$2; shift 2 ;;
-        --env) export "${2?}"; shift 2 ;;
-        -c) cmd=$2; shift 2 ;;
-        *) echo "bcprun shim: unknown option $1" >&2; exit 2 ;;
-    esac
-done
-if [ "$npernode" != 1 ]; then
-    echo "bcprun shim: runs one process per node only" >&2
-    exit 2
-fi
-cd "$workdir"
-# Each "node" is a process of this machine, with its own NGC_ARRAY_INDEX.
-pids=()
-for ((index = 0; index < nnodes; index++)); do
-    NGC_ARRAY_INDEX=$index bash -c "$cmd" &
-    pids+=("$!")
-done
-code=0
-for pid in "${pids[@]}"; do
-    wait "$pid" || code=$?
-done
-exit "$code"
-"""
-
 PROGRAM = """
 import os, sys
 print(f"rank {os.environ.get('RANK', '-')} of {os.environ.get('WORLD_SIZE', '-')}: {sys.argv[1:]}")
@@ -62,21 +30,6 @@ print(f"ngc index {os.environ.get('NGC_ARRAY_INDEX', '-')} cwd {os.getcwd()}")
 print(f"greeting {os.environ.get('GREETING', '-')}")
 sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 """
-
-
-@pytest.fixture
-def bcp_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """This machine as node 0 of a one-replica BCP job, with the bcprun stand-in on PATH."""
-    shim_dir = tmp_path / "shim"
-    shim_dir.mkdir()
-    shim = shim_dir / "bcprun"
-    shim.write_text(BCPRUN_SHIM)
-    shim.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{shim_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("NGC_ARRAY_SIZE", "1")
-    monkeypatch.setenv("NGC_ARRAY_INDEX", "0")
-    monkeypatch.setenv("NGC_MASTER_ADDR", "127.0.0.1")
-    return shim_dir
 
 
 def job_in(folder: Path, *commands: Command, **fields) -> JobSpec:

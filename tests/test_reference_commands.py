@@ -45,7 +45,7 @@ SECTION_SETTINGS = {
 OUTSIDE: dict[str, tuple[str, str | None]] = {
     "auto_configurator/main.py": (
         "the AutoConfigurator's program, not main.py: it measures by running training jobs, "
-        "so it has no dry run (tests/test_autoconfig_*.py cover it)",
+        "so it has no dry run (tests/test_autoconfig_*.py run it, on local, Slurm and BCP)",
         None,
     ),
     "evaluation.model.nemo_model=4": (

@@ -3,6 +3,7 @@
 inference_results.csv   every path, layout and batch size: latency per request, tokens/s, tokens/s
                         per GPU, or why it was not measured; the measured ones first, highest
                         tokens/s per GPU first
+final_output.csv        the same table under the name NeMo's AutoConfigurator gives it
 inference_results.png   tokens/s per GPU against latency, one series per path and layout, with the
                         latency budgets (benchmark.max_latency_ms) drawn in
 summary.json            the highest tokens/s per GPU within each latency budget, and overall
@@ -130,6 +131,8 @@ def write(
     writer.writeheader()
     writer.writerows(rows(points, settings))
     write_atomic(folder / "inference_results.csv", buffer.getvalue())
+    # The name the NeMo launcher's AutoConfigurator documents for it (5.3.2.4).
+    write_atomic(folder / "final_output.csv", buffer.getvalue())
     result = summary(points, settings, data_type)
     write_atomic(folder / "summary.json", json.dumps(result, indent=2) + "\n")
     plot(points, settings, folder / "inference_results.png")
