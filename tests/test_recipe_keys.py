@@ -35,8 +35,12 @@ CONF = conf_dir()
 
 @functools.cache
 def code_names() -> frozenset[str]:
+    """The names the code reads a config by: an attribute (`cfg.model.seed`) or a string
+    (`.get("seed")`, `("seed", ...)`); a variable or parameter of the same name is not one."""
     text = "\n".join(p.read_text() for p in (REPO / "launcher_scripts").rglob("*.py"))
-    return frozenset(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+    attributes = re.findall(r"\.([A-Za-z_][A-Za-z0-9_]*)", text)
+    strings = re.findall(r"[\"']([A-Za-z_][A-Za-z0-9_.]*)[\"']", text)
+    return frozenset(attributes) | {part for name in strings for part in name.split(".")}
 
 
 @functools.cache
@@ -188,3 +192,14 @@ def test_the_keys_page_lists_every_fixed_and_refused_key() -> None:
     page = (REPO / "docs" / "keys.md").read_text()
     for path in {fixed.path for fixed in FIXED} | {refused.path for refused in REFUSED}:
         assert f"| `{path}` |" in page, path
+
+
+def test_t5s_other_objectives_are_refused(tmp_path: Path) -> None:
+    """NeMo's data.dataset_type: ul2 and t5_prefix_lm are not implemented here."""
+    args = [f"base_results_dir={tmp_path}/r", "stages=[training]", "training=t5/tiny"]
+    with pytest.raises(ConfigError) as error:
+        pipeline.plan(
+            pipeline.compose([*args, "training.model.data.dataset_type=ul2", "dry_run=true"])
+        )
+    assert error.value.key == "training.model.data.dataset_type"
+    assert "span corruption" in str(error.value) and "Set it to t5" in str(error.value)

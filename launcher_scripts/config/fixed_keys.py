@@ -91,6 +91,12 @@ FIXED: tuple[Fixed, ...] = (
         "each data-parallel rank reads its share of every global batch (Megatron's sampler)",
     ),
     Fixed(
+        "trainer.logger",
+        (False,),
+        "the loggers are exp_manager's: metrics.jsonl, TensorBoard, and W&B with "
+        "exp_manager.create_wandb_logger",
+    ),
+    Fixed(
         "trainer.limit_test_batches",
         (0, 0.0),
         "no test pass follows training (nor in NeMo's pretraining); test a model with the "
@@ -167,10 +173,18 @@ FIXED: tuple[Fixed, ...] = (
             "compute: metric.name is loss or exact_string_match",
         )
         for name, value in (
+            ("average", None),
             ("num_classes", None),
             ("class_labels", None),
             ("labels_are_strings", False),
         )
+    ),
+    Fixed(
+        "model.data.dataset_type",
+        ("t5",),
+        "T5 and mT5 train on span corruption (megatron-core's T5 dataset); NeMo's ul2 and "
+        "t5_prefix_lm objectives are not implemented",
+        ("training",),
     ),
     Fixed(
         "model.data.data_impl",

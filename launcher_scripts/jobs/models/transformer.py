@@ -187,12 +187,13 @@ def transformer_config(cfg: Any, use_te: bool, on_gpu: bool) -> TransformerConfi
         calculate_per_token_loss=True,
         # The fused kernels need CUDA (and some Apex); on CPU the plain paths run.
         bias_activation_fusion=on_gpu and model.activation == "gelu" and use_te,
-        masked_softmax_fusion=on_gpu and use_te,
+        masked_softmax_fusion=on_gpu and use_te and bool(model.get("masked_softmax_fusion", True)),
         bias_dropout_fusion=on_gpu and bool(model.get("bias_dropout_add_fusion", True)),
         # The residual stream kept in fp32 under bf16/fp16 (NeMo's fp32_residual_connection).
         fp32_residual_connection=bool(model.get("fp32_residual_connection", False)),
         apply_rope_fusion=False,
-        persist_layer_norm=False,
+        # Apex's persistent LayerNorm kernel, on GPUs (megatron-core falls back without Apex).
+        persist_layer_norm=on_gpu and bool(model.get("persist_layer_norm", False)),
         gradient_accumulation_fusion=False,
         # Freeing a sent activation early is safe on CUDA streams, but gloo sends from its own
         # thread and could still be reading it.
