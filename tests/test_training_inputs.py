@@ -315,3 +315,16 @@ def test_a_bad_blending_alpha_is_refused_before_the_run(tmp_path: Path) -> None:
         "dry_run=true",
     )
     assert_one_line_error(result, "training.run.blending_alpha", "from 0 to 1")
+
+
+@pytest.mark.parametrize("recipe", ["gpt3/tiny", "t5/tiny", "bert/tiny"])
+def test_alibi_is_refused_by_name(recipe: str, tmp_path: Path) -> None:
+    """NeMo's changelog lists ALiBi for T5 and GPT; megatron-core has no ALiBi bias."""
+    result = run_main(
+        f"base_results_dir={tmp_path}/r",
+        "stages=[training]",
+        f"training={recipe}",
+        "training.model.position_embedding_type=alibi",
+        "dry_run=true",
+    )
+    assert_one_line_error(result, "training.model.position_embedding_type", "ALiBi")

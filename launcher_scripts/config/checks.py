@@ -155,3 +155,16 @@ def require_row_split(rows: int, tensor: int, key_prefix: str, whose: str) -> No
             f"{tensor} does not divide {whose} {rows} embedding rows",
             "Use a divisor of the row count",
         )
+
+
+def require_position_embedding(key: str, value: Any, allowed: Collection[str]) -> None:
+    """A position embedding the model family builds. ALiBi (NeMo's changelog, for T5 and GPT)
+    is said by name: megatron-core's models have no ALiBi attention bias."""
+    if value == "alibi":
+        raise ConfigError(
+            key,
+            "'alibi' is not implemented: megatron-core's GPT, T5 and BERT models add no ALiBi "
+            "attention bias",
+            f"Use one of: {', '.join(allowed)}",
+        )
+    require_choice(key, value, allowed)

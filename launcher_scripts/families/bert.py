@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from launcher_scripts.config.checks import require_choice
+from launcher_scripts.config.checks import require_choice, require_position_embedding
 from launcher_scripts.costmodel.plan import decoder_stack_costs, stack_shape
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families.base import (
@@ -44,7 +44,7 @@ def validate(cfg: Any, stage: str, will_exist: Callable[[str], bool]) -> None:
     require_choice(
         key(stage, "model.activation"), model.get("activation", "gelu"), ENCODER_ACTIVATIONS
     )
-    require_choice(
+    require_position_embedding(
         key(stage, "model.position_embedding_type"),
         model.get("position_embedding_type", "learned_absolute"),
         BERT_POSITION_EMBEDDINGS,

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from launcher_scripts.config.checks import require_choice, require_int
+from launcher_scripts.config.checks import require_choice, require_int, require_position_embedding
 from launcher_scripts.costmodel.plan import encoder_decoder_costs, encoder_decoder_shape
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.families import t5_hf_config
@@ -94,7 +94,9 @@ def _positions(model: Any, stage: str) -> None:
         if "position_embedding_type" not in section:
             continue
         kind = section.position_embedding_type
-        require_choice(key(stage, f"{prefix}.position_embedding_type"), kind, POSITION_EMBEDDINGS)
+        require_position_embedding(
+            key(stage, f"{prefix}.position_embedding_type"), kind, POSITION_EMBEDDINGS
+        )
         if kind == "relative":
             for name in ("relative_attention_num_buckets", "relative_attention_max_distance"):
                 require_int(key(stage, f"{prefix}.{name}"), section.get(name))

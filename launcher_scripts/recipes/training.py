@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.config.checks import require_heads_split, require_int
+from launcher_scripts.config.checks import (
+    require_heads_split,
+    require_int,
+    require_position_embedding,
+)
 from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable import EMBEDDINGS
 from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
@@ -308,11 +312,12 @@ def check_batch(model: Any, layout: Layout, stage: str) -> None:
 
 
 def _check_architecture(model: Any, stage: str) -> None:
-    for name, allowed in (
-        ("activation", ACTIVATIONS),
-        ("normalization", NORMALIZATIONS),
-        ("position_embedding_type", POSITION_EMBEDDINGS),
-    ):
+    require_position_embedding(
+        key(stage, "model.position_embedding_type"),
+        model.get("position_embedding_type"),
+        POSITION_EMBEDDINGS,
+    )
+    for name, allowed in (("activation", ACTIVATIONS), ("normalization", NORMALIZATIONS)):
         value = model.get(name)
         if value not in allowed:
             raise ConfigError(
