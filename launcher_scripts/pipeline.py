@@ -21,6 +21,7 @@ from launcher_scripts.config.compose import UnknownOverride, compose_config, con
 from launcher_scripts.config.preflight import check_globals, check_wandb, requested_stages, resolve
 from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.files import write_atomic
+from launcher_scripts.formats import nccl_topology
 from launcher_scripts.jobspec import JobSpec
 from launcher_scripts.manifest import Manifest, StageRecord, new_run_id
 from launcher_scripts.recipes import numa
@@ -83,6 +84,7 @@ def plan(cfg: DictConfig) -> tuple[Backend, DictConfig, list[PlannedStage]]:
     fixed_keys.check_fixed_keys(resolved, stages)
     # The cluster types are the backends' names.
     check_globals(resolved, BACKENDS)
+    nccl_topology.check_choice(resolved)
     numa.check_section(resolved.numa_mapping)
     backend: Backend = BACKENDS[resolved.cluster_type](resolved)
     check_wandb(resolved, stages, backend.jobs_use_launcher_environment())

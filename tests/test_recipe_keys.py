@@ -203,3 +203,4 @@ def test_t5s_other_objectives_are_refused(tmp_path: Path) -> None:
         )
     assert error.value.key == "training.model.data.dataset_type"
     assert "span corruption" in str(error.value) and "Set it to t5" in str(error.value)
+    assert len(str(error.value).splitlines()) == 1

@@ -180,13 +180,6 @@ FIXED: tuple[Fixed, ...] = (
         )
     ),
     Fixed(
-        "model.data.dataset_type",
-        ("t5",),
-        "T5 and mT5 train on span corruption (megatron-core's T5 dataset); NeMo's ul2 and "
-        "t5_prefix_lm objectives are not implemented",
-        ("training",),
-    ),
-    Fixed(
         "model.data.data_impl",
         ("mmap",),
         "indexed datasets are memory-mapped (megatron-core)",

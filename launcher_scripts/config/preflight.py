@@ -31,6 +31,7 @@ GLOBAL_KEYS = (
     "container_mounts",
     "env_vars",
     "wandb_api_key_file",
+    "nccl_topology",
     "numa_mapping",
     "plan",
     "dry_run",

@@ -24,6 +24,7 @@ from launcher_scripts.recipes.tuning import SFT_STAGES
 # The position embeddings the reference documents for T5 blocks: a learned table, or T5's
 # bucketed relative bias.
 POSITION_EMBEDDINGS = ("learned_absolute", "relative")
+SPAN_CORRUPTION = "t5"  # NeMo's data.dataset_type of the span-corruption objective
 BLOCKS = ("encoder", "decoder")
 # megatron-core's T5 layers normalise before attention and MLP.
 BLOCK_TYPES = ("pre_ln",)
@@ -122,6 +123,14 @@ def _span_corruption_room(
     token, and a sentinel then the tokens for each span (an AssertionError when it is longer
     than seq_length_dec). An imported Hugging Face T5 tokenizer brings its own sentinels and
     is not pretrained on span corruption (the job says so)."""
+    objective = model.data.get("dataset_type", SPAN_CORRUPTION)
+    if objective != SPAN_CORRUPTION:
+        raise ConfigError(
+            key(stage, "model.data.dataset_type"),
+            f"{objective!r}: T5 and mT5 train on span corruption here (megatron-core's T5 "
+            "dataset); NeMo's ul2 and t5_prefix_lm objectives are not implemented",
+            f"Set it to {SPAN_CORRUPTION}",
+        )
     if model.tokenizer.get("type") == HF_T5_TOKENIZER:
         return
     masked = masked_tokens_at_most(float(model.data.masked_lm_prob), seq)

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher_scripts.config.checks import require_choice, require_env_name
 from launcher_scripts.config.schema import Declared
 from launcher_scripts.errors import ConfigError
+from launcher_scripts.formats import nccl_topology
 from launcher_scripts.jobspec import USER_DEPENDENCIES, Command, Companion, JobSpec, Resources
 from launcher_scripts.recipes.numa import NumaPolicy
 
@@ -95,6 +96,9 @@ class StageContext:
         }
         if self.root.get("wandb_api_key_file"):
             pairs["WANDB_API_KEY_FILE"] = str(self.root.wandb_api_key_file)
+        topology = nccl_topology.exported_path(self.root)
+        if topology is not None:
+            pairs["NCCL_TOPO_FILE"] = topology
         return tuple(sorted(pairs.items()))
 
 
