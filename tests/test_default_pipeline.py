@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.support.training import losses
 
 
@@ -33,6 +35,10 @@ def test_default_pipeline_trains_and_leaves_its_artifacts(default_run: Path) -> 
     assert "| tiny_choice | acc |" in (evaluated / "results.md").read_text()
     exported = default_run / "results" / "gpt3_tiny" / "export"
     assert (exported / "model_repo" / "gpt3_tiny" / "config.pbtxt").is_file()
-    check = json.loads((exported / "check.json").read_text())["text"]
-    assert check and "\u2047" not in check  # no unknown token: the tokenizer covers the corpus
+    check = json.loads((exported / "check.json").read_text())
+    assert check["text"] and "\u2047" not in check["text"]  # the tokenizer covers the corpus
+    # NeMo's lambada check of the export measures what the evaluation stage's lm-eval does.
+    lambada = check["lambada"]
+    assert lambada["examples"] == results["tiny_lambada"]["sample_len"]
+    assert lambada["acc"] == pytest.approx(results["tiny_lambada"]["acc,none"])
     assert not [name for name in checkpoints if "nan" in name], checkpoints

@@ -4,6 +4,8 @@ since torch.distributed starts once per process)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -286,3 +288,58 @@ def test_too_long_and_empty_prompts_are_one_line_errors(report: dict[str, Any]) 
     assert errors["too_long_stream"] == expected
     assert errors["empty"] == "prompt 1 is empty: give some text to continue"
     assert errors["beam_stream"].startswith("beam_width: 2 cannot stream")
+
+
+class MarkovModel:
+    """Next-token probabilities given the last token alone (a table of characters; eod is
+    "$"), every other token at a negligible logit."""
+
+    def __init__(self, table: dict[str, dict[str, float]]) -> None:
+        self.table = table
+
+    def __call__(self, batch: list[list[int]]) -> torch.Tensor:
+        width = max(len(row) for row in batch)
+        logits = torch.full((len(batch), width, 257), -40.0)
+        for index, row in enumerate(batch):
+            for position, token in enumerate(row):
+                following = self.table.get(ByteTokenizer().decode([token]), {})
+                for char, probability in following.items():
+                    column = 0 if char == "$" else ByteTokenizer().encode(char)[0]
+                    logits[index, position, column] = math.log(probability)
+        return logits
+
+
+def beam(model: MarkovModel, **params: object) -> str:
+    settings = GenerationParams(tokens_to_generate=3, beam_width=2, **params)
+    return generate(model, ByteTokenizer(), ["p"], settings, max_length=64)[0].text
+
+
+def test_a_larger_length_penalty_prefers_the_shorter_candidate() -> None:
+    """inference-reference.md: 'Larger values penalize long candidates more heavily thus
+    preferring shorter candidates.' Here "" scores log .3 x 1^p, "a" log .7 x 2^p."""
+    model = MarkovModel({"p": {"$": 0.3, "a": 0.7}, "a": {"$": 1.0}})
+    assert beam(model, length_penalty=0.0) == "a"
+    assert beam(model, length_penalty=3.0) == ""
+
+
+def test_the_diversity_rate_lets_another_parents_beam_survive() -> None:
+    """inference-reference.md: 'A higher value encourages beam search to return a more diverse
+    set of candidates.' Two beams; the first has two good continuations, the second one weaker:
+    without the rate both survivors are the first beam's children, with it each continuation of
+    a beam loses rate x its rank among its siblings and the second beam's best survives."""
+    from launcher_scripts.jobs.inference.generation import _beam_step, _Beams, _Prompt
+
+    logits = torch.full((2, 257), -50.0)
+    logits[0, 98], logits[0, 99] = 0.0, -0.1  # "a" then "b" after the first beam
+    logits[1, 100] = 0.0  # "c" after the second, which starts 1.5 lower
+
+    def survivors(rate: float) -> list[tuple[str, int]]:
+        search = _Beams(_Prompt([113], "p"))
+        search.live = [([120], 0.0, 0), ([121], -1.5, 1)]
+        params = GenerationParams(tokens_to_generate=8, beam_width=2)
+        params = dataclasses.replace(params, beam_search_diversity_rate=rate)
+        _beam_step(search, logits, ByteTokenizer(), params)
+        return [(ByteTokenizer().decode(ids), parent) for ids, _, parent in search.live]
+
+    assert survivors(0.0) == [("wa", 0), ("wb", 0)]
+    assert survivors(2.0) == [("wa", 0), ("xc", 1)]

@@ -29,7 +29,12 @@ class GenerationParams:
     random_seed: int | None = None
     stop_words: tuple[str, ...] = ()
     beam_width: int = 1
-    length_penalty: float = 1.0
+    # Beam search: a hypothesis scores its log-probability sum x length^length_penalty, so a
+    # larger value prefers shorter ones (0: the plain sum; -1: the mean log-probability).
+    length_penalty: float = 0.0
+    # Beam search: each step, the k-th best continuation of a beam (k from 0) loses
+    # beam_search_diversity_rate x k from its score, so beams of other parents survive.
+    beam_search_diversity_rate: float = 0.0
 
     def check(self) -> None:
         """Raise ValueError naming the first bad field, its value and what it may be."""
@@ -69,6 +74,11 @@ class GenerationParams:
             ),
             ("beam_width", _is_int(self.beam_width, 1), "an integer >= 1 (1 disables)"),
             ("length_penalty", _is_real(self.length_penalty, -math.inf), "a finite number"),
+            (
+                "beam_search_diversity_rate",
+                _is_real(self.beam_search_diversity_rate, 0.0),
+                "a number >= 0 (0 disables)",
+            ),
         ]
 
     @property

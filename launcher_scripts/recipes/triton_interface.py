@@ -49,6 +49,7 @@ PARAMETERS: tuple[RequestParameter, ...] = (
     RequestParameter("stop_words", "TYPE_STRING", "object", "BYTES", many=True),
     RequestParameter("beam_width", "TYPE_INT32", "int32", "INT32"),
     RequestParameter("length_penalty", "TYPE_FP32", "float32", "FP32"),
+    RequestParameter("beam_search_diversity_rate", "TYPE_FP32", "float32", "FP32"),
 )
 PARAMETER_NAMES = tuple(p.name for p in PARAMETERS)
 

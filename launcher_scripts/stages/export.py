@@ -17,6 +17,7 @@ from launcher_scripts.families.file_family import EXPORT_READER, require_family
 from launcher_scripts.formats.portable import EMBEDDINGS
 from launcher_scripts.formats.portable_check import inspect_portable, require_portable
 from launcher_scripts.jobspec import Command, JobSpec, Resources
+from launcher_scripts.recipes import lambada
 from launcher_scripts.recipes.generation_params import GenerationParams
 from launcher_scripts.recipes.triton_interface import (
     PARAMETER_NAMES,
@@ -100,6 +101,7 @@ class Export(StageDefaults):
             minimum=0,
         )
         self._check_generation(ctx)
+        lambada.check_section(ctx.cfg.check, ctx.will_exist)
         self._check_vllm(ctx)
 
     @staticmethod

@@ -156,7 +156,7 @@ def exhaustive_best(
             ends = [eod] if length < steps else [eod, *words]
             for last in ends:
                 sequence = [*prefix, last]
-                score = (total + float(dist[last])) / length**params.length_penalty
+                score = (total + float(dist[last])) * length**params.length_penalty
                 kept = sequence[:-1] if last == eod else sequence
                 if score > best[1]:
                     best = (kept, score)
@@ -174,7 +174,7 @@ def beam_checks(runner: ModelRunner) -> list[dict[str, Any]]:
     for case in range(5):
         picks = torch.randperm(len(likely), generator=choose)[:4].tolist()
         allowed = [*(likely[i] for i in picks), eod]
-        for penalty, length_penalty in ((1.0, 1.0), (1.5, 0.0), (1.0, 2.0)):
+        for penalty, length_penalty in ((1.0, -1.0), (1.5, 0.0), (1.0, 2.0)):
             params = GenerationParams(
                 tokens_to_generate=3,
                 beam_width=len(allowed) ** 2,

@@ -4,9 +4,10 @@
 
 The job writes the new repository beside the old one, loads its served model file the way the
 Triton model will and generates from `export.check.prompt` with the export's default
-parameters; only then does the new repository replace the old one. A repository that cannot
+parameters, then measures lambada accuracy on `export.check.lambada_file` (NeMo's check of an
+export); only then does the new repository replace the old one. A repository that cannot
 serve fails here, not when a server starts, and a failed export leaves the last good one in
-place. The check's result is kept in check.json.
+place. The check's results are kept in check.json.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -68,6 +70,7 @@ def export(cfg: DictConfig) -> None:
                 GenerationParams(**defaults),
                 max_length=served.max_length,
             )[0]
+            scored = lambada_check(served, cfg.check)
         finally:
             close_runner()
     for model in models:
@@ -84,7 +87,47 @@ def export(cfg: DictConfig) -> None:
         print(f"wrote {Path(str(vllm.model_repository)) / written.name} (vLLM)", flush=True)
     print(f"check: {prompt!r} -> {completion.text!r} ({completion.finish_reason})", flush=True)
     check = {"prompt": prompt, "text": completion.text, "finish_reason": completion.finish_reason}
+    if scored is not None:
+        check["lambada"] = scored
+        print(
+            f"lambada: acc {scored['acc']:.4f} over {scored['examples']} passages of "
+            f"{scored['file']} (lm-eval's lambada acc: compare with the evaluation stage's)",
+            flush=True,
+        )
     write_atomic(Path(str(cfg.run.results_dir)) / "check.json", json.dumps(check, indent=2))
+
+
+def lambada_check(served: Any, check: DictConfig) -> dict[str, Any] | None:
+    """The exported model's lambada accuracy (recipes/lambada.py), or None when the check has
+    no lambada_file. Passages are decoded greedily, those of one target length together."""
+    from launcher_scripts.jobs.inference.generation import GenerationParams, generate
+    from launcher_scripts.recipes import lambada
+
+    if check.get("lambada_file") is None:
+        return None
+    path = Path(str(check.lambada_file))
+    limit = check.get("lambada_limit")
+    examples = lambada.read_examples(path, None if limit is None else int(limit))
+    tokenizer = served.tokenizer
+    by_length: dict[int, list[tuple[str, list[int]]]] = {}
+    for example in examples:
+        context = tokenizer.encode(example.context)
+        whole = tokenizer.encode(example.context + example.target)
+        target = whole[len(context) :] if whole[: len(context)] == context else None
+        target = target or tokenizer.encode(example.target)
+        by_length.setdefault(len(target), []).append((example.context, target))
+    right = []
+    for length, group in sorted(by_length.items()):
+        params = GenerationParams(tokens_to_generate=length, top_k=1)
+        done = generate(
+            served.decoding,
+            tokenizer,
+            [context for context, _ in group],
+            params,
+            max_length=served.max_length,
+        )
+        right += [list(c.tokens) == target for c, (_, target) in zip(done, group, strict=True)]
+    return {"file": str(path), "examples": len(right), "acc": lambada.accuracy(right)}
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:

@@ -502,8 +502,9 @@ class _Beams:
     def done(self, params: GenerationParams) -> bool:
         """No live beam left, or none that can still beat the worst of `width` finished ones.
 
-        Log-probs are <= 0, so a live beam's sum only falls; its best possible score is at the
-        longest length when length_penalty > 0 and at its current length otherwise.
+        Log-probs are <= 0, so a live beam's sum only falls; its best possible score is at its
+        current length when length_penalty >= 0 (length^p only grows) and at the longest
+        length otherwise.
         """
         if not self.live:
             return True
@@ -523,12 +524,14 @@ class _Beams:
 
 
 def _score(total: float, length: int, length_penalty: float) -> float:
-    """Hugging Face's length-normalised score of a finished hypothesis."""
-    return total / (max(length, 1) ** length_penalty)
+    """A finished hypothesis's score: its log-probability sum x length^length_penalty. The sum
+    is <= 0, so a larger penalty prefers shorter hypotheses (the meaning NeMo's Triton guide
+    gives it); -1 is the mean log-probability (Hugging Face's length_penalty=1)."""
+    return total * (max(length, 1) ** length_penalty)
 
 
 def _bound(total: float, length: int, longest: int, length_penalty: float) -> float:
-    return _score(total, longest if length_penalty > 0 else length, length_penalty)
+    return _score(total, length if length_penalty >= 0 else longest, length_penalty)
 
 
 def _beam_step(
@@ -541,9 +544,17 @@ def _beam_step(
     logprobs = apply_repetition_penalty(logits, seen, params.repetition_penalty)
     logprobs = logprobs.log_softmax(dim=-1)
     totals = logprobs + torch.tensor([total for _, total, _ in beams.live]).unsqueeze(-1)
-    # 2 * width candidates leave `width` to continue even if half of them end in eod.
-    values, flat = totals.flatten().topk(min(2 * width, totals.numel()))
     vocab = totals.shape[-1]
+    # 2 * width candidates leave `width` to continue even if half of them end in eod; no beam
+    # gives more than that many, so each beam's best 2 * width are all there is to rank.
+    per_beam, tokens = totals.topk(min(2 * width, vocab), dim=-1)
+    if params.beam_search_diversity_rate:
+        # Li, Monroe and Jurafsky (2016): a beam's k-th best continuation loses rate x k.
+        ranks = torch.arange(per_beam.shape[-1], dtype=per_beam.dtype)
+        per_beam = per_beam - params.beam_search_diversity_rate * ranks
+    values, picked = per_beam.flatten().topk(min(2 * width, per_beam.numel()))
+    rows = picked // per_beam.shape[-1]
+    flat = rows * vocab + tokens.flatten()[picked]
     live: list[tuple[list[int], float, int]] = []
     for rank, (value, index) in enumerate(zip(values.tolist(), flat.tolist(), strict=True)):
         if value == -math.inf or len(live) == width:
