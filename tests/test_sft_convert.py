@@ -6,6 +6,7 @@ outputs) also in process."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from launcher_scripts.errors import ConfigError
 from launcher_scripts.jobs.data_prep import sft_convert
 from launcher_scripts.stages import STAGES, StageContext
 from tests.support.commands import run_main
+from tests.support.http_site import Site
 
 STAGE = "data_preparation"
 PROGRAM = "launcher_scripts.jobs.data_prep.sft_convert"
@@ -562,3 +564,66 @@ def test_bad_settings_name_their_key(overrides: list[str], key: str, problem: st
         stage_check(*overrides)
     assert error.value.key == key
     assert problem in error.value.problem
+
+
+# ---- SQuAD for prompt learning -----------------------------------------------------------
+
+
+def test_prompt_squad_downloads_and_writes_what_the_prompt_recipes_read(
+    site: Site, tmp_path: Path
+) -> None:
+    """data_preparation=prompt/squad (5.10.1, 5.11.1's data): SQuAD fetched over HTTP (the
+    train file's transfer cut midway, then resumed) and written as NeMo's prompt-learning
+    records where prompt_learning, adapter_learning and ia3_learning gpt3/squad read them."""
+    train, dev = json.dumps(SQUAD_TRAIN).encode(), json.dumps(SQUAD_DEV).encode()
+    site.behaviour.files.update({"train-v1.1.json": train, "dev-v1.1.json": dev})
+    site.behaviour.cut_after["train-v1.1.json"] = len(train) // 2
+    result = run_main(
+        f"stages=[{STAGE}]",
+        f"{STAGE}=prompt/squad",
+        f"data_dir={tmp_path / 'data'}",
+        f"base_results_dir={tmp_path / 'results'}",
+        f"{STAGE}.train_url={site.url}/train-v1.1.json",
+        f"{STAGE}.dev_url={site.url}/dev-v1.1.json",
+        f"{STAGE}.validation_fraction=0.25",
+    )
+    assert result.returncode == 0, output_of(result)
+    assert len(site.behaviour.gets("train-v1.1.json")) == 2  # cut, then resumed
+    folder = tmp_path / "data" / "prompt_data" / "v1.1"
+    records = {
+        name: read_jsonl(folder / f"squad_{name}.jsonl") for name in ("train", "val", "test")
+    }
+    assert [len(records[name]) for name in ("train", "val", "test")] == [3, 1, 2]
+    questions = {r["question"] for r in records["train"] + records["val"]}
+    assert "What is unanswerable here?" not in questions and len(questions) == 4
+    nile = records["test"][0]
+    assert nile["answer"] == "north" and nile["original_answers"] == [
+        "north",
+        "north",
+        "flows north",
+    ]
+    assert "original_answers" not in records["train"][0]
+    # Every field the recipes' prompt template names is in every record, and their data
+    # paths are these files.
+    for group in ("prompt_learning", "adapter_learning", "ia3_learning"):
+        cfg = compose_config([f"{group}=gpt3/squad", f"data_dir={tmp_path / 'data'}"])
+        section = resolve(cfg, [group])[group]
+        paths = [section.model.data[split][0] for split in ("train_ds", "validation_ds", "test_ds")]
+        assert paths == [str(folder / f"squad_{n}.jsonl") for n in ("train", "val", "test")]
+        for template in section.model.get("task_templates") or []:
+            fields = set(re.findall(r"\{(\w+)\}", template.prompt_template))
+            assert fields and all(fields <= set(r) for rs in records.values() for r in rs)
+
+
+def test_prompt_squad_refuses_a_share_that_empties_a_split(tmp_path: Path) -> None:
+    result = run_main(
+        f"stages=[{STAGE}]",
+        f"{STAGE}=prompt/squad",
+        f"base_results_dir={tmp_path / 'results'}",
+        f"{STAGE}.validation_fraction=1.0",
+        "dry_run=true",
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {STAGE}.validation_fraction: 1.0 leaves no"), (
+        result.stderr
+    )

@@ -37,6 +37,7 @@ from launcher_scripts.stages.data_prep_common import (
 from launcher_scripts.stages.mc4_dataset import Mc4Dataset
 from launcher_scripts.stages.sft_dataset import (
     DollySftDataset,
+    PromptSquadDataset,
     SquadSftDataset,
     XquadSftDataset,
 )
@@ -479,6 +480,7 @@ DATASETS: dict[str, Dataset] = {
     "pile": PileDataset(),
     "mc4": Mc4Dataset(),
     "sft_squad": SquadSftDataset(),
+    "prompt_squad": PromptSquadDataset(),
     "sft_xquad": XquadSftDataset(),
     "sft_dolly": DollySftDataset(),
 }

@@ -20,7 +20,7 @@ from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.shards import SPLIT_NAMES
 from launcher_scripts.jobspec import Command, JobSpec
 from launcher_scripts.stages.base import StageContext, make_job
-from launcher_scripts.stages.data_prep_common import JOBS, cpu_resources, stage_key
+from launcher_scripts.stages.data_prep_common import JOBS, cpu_resources, program_job, stage_key
 
 PROGRAM = f"{JOBS}.sft_convert"
 
@@ -167,6 +167,84 @@ class SquadSftDataset:
 
     def jobs(self, ctx: StageContext) -> list[JobSpec]:
         return squad_jobs(ctx, self._conversions(ctx))
+
+
+class PromptSquadDataset:
+    """`prompt_squad`: SQuAD v1.1 downloaded (or a local copy) and written as NeMo's
+    prompt-learning records, which the prompt-learning, adapter and IA3 recipes read: the train
+    file into squad_train.jsonl and a seeded share of it into squad_val.jsonl, the dev file
+    (every answer kept, for exact match) into squad_test.jsonl."""
+
+    FIX = "Set download=true to fetch it, or {key}=/path/to/a/local/copy"
+    SPLITS = ("squad_train.jsonl", "squad_val.jsonl", "squad_test.jsonl")
+
+    def _outputs(self, ctx: StageContext) -> list[Path]:
+        if ctx.cfg.get("output_dir") in (None, ""):
+            raise ConfigError(stage_key(ctx, "output_dir"), "is not set", "Set it to a folder")
+        folder = Path(str(ctx.cfg.output_dir))
+        return [folder / name for name in self.SPLITS]
+
+    def validate(self, ctx: StageContext) -> None:
+        cfg = ctx.cfg
+        inputs = {name: Path(str(cfg[name])) for name in ("train_file", "dev_file")}
+        if cfg.download:
+            for name in ("train_url", "dev_url"):
+                if cfg.get(name) in (None, ""):
+                    raise ConfigError(stage_key(ctx, name), "is not set", "Give the file's URL")
+        else:
+            for name in inputs:
+                require_source(ctx, name, self.FIX)
+        for output in self._outputs(ctx):
+            if output in inputs.values():
+                raise ConfigError(
+                    stage_key(ctx, "output_dir"), f"{output} is an input too", "Write elsewhere"
+                )
+        share = require_fraction(stage_key(ctx, "validation_fraction"), cfg.validation_fraction)
+        if not 0 < share < 1:
+            raise ConfigError(
+                stage_key(ctx, "validation_fraction"),
+                f"{share} leaves no training or no validation questions",
+                "Use a share between 0 and 1, e.g. 0.1",
+            )
+        require_int(stage_key(ctx, "seed"), cfg.seed, minimum=0)
+        require_fraction(stage_key(ctx, "max_bad_fraction"), cfg.max_bad_fraction)
+
+    def tokenized_with(self, ctx: StageContext) -> dict[str, dict[str, str]]:
+        return {}  # JSONL records, tokenized by the tuning job
+
+    def jobs(self, ctx: StageContext) -> list[JobSpec]:
+        cfg, name = ctx.cfg, str(ctx.cfg.run.name)
+        train, dev = Path(str(cfg.train_file)), Path(str(cfg.dev_file))
+        jobs = []
+        if cfg.download:
+            files = ("--file", str(cfg.train_url), str(train), "--file", str(cfg.dev_url), str(dev))
+            jobs.append(
+                program_job(
+                    ctx, f"{name}-download", "download", files, None, (str(train), str(dev))
+                )
+            )
+        train_out, val_out, test_out = self._outputs(ctx)
+        limit = ("--max-bad-fraction", str(cfg.max_bad_fraction))
+        split = (
+            "--validation",
+            str(val_out),
+            "--validation-fraction",
+            str(cfg.validation_fraction),
+        )
+        commands = (
+            Command(
+                PROGRAM,
+                ("squad-prompt", "--input", str(train), "--output", str(train_out), *split)
+                + ("--seed", str(cfg.seed), *limit),
+            ),
+            Command(
+                PROGRAM,
+                ("squad-prompt", "--input", str(dev), "--output", str(test_out), "--all-answers")
+                + limit,
+            ),
+        )
+        jobs.append(sft_job(ctx, commands, (train, dev), (train_out, val_out, test_out)))
+        return jobs
 
 
 class XquadSftDataset:

@@ -4,6 +4,9 @@ fine-tuning and PEFT stages read: one JSON object per line with "input" and "out
     python3 -m launcher_scripts.jobs.data_prep.sft_convert squad \\
         --input train-v1.1.json --output train-v1.1_gpt.json [--all-answers] \\
         [--text-to-text train-v1.1_src.txt train-v1.1_tgt.txt]
+    python3 -m launcher_scripts.jobs.data_prep.sft_convert squad-prompt \\
+        --input train-v1.1.json --output squad_train.jsonl \\
+        [--validation squad_val.jsonl --validation-fraction 0.1 --seed 1234] [--all-answers]
     python3 -m launcher_scripts.jobs.data_prep.sft_convert dolly \\
         --input databricks-dolly-15k.jsonl --seed 1234 \\
         --split train 0.9 dolly_train.jsonl --split validation 0.1 dolly_validation.jsonl
@@ -16,6 +19,10 @@ ones) are skipped and counted. The file is one JSON document (the official ones 
 so a bad question is located by its place in it, e.g. data[3].paragraphs[0].qas[7].
 --text-to-text writes T5's layout: line i of SRC is "question: {question} context: {context}",
 line i of TGT its first answer (XQuAD's files have SQuAD's format and convert the same way).
+
+squad-prompt: the same questions as NeMo's prompt-learning records, {"taskname": "squad",
+"context", "question", "answer"} (the first answer; --all-answers adds original_answers);
+--validation moves a seeded --validation-fraction of them to a second file.
 
 dolly: JSON lines {"instruction", "context", "response", "category"}. "input" is
 "{context}\\n\\n{instruction}" when the context is not blank, else the instruction (both with
@@ -137,6 +144,19 @@ class SquadQuestion:
             record["original_answers"] = self.answers
         return encode(record)
 
+    def prompt_record(self, all_answers: bool) -> bytes | str:
+        """NeMo's prompt-learning record of the question (the squad task's template fields:
+        prompt_learning/gpt3/squad and the adapter and IA3 recipes read these)."""
+        record: dict[str, Any] = {
+            "taskname": "squad",
+            "context": self.context,
+            "question": self.question,
+            "answer": self.answers[0],
+        }
+        if all_answers:
+            record["original_answers"] = self.answers
+        return encode(record)
+
     def text_pair(self) -> tuple[bytes, bytes] | str:
         """(input line, answer line) as T5 read SQuAD: "question: ... context: ...", the
         first answer; line breaks inside a text become spaces."""
@@ -251,6 +271,37 @@ def convert_squad(args: argparse.Namespace) -> int:
         f"squad: {source}: {written} questions written to {named}; {unanswered} without "
         f"answers skipped; {stats.bad} bad of {stats.records} records"
     )
+    return 0
+
+
+def convert_squad_prompt(args: argparse.Namespace) -> int:
+    """Prompt-learning records (--output), a seeded share of them moved to --validation."""
+    source = Path(args.input)
+    outputs = [Path(args.output), *([Path(args.validation)] if args.validation else [])]
+    named = ", ".join(str(path) for path in outputs)
+    stats = ReadStats()
+    lines: list[bytes] = []
+    unanswered = 0
+    for question in iter_squad(load_squad(source), str(source), stats):
+        if question is None:
+            unanswered += 1
+            continue
+        line = question.prompt_record(args.all_answers)
+        if isinstance(line, str):
+            stats.add_bad(str(source), 0, f"question {question.question[:40]!r}: {line}")
+            continue
+        lines.append(line)
+    check_bad_fraction(stats, str(source), args.max_bad_fraction, named)
+    if not lines:
+        raise ConvertError(f"{source} has no question with an answer; {named} not written")
+    share = args.validation_fraction if args.validation else 0.0
+    assignment = assign_splits(len(lines), [1.0 - share, share], args.seed)
+    with atomic_outputs(outputs) as files:
+        for line, split in zip(lines, assignment, strict=True):
+            files[split].write(line)
+    counts = [assignment.count(index) for index in range(len(outputs))]
+    written = ", ".join(f"{n} to {path}" for n, path in zip(counts, outputs, strict=True))
+    print(f"squad-prompt: {source}: {written}; {unanswered} without answers skipped")
     return 0
 
 
@@ -424,6 +475,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also write original_answers, every answer's text (for evaluation sets)",
     )
+    prompt = formats.add_parser(
+        "squad-prompt", help="a SQuAD v1.1 JSON file as prompt-learning records"
+    )
+    prompt.add_argument("--input", required=True, help="the SQuAD JSON file (.json or .json.gz)")
+    prompt.add_argument("--output", required=True, help="the JSON-lines file to write")
+    prompt.add_argument("--validation", help="write a seeded share of the records here instead")
+    prompt.add_argument(
+        "--validation-fraction", type=fraction, default=0.1, help="that share (default 0.1)"
+    )
+    prompt.add_argument("--seed", type=int, default=1234, help="the shuffle's seed")
+    prompt.add_argument(
+        "--all-answers",
+        action="store_true",
+        help="also write original_answers, every answer's text (for test sets)",
+    )
     dolly = formats.add_parser("dolly", help="Dolly-style JSON lines")
     dolly.add_argument("--input", required=True, help="the JSON-lines file (.jsonl or .jsonl.gz)")
     dolly.add_argument("--output", help="the JSON-lines file to write, when not splitting")
@@ -435,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"write FRACTION of the records to OUTPUT; NAME is one of {', '.join(SPLIT_NAMES)}",
     )
     dolly.add_argument("--seed", type=int, default=1234, help="the shuffle's seed for --split")
-    for sub in (squad, dolly):
+    for sub in (squad, prompt, dolly):
         sub.add_argument(
             "--max-bad-fraction",
             type=fraction,
@@ -448,7 +514,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return convert_squad(args) if args.format == "squad" else convert_dolly(args)
+        converters = {
+            "squad": convert_squad,
+            "squad-prompt": convert_squad_prompt,
+            "dolly": convert_dolly,
+        }
+        return converters[args.format](args)
     except ConvertError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
