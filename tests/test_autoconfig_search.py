@@ -271,6 +271,17 @@ def compose_autoconfig(*overrides: str):  # type: ignore[no-untyped-def]
             ["search_config.train_settings.base_recipe=gpt3/9b"],
             "error: search_config.train_settings.base_recipe: 'gpt3/9b' is not a training recipe",
         ),
+        (
+            # 5.3's commands name NeMo's FasterTransformer checkout, with or without the `+`.
+            ["fastertransformer_path=/opt/FasterTransformer"],
+            "error: fastertransformer_path: is the NeMo AutoConfigurator's path to "
+            "FasterTransformer, which this one does not use",
+        ),
+        (
+            ["+fastertransformer_path=/opt/FasterTransformer"],
+            "error: fastertransformer_path: is the NeMo AutoConfigurator's path",
+        ),
+        (["+run_training_hp_serch=true"], "error: run_training_hp_serch: is not a key of the"),
     ],
 )
 def test_bad_inputs_give_one_line_and_exit_2(
