@@ -99,8 +99,15 @@ FIXED: tuple[Fixed, ...] = (
     Fixed(
         "trainer.limit_test_batches",
         (0, 0.0),
-        "no test pass follows training (nor in NeMo's pretraining); test a model with the "
-        "evaluation stage",
+        "no test pass follows pretraining (nor in NeMo's); test a model with the evaluation "
+        "stage",
+        ("training",),
+    ),
+    Fixed(
+        "trainer.limit_test_batches",
+        (1.0,),
+        "the test pass after tuning answers every record of model.data.test_ds",
+        TUNING,
     ),
     # ----- exp_manager ----------------------------------------------------------------------
     Fixed(
