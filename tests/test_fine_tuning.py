@@ -427,3 +427,29 @@ def test_the_answer_is_what_follows_the_split_string() -> None:
     assert answer_part(" Paris.", "Answer:") == "Paris."
     assert answer_part(" Answer: Paris Answer: Lyon", "Answer:") == "Lyon"
     assert answer_part(" Paris", None) == "Paris"
+
+
+def test_a_classification_metric_scores_the_answers(
+    tiny_portable: Path, task: dict[str, Path], tmp_path: Path
+) -> None:
+    """validation_ds.metric.name=f1 with average=macro (NeMo's GLUE-style keys): each validation
+    and the test pass score the greedy answers as class labels; the last validation and the
+    test pass read the same model, and here the same records, so they agree."""
+    from launcher_scripts.recipes.answer_metrics import AnswerMetric, score
+
+    log_dir = peft_run(
+        tmp_path,
+        tiny_portable,
+        task,
+        "lora",
+        "peft.trainer.max_steps=4",
+        "peft.trainer.val_check_interval=4",
+        "peft.model.data.validation_ds.metric.name=f1",
+        "peft.model.data.validation_ds.metric.average=macro",
+        f"peft.model.data.test_ds.file_names=[{task['val']}]",
+    )
+    scores = [(r["step"], r["validation_f1"]) for r in records(log_dir) if "validation_f1" in r]
+    assert [step for step, _ in scores] == [0, 4], scores  # the untuned baseline, then step 4
+    rows = predictions(log_dir)
+    expected = score(AnswerMetric("f1", "macro"), [(r["pred"], r["label"]) for r in rows])
+    assert scores[-1][1] == pytest.approx(expected)

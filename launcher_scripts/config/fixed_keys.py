@@ -99,8 +99,7 @@ FIXED: tuple[Fixed, ...] = (
     Fixed(
         "trainer.limit_test_batches",
         (0, 0.0),
-        "no test pass follows pretraining (nor in NeMo's); test a model with the evaluation "
-        "stage",
+        "no test pass follows pretraining (nor in NeMo's); test a model with the evaluation stage",
         ("training",),
     ),
     Fixed(
@@ -171,20 +170,6 @@ FIXED: tuple[Fixed, ...] = (
             "validation reads every record (its last batch padded)",
         )
         for split in ("validation_ds", "test_ds")
-    ),
-    *(
-        Fixed(
-            f"model.data.*.metric.{name}",
-            (value,),
-            "is for classification metrics (accuracy, F1), which this version does not "
-            "compute: metric.name is loss or exact_string_match",
-        )
-        for name, value in (
-            ("average", None),
-            ("num_classes", None),
-            ("class_labels", None),
-            ("labels_are_strings", False),
-        )
     ),
     Fixed(
         "model.data.data_impl",

@@ -23,6 +23,7 @@ from typing import Any
 from launcher_scripts.errors import RecipeError
 from launcher_scripts.formats.preference import preference_problem
 from launcher_scripts.formats.prompt import prompt_problem
+from launcher_scripts.recipes.answer_metrics import AnswerMetric, read_metric
 from launcher_scripts.recipes.grpo import GRPO_KEYS, read_grpo
 from launcher_scripts.recipes.ppo import RLHF_KEYS, read_ppo
 from launcher_scripts.recipes.preference import DPO_KEYS, read_dpo
@@ -57,10 +58,17 @@ BLOCK_SECTIONS = ("encoder", "decoder")
 _SFT_SPLIT_KEYS = ("answer_only_loss",)  # read for every split (tuner.py), set for none
 # Keys this module and the tuning program read with a default that a stage's shipped recipes
 # may leave out (the preflight's key check knows them from here), beyond the training loop's.
-_SFT_KEYS = tuple(
-    f"model.data.{split}_ds.{name}"
-    for split in ("train", "validation", "test")
-    for name in _SFT_SPLIT_KEYS
+_SFT_KEYS = (
+    *(
+        f"model.data.{split}_ds.{name}"
+        for split in ("train", "validation", "test")
+        for name in _SFT_SPLIT_KEYS
+    ),
+    # The validation metric's classification keys (answer_metrics.read_metric).
+    *(
+        f"model.data.validation_ds.metric.{name}"
+        for name in ("average", "num_classes", "class_labels", "labels_are_strings")
+    ),
 )
 
 
@@ -121,7 +129,7 @@ class TuningSpec:
     train: DataSplit
     validation: DataSplit | None
     test: DataSplit | None
-    metric: str  # loss | exact_string_match
+    metric: AnswerMetric  # how the validation answers are scored
     tokens_to_generate: int
     output_file: Path  # PEFT weights, or the fine-tuned model for SFT
     peft_key: str = ""  # the recipe section holding the method's settings
@@ -314,7 +322,7 @@ class StageData:
     validation: DataSplit | None
     test: DataSplit | None
     answer_only_loss: bool
-    metric: str
+    metric: AnswerMetric
     tokens_to_generate: int
     output_file: Path
 
@@ -357,7 +365,7 @@ def _sft_layout(cfg: Any, stage: str, output: Path) -> StageData:
     model = cfg.model
     train, validation, test = _sft_splits(cfg, stage)
     section = validation.section if validation else {}
-    metric = str((section.get("metric") or {}).get("name") or "loss")
+    metric = read_metric(section.get("metric"), f"{stage}.model.data.validation_ds.metric")
     # Text to text generates up to the answers' length unless told.
     longest = validation.max_target_length if validation else None
     return StageData(
@@ -385,7 +393,7 @@ def _template_layout(cfg: Any, stage: str, output: Path) -> StageData:
         validation=validation,
         test=test,
         answer_only_loss=bool(train.section["answer_only_loss"]),
-        metric="loss",
+        metric=AnswerMetric("loss"),
         tokens_to_generate=32,
         output_file=Path(str(model.nemo_path)) if model.get("nemo_path") else output,
     )
@@ -480,7 +488,7 @@ def _data_prefix_layout(record_format: str, cfg: Any, stage: str, output: Path) 
         validation=validation,
         test=test,
         answer_only_loss=False,
-        metric="loss",
+        metric=AnswerMetric("loss"),
         tokens_to_generate=0,
         output_file=output,
     )
@@ -605,11 +613,6 @@ def read_spec(cfg: Any, stage: str) -> TuningSpec:
         raise RecipeError(
             f"{data.train.format_key.rsplit('.', 1)[0]}.packed_sequence: {stage} does not pack "
             "sequences in this version: set it to false"
-        )
-    if data.metric not in ("loss", "exact_string_match"):
-        raise RecipeError(
-            f"{stage}.model.data.validation_ds.metric.name: {data.metric!r}; this version "
-            "computes loss and exact_string_match"
         )
     return TuningSpec(
         stage=stage,

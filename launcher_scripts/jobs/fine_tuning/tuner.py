@@ -25,6 +25,7 @@ from launcher_scripts.jobs.models.base import TuningSide, runtime_of
 from launcher_scripts.jobs.training import checkpointing, data, init_weights
 from launcher_scripts.jobs.training.runtime import JobError
 from launcher_scripts.jobs.training.trainer import Streams, Trainer, TrainingTask
+from launcher_scripts.recipes import answer_metrics
 from launcher_scripts.recipes.generation_params import GenerationParams
 from launcher_scripts.recipes.tuning import TuningSpec, most_layers
 
@@ -213,10 +214,11 @@ class TuningTask(TrainingTask):
         del outputs
         if not math.isnan(loss):
             trainer.state.metrics["validation_loss"] = loss
-        if self.spec.metric == "exact_string_match" and self.valid_records:
+        metric = self.spec.metric
+        if metric.generates and self.valid_records:
             rows = self.generate_for(trainer, self.valid_records)
             step = trainer.state.step
-            scores = {"validation_exact_string_match": _share(rows)}
+            scores = {f"validation_{metric.name}": self._score(rows)}
             split = self.spec.validation
             assert split is not None
             for path, name in zip(
@@ -224,7 +226,7 @@ class TuningTask(TrainingTask):
             ):
                 own = [row for row in rows if row["source"].startswith(f"{path}:")]
                 if name and own:  # one score per named file too (e.g. per XQuAD language)
-                    scores[f"validation_exact_string_match_{name}"] = _share(own)
+                    scores[f"validation_{metric.name}_{name}"] = self._score(own)
                 if split.section.get("write_predictions_to_file") and trainer.rank == 0:
                     prefix = split.section.get("output_file_path_prefix")
                     prefix = str(prefix or trainer.log_dir / "validation_predictions")
@@ -235,6 +237,19 @@ class TuningTask(TrainingTask):
                 f"validation at step {step}: "
                 + ", ".join(f"{k.removeprefix('validation_')} {v:.3f}" for k, v in scores.items())
             )
+
+    def _score(self, rows: list[dict[str, Any]]) -> float:
+        """The metric of the generated answers: exact_string_match (any of a record's answers),
+        or accuracy or f1 of the answer as a class label (recipes/answer_metrics.py)."""
+        metric = self.spec.metric
+        if metric.name in ("accuracy", "f1"):
+            try:
+                return answer_metrics.score(metric, [(r["pred"], r["label"]) for r in rows])
+            except answer_metrics.TooManyClasses as error:
+                raise JobError(
+                    f"{self.spec.stage}.model.data.validation_ds.metric: {error}"
+                ) from None
+        return _share(rows)
 
     @torch.no_grad()
     def generate_for(
@@ -298,8 +313,9 @@ class TuningTask(TrainingTask):
             path = trainer.log_dir / "test_predictions.jsonl"
             if trainer.rank == 0:
                 write_jsonl(path, rows)
-                score = _share(rows)
-                trainer.say(f"test set: exact_string_match {score:.3f} over {len(rows)}; {path}")
+                name = self.spec.metric.name if self.spec.metric.generates else "exact_string_match"
+                score = self._score(rows)
+                trainer.say(f"test set: {name} {score:.3f} over {len(rows)}; {path}")
         dist.barrier()
 
     def write_model(self, trainer: Trainer) -> None:
