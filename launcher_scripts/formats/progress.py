@@ -43,6 +43,9 @@ class TrainState:
     # What the run's task keeps beyond its models (PPO's KL coefficient, the schedules of the
     # models it trains beside the main one), JSON values.
     task: dict[str, Any] = field(default_factory=dict)
+    # Early stopping's count (recipes/early_stopping.py): best, best_step, wait, and `stopped`
+    # with its reason once it ended the run.
+    early_stopping: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

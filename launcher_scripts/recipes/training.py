@@ -21,6 +21,8 @@ from launcher_scripts.errors import ConfigError
 from launcher_scripts.formats.portable import EMBEDDINGS
 from launcher_scripts.formats.portable_check import PortableFileError, inspect_portable
 from launcher_scripts.recipes import restore
+from launcher_scripts.recipes.early_stopping import OPTIONAL_KEYS as EARLY_STOPPING_KEYS
+from launcher_scripts.recipes.early_stopping import read_early_stopping
 from launcher_scripts.recipes.layout import (
     Layout,
     check_experts,
@@ -65,6 +67,7 @@ LOOP_OPTIONAL_KEYS = (
     "model.optim.sched.warmup_steps",
     "model.optim.sched.constant_steps",
     "model.optim.sched.min_lr",
+    *EARLY_STOPPING_KEYS,
 )
 # Maps the loop passes on as they are: wandb.init's keyword arguments.
 LOOP_FREE_FORM = ("exp_manager.wandb_logger_kwargs",)
@@ -419,6 +422,7 @@ def check_trainer(cfg: Any, stage: str) -> None:
         require_int(key(stage, "trainer.val_check_interval"), int(interval))
     if trainer.get("max_time"):
         parse_max_time(trainer.max_time, key(stage, "trainer.max_time"))
+    read_early_stopping(cfg.exp_manager, stage)
     params = section(cfg.exp_manager, "checkpoint_callback_params")
     if params:
         require_int(

@@ -22,6 +22,7 @@ from launcher_scripts.formats.portable_check import require_peft, require_portab
 from launcher_scripts.formats.progress import EXIT_PREEMPTED
 from launcher_scripts.jobspec import Command, Companion, JobSpec, Resources
 from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.early_stopping import read_early_stopping
 from launcher_scripts.recipes.layout import check_world, read_layout
 from launcher_scripts.recipes.optimizer import check_optimizer
 from launcher_scripts.recipes.tuning import (
@@ -55,6 +56,7 @@ class TuningStage(StageDefaults):
         cfg, stage = ctx.cfg, ctx.stage
         family = family_of(cfg, stage)
         check_optimizer(cfg.model, stage)
+        read_early_stopping(cfg.exp_manager, stage)
         runnable = family.runs(self.name)
         require_job_program(ctx, "model_family", family.name, runnable)
         if not runnable:

@@ -44,6 +44,7 @@ class TuningTask(TrainingTask):
 
     def __init__(self, cfg: Any, spec: TuningSpec, base: Portable) -> None:
         self.spec, self.base = spec, base
+        self.stage = spec.stage
         family = family_of(cfg, "training")
         side = runtime_of(family).tuning
         if side is None:

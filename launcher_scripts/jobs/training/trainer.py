@@ -62,6 +62,7 @@ from launcher_scripts.jobs.training.runtime import (
     seed_everything,
 )
 from launcher_scripts.recipes import training as recipe
+from launcher_scripts.recipes.early_stopping import read_early_stopping
 from launcher_scripts.recipes.layout import read_layout
 from launcher_scripts.recipes.profiling import read_nsys_profile
 
@@ -96,6 +97,8 @@ class TrainedBeside:
 class TrainingTask:
     """What one kind of run trains: the hooks the loop asks, each given the trainer (its
     recipe, layout, model and state). The defaults are what every kind shares."""
+
+    stage = "training"  # the recipe's stage, for the keys its errors name
 
     def make_chunks(self, trainer: Trainer) -> list[Any]:
         """This rank's model chunks with their starting weights, before any wrapping."""
@@ -223,6 +226,7 @@ class Trainer:
         self.metrics_log: metrics.MetricsLog | None = None
         profile = read_nsys_profile(cfg.model, "training.model", self.layout.world_size, on_gpu)
         self.nsys = NsysCapture(profile, self.rank)
+        self.early_stopping = read_early_stopping(cfg.exp_manager, task.stage)
 
     # ----- set-up -----------------------------------------------------------------------
 
@@ -648,6 +652,12 @@ class Trainer:
         if self.state.step >= max_steps:
             self.say(f"training already finished: step {self.state.step} of {max_steps}")
             return self._complete()
+        if self.state.early_stopping.get("stopped"):
+            self.say(
+                f"training already finished: stopped early at step {self.state.step} "
+                f"({self.state.early_stopping['stopped']})"
+            )
+            return self._complete()
         self.task.before_training(self)
         shape = self.family.shape(self.cfg.model, self.vocab.vocab_size, "training")
         costs = self.family.costs(shape, self.layout)
@@ -677,6 +687,11 @@ class Trainer:
                     self.state.metrics["val_loss"] = val_loss
                     self.record({"step": step, "val_loss": val_loss})
                     self.say(f"validation at step {step}: val_loss {val_loss:.4f}")
+                reason = self._early_stop(step)
+                if reason is not None:
+                    self.save_checkpoint()  # it records the stop: a rerun finds the run done
+                    self.say(f"early stopping at step {step}: {reason}")
+                    break
             if step % save_every == 0 or step == max_steps:
                 self.save_checkpoint()
                 saved_step = step
@@ -719,8 +734,29 @@ class Trainer:
 
     @property
     def finished(self) -> bool:
-        """Whether the run has done every step (not stopped early by a signal or max_time)."""
-        return self.state.step >= int(self.cfg.trainer.max_steps)
+        """Whether the run has done every step, or early stopping ended it (not a signal or
+        max_time, after which it resumes)."""
+        done = self.state.step >= int(self.cfg.trainer.max_steps)
+        return done or bool(self.state.early_stopping.get("stopped"))
+
+    def _early_stop(self, step: int) -> str | None:
+        """Count this validation for early stopping; the reason to stop, or None."""
+        stopping = self.early_stopping
+        if stopping is None:
+            return None
+        value = self.state.metrics.get(stopping.monitor)
+        if value is None:
+            logged = ", ".join(sorted(self.state.metrics)) or "none"
+            raise JobError(
+                f"{self.task.stage}.exp_manager.early_stopping_callback_params.monitor: "
+                f"{stopping.monitor} is not a validation metric of this run (it logs: {logged})"
+            )
+        record = self.state.early_stopping
+        record["step"] = step
+        reason = stopping.update(record, float(value))
+        if reason is not None:
+            record["stopped"] = reason
+        return reason
 
     def record(self, record: dict[str, Any]) -> None:
         """A line of metrics.jsonl (and W&B), on rank 0."""
