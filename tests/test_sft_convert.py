@@ -627,3 +627,18 @@ def test_prompt_squad_refuses_a_share_that_empties_a_split(tmp_path: Path) -> No
     assert result.stderr.startswith(f"error: {STAGE}.validation_fraction: 1.0 leaves no"), (
         result.stderr
     )
+
+
+def test_dolly_is_downloaded_first_when_a_url_is_given(site: Site, tmp_path: Path) -> None:
+    """sft/dolly's download_url (the fine-tuning recipes' Dolly data, out of the box): fetched
+    over HTTP into input_file, then converted as a local copy is."""
+    local = write_dolly(tmp_path / "local", 20)
+    site.behaviour.files["databricks-dolly-15k.jsonl"] = local.read_bytes()
+    result = prepare(
+        tmp_path, "dolly", f"{STAGE}.download_url={site.url}/databricks-dolly-15k.jsonl"
+    )
+    assert result.returncode == 0, output_of(result)
+    folder = tmp_path / "data" / "dolly"
+    assert (folder / "databricks-dolly-15k.jsonl").read_bytes() == local.read_bytes()
+    counts = [len(read_jsonl(folder / f"dolly_{n}.jsonl")) for n in ("train", "validation", "test")]
+    assert counts == [18, 1, 1]

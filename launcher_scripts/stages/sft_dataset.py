@@ -292,7 +292,7 @@ class XquadSftDataset:
 class DollySftDataset:
     """`sft_dolly`: Dolly-style JSON lines, optionally split into train/validation/test."""
 
-    FIX = "Download databricks-dolly-15k.jsonl or set {key}=/path/to/your.jsonl"
+    FIX = "Set download_url to fetch it (databricks-dolly-15k.jsonl) or {key}=/path/to/your.jsonl"
 
     def _splits(self, ctx: StageContext) -> dict[str, float]:
         """The fractions of split_fractions above zero, in the order train, validation, test;
@@ -346,7 +346,10 @@ class DollySftDataset:
         return outputs
 
     def validate(self, ctx: StageContext) -> None:
-        source = require_source(ctx, "input_file", self.FIX)
+        if ctx.cfg.get("download_url"):  # input_file is where the download goes
+            source = Path(str(ctx.cfg.input_file))
+        else:
+            source = require_source(ctx, "input_file", self.FIX)
         self._outputs(ctx, source)
         require_int(stage_key(ctx, "seed"), ctx.cfg.seed, minimum=0)
         require_fraction(stage_key(ctx, "max_bad_fraction"), ctx.cfg.max_bad_fraction)
@@ -367,4 +370,9 @@ class DollySftDataset:
         else:
             args += ("--output", str(outputs["all"]))
         args += ("--max-bad-fraction", str(cfg.max_bad_fraction))
-        return [sft_job(ctx, (Command(PROGRAM, args),), [source], outputs.values())]
+        jobs = []
+        if cfg.get("download_url"):
+            files = ("--file", str(cfg.download_url), str(source))
+            name = f"{cfg.run.name}-download"
+            jobs.append(program_job(ctx, name, "download", files, None, (str(source),)))
+        return [*jobs, sft_job(ctx, (Command(PROGRAM, args),), [source], outputs.values())]
