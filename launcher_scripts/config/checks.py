@@ -168,3 +168,13 @@ def require_position_embedding(key: str, value: Any, allowed: Collection[str]) -
             f"Use one of: {', '.join(allowed)}",
         )
     require_choice(key, value, allowed)
+
+
+def require_each_choice(key: str, values: Any, choices: Collection[str], noun: str) -> None:
+    """Every item of a list is one of `choices`; the first that is not is named by its index
+    (`key[i]`), as "'x' is not a <noun>"."""
+    for index, value in enumerate(values):
+        if value not in choices:
+            raise ConfigError(
+                f"{key}[{index}]", f"{value!r} is not {noun}", f"Use some of: {', '.join(choices)}"
+            )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.config.checks import require_int, require_open_fraction
+from launcher_scripts.config.checks import require_each_choice, require_int, require_open_fraction
 from launcher_scripts.curation.minhash import Banding, banding
 from launcher_scripts.curation.sources import Source, input_files, sources
 from launcher_scripts.curation.step import LANGUAGE, CurationStep, Exists, steps
@@ -107,14 +107,9 @@ def read_curation(cfg: Any, stage: str, exists: Exists = Path.exists) -> Curatio
             f"{chosen!r} is not a list",
             f"Give some of [{', '.join(registered)}] or []",
         )
+    require_each_choice(f"{stage}.steps", chosen, registered, "a step")
     ordered = []
-    for index, name in enumerate(chosen):
-        if name not in registered:
-            raise ConfigError(
-                f"{stage}.steps[{index}]",
-                f"{name!r} is not a step",
-                f"Use some of: {', '.join(registered)}",
-            )
+    for name in chosen:
         if list(chosen).count(name) > 1:
             raise ConfigError(f"{stage}.steps", f"names {name} twice", "Name each step once")
         settings = cfg.get(name)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher_scripts.config.checks import require_int
+from launcher_scripts.config.checks import require_each_choice, require_int
 from launcher_scripts.errors import ConfigError
 
 # The job program that starts a command under nsys on the profiled ranks.
@@ -112,13 +112,7 @@ def read_nsys_profile(
     trace = section.get("trace") or ("cuda", "nvtx")
     if isinstance(trace, str):
         trace = [part for part in trace.split(",") if part]
-    for index, name in enumerate(trace):
-        if name not in TRACES:
-            raise ConfigError(
-                f"{prefix}.trace[{index}]",
-                f"{name!r} is not an nsys trace",
-                f"Use some of: {', '.join(TRACES)}",
-            )
+    require_each_choice(f"{prefix}.trace", trace, TRACES, "an nsys trace")
     gen_shape = section.get("gen_shape", False)
     if not isinstance(gen_shape, bool):
         raise ConfigError(f"{prefix}.gen_shape", f"{gen_shape!r} is not true or false", "Fix it")
