@@ -237,8 +237,6 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
         ("generic/custom_dataset", ["train_tokenizer_args.model_type=wordpiece",
                                     "vocab_file=/elsewhere/vocab.txt"],
          [f"{STAGE}.vocab_file", "custom_sp_tokenizer.vocab.txt", "train_tokenizer=false"]),
-        ("generic/custom_dataset", ["train_tokenizer=false", "vocab_file=/no/vocab.txt"],
-         [f"{STAGE}.vocab_file", "/no/vocab.txt"]),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_naming_the_key(
@@ -251,6 +249,27 @@ def test_bad_input_is_one_line_naming_the_key(
     )  # fmt: skip
     assert_one_line_error(result, *fragments)
     assert not (tmp_path / "results").exists()
+
+
+def test_a_missing_tokenizer_file_is_listed_by_a_dry_run_and_refused_by_a_run(
+    tmp_path: Path,
+) -> None:
+    """A dry run goes on past inputs it does not find (a cluster's or a workspace's files) and
+    lists them; the run itself stops at the first, before anything is submitted."""
+    args = (
+        f"stages=[{STAGE}]",
+        f"{STAGE}=generic/custom_dataset",
+        f"data_dir={tmp_path / 'data'}",
+        f"base_results_dir={tmp_path / 'results'}",
+        f"{STAGE}.train_tokenizer=false",
+        f"{STAGE}.vocab_file=/no/vocab.txt",
+    )
+    planned = run_main(*args, "dry_run=true")
+    assert planned.returncode == 0, planned.stderr
+    assert "not there yet" in planned.stdout and "/no/vocab.txt" in planned.stdout
+    refused = run_main(*args)
+    assert_one_line_error(refused, f"{STAGE}.vocab_file", "/no/vocab.txt")
+    assert not list((tmp_path / "results").rglob("*.out"))  # no job ran
 
 
 # ---- end to end on the local backend -----------------------------------------------------

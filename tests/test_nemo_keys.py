@@ -15,6 +15,7 @@ from launcher_scripts.errors import ConfigError, LauncherError
 from launcher_scripts.formats.progress import STATE_FILE
 from launcher_scripts.recipes.conversion import with_tokenizer_files
 from tests.support.commands import assert_one_line_error, run_main
+from tests.support.dry_runs import without_slurm
 
 
 def dry_plan(tmp_path: Path, *overrides: str):
@@ -152,21 +153,25 @@ def test_the_interleaved_evaluation_override_runs(tmp_path: Path) -> None:
     assert resolved.evaluation.model.nemo_model == str(model)
 
 
-@pytest.mark.parametrize(
-    ("key", "fragment"),
-    [
-        ("checkpoint_folder", "conversion.model.checkpoint_folder"),
-        ("checkpoint_name", "conversion.model.checkpoint_folder"),
-        ("hparams_file", "conversion.model.checkpoint_folder"),
-        ("vocab_file", "conversion.model.vocab_file"),
-        ("merge_file", "conversion.model.vocab_file"),
-    ],
-)
-def test_evaluating_a_checkpoint_directly_names_the_conversion(
-    key: str, fragment: str, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("key", ["checkpoint_name", "hparams_file", "vocab_file", "merge_file"])
+def test_a_checkpoints_keys_need_the_checkpoint(key: str, tmp_path: Path) -> None:
+    """5.13.1's keys describe the checkpoint model.checkpoint_folder names; without it they
+    would be ignored (a converted file holds its tokenizer)."""
     error = refused(tmp_path, "stages=[evaluation]", f"evaluation.model.{key}=/some/path")
-    assert error.key == f"evaluation.model.{key}" and fragment in str(error), str(error)
+    assert error.key == f"evaluation.model.{key}" and "checkpoint_folder" in str(error), error
+
+
+def test_evaluating_a_checkpoint_directly_converts_it_first(tmp_path: Path) -> None:
+    """5.13.1.3's evaluation.model.checkpoint_folder: the stage's first job converts it."""
+    _, resolved, planned = dry_plan(
+        tmp_path,
+        "stages=[evaluation]",
+        f"evaluation.model.checkpoint_folder={tmp_path}/run/results/checkpoints",
+    )
+    convert, evaluate = planned[0].jobs
+    assert convert.spec.name.startswith("convert_") and "--output=" in convert.script
+    folder = Path(str(resolved.evaluation.run.results_dir))
+    assert str(folder / "converted" / "model.nemo") in evaluate.spec.reads
 
 
 def test_nemos_name_of_the_tuned_file_names_this_recipes(tmp_path: Path) -> None:
@@ -373,10 +378,11 @@ def test_an_env_var_is_added_without_the_plus(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("cluster_type", ["bcm", "bcp", "k8s"])
 def test_more_gpus_per_node_than_a_node_has_is_refused_in_the_dry_run(
-    cluster_type: str, tmp_path: Path
+    cluster_type: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Slurm would pend `--gpus-per-node=16` forever on 8-GPU nodes; a pod would never be
     placed. Training asks for trainer.devices; evaluation for TP x PP on one node."""
+    without_slurm(monkeypatch)  # the recipe's 8 nodes, not this machine's Slurm partition
     extra = ["container=nvcr.io/nvidia/nemo:24.05"]
     if cluster_type == "k8s":
         extra.append("cluster.volumes=[{name: w, mount_path: /, host_path: /}]")

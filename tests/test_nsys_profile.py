@@ -121,7 +121,9 @@ exec "$@"
 
 def wrapper(tmp_path: Path, rank: int, path: str) -> subprocess.CompletedProcess:
     """The wrapper on rank `rank` of 4, running a program that leaves a marker file."""
-    (tmp_path / "marked.py").write_text(
+    # A module per rank: one file rewritten within a second could be run from its stale
+    # bytecode cache.
+    (tmp_path / f"marked{rank}.py").write_text(
         f"import pathlib\npathlib.Path({str(tmp_path)!r}, 'ran-{rank}').write_text('ran')\n"
     )
     env = {
@@ -133,7 +135,7 @@ def wrapper(tmp_path: Path, rank: int, path: str) -> subprocess.CompletedProcess
         "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)]),
     }
     argv = [sys.executable, "-m", PROFILED, "--ranks=0,3", "--trace=cuda,nvtx"]
-    argv += [f"--output={tmp_path / 'reports'}", "--", "marked"]
+    argv += [f"--output={tmp_path / 'reports'}", "--", f"marked{rank}"]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -152,7 +154,7 @@ def test_a_listed_rank_runs_under_nsys_and_the_others_do_not(tmp_path: Path) -> 
     assert argv[0] == "profile" and "--capture-range=cudaProfilerApi" in argv
     assert "--capture-range-end=stop" in argv and "--trace=cuda,nvtx" in argv
     assert f"--output={tmp_path / 'reports' / 'profile_rank0'}" in argv
-    assert argv[-3:] == ["-u", "-m", "marked"]
+    assert argv[-3:] == ["-u", "-m", "marked0"]
     assert (tmp_path / "argv-3").is_file() and not (tmp_path / "argv-1").exists()
 
 
