@@ -47,13 +47,12 @@ def prepare(root: Path) -> Path:
 
 def sample_lengths(data_dir: Path, seq_length: int, samples: int, cache: Path) -> list[int]:
     """The real tokens of the first `samples` training samples of bert/tiny's recipe."""
+    import torch.distributed as dist
+
     from launcher_scripts.config.compose import compose_config
     from launcher_scripts.config.preflight import resolve
     from launcher_scripts.families import family_of
     from launcher_scripts.jobs.models import runtime_of
-
-    import torch.distributed as dist
-
     from launcher_scripts.ports import free_port
 
     if not dist.is_initialized():  # megatron-core's dataset builder asks the rank
